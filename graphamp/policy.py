@@ -1,0 +1,219 @@
+"""Policy: the target dtype, the four op lists and the name rules, from code or a TOML file.
+
+The default lists are data (``graphamp/lists/<dialect>_<dtype>.toml``), each entry with its
+reason. A user moves op types between lists (naming an op under one list takes it out of the
+others), denies nodes by name glob and tensors by name, and keeps graph inputs/outputs in
+float32. The older words white/gray/black are accepted as aliases of allow/infer/deny.
+
+A policy file looks like::
+
+    [graphamp]
+    dtype = "float16"
+    keep_io_types = true            # or a list of input/output names
+    allow = ["Einsum"]
+    deny = ["Softmax"]
+    deny_names = ["/encoder/layer.11/*"]
+    deny_tensors = ["logits"]
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from graphamp.errors import GraphampError
+
+LISTS = ("allow", "infer", "clear", "deny")
+ALIASES = {"white": "allow", "gray": "infer", "grey": "infer", "black": "deny"}
+DTYPES = ("float16", "bfloat16")
+POLICY_KEYS = frozenset({"dtype", "keep_io_types", "deny_names", "deny_tensors", *LISTS, *ALIASES})
+
+
+def _canonical_list(name: str) -> str:
+    return ALIASES.get(name, name)
+
+
+def load_default_lists(dialect: str, dtype: str) -> dict[str, dict[str, str]]:
+    """The shipped lists for ``dialect`` and ``dtype``: list name -> {op: reason}."""
+    if dtype not in DTYPES:
+        raise GraphampError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    resource = resources.files("graphamp.lists").joinpath(f"{dialect}_{dtype}.toml")
+    data = tomllib.loads(resource.read_text(encoding="utf-8"))
+    lists = {name: dict(data.get(name, {})) for name in LISTS}
+    _check_disjoint({name: list(ops) for name, ops in lists.items()}, f"{dialect}_{dtype}.toml")
+    return lists
+
+
+def _check_disjoint(lists: Mapping[str, Iterable[str]], where: str) -> None:
+    seen: dict[str, str] = {}
+    for list_name in LISTS:
+        for op in lists.get(list_name, ()):
+            if op in seen and seen[op] != list_name:
+                raise GraphampError(
+                    f"{where}: op {op!r} is in both the {seen[op]} and the {list_name} list"
+                )
+            seen[op] = list_name
+
+
+@dataclass
+class Policy:
+    """What to convert and how. Build with :meth:`Policy.create` or :meth:`Policy.from_toml`."""
+
+    dtype: str = "float16"
+    dialect: str = "onnx"
+    lists: dict[str, dict[str, str]] = field(default_factory=dict)
+    deny_names: tuple[str, ...] = ()
+    deny_tensors: frozenset[str] = frozenset()
+    # True: every graph input and output keeps its type; a tuple: only those names; False: none.
+    keep_io_types: bool | tuple[str, ...] = False
+    source: str = "defaults"
+
+    @classmethod
+    def create(
+        cls,
+        dtype: str = "float16",
+        *,
+        dialect: str = "onnx",
+        allow: Iterable[str] = (),
+        infer: Iterable[str] = (),
+        clear: Iterable[str] = (),
+        deny: Iterable[str] = (),
+        deny_names: Iterable[str] = (),
+        deny_tensors: Iterable[str] = (),
+        keep_io_types: bool | Iterable[str] = False,
+        where: str = "policy",
+        **aliases: Iterable[str],
+    ) -> Policy:
+        """The default lists for ``dtype`` with the given ops moved into the named lists.
+
+        ``where`` names the source (a file, "command line") in error messages.
+        """
+        moves: dict[str, list[str]] = {
+            "allow": list(allow),
+            "infer": list(infer),
+            "clear": list(clear),
+            "deny": list(deny),
+        }
+        for alias, ops in aliases.items():
+            if alias not in ALIASES:
+                raise GraphampError(f"{where}: unknown option {alias!r}")
+            moves[_canonical_list(alias)].extend(ops)
+        _check_disjoint(moves, where)
+        lists = load_default_lists(dialect, dtype)
+        for list_name, ops in moves.items():
+            for op in ops:
+                for other in LISTS:
+                    lists[other].pop(op, None)
+                lists[list_name][op] = f"moved to {list_name} by {where}"
+        keep: bool | tuple[str, ...]
+        if isinstance(keep_io_types, bool):
+            keep = keep_io_types
+        else:
+            keep = tuple(sorted(set(keep_io_types)))
+        return cls(
+            dtype=dtype,
+            dialect=dialect,
+            lists=lists,
+            deny_names=tuple(deny_names),
+            deny_tensors=frozenset(deny_tensors),
+            keep_io_types=keep,
+            source=where,
+        )
+
+    @classmethod
+    def from_mapping(
+        cls, table: Mapping[str, object], *, where: str, **overrides: object
+    ) -> Policy:
+        """A policy from a ``[graphamp]`` table; ``overrides`` (command-line flags) win.
+
+        An op a flag moves is taken out of the file's lists first, so ``--deny Softmax`` wins
+        over ``infer = ["Softmax"]`` in the file; an op in two lists of one source is an error.
+        """
+        unknown = sorted(set(table) - POLICY_KEYS)
+        if unknown:
+            raise GraphampError(f"{where}: unknown key {unknown[0]!r} in [graphamp]")
+        file_moves: dict[str, list[str]] = {}
+        kwargs: dict[str, object] = {}
+        for key, value in table.items():
+            if key == "dtype" and not isinstance(value, str):
+                raise GraphampError(f"{where}: 'dtype' must be a string")
+            if key == "keep_io_types" and not isinstance(value, bool | list):
+                raise GraphampError(f"{where}: 'keep_io_types' must be true, false or a list")
+            if key not in ("dtype", "keep_io_types") and not (
+                isinstance(value, list) and all(isinstance(item, str) for item in value)
+            ):
+                raise GraphampError(f"{where}: {key!r} must be a list of strings")
+            list_name = _canonical_list(key)
+            if list_name in LISTS:
+                file_moves.setdefault(list_name, []).extend(value)  # type: ignore[arg-type]
+            else:
+                kwargs[key] = value
+        _check_disjoint(file_moves, where)
+        flag_moves = {name: list(overrides.pop(name)) for name in LISTS if name in overrides}  # type: ignore[call-overload]
+        _check_disjoint(flag_moves, "command line")
+        flagged = {op for ops in flag_moves.values() for op in ops}
+        moves = {
+            name: [op for op in file_moves.get(name, []) if op not in flagged]
+            + flag_moves.get(name, [])
+            for name in LISTS
+        }
+        for key in ("deny_names", "deny_tensors"):
+            if key in overrides:
+                kwargs[key] = [*kwargs.get(key, []), *overrides.pop(key)]  # type: ignore[misc]
+        kwargs.update(overrides)
+        return cls.create(where=where, **moves, **kwargs)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_toml(cls, path: str | Path, **overrides: object) -> Policy:
+        """Load the ``[graphamp]`` table of a TOML file; ``overrides`` win over the file."""
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise GraphampError(f"{path}: policy file not found") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise GraphampError(f"{path}: not a valid TOML file: {exc}") from None
+        table = data.get("graphamp")
+        if not isinstance(table, dict):
+            raise GraphampError(f"{path}: no [graphamp] table")
+        return cls.from_mapping(table, where=str(path), **overrides)
+
+    # -- queries used by the passes -----------------------------------------------------------
+
+    def list_of(self, op: str) -> tuple[str | None, str]:
+        """The list holding ``op`` and the reason recorded for it; (None, "") if unlisted."""
+        for list_name in LISTS:
+            reason = self.lists.get(list_name, {}).get(op)
+            if reason is not None:
+                return list_name, reason
+        return None, ""
+
+    def denied_name(self, *names: str) -> str | None:
+        """The first ``deny_names`` glob matching any of ``names``, or None."""
+        for pattern in self.deny_names:
+            for name in names:
+                if name and fnmatch.fnmatchcase(name, pattern):
+                    return pattern
+        return None
+
+    def keeps_io(self, name: str) -> bool:
+        if isinstance(self.keep_io_types, bool):
+            return self.keep_io_types
+        return name in self.keep_io_types
+
+    def to_dict(self) -> dict[str, object]:
+        """The policy as recorded in a plan: enough to reproduce the decisions."""
+        return {
+            "dtype": self.dtype,
+            "dialect": self.dialect,
+            "lists": {name: sorted(self.lists.get(name, {})) for name in LISTS},
+            "deny_names": list(self.deny_names),
+            "deny_tensors": sorted(self.deny_tensors),
+            "keep_io_types": self.keep_io_types
+            if isinstance(self.keep_io_types, bool)
+            else list(self.keep_io_types),
+        }

@@ -1,0 +1,138 @@
+"""Reference models built in code with random weights (installed as ``graphamp.models``).
+
+Each entry builds a float32 ``torch.nn.Module`` and example inputs, in a ``small`` size for
+tests and the ``full`` size for benchmarks, and exports to ONNX. Nothing is downloaded.
+
+    >>> from graphamp.models import export_onnx
+    >>> export_onnx("mnist", "mnist.onnx")                                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from graphamp.errors import GraphampError
+
+# Opset 22 is the first where Conv, Gemm and the pooling ops admit bfloat16.
+EXPORT_OPSET = 22
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    module: str  # the models/ module that builds it
+    builder: str  # the function in that module: size -> (module, example inputs)
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    description: str
+
+    def build_fn(self) -> Callable[[str], tuple[object, tuple[object, ...]]]:
+        return getattr(importlib.import_module(f"graphamp.models.{self.module}"), self.builder)
+
+
+ZOO: dict[str, ZooEntry] = {
+    entry.name: entry
+    for entry in (
+        ZooEntry(
+            "simplenet",
+            "simplenet",
+            "build",
+            ("x",),
+            ("y",),
+            "the seeds' SimpleNet: 3 x Linear 4096 with ReLU, batch 512",
+        ),
+        ZooEntry(
+            "mnist",
+            "mnist",
+            "build",
+            ("image",),
+            ("probabilities",),
+            "the seeds' MNIST CNN: conv, batch norm, max pool, fc, softmax",
+        ),
+        ZooEntry(
+            "resnet",
+            "resnet",
+            "build",
+            ("image",),
+            ("logits",),
+            "ResNet-50-style CNN: bottlenecks [3, 4, 6, 3], 224x224",
+        ),
+        ZooEntry(
+            "bert",
+            "transformer",
+            "build_bert",
+            ("input_ids", "token_type_ids"),
+            ("hidden_states", "pooled"),
+            "BERT-base-style encoder: 12 x 768, seq 128",
+        ),
+        ZooEntry(
+            "gpt",
+            "transformer",
+            "build_gpt",
+            ("input_ids",),
+            ("logits",),
+            "GPT-2-style decoder: 12 x 768, causal, tied LM head, seq 128",
+        ),
+    )
+}
+SIZES = ("small", "full")
+
+
+def build(name: str, size: str = "small", seed: int = 0) -> tuple[object, tuple[object, ...]]:
+    """A float32 module in eval mode and its example inputs; weights from ``seed``."""
+    torch = _torch()
+    if name not in ZOO:
+        raise GraphampError(f"unknown model {name!r}: choose one of {', '.join(ZOO)}")
+    if size not in SIZES:
+        raise GraphampError(f"unknown size {size!r}: choose one of {', '.join(SIZES)}")
+    torch.manual_seed(seed)
+    module, inputs = ZOO[name].build_fn()(size)
+    return module.eval(), inputs  # type: ignore[attr-defined]
+
+
+def export_onnx(
+    name: str, path: str | os.PathLike[str], size: str = "small", seed: int = 0
+) -> Path:
+    """Build ``name`` and export it to an ONNX file at opset :data:`EXPORT_OPSET`."""
+    import onnx
+    from onnx import version_converter
+
+    torch = _torch()
+    module, inputs = build(name, size, seed)
+    entry = ZOO[name]
+    path = Path(path)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        # The TorchScript exporter names nodes after module paths (/layers.0/Gemm), which
+        # deny_names rules can match; opset 17 is its newest well-supported level.
+        torch.onnx.export(
+            module,
+            inputs,
+            str(path),
+            dynamo=False,
+            opset_version=17,
+            input_names=list(entry.input_names),
+            output_names=list(entry.output_names),
+        )
+    model = onnx.load(str(path), load_external_data=True)
+    model = version_converter.convert_version(model, EXPORT_OPSET)
+    large = model.ByteSize() > 1_900_000_000
+    for stale in path.parent.glob(f"{path.name}.data"):
+        stale.unlink()
+    onnx.save(model, str(path), save_as_external_data=large, location=f"{path.name}.data")
+    return path
+
+
+def _torch():  # type: ignore[no-untyped-def]
+    try:
+        import torch
+    except ImportError:
+        raise GraphampError(
+            "building the models/ zoo needs PyTorch: pip install 'graphamp[torch]'"
+        ) from None
+    return torch

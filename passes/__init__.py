@@ -1,0 +1,28 @@
+"""graphamp's analysis passes: pure functions over an OpGraph and a Policy (installed as
+``graphamp.passes``). They never import onnx or torch.
+
+* :mod:`classify` gives each node its initial class and reason,
+* :mod:`paint` spreads precisions along the dataflow (TensorFlow's semantics),
+* :mod:`casts` turns the decisions into casts, weight conversions and cast clean-up.
+"""
+
+from __future__ import annotations
+
+from graphamp.graph import OpGraph
+from graphamp.passes.casts import plan_casts
+from graphamp.passes.classify import classify
+from graphamp.passes.paint import paint
+from graphamp.plan import Plan
+from graphamp.policy import Policy
+
+
+def run_passes(graph: OpGraph, policy: Policy, *, model: str = "") -> Plan:
+    """classify -> paint -> casts: the whole analysis for one graph."""
+    decisions = paint(graph, classify(graph, policy), policy)
+    plan = Plan(dtype=policy.dtype, policy=policy.to_dict(), nodes=decisions, model=model)
+    plan.edits = plan_casts(graph, decisions, policy)
+    plan.flops = {n.name: int(n.attrs["flops"]) for n in graph if "flops" in n.attrs}  # type: ignore[call-overload]
+    return plan
+
+
+__all__ = ["classify", "paint", "plan_casts", "run_passes"]

@@ -1,0 +1,271 @@
+"""casts: turn precision decisions into the fewest casts and weight conversions.
+
+Every input slot *requires* a dtype: the target type for a computation-type slot of a node that
+runs in low precision, the tensor's original type everywhere else (so a float32 node, a Cast or
+an opaque node sees exactly what the input model gave it). Every tensor *has* a dtype: the
+target type for a computation-type output of a low-precision node, else its original type.
+Where the two differ, in this order:
+
+1. A stored value (initializer, Constant) is converted, never cast at run time: in place when
+   every reader wants the new type, else stored once more as ``<name>__<dtype>``. Values that
+   flush to zero are counted; values that would overflow never get here (classify keeps their
+   reader float32).
+2. A slot reading the output of a lossless widening Cast already in the model (float16 ->
+   float32) that needs the Cast's source type reads the source instead: no Cast of a Cast that
+   undoes it.
+3. Otherwise one Cast per (tensor, dtype), shared by every slot that needs it.
+
+Casts already in the model: a Cast to float32 whose readers all want the target type is
+retargeted to it; a Cast whose input already has its target type is removed (its readers read
+the input), and so is one left with no reader. Graph inputs not kept by ``keep_io_types`` take
+the target type when all their readers want it; kept graph outputs are cast back under their
+original name.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from graphamp.graph import LOW_TYPES, NodeKind, OpGraph, OpNode
+from graphamp.passes.numerics import NUMPY_TYPES, convert_values
+from graphamp.plan import CastRecord, Edits, NodeDecision, WeightRecord
+from graphamp.policy import Policy
+
+log = logging.getLogger(__name__)
+
+LOSSLESS_WIDENING = frozenset(
+    {
+        ("float16", "float32"),
+        ("bfloat16", "float32"),
+        ("float16", "float64"),
+        ("bfloat16", "float64"),
+        ("float32", "float64"),
+    }
+)
+
+
+def plan_casts(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Policy) -> Edits:
+    """The edits that realise ``decisions`` on ``graph`` (see the module docstring)."""
+    low = policy.dtype
+    edits = Edits()
+    original = {name: tensor.dtype for name, tensor in graph.tensors.items()}
+
+    def runs_low(node: OpNode) -> bool:
+        return decisions[node.name].precision == low and decisions[node.name].rule != "already_low"
+
+    def required(node: OpNode, slot: int, tensor: str) -> str:
+        if slot >= 0 and slot in node.follow_inputs and runs_low(node):
+            return low
+        return original[tensor]
+
+    # What every tensor holds after the conversion.
+    has = dict(original)
+    for node in graph:
+        if runs_low(node):
+            for slot in node.follow_outputs:
+                if node.outputs[slot]:
+                    has[node.outputs[slot]] = low
+                    edits.retype[node.outputs[slot]] = low
+
+    readers = {
+        name: [(graph.nodes[n], s) for n, s in graph.consumers(name)] for name in graph.tensors
+    }
+
+    def all_readers_want(tensor: str, dtype: str) -> bool:
+        slots = readers.get(tensor, [])
+        return bool(slots) and all(required(n, s, tensor) == dtype for n, s in slots)
+
+    for name in graph.graph_inputs:
+        tensor = graph.tensors[name]
+        if (
+            tensor.dtype == "float32"
+            and not policy.keeps_io(name)
+            and not tensor.is_constant
+            and not tensor.is_graph_output
+            and all_readers_want(name, low)
+        ):
+            has[name] = low
+            edits.retype[name] = low
+
+    # Casts already in the model: retarget, then find the ones that became no-ops.
+    alias: dict[str, str] = {}
+    for node in graph:
+        if node.kind is not NodeKind.CAST or not node.inputs or not node.inputs[0]:
+            continue
+        out = node.outputs[0]
+        if (
+            has[out] == "float32"
+            and not graph.tensors[out].is_graph_output
+            and all_readers_want(out, low)
+        ):
+            edits.retarget_casts[node.name] = low
+            has[out] = low
+            edits.retype[out] = low
+        source = _resolve(alias, node.inputs[0])
+        if has[source] == has[out] and not graph.tensors[out].is_graph_output:
+            alias[out] = source
+            edits.remove_nodes.append(node.name)
+            edits.retarget_casts.pop(node.name, None)
+
+    # Every slot: read through removed casts, then convert, reroute or cast.
+    cast_readers: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
+    weight_readers: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
+    removed = set(edits.remove_nodes)
+    still_read: set[str] = set()
+    for node in graph:
+        if node.name in removed:
+            continue
+        for slot, name in _slots(node):
+            source = _resolve(alias, name)
+            if source != name:
+                edits.rewire[(node.name, slot)] = source
+            want = required(node, slot, name)
+            tensor = graph.tensors[source]
+            if has[source] == want:
+                still_read.add(source)
+            elif tensor.is_constant and not tensor.is_graph_input:
+                weight_readers[(source, want)].append((node.name, slot))
+            elif (widened := _lossless_cast_source(graph, source, has)) is not None and has[
+                widened
+            ] == want:
+                edits.rewire[(node.name, slot)] = widened
+                still_read.add(widened)
+            else:
+                cast_readers[(source, want)].append((node.name, slot))
+                still_read.add(source)
+
+    # Casts already in the model that the rerouting above left with no reader.
+    for node in graph:
+        if (
+            node.kind is NodeKind.CAST
+            and node.name not in removed
+            and node.outputs[0] not in still_read
+            and not graph.tensors[node.outputs[0]].is_graph_output
+        ):
+            edits.remove_nodes.append(node.name)
+            edits.retarget_casts.pop(node.name, None)
+            removed.add(node.name)
+
+    taken = set(graph.tensors) | set(graph.nodes)
+    for (source, want), slots in cast_readers.items():
+        output = _fresh_name(f"{source}__{want}", taken)
+        edits.casts.append(
+            CastRecord(
+                tensor=source,
+                src=has[source],
+                dst=want,
+                output=output,
+                consumers=sorted({n for n, _ in slots}),
+            )
+        )
+        for slot_key in slots:
+            edits.rewire[slot_key] = output
+
+    _plan_weights(graph, weight_readers, readers, has, edits, taken)
+    _plan_output_casts(graph, policy, has, edits, taken)
+    log.info(
+        "%d casts inserted, %d retargeted, %d removed, %d weights converted",
+        len(edits.casts) + len(edits.output_casts),
+        len(edits.retarget_casts),
+        len(edits.remove_nodes),
+        len(edits.weights),
+    )
+    return edits
+
+
+def _slots(node: OpNode) -> list[tuple[int, str]]:
+    """(slot, tensor) for every read of ``node``; the k-th implicit (subgraph) read is slot
+    ``-1 - k``, which a dialect rewires inside the node's subgraphs."""
+    slots = [(slot, name) for slot, name in enumerate(node.inputs) if name]
+    slots.extend((-1 - k, name) for k, name in enumerate(node.implicit_inputs))
+    return slots
+
+
+def _resolve(alias: dict[str, str], name: str) -> str:
+    while name in alias:
+        name = alias[name]
+    return name
+
+
+def _lossless_cast_source(graph: OpGraph, tensor: str, has: dict[str, str]) -> str | None:
+    """The input of the Cast producing ``tensor`` if that Cast only widened its input."""
+    producer = graph.tensors[tensor].producer
+    if producer is None:
+        return None
+    node = graph.nodes[producer]
+    if node.kind is not NodeKind.CAST or not node.inputs or not node.inputs[0]:
+        return None
+    source = node.inputs[0]
+    return source if (has[source], has[tensor]) in LOSSLESS_WIDENING else None
+
+
+def _fresh_name(base: str, taken: set[str]) -> str:
+    name, index = base, 1
+    while name in taken:
+        name = f"{base}_{index}"
+        index += 1
+    taken.add(name)
+    return name
+
+
+def _plan_weights(
+    graph: OpGraph,
+    weight_readers: dict[tuple[str, str], list[tuple[str, int]]],
+    readers: dict[str, list[tuple[OpNode, int]]],
+    has: dict[str, str],
+    edits: Edits,
+    taken: set[str],
+) -> None:
+    """Convert stored values: in place if every reader wants ``dtype``, else as a copy."""
+    for (name, want), slots in weight_readers.items():
+        tensor = graph.tensors[name]
+        in_place = len(slots) == len(readers.get(name, ())) and not tensor.is_graph_output
+        values = tensor.load_value()  # type: ignore[misc]
+        converted = convert_values(values, want)
+        if converted.overflowed:
+            # classify keeps readers of such weights float32; reaching here is a bug, and
+            # clamping silently is the one thing this pass must never do.
+            raise AssertionError(f"weight {name!r} would overflow {want}")
+        stored_as = name if in_place else _fresh_name(f"{name}__{want}", taken)
+        itemsize = NUMPY_TYPES[want](0).itemsize
+        edits.weights.append(
+            WeightRecord(
+                name=name,
+                src=has[name],
+                dst=want,
+                stored_as=stored_as,
+                in_place=in_place,
+                elements=int(values.size),
+                bytes_before=int(values.nbytes),
+                bytes_after=int(values.size * itemsize),
+                flushed_to_zero=converted.flushed_to_zero,
+                consumers=sorted({n for n, _ in slots}),
+            )
+        )
+        if in_place:
+            edits.retype[name] = want
+        for slot_key in slots:
+            if not in_place:
+                edits.rewire[slot_key] = stored_as
+
+
+def _plan_output_casts(
+    graph: OpGraph, policy: Policy, has: dict[str, str], edits: Edits, taken: set[str]
+) -> None:
+    """Kept graph outputs computed in low precision get a Cast back under their own name."""
+    for name in graph.graph_outputs:
+        original = graph.tensors[name].dtype
+        if has[name] == original or not policy.keeps_io(name) or has[name] not in LOW_TYPES:
+            continue
+        renamed = _fresh_name(f"{name}__{has[name]}", taken)
+        edits.output_casts.append(
+            CastRecord(
+                tensor=renamed,
+                src=has[name],
+                dst=original,
+                output=name,
+                consumers=[],
+                purpose="graph output kept in its original type",
+            )
+        )

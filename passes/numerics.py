@@ -1,0 +1,46 @@
+"""Float conversions of stored values: exact rounding, overflow and flush-to-zero counts.
+
+numpy has float16; bfloat16 comes from ``ml_dtypes`` (a dependency of onnx), which rounds to
+nearest even like the hardware does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+NUMPY_TYPES: dict[str, type] = {
+    "float32": np.float32,
+    "float16": np.float16,
+    "bfloat16": ml_dtypes.bfloat16,
+    "float64": np.float64,
+}
+
+
+def overflow_threshold(dtype: str) -> float:
+    """The smallest magnitude that rounds to infinity in ``dtype`` (float16: 65520)."""
+    info = ml_dtypes.finfo(NUMPY_TYPES[dtype])
+    # Round-to-nearest sends values at or above max + half an ulp of max to infinity; the ulp
+    # at max is 2**(maxexp - 1 - nmant).
+    return float(info.max) + 2.0 ** (info.maxexp - 2 - info.nmant)
+
+
+@dataclass
+class Converted:
+    values: np.ndarray
+    overflowed: int  # finite values that became infinite
+    flushed_to_zero: int  # non-zero values that became zero
+
+
+def convert_values(values: np.ndarray, dtype: str) -> Converted:
+    """``values`` rounded to ``dtype``, with the counts a plan reports."""
+    target = NUMPY_TYPES[dtype]
+    converted = values.astype(target)
+    if values.size == 0:
+        return Converted(converted, 0, 0)
+    widened = converted.astype(np.float32)
+    overflowed = int(np.count_nonzero(np.isinf(widened) & np.isfinite(values)))
+    flushed = int(np.count_nonzero((widened == 0) & (values != 0)))
+    return Converted(converted, overflowed, flushed)

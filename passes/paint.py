@@ -1,0 +1,183 @@
+"""paint: spread precisions along the dataflow, with TensorFlow's auto_mixed_precision rules.
+
+Walks only ``graph.dataflow`` (edges between computation-type slots), so an integer shape input
+or a Cast already in the model is a barrier. Rules, in order:
+
+1. **Allow.** allow-class nodes run in low precision.
+2. **Deny forward.** Mark every node from which a deny or infer node can be reached through
+   clear nodes only (the roots included). From each deny node (deny list or a name/tensor
+   rule) walk forward, entering only marked nodes: they become float32 (``deny_spread``). So
+   deny spreads only along paths that *end* at a deny or infer op:
+   ``deny->infer->clear->infer->clear->allow->infer`` gives
+   ``deny,deny,deny,deny,clear,allow,infer``.
+3. **Between allow.** A clear or infer node (not denied) that lies downstream of an allow node
+   and upstream of an allow node, through clear/infer nodes only, runs in low precision.
+4. **Allow through clear.** From every low-precision node, walk through clear nodes in both
+   directions: they run in low precision.
+5. Everything else keeps the decision classify gave it (float32 for infer/clear/deny).
+
+Every node painted low records the low-precision node its colour came from (``via``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+import networkx as nx
+
+from graphamp.graph import OpGraph
+from graphamp.plan import NodeDecision
+from graphamp.policy import Policy
+
+log = logging.getLogger(__name__)
+
+PAINTABLE = ("allow", "infer", "clear")
+DENY_SEEDS = ("deny", "deny_name", "deny_tensor")
+
+
+def paint(
+    graph: OpGraph, classes: dict[str, NodeDecision], policy: Policy
+) -> dict[str, NodeDecision]:
+    """Final precision of every node; ``classes`` comes from :func:`classify`."""
+    low = policy.dtype
+    flow = graph.dataflow
+    order = list(graph.nodes)  # topological, the dialect's order: keeps the walks deterministic
+    rule = {name: decision.rule for name, decision in classes.items()}
+    decisions = dict(classes)
+
+    allow = {name for name in order if rule[name] == "allow"}
+    if not allow:
+        log.info("no allow-list ops: nothing runs in %s", low)
+
+    # 2. Deny forward, only along paths that end at a deny or infer node.
+    upstream_of_deny_or_infer: set[str] = set()
+    roots = [n for n in order if rule[n] in DENY_SEEDS or rule[n] == "infer"]
+    _walk(flow.predecessors, roots, upstream_of_deny_or_infer, enter=lambda n: rule[n] == "clear")
+    denied: dict[str, str] = {}
+    for seed in (n for n in order if rule[n] in DENY_SEEDS):
+        reached: set[str] = set()
+        _walk(
+            flow.successors,
+            [seed],
+            reached,
+            enter=lambda n: (
+                n in upstream_of_deny_or_infer and n not in denied and rule[n] in ("infer", "clear")
+            ),
+        )
+        for name in reached - {seed}:
+            denied.setdefault(name, seed)
+    for name, seed in denied.items():
+        decisions[name] = NodeDecision(
+            op=classes[name].op,
+            precision="float32",
+            rule="deny_spread",
+            reason=f"{classes[name].rule} list op downstream of deny op {seed!r} on a path to a"
+            " deny or infer op",
+            via=seed,
+        )
+
+    # 3. Clear and infer nodes between allow nodes.
+    def can_join(name: str) -> bool:
+        return rule[name] in ("infer", "clear") and name not in denied
+
+    downstream_of_allow: set[str] = set()
+    for root in (n for n in order if n in allow):
+        _walk(
+            flow.successors,
+            [root],
+            downstream_of_allow,
+            enter=lambda n: n not in allow and can_join(n),
+        )
+    low_set = set(allow)
+    source: dict[str, str] = {}
+    upstream_of_allow: set[str] = set()
+    for root in (n for n in order if n in allow):
+        reached = _walk(
+            flow.predecessors,
+            [root],
+            upstream_of_allow,
+            enter=lambda n: n in downstream_of_allow and n not in allow,
+        )
+        for name in reached:
+            if name not in low_set:
+                low_set.add(name)
+                source[name] = root
+    for name, root in source.items():
+        decisions[name] = NodeDecision(
+            op=classes[name].op,
+            precision=low,
+            rule=rule[name],
+            reason=f"{rule[name]} list op between low-precision ops",
+            via=root,
+        )
+
+    # 4. Allow through clear, both directions.
+    position = {name: index for index, name in enumerate(order)}
+    for root in [n for n in order if n in low_set]:
+        reached = _walk(
+            _neighbours(flow),
+            [root],
+            set(),
+            enter=lambda n: rule[n] == "clear" and n not in low_set and n not in denied,
+        )
+        for name in sorted(reached - {root}, key=position.__getitem__):
+            low_set.add(name)
+            decisions[name] = NodeDecision(
+                op=classes[name].op,
+                precision=low,
+                rule="clear",
+                reason="clear list op joined to a low-precision neighbour",
+                via=root,
+            )
+
+    for name in order:
+        decision = decisions[name]
+        if decision.rule in ("infer", "clear") and decision.precision != low:
+            decisions[name] = NodeDecision(
+                op=decision.op,
+                precision="float32",
+                rule=decision.rule,
+                reason=(
+                    "infer list op not between low-precision ops"
+                    if decision.rule == "infer"
+                    else "clear list op with no low-precision neighbour"
+                ),
+            )
+    log.info("painted %d of %d nodes %s", len(low_set), len(order), low)
+    return decisions
+
+
+def _neighbours(flow: nx.DiGraph) -> Callable[[str], Iterable[str]]:
+    def both(name: str) -> Iterable[str]:
+        yield from flow.predecessors(name)
+        yield from flow.successors(name)
+
+    return both
+
+
+def _walk(
+    step: Callable[[str], Iterable[str]],
+    roots: list[str],
+    seen: set[str],
+    *,
+    enter: Callable[[str], bool],
+) -> set[str]:
+    """Depth-first walk from ``roots`` (always entered) into nodes passing ``enter``.
+
+    Adds every visited node to ``seen`` (shared between calls to walk from many roots once)
+    and returns the nodes this call visited.
+    """
+    visited: set[str] = set()
+    stack = [root for root in roots if root not in seen]
+    for root in stack:
+        seen.add(root)
+    visited.update(stack)
+    while stack:
+        name = stack.pop()
+        for nxt in step(name):
+            if nxt not in seen and enter(nxt):
+                seen.add(nxt)
+                visited.add(nxt)
+                stack.append(nxt)
+    return visited
