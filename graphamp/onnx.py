@@ -42,6 +42,7 @@ FLOAT32_INPUTS: dict[str, frozenset[int]] = {
 }
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 EXTERNAL_DATA_THRESHOLD = 1_900_000_000  # bytes of weights above which we write external data
+EXTERNAL_DATA_KEY = "graphamp.external_data"
 
 _DTYPE_NAMES = {
     ir.DataType.FLOAT: "float32",
@@ -106,6 +107,8 @@ def from_proto(
         raise GraphampError(f"{where}: malformed ONNX model ({exc})") from None
     if base_dir is not None:
         ir.external_data.set_base_dir(model.graph, base_dir)
+    # Remembered for save(): a model whose weights lived outside keeps them outside.
+    model.meta[EXTERNAL_DATA_KEY] = _has_external(model)
     return model
 
 
@@ -526,12 +529,13 @@ def save(model: ir.Model, path: str | os.PathLike[str]) -> None:
     """Write ``model`` atomically; weights go to ``<name>.data`` beside it when over 2 GB
     or when the input kept them there."""
     path = Path(path)
-    external = _weight_bytes(model) > EXTERNAL_DATA_THRESHOLD or _has_external(model)
+    external = (_weight_bytes(model) > EXTERNAL_DATA_THRESHOLD or _has_external(model)
+                or bool(model.meta.get(EXTERNAL_DATA_KEY)))
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
         tmp_path = Path(tmp) / path.name
         data_name = f"{path.name}.data"
         if external:
-            ir.save(model, tmp_path, external_data=data_name)
+            ir.save(model, tmp_path, external_data=data_name, size_threshold_bytes=1024)
         else:
             ir.save(model, tmp_path)
         if external:
