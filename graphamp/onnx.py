@@ -28,7 +28,6 @@ import onnx_ir as ir
 from graphamp.errors import GraphampError
 from graphamp.graph import FLOAT_TYPES, UNKNOWN, NodeKind, OpGraph, OpNode, TensorInfo
 from graphamp.passes import run_passes
-from graphamp.passes.numerics import convert_values
 from graphamp.plan import Plan
 from graphamp.policy import Policy
 
@@ -97,19 +96,78 @@ def from_proto(
     if not proto.graph.node:
         raise GraphampError(f"{where}: the graph has no nodes")
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
-    except Exception as exc:  # inference gives up on some contrib ops: fall back to local rules
-        log.warning("%s: ONNX type inference failed (%s); using local type rules", where, exc)
-        inferred = proto
-    try:
-        model = ir.serde.deserialize_model(inferred)
+        model = ir.serde.deserialize_model(proto)
     except Exception as exc:
         raise GraphampError(f"{where}: malformed ONNX model ({exc})") from None
+    _apply_inferred_types(model, proto, where)
     if base_dir is not None:
         ir.external_data.set_base_dir(model.graph, base_dir)
     # Remembered for save(): a model whose weights lived outside keeps them outside.
     model.meta[EXTERNAL_DATA_KEY] = _has_external(model)
     return model
+
+
+def _apply_inferred_types(model: ir.Model, proto: onnx.ModelProto, where: str) -> None:
+    """Type every value that ONNX type inference can type.
+
+    Inference runs on a copy whose large initializers are stubs (dims and type, data marked
+    external): it needs no weight values, and passing gigabytes of weights through the C++
+    binding twice would cost more than the whole conversion.
+    """
+    light = _without_large_initializers(proto)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+    except Exception as exc:  # inference gives up on some contrib ops: fall back to local rules
+        log.warning("%s: ONNX type inference failed (%s); using local type rules", where, exc)
+        return
+    values = {v.name: v for v in model.graph.inputs}
+    for node in model.graph:
+        for value in node.outputs:
+            values[value.name] = value
+    for info in [*inferred.graph.value_info, *inferred.graph.output]:
+        value = values.get(info.name)
+        if value is None or not info.type.HasField("tensor_type"):
+            continue
+        if value.type is None:
+            value.type = ir.serde.deserialize_type_proto_for_type(info.type)
+        if value.shape is None and info.type.tensor_type.HasField("shape"):
+            value.shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+
+
+def _without_large_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``proto`` whose initializers of over 256 elements are data-less external
+    stubs (small ones stay: shape computations read their values). Nothing big is copied."""
+    if not any(_elements(init) > 256 for init in proto.graph.initializer):
+        return proto
+    light = onnx.ModelProto()
+    for descriptor, value in proto.ListFields():
+        if descriptor.name != "graph":
+            _copy_field(light, descriptor, value)
+    for descriptor, value in proto.graph.ListFields():
+        if descriptor.name != "initializer":
+            _copy_field(light.graph, descriptor, value)
+    for init in proto.graph.initializer:
+        if _elements(init) <= 256:
+            light.graph.initializer.append(init)
+            continue
+        stub = light.graph.initializer.add(name=init.name, data_type=init.data_type)
+        stub.dims.extend(init.dims)
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        stub.external_data.add(key="location", value="graphamp-type-inference-stub")
+    return light
+
+
+def _elements(tensor: onnx.TensorProto) -> int:
+    return int(np.prod(tensor.dims)) if tensor.dims else 1
+
+
+def _copy_field(message, descriptor, value) -> None:  # type: ignore[no-untyped-def]
+    if descriptor.is_repeated:
+        getattr(message, descriptor.name).extend(value)
+    elif descriptor.type == descriptor.TYPE_MESSAGE:
+        getattr(message, descriptor.name).CopyFrom(value)
+    else:
+        setattr(message, descriptor.name, value)
 
 
 # -- reading into an OpGraph ------------------------------------------------------------------
@@ -383,8 +441,7 @@ def apply(onnx_graph: OnnxGraph, plan: Plan) -> ir.Model:
     edits = plan.edits
 
     for record in edits.weights:
-        converted = convert_values(op_graph.tensors[record.name].load_value(), record.dst)  # type: ignore[misc]
-        tensor = ir.Tensor(converted.values, name=record.stored_as)
+        tensor = ir.Tensor(edits.converted[(record.name, record.dst)], name=record.stored_as)
         source = values[record.name]
         if not record.in_place:
             copy = ir.Value(
@@ -529,8 +586,11 @@ def save(model: ir.Model, path: str | os.PathLike[str]) -> None:
     """Write ``model`` atomically; weights go to ``<name>.data`` beside it when over 2 GB
     or when the input kept them there."""
     path = Path(path)
-    external = (_weight_bytes(model) > EXTERNAL_DATA_THRESHOLD or _has_external(model)
-                or bool(model.meta.get(EXTERNAL_DATA_KEY)))
+    external = (
+        _weight_bytes(model) > EXTERNAL_DATA_THRESHOLD
+        or _has_external(model)
+        or bool(model.meta.get(EXTERNAL_DATA_KEY))
+    )
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
         tmp_path = Path(tmp) / path.name
         data_name = f"{path.name}.data"

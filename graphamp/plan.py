@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from graphamp.errors import GraphampError
 
@@ -80,6 +81,8 @@ class Edits:
     weights: list[WeightRecord] = field(default_factory=list)
     retarget_casts: dict[str, str] = field(default_factory=dict)  # Cast node -> new target
     remove_nodes: list[str] = field(default_factory=list)  # pre-existing Casts made redundant
+    # (weight, dtype) -> its converted values, computed once by the casts pass for the dialect
+    converted: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)
 
 
 @dataclass

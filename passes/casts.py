@@ -227,6 +227,7 @@ def _plan_weights(
             # classify keeps readers of such weights float32; reaching here is a bug, and
             # clamping silently is the one thing this pass must never do.
             raise AssertionError(f"weight {name!r} would overflow {want}")
+        edits.converted[(name, want)] = converted.values
         stored_as = name if in_place else _fresh_name(f"{name}__{want}", taken)
         itemsize = NUMPY_TYPES[want](0).itemsize
         edits.weights.append(

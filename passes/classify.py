@@ -137,9 +137,9 @@ def _overflowing_weight(
 def _finite_absmax(values: np.ndarray) -> float:
     if values.size == 0:
         return 0.0
-    magnitudes = np.abs(values)
-    largest = float(np.max(magnitudes))
+    largest = max(float(values.max()), -float(values.min()))  # no |values| temporary
     if np.isfinite(largest):
         return largest
+    magnitudes = np.abs(values)
     finite = magnitudes[np.isfinite(magnitudes)]
     return float(finite.max()) if finite.size else 0.0

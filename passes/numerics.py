@@ -36,11 +36,13 @@ class Converted:
 
 def convert_values(values: np.ndarray, dtype: str) -> Converted:
     """``values`` rounded to ``dtype``, with the counts a plan reports."""
-    target = NUMPY_TYPES[dtype]
-    converted = values.astype(target)
+    converted = values.astype(NUMPY_TYPES[dtype])
     if values.size == 0:
         return Converted(converted, 0, 0)
-    widened = converted.astype(np.float32)
-    overflowed = int(np.count_nonzero(np.isinf(widened) & np.isfinite(values)))
-    flushed = int(np.count_nonzero((widened == 0) & (values != 0)))
+    # Rounding keeps zeros zero and infinities infinite, so the differences of the counts are
+    # the values that flushed or overflowed: no temporary float32 copy of the result needed.
+    overflowed = int(np.count_nonzero(np.isinf(converted))) - int(
+        np.count_nonzero(np.isinf(values))
+    )
+    flushed = int(np.count_nonzero(converted == 0)) - int(np.count_nonzero(values == 0))
     return Converted(converted, overflowed, flushed)

@@ -19,16 +19,26 @@ def weight(name: str, shape: tuple[int, ...] = (4, 4), scale: float = 0.5, seed:
     return numpy_helper.from_array(values, name)
 
 
-def model(nodes, inputs=("x",), outputs=("y",), initializers=(), opset=22, shape=(4, 4),
-          input_types=None, output_types=None):
+def model(
+    nodes,
+    inputs=("x",),
+    outputs=("y",),
+    initializers=(),
+    opset=22,
+    shape=(4, 4),
+    input_types=None,
+    output_types=None,
+):
     """A model of ``nodes`` (onnx NodeProtos) with float32 inputs/outputs of ``shape``."""
     input_types = input_types or {}
     output_types = output_types or {}
     graph = helper.make_graph(
-        list(nodes), "test",
+        list(nodes),
+        "test",
         [helper.make_tensor_value_info(n, input_types.get(n, F32), shape) for n in inputs],
         [helper.make_tensor_value_info(n, output_types.get(n, F32), None) for n in outputs],
-        list(initializers))
+        list(initializers),
+    )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     proto.ir_version = 10
     return proto
@@ -72,8 +82,10 @@ def assert_valid(proto: onnx.ModelProto) -> None:
 def assert_no_redundant_casts(proto: onnx.ModelProto) -> None:
     """No Cast of a Cast's output, no Cast to the type its input already has."""
     inferred = onnx.shape_inference.infer_shapes(proto)
-    types = {v.name: v.type.tensor_type.elem_type
-             for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    types = {
+        v.name: v.type.tensor_type.elem_type
+        for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+    }
     types.update({i.name: i.data_type for i in proto.graph.initializer})
     producers = {out: node for node in proto.graph.node for out in node.output}
     for node in casts_in(proto):

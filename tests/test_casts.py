@@ -6,7 +6,14 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.helpers import (
-    assert_no_redundant_casts, assert_valid, casts_in, chain, convert, model, precisions, run,
+    assert_no_redundant_casts,
+    assert_valid,
+    casts_in,
+    chain,
+    convert,
+    model,
+    precisions,
+    run,
     weight,
 )
 
@@ -18,7 +25,9 @@ def feeds(seed: int = 1) -> dict[str, np.ndarray]:
 def test_one_cast_per_tensor_shared_by_all_consumers():
     # x (float32 input kept) feeds three MatMuls: one Cast, not three.
     nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"mm{i}") for i in range(3)]
-    proto = model(nodes, outputs=("y0", "y1", "y2"), initializers=[weight(f"w{i}", seed=i) for i in range(3)])
+    proto = model(
+        nodes, outputs=("y0", "y1", "y2"), initializers=[weight(f"w{i}", seed=i) for i in range(3)]
+    )
     out, plan = convert(proto, keep_io_types=["x"])
     input_casts = [c for c in casts_in(out) if c.input[0] == "x"]
     assert len(input_casts) == 1
@@ -90,8 +99,9 @@ def test_existing_cast_to_float32_is_retargeted():
         helper.make_node("Cast", ["mask"], ["maskf"], name="cast", to=TensorProto.FLOAT),
         helper.make_node("MatMul", ["maskf", "w"], ["y"], name="mm"),
     ]
-    proto = model(nodes, inputs=("mask",), initializers=[weight("w")],
-                  input_types={"mask": TensorProto.BOOL})
+    proto = model(
+        nodes, inputs=("mask",), initializers=[weight("w")], input_types={"mask": TensorProto.BOOL}
+    )
     out, plan = convert(proto)
     assert plan.edits.retarget_casts == {"cast": "float16"}
     (cast,) = casts_in(out)
@@ -139,8 +149,10 @@ def test_keep_io_types_casts_back_under_the_original_name():
 
 
 def test_keep_io_types_by_name():
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
-             helper.make_node("MatMul", ["y", "w"], ["z"], name="mm2")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+        helper.make_node("MatMul", ["y", "w"], ["z"], name="mm2"),
+    ]
     proto = model(nodes, outputs=("y", "z"), initializers=[weight("w")])
     out, _ = convert(proto, keep_io_types=["z"])
     types = {o.name: o.type.tensor_type.elem_type for o in out.graph.output}
@@ -156,7 +168,9 @@ def test_resize_scales_stay_float32_while_resize_runs_low():
         helper.make_node("Resize", ["c", "", "scales"], ["r"], name="resize", mode="nearest"),
         helper.make_node("Conv", ["r", "w"], ["y"], name="conv2"),
     ]
-    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((2, 2, 1, 1)).astype(np.float32), "w")
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((2, 2, 1, 1)).astype(np.float32), "w"
+    )
     out, plan = convert(model(nodes, initializers=[w, scales], shape=(1, 2, 4, 4)))
     assert precisions(plan)["resize"] == "float16"
     stored = {i.name: i.data_type for i in out.graph.initializer}
@@ -170,8 +184,12 @@ def test_widening_cast_kept_for_float32_readers_while_low_readers_skip_it():
         helper.make_node("MatMul", ["x32", "w"], ["m"], name="mm"),
         helper.make_node("Exp", ["x32"], ["e"], name="exp"),
     ]
-    proto = model(nodes, outputs=("m", "e"), initializers=[weight("w")],
-                  input_types={"x": TensorProto.FLOAT16})
+    proto = model(
+        nodes,
+        outputs=("m", "e"),
+        initializers=[weight("w")],
+        input_types={"x": TensorProto.FLOAT16},
+    )
     out, plan = convert(proto)
     assert not plan.edits.casts  # the MatMul reads x itself: no Cast back to float16
     mm = next(n for n in out.graph.node if n.name == "mm")

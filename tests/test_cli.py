@@ -44,12 +44,16 @@ def test_verify_with_inputs_file(small_model, tmp_path):
     inputs = tmp_path / "in.npz"
     np.savez(inputs, x=np.full((4, 4), 0.3, np.float32))
     out = tmp_path / "out.onnx"
-    assert main(["convert", str(small_model), "-o", str(out), "--verify", "--inputs", str(inputs)]) == 0
+    assert (
+        main(["convert", str(small_model), "-o", str(out), "--verify", "--inputs", str(inputs)])
+        == 0
+    )
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "graphamp.cli", *args], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "graphamp.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
@@ -81,10 +85,13 @@ def test_not_onnx_and_truncated(tmp_path, small_model):
 
 def test_unknown_option_and_op_in_two_lists(small_model, tmp_path):
     out = tmp_path / "o.onnx"
-    assert_user_error(run_cli("convert", str(small_model), "-o", str(out), "--frobnicate"),
-                      "--frobnicate")
-    assert_user_error(run_cli("convert", str(small_model), "-o", str(out), "--allow", "Exp",
-                              "--deny", "Exp"), "'Exp'")
+    assert_user_error(
+        run_cli("convert", str(small_model), "-o", str(out), "--frobnicate"), "--frobnicate"
+    )
+    assert_user_error(
+        run_cli("convert", str(small_model), "-o", str(out), "--allow", "Exp", "--deny", "Exp"),
+        "'Exp'",
+    )
     assert not out.exists()
 
 
@@ -109,9 +116,12 @@ def test_unknown_op_names_the_node(tmp_path):
 def test_integer_only_graph_is_refused(tmp_path):
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Neg", ["i"], ["o"], name="neg")], "ints",
-                              [helper.make_tensor_value_info("i", TensorProto.INT64, [2])],
-                              [helper.make_tensor_value_info("o", TensorProto.INT64, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Neg", ["i"], ["o"], name="neg")],
+        "ints",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("o", TensorProto.INT64, [2])],
+    )
     path, out = tmp_path / "ints.onnx", tmp_path / "o.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)]), str(path))
     assert_user_error(run_cli("convert", str(path), "-o", str(out)), "floating-point")
@@ -121,9 +131,22 @@ def test_integer_only_graph_is_refused(tmp_path):
 def test_help_documents_every_flag():
     result = run_cli("convert", "--help")
     assert result.returncode == 0
-    for flag in ("--dtype", "--keep-io-types", "--allow", "--infer", "--clear", "--deny",
-                 "--deny-name", "--deny-tensor", "--config", "--plan", "--verify", "--inputs",
-                 "--rtol", "--atol"):
+    for flag in (
+        "--dtype",
+        "--keep-io-types",
+        "--allow",
+        "--infer",
+        "--clear",
+        "--deny",
+        "--deny-name",
+        "--deny-tensor",
+        "--config",
+        "--plan",
+        "--verify",
+        "--inputs",
+        "--rtol",
+        "--atol",
+    ):
         assert flag in result.stdout
 
 

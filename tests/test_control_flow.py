@@ -13,19 +13,30 @@ def if_model():
     # m = MatMul(x, w) (low); If(cond) { then: Relu(m) + m read from the outer scope;
     # else: Neg(m) }; the If output feeds another MatMul.
     then_body = helper.make_graph(
-        [helper.make_node("Relu", ["m"], ["then_out"], name="then_relu")], "then", [],
-        [helper.make_tensor_value_info("then_out", F32, [4, 4])])
+        [helper.make_node("Relu", ["m"], ["then_out"], name="then_relu")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("then_out", F32, [4, 4])],
+    )
     else_body = helper.make_graph(
-        [helper.make_node("Neg", ["m"], ["else_out"], name="else_neg")], "else", [],
-        [helper.make_tensor_value_info("else_out", F32, [4, 4])])
+        [helper.make_node("Neg", ["m"], ["else_out"], name="else_neg")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("else_out", F32, [4, 4])],
+    )
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
-        helper.make_node("If", ["cond"], ["branch"], name="if", then_branch=then_body,
-                         else_branch=else_body),
+        helper.make_node(
+            "If", ["cond"], ["branch"], name="if", then_branch=then_body, else_branch=else_body
+        ),
         helper.make_node("MatMul", ["branch", "w"], ["y"], name="mm2"),
     ]
-    proto = model(nodes, inputs=("x", "cond"), initializers=[weight("w")],
-                  input_types={"cond": TensorProto.BOOL})
+    proto = model(
+        nodes,
+        inputs=("x", "cond"),
+        initializers=[weight("w")],
+        input_types={"cond": TensorProto.BOOL},
+    )
     proto.graph.input[1].type.tensor_type.shape.ClearField("dim")
     return proto
 

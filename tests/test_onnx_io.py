@@ -11,14 +11,17 @@ from tests.helpers import assert_valid, convert, model, run, weight
 
 
 def test_external_data_model_loads_converts_and_saves_with_external_data(tmp_path):
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
-             helper.make_node("Relu", ["m"], ["y"], name="relu")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Relu", ["m"], ["y"], name="relu"),
+    ]
     proto = model(nodes, initializers=[weight("w", (64, 64))], shape=(64, 64))
     x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
     expected = run(proto, {"x": x})[0]  # before saving: onnx.save moves the data out of proto
     source = tmp_path / "ext.onnx"
-    onnx.save(proto, str(source), save_as_external_data=True, location="ext.onnx.data",
-              size_threshold=0)
+    onnx.save(
+        proto, str(source), save_as_external_data=True, location="ext.onnx.data", size_threshold=0
+    )
     assert (tmp_path / "ext.onnx.data").exists()
     result = gonnx.convert(source)
     target = tmp_path / "out" / "converted.onnx"
@@ -27,8 +30,10 @@ def test_external_data_model_loads_converts_and_saves_with_external_data(tmp_pat
     assert (target.parent / "converted.onnx.data").exists()
     loaded = onnx.load(str(target))
     assert_valid(loaded)
-    assert np.abs(run(loaded, {"x": x})[0].astype(np.float32) - expected).max() \
+    assert (
+        np.abs(run(loaded, {"x": x})[0].astype(np.float32) - expected).max()
         < 1e-2 * np.abs(expected).max()
+    )
 
 
 def test_unnamed_nodes_get_deterministic_names_from_their_outputs():
@@ -58,8 +63,10 @@ def test_custom_domain_op_is_kept_as_it_is_with_casts_around_it():
 
 
 def test_graph_input_retyped_only_when_every_reader_wants_low():
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
-             helper.make_node("Exp", ["x"], ["e"], name="exp")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Exp", ["x"], ["e"], name="exp"),
+    ]
     out, plan = convert(model(nodes, outputs=("m", "e"), initializers=[weight("w")]))
     assert out.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
     assert [(c.tensor, c.dst) for c in plan.edits.casts] == [("x", "float16")]

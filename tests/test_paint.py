@@ -68,7 +68,12 @@ def test_clear_chain_joins_in_both_directions():
     proto = model(nodes, outputs=("m", "r4", "c"), initializers=[weight("w")])
     _, plan = convert(proto)
     assert {n: precisions(plan)[n] for n in ("relu1", "relu2", "mm", "relu4", "concat")} == {
-        "relu1": LOW, "relu2": LOW, "mm": LOW, "relu4": LOW, "concat": LOW}
+        "relu1": LOW,
+        "relu2": LOW,
+        "mm": LOW,
+        "relu4": LOW,
+        "concat": LOW,
+    }
     assert plan.nodes["relu2"].via is not None
 
 
@@ -77,7 +82,12 @@ def test_name_rule_denies_and_spreads_like_a_deny_op():
     assert paint(["MatMul", "Relu", "MatMul"], deny_names=["matmul2"]) == [LOW, LOW, F32]
     assert paint(["MatMul", "Relu", "MatMul"], deny_names=["matmul*"]) == [F32, F32, F32]
     # From a denied node, deny does not enter a clear op whose path leads to an allow op.
-    assert paint(["MatMul", "Relu", "MatMul", "Relu"], deny_names=["matmul0"]) == [F32, LOW, LOW, LOW]
+    assert paint(["MatMul", "Relu", "MatMul", "Relu"], deny_names=["matmul0"]) == [
+        F32,
+        LOW,
+        LOW,
+        LOW,
+    ]
 
 
 def test_deny_tensor_keeps_readers_and_writers_float32():

@@ -13,7 +13,9 @@ from graphamp.policy import LISTS, Policy
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_default_lists_are_disjoint_and_every_entry_has_a_reason(dtype):
-    data = tomllib.loads(resources.files("graphamp.lists").joinpath(f"onnx_{dtype}.toml").read_text())
+    data = tomllib.loads(
+        resources.files("graphamp.lists").joinpath(f"onnx_{dtype}.toml").read_text()
+    )
     seen: set[str] = set()
     for name in LISTS:
         for op, reason in data[name].items():
@@ -54,8 +56,10 @@ def test_unknown_dtype_is_an_error():
 
 def test_policy_from_toml_with_command_line_overrides(tmp_path):
     path = tmp_path / "amp.toml"
-    path.write_text('[graphamp]\ndtype = "bfloat16"\nblack = ["Softmax"]\nkeep_io_types = ["x"]\n'
-                    'deny_names = ["/encoder/*"]\ndeny_tensors = ["logits"]\n')
+    path.write_text(
+        '[graphamp]\ndtype = "bfloat16"\nblack = ["Softmax"]\nkeep_io_types = ["x"]\n'
+        'deny_names = ["/encoder/*"]\ndeny_tensors = ["logits"]\n'
+    )
     policy = Policy.from_toml(path)
     assert policy.dtype == "bfloat16"
     assert policy.list_of("Softmax")[0] == "deny"
@@ -68,13 +72,16 @@ def test_policy_from_toml_with_command_line_overrides(tmp_path):
     assert flagged.deny_names == ("/encoder/*", "/head/*")
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[graphamp]\nallow = ['Exp']\ndeny = ['Exp']\n", "'Exp' is in both"),
-    ("[graphamp]\ncolour = 'red'\n", "unknown key 'colour'"),
-    ("[graphamp]\nallow = 'Exp'\n", "'allow' must be a list"),
-    ("[other]\n", "no \\[graphamp\\] table"),
-    ("[graphamp\n", "not a valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[graphamp]\nallow = ['Exp']\ndeny = ['Exp']\n", "'Exp' is in both"),
+        ("[graphamp]\ncolour = 'red'\n", "unknown key 'colour'"),
+        ("[graphamp]\nallow = 'Exp'\n", "'allow' must be a list"),
+        ("[other]\n", "no \\[graphamp\\] table"),
+        ("[graphamp\n", "not a valid TOML"),
+    ],
+)
 def test_bad_policy_files_name_the_problem(tmp_path, text, message):
     path = tmp_path / "bad.toml"
     path.write_text(text)

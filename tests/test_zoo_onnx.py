@@ -27,7 +27,8 @@ def test_zoo_model_converts_validly_and_accurately(zoo_model, name, dtype):
     matrix = {n: d for n, d in result.plan.nodes.items() if d.op in MATRIX_OPS}
     assert matrix, "the zoo model has matrix ops"
     assert all(d.precision == dtype for d in matrix.values()), {
-        n: d.reason for n, d in matrix.items() if d.precision != dtype}
+        n: d.reason for n, d in matrix.items() if d.precision != dtype
+    }
 
     original = onnx.load(str(path))
     feeds = verify.random_inputs(original, seed=3)
