@@ -138,7 +138,7 @@ def test_no_cast_of_a_widening_cast():
 
 
 def test_keep_io_types_casts_back_under_the_original_name():
-    out, plan = convert(chain(["MatMul", "Relu", "MatMul"]), keep_io_types=True)
+    out, _ = convert(chain(["MatMul", "Relu", "MatMul"]), keep_io_types=True)
     assert [o.name for o in out.graph.output] == ["y"]
     assert out.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
     assert out.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT

@@ -38,7 +38,7 @@ def test_moving_an_op_takes_it_out_of_its_default_list():
 
 
 def test_an_op_in_two_lists_is_an_error_naming_it():
-    with pytest.raises(GraphampError, match="'Exp'.*allow.*deny"):
+    with pytest.raises(GraphampError, match=r"'Exp'.*allow.*deny"):
         Policy.create(allow=["Exp"], deny=["Exp"])
 
 
