@@ -134,6 +134,17 @@ def _apply_inferred_types(model: ir.Model, proto: onnx.ModelProto, where: str) -
             value.shape = ir.serde.deserialize_type_proto_for_shape(info.type)
 
 
+def inferred_types(proto: onnx.ModelProto) -> dict[str, int]:
+    """Tensor name -> ONNX element type for every typed value of ``proto``'s main graph
+    (graph I/O, initializers, and what type inference finds), without copying weights."""
+    inferred = onnx.shape_inference.infer_shapes(_without_large_initializers(proto))
+    types = {init.name: init.data_type for init in proto.graph.initializer}
+    for info in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output):
+        if info.type.HasField("tensor_type"):
+            types[info.name] = info.type.tensor_type.elem_type
+    return types
+
+
 def _without_large_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``proto`` whose initializers of over 256 elements are data-less external
     stubs (small ones stay: shape computations read their values). Nothing big is copied."""
