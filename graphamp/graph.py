@@ -72,6 +72,9 @@ class OpNode:
     # in low precision. Empty for nodes that compute on no float type.
     follow_inputs: frozenset[int] = frozenset()
     follow_outputs: frozenset[int] = frozenset()
+    # Input slots whose type variable binds nothing else and admits every float type (Shape's
+    # input, say): they read a tensor in whatever type it has, so they never need a cast.
+    any_type_inputs: frozenset[int] = frozenset()
     # Float types the computation type may take, from the op's schema at the model's opset.
     allowed_types: frozenset[str] = frozenset()
     # The dtype the computation type has in the input model ("float32" for a float32 op).

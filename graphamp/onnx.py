@@ -332,11 +332,12 @@ def _read_node(result: OnnxGraph, node: ir.Node, opsets: dict[str, int], target:
         op_node.kind = NodeKind.OPAQUE
         return op_node
 
+    op_node.any_type_inputs = _any_type_inputs(schema, inputs, len(outputs))
     # The computation type: the type variable of the first float (or unknown) input.
     primary: str | None = None
     for slot, name in enumerate(inputs):
         param = _formal(schema.inputs, slot)
-        if not name or param not in schema.allowed:
+        if not name or param not in schema.allowed or slot in op_node.any_type_inputs:
             continue
         dtype = tensors[name].dtype
         if dtype in FLOAT_TYPES or (dtype == UNKNOWN and "float32" in schema.allowed[param]):
@@ -374,6 +375,28 @@ def _read_node(result: OnnxGraph, node: ir.Node, opsets: dict[str, int], target:
         if flops:
             op_node.attrs["flops"] = flops
     return op_node
+
+
+def _any_type_inputs(schema: _Schema, inputs: list[str], outputs: int) -> frozenset[int]:
+    """Input slots whose type variable appears at no other input or output and admits all the
+    float types: such a slot reads any float type as it is."""
+    uses: dict[str, int] = {}
+    for slot in range(len(inputs)):
+        param = _formal(schema.inputs, slot)
+        if param in schema.allowed:
+            uses[param] = uses.get(param, 0) + 1
+    for slot in range(outputs):
+        param = _formal(schema.outputs, slot)
+        if param in schema.allowed:
+            uses[param] = uses.get(param, 0) + 1
+    return frozenset(
+        slot
+        for slot, name in enumerate(inputs)
+        if name
+        and (param := _formal(schema.inputs, slot)) in schema.allowed
+        and uses[param] == 1
+        and {"float32", "float16", "bfloat16"} <= schema.allowed[param]
+    )
 
 
 def _fill_output_types(

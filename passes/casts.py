@@ -73,7 +73,7 @@ def plan_casts(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
     }
 
     def all_readers_want(tensor: str, dtype: str) -> bool:
-        slots = readers.get(tensor, [])
+        slots = [(n, s) for n, s in readers.get(tensor, []) if s not in n.any_type_inputs]
         return bool(slots) and all(required(n, s, tensor) == dtype for n, s in slots)
 
     for name in graph.graph_inputs:
@@ -120,7 +120,7 @@ def plan_casts(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
             source = _resolve(alias, name)
             if source != name:
                 edits.rewire[(node.name, slot)] = source
-            want = required(node, slot, name)
+            want = has[source] if slot in node.any_type_inputs else required(node, slot, name)
             tensor = graph.tensors[source]
             if has[source] == want:
                 still_read.add(source)

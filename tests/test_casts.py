@@ -197,3 +197,17 @@ def test_widening_cast_kept_for_float32_readers_while_low_readers_skip_it():
     assert [c.name for c in casts_in(out)] == ["widen"]
     assert_no_redundant_casts(out)
     assert_valid(out)
+
+
+def test_ops_that_accept_any_type_get_no_cast():
+    # Shape reads its input through a type variable bound nowhere else: float16 is as good as
+    # float32 for it, so the low MatMul output needs no Cast back for Shape.
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Shape", ["m"], ["s"], name="shape"),
+        helper.make_node("Reshape", ["m", "s"], ["y"], name="reshape"),
+    ]
+    out, plan = convert(model(nodes, initializers=[weight("w")]))
+    assert not plan.edits.casts
+    assert not casts_in(out)
+    assert_valid(out)
