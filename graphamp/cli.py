@@ -19,13 +19,18 @@ from graphamp.policy import DTYPES, LISTS, Policy
 EXAMPLES = """\
 examples:
   graphamp demo
+  graphamp plan model.onnx --format html -o plan.html
+  graphamp explain model.onnx /layers.0/attention/Softmax
+  graphamp diff old.onnx new.onnx --exit-code
+  graphamp check model.onnx --baseline amp-plan.json
   graphamp convert model.onnx -o model.fp16.onnx --verify
   graphamp convert model.onnx -o model.bf16.onnx --dtype bfloat16 --keep-io-types
   graphamp convert model.onnx -o out.onnx --deny Softmax --deny-name '/layers.11/*' --plan plan.json
   graphamp convert model.onnx -o out.onnx --config amp.toml --verify --inputs batch.npz
   graphamp lists --dtype bfloat16
 
-exit status: 0 success, 1 --verify found the error over tolerance, 2 bad input or option.
+exit status: 0 success; 1 --verify over tolerance, or diff --exit-code / check found a change;
+2 bad input or option.
 """
 
 
@@ -104,6 +109,69 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep", metavar="DIR", help="keep the float32 and converted models and the plan in DIR"
     )
     add_verify_arguments(demo, flag=False)
+
+    plan = commands.add_parser(
+        "plan",
+        help="show the precision plan of a model without converting it",
+        description="Decide precisions for MODEL and print the plan: a text table grouped by "
+        "precision, the JSON plan (what CI diffs), or an HTML page of the graph coloured by "
+        "precision with each node's reason on hover.",
+    )
+    plan.add_argument("model", metavar="MODEL", help="an ONNX model")
+    plan.add_argument(
+        "--format",
+        choices=("text", "json", "html"),
+        default="text",
+        help="output format (default text)",
+    )
+    plan.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    add_policy_arguments(plan)
+
+    explain = commands.add_parser(
+        "explain",
+        help="the chain of reasons behind one node's precision",
+        description="Print why NODE of MODEL runs in the precision it does: its rule, the "
+        "neighbour its colour spread through (and that one's reason, down to the rule that "
+        "started it), and how each input reaches it.",
+    )
+    explain.add_argument("model", metavar="MODEL", help="an ONNX model")
+    explain.add_argument("node", metavar="NODE", help="the node name, as in the plan")
+    add_policy_arguments(explain)
+
+    diff = commands.add_parser(
+        "diff",
+        help="compare the plans of two models or plan files",
+        description="Show nodes whose precision changed, casts added and removed, weights whose "
+        "storage changed and the summary delta between A and B, like a unified diff. A and B "
+        "are ONNX models (planned with the policy flags) or plan JSON files.",
+    )
+    diff.add_argument("old", metavar="A", help="model or plan (.json)")
+    diff.add_argument("new", metavar="B", help="model or plan (.json)")
+    diff.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default text)"
+    )
+    diff.add_argument(
+        "--exit-code",
+        action="store_true",
+        help="exit 1 when the plans differ (as git diff --exit-code)",
+    )
+    add_policy_arguments(diff)
+
+    check = commands.add_parser(
+        "check",
+        help="fail when a model's plan drifted from its reviewed baseline",
+        description="Plan MODEL and compare it with the baseline plan: exit 0 when equal, 1 "
+        "with the diff when it drifted. Without MODEL, check every [[graphamp.check]] entry "
+        "(model = ..., baseline = ...) of the --config file; paths are relative to that file.",
+    )
+    check.add_argument("model", metavar="MODEL", nargs="?", help="an ONNX model")
+    check.add_argument("--baseline", metavar="PLAN.json", help="the reviewed plan")
+    check.add_argument(
+        "--update",
+        action="store_true",
+        help="write the current plan to the baseline instead of comparing",
+    )
+    add_policy_arguments(check)
 
     lists = commands.add_parser(
         "lists",
@@ -235,6 +303,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_convert(args, console)
         if args.command == "demo":
             return run_demo(args, console)
+        if args.command == "plan":
+            return run_plan(args)
+        if args.command == "explain":
+            return run_explain(args)
+        if args.command == "diff":
+            return run_diff(args)
+        if args.command == "check":
+            return run_check(args)
         return run_lists(args, console)
     except GraphampError as exc:
         print(f"graphamp: error: {exc}", file=sys.stderr)
@@ -300,6 +376,135 @@ def run_demo(args: argparse.Namespace, console: Console) -> int:
         if args.keep:
             console.print(f"models and plan kept in {folder}")
         return status
+
+
+def plan_of(path: str | Path, policy: Policy):  # type: ignore[no-untyped-def]
+    """(graph or None, Plan) of a model file, or of a plan file (``.json``)."""
+    from graphamp import onnx as gonnx
+    from graphamp.plan import Plan
+
+    path = Path(path)
+    if path.suffix == ".json":
+        return None, Plan.load(path)
+    onnx_graph, plan, _ = gonnx.analyse(path, policy)
+    return onnx_graph.graph, plan
+
+
+def emit(text: str, output: str | None) -> None:
+    if output:
+        from graphamp.io import write_atomic
+
+        write_atomic(Path(output), text.encode("utf-8"))
+    else:
+        sys.stdout.write(text)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from graphamp import report
+
+    graph, plan = plan_of(args.model, policy_from_args(args))
+    if args.format == "json":
+        text = plan.to_json()
+    elif args.format == "html":
+        if graph is None:
+            raise GraphampError(f"{args.model}: --format html needs a model, not a plan file")
+        text = report.html_page(plan, graph)
+    else:
+        text = report.text_table(plan)
+    emit(text, args.output)
+    return 0
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from graphamp import report
+
+    graph, plan = plan_of(args.model, policy_from_args(args))
+    sys.stdout.write(report.explain(plan, args.node, graph))
+    return 0
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    import json
+
+    policy = policy_from_args(args)
+    _, old = plan_of(args.old, policy)
+    _, new = plan_of(args.new, policy)
+    old.model, new.model = str(args.old), str(args.new)
+    difference = old.diff(new)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(difference.to_dict(), indent=1) + "\n")
+    elif not difference.empty:
+        sys.stdout.write(difference.to_text())
+    return 1 if args.exit_code and not difference.empty else 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    if args.model:
+        if not args.baseline:
+            raise GraphampError("check MODEL needs --baseline PLAN.json")
+        entries = [(Path(args.model), Path(args.baseline))]
+    else:
+        if not args.config:
+            raise GraphampError(
+                "check needs MODEL --baseline PLAN.json, or --config FILE with "
+                "[[graphamp.check]] entries"
+            )
+        entries = check_entries(Path(args.config))
+    policy = policy_from_args(args)
+    drifted = 0
+    for model, baseline in entries:
+        drifted += check_one(model, baseline, policy, update=args.update)
+    return 1 if drifted else 0
+
+
+def check_entries(config: Path) -> list[tuple[Path, Path]]:
+    """The (model, baseline) pairs of a policy file's [[graphamp.check]] tables."""
+    import tomllib
+
+    try:
+        table = tomllib.loads(config.read_text(encoding="utf-8")).get("graphamp", {})
+    except FileNotFoundError:
+        raise GraphampError(f"{config}: policy file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise GraphampError(f"{config}: not a valid TOML file: {exc}") from None
+    checks = table.get("check", [])
+    if not checks:
+        raise GraphampError(
+            f"{config}: no [[graphamp.check]] entries (model = ..., baseline = ...)"
+        )
+    entries = []
+    for index, entry in enumerate(checks):
+        if not isinstance(entry, dict) or not {"model", "baseline"} <= set(entry):
+            raise GraphampError(
+                f"{config}: [[graphamp.check]] entry {index + 1} needs 'model' and 'baseline'"
+            )
+        entries.append((config.parent / entry["model"], config.parent / entry["baseline"]))
+    return entries
+
+
+def check_one(model: Path, baseline: Path, policy: Policy, *, update: bool) -> int:
+    """0 when ``model``'s plan equals ``baseline`` (or was written to it), 1 when it drifted."""
+    from graphamp.plan import Plan
+
+    _, plan = plan_of(model, policy)
+    plan.model = model.name
+    if update:
+        plan.save(baseline)
+        print(f"{model}: baseline {baseline} written")
+        return 0
+    if not baseline.exists():
+        raise GraphampError(f"{baseline}: no baseline plan; create it with --update")
+    reviewed = Plan.load(baseline)
+    difference = reviewed.diff(plan)
+    difference.old_label, difference.new_label = f"{baseline} (baseline)", f"{model} (now)"
+    if difference.empty and reviewed.to_json() == plan.to_json():
+        print(f"{model}: plan matches {baseline}")
+        return 0
+    if difference.empty:  # only reasons, policy or counts moved: still a drift to review
+        difference.summary = difference.summary or {"plan": ("baseline", "changed reasons/policy")}
+    print(f"{model}: plan drifted from {baseline}; review and run with --update to accept")
+    sys.stdout.write(difference.to_text())
+    return 1
 
 
 def run_lists(args: argparse.Namespace, console: Console) -> int:

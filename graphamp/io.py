@@ -24,7 +24,14 @@ def write_atomic_with(path: Path, writer: Callable[[Path], object]) -> None:
     tmp = Path(tmp_name)
     try:
         writer(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs follow the umask
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -28,6 +28,7 @@ import onnx_ir as ir
 from graphamp.errors import GraphampError
 from graphamp.graph import FLOAT_TYPES, UNKNOWN, NodeKind, OpGraph, OpNode, TensorInfo
 from graphamp.passes import run_passes
+from graphamp.passes.numerics import convert_values
 from graphamp.plan import Plan
 from graphamp.policy import Policy
 
@@ -475,7 +476,12 @@ def apply(onnx_graph: OnnxGraph, plan: Plan) -> ir.Model:
     edits = plan.edits
 
     for record in edits.weights:
-        tensor = ir.Tensor(edits.converted[(record.name, record.dst)], name=record.stored_as)
+        converted = convert_values(op_graph.tensors[record.name].load_value(), record.dst)  # type: ignore[misc]
+        if converted.overflowed:
+            # classify keeps the readers of such weights float32: reaching here is a bug, and
+            # clamping silently is the one thing graphamp must never do.
+            raise AssertionError(f"weight {record.name!r} would overflow {record.dst}")
+        tensor = ir.Tensor(converted.values, name=record.stored_as)
         source = values[record.name]
         if not record.in_place:
             copy = ir.Value(
@@ -573,9 +579,39 @@ class Conversion:
     model: ir.Model
     plan: Plan
     seconds: dict[str, float]
+    graph: OpGraph  # the input's dataflow view, for reports
 
     def to_proto(self) -> onnx.ModelProto:
         return ir.to_proto(self.model)
+
+
+def analyse(
+    model: str | os.PathLike[str] | onnx.ModelProto | ir.Model,
+    policy: Policy | None = None,
+    **overrides: object,
+) -> tuple[OnnxGraph, Plan, dict[str, float]]:
+    """Read ``model`` and run the passes: the graph, its plan and the time of each step.
+    Nothing is converted; :func:`convert` applies the plan."""
+    timer = _Timer()
+    if policy is None:
+        policy = Policy.create(where="convert()", **overrides)  # type: ignore[arg-type]
+    elif overrides:
+        raise GraphampError("pass either a policy or keyword overrides, not both")
+    where = str(model) if isinstance(model, str | os.PathLike) else "model"
+    if isinstance(model, str | os.PathLike):
+        ir_model = load(model)
+    elif isinstance(model, onnx.ModelProto):
+        ir_model = from_proto(model)
+    elif isinstance(model, ir.Model):
+        ir_model = model
+    else:
+        raise GraphampError(f"expected a path or an ONNX model, got {type(model).__name__}")
+    timer.lap("load")
+    onnx_graph = read(ir_model, policy.dtype)
+    timer.lap("read")
+    plan = run_passes(onnx_graph.graph, policy, model=Path(where).name)
+    timer.lap("passes")
+    return onnx_graph, plan, timer.seconds
 
 
 def convert(
@@ -589,31 +625,12 @@ def convert(
     converted in place). ``policy`` defaults to the float16 defaults; keyword ``overrides``
     (``dtype``, ``allow``, ``deny_names``, ``keep_io_types``, ...) go to :meth:`Policy.create`.
     """
-    timer = _Timer()
-    if policy is None:
-        policy = Policy.create(where="convert()", **overrides)  # type: ignore[arg-type]
-    elif overrides:
-        raise GraphampError("convert(): pass either a policy or keyword overrides, not both")
-    where = str(model) if isinstance(model, str | os.PathLike) else "model"
-    if isinstance(model, str | os.PathLike):
-        ir_model = load(model)
-    elif isinstance(model, onnx.ModelProto):
-        ir_model = from_proto(model)
-    elif isinstance(model, ir.Model):
-        ir_model = model
-    else:
-        raise GraphampError(
-            f"convert(): expected a path or an ONNX model, got {type(model).__name__}"
-        )
-    timer.lap("load")
-    onnx_graph = read(ir_model, policy.dtype)
-    timer.lap("read")
-    plan = run_passes(onnx_graph.graph, policy, model=Path(where).name)
-    timer.lap("passes")
+    onnx_graph, plan, seconds = analyse(model, policy, **overrides)
+    start = time.perf_counter()
     apply(onnx_graph, plan)
-    timer.lap("apply")
-    log.info("%s: converted in %.2f s", where, sum(timer.seconds.values()))
-    return Conversion(ir_model, plan, timer.seconds)
+    seconds["apply"] = time.perf_counter() - start
+    log.info("converted in %.2f s", sum(seconds.values()))
+    return Conversion(onnx_graph.model, plan, seconds, onnx_graph.graph)
 
 
 def save(model: ir.Model, path: str | os.PathLike[str]) -> None:

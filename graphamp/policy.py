@@ -31,6 +31,8 @@ LISTS = ("allow", "infer", "clear", "deny")
 ALIASES = {"white": "allow", "gray": "infer", "grey": "infer", "black": "deny"}
 DTYPES = ("float16", "bfloat16")
 POLICY_KEYS = frozenset({"dtype", "keep_io_types", "deny_names", "deny_tensors", *LISTS, *ALIASES})
+# Keys of the [graphamp] table that are not policy: [[graphamp.check]] entries for CI.
+OTHER_KEYS = frozenset({"check"})
 
 
 def _canonical_list(name: str) -> str:
@@ -133,6 +135,7 @@ class Policy:
         An op a flag moves is taken out of the file's lists first, so ``--deny Softmax`` wins
         over ``infer = ["Softmax"]`` in the file; an op in two lists of one source is an error.
         """
+        table = {key: value for key, value in table.items() if key not in OTHER_KEYS}
         unknown = sorted(set(table) - POLICY_KEYS)
         if unknown:
             raise GraphampError(f"{where}: unknown key {unknown[0]!r} in [graphamp]")

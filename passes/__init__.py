@@ -21,7 +21,9 @@ def run_passes(graph: OpGraph, policy: Policy, *, model: str = "") -> Plan:
     decisions = paint(graph, classify(graph, policy), policy)
     plan = Plan(dtype=policy.dtype, policy=policy.to_dict(), nodes=decisions, model=model)
     plan.edits = plan_casts(graph, decisions, policy)
-    plan.flops = {n.name: int(n.attrs["flops"]) for n in graph if "flops" in n.attrs}  # type: ignore[call-overload]
+    for node in graph:
+        if "flops" in node.attrs:
+            decisions[node.name].flops = int(node.attrs["flops"])  # type: ignore[call-overload]
     return plan
 
 

@@ -28,7 +28,7 @@ import logging
 from collections import defaultdict
 
 from graphamp.graph import LOW_TYPES, NodeKind, OpGraph, OpNode
-from graphamp.passes.numerics import NUMPY_TYPES, convert_values
+from graphamp.passes.numerics import NUMPY_TYPES, count_flushed
 from graphamp.plan import CastRecord, Edits, NodeDecision, WeightRecord
 from graphamp.policy import Policy
 
@@ -222,12 +222,6 @@ def _plan_weights(
         tensor = graph.tensors[name]
         in_place = len(slots) == len(readers.get(name, ())) and not tensor.is_graph_output
         values = tensor.load_value()  # type: ignore[misc]
-        converted = convert_values(values, want)
-        if converted.overflowed:
-            # classify keeps readers of such weights float32; reaching here is a bug, and
-            # clamping silently is the one thing this pass must never do.
-            raise AssertionError(f"weight {name!r} would overflow {want}")
-        edits.converted[(name, want)] = converted.values
         stored_as = name if in_place else _fresh_name(f"{name}__{want}", taken)
         itemsize = NUMPY_TYPES[want](0).itemsize
         edits.weights.append(
@@ -240,7 +234,7 @@ def _plan_weights(
                 elements=int(values.size),
                 bytes_before=int(values.nbytes),
                 bytes_after=int(values.size * itemsize),
-                flushed_to_zero=converted.flushed_to_zero,
+                flushed_to_zero=count_flushed(values, want),
                 consumers=sorted({n for n, _ in slots}),
             )
         )

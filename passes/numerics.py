@@ -27,6 +27,19 @@ def overflow_threshold(dtype: str) -> float:
     return float(info.max) + 2.0 ** (info.maxexp - 2 - info.nmant)
 
 
+def flush_threshold(dtype: str) -> float:
+    """Magnitudes at or below this round to zero in ``dtype``: half the smallest subnormal
+    (the tie goes to the even neighbour, zero)."""
+    return float(ml_dtypes.finfo(NUMPY_TYPES[dtype]).smallest_subnormal) / 2
+
+
+def count_flushed(values: np.ndarray, dtype: str) -> int:
+    """Non-zero values that become zero in ``dtype``, counted without converting."""
+    limit = flush_threshold(dtype)
+    tiny = int(np.count_nonzero((values <= limit) & (values >= -limit)))
+    return tiny - int(np.count_nonzero(values == 0))
+
+
 @dataclass
 class Converted:
     values: np.ndarray
