@@ -155,3 +155,33 @@ def test_html_page_loads_in_a_real_browser_and_draws_the_nodes_it_claims(bert, t
     assert f"drawn: {claimed} nodes" in dom
     assert "Uncaught" not in result.stderr
     assert dom.count('<g class="node"') == claimed == 99
+
+
+def test_shipped_ci_hook_and_workflow_run_the_check(tmp_path):
+    """tools/ci/pre-commit and the workflow's command pass on a clean repo, fail on drift."""
+    import os
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    onnx.save(layer_norm_model(gain=1e5), str(repo / "encoder.onnx"))
+    (repo / "graphamp.toml").write_text(
+        '[graphamp]\nallow = ["LayerNormalization"]\n\n'
+        '[[graphamp.check]]\nmodel = "encoder.onnx"\nbaseline = "encoder.plan.json"\n')
+    assert main(["check", "--config", str(repo / "graphamp.toml"), "--update"]) == 0
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    workflow = (root / "tools/ci/graphamp-check.yml").read_text()
+    command = next(line.split("run:", 1)[1].strip() for line in workflow.splitlines()
+                   if "run: graphamp" in line)
+
+    def run_both() -> tuple[int, int]:
+        hook = subprocess.run([str(root / "tools/ci/pre-commit")], cwd=repo, env=env,
+                              capture_output=True, text=True)
+        job = subprocess.run(command, shell=True, cwd=repo, env=env, capture_output=True, text=True)
+        return hook.returncode, job.returncode
+
+    assert run_both() == (0, 0)
+    onnx.save(layer_norm_model(gain=1.0), str(repo / "encoder.onnx"))
+    assert run_both() == (1, 1)
