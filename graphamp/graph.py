@@ -102,6 +102,9 @@ class OpGraph:
         self.graph_inputs: list[str] = []
         self.graph_outputs: list[str] = []
         self.opset: int = 0
+        # True where the caller feeds the inputs in their original type (a PyTorch module's
+        # arguments): the casts pass then never retypes a graph input.
+        self.inputs_fixed: bool = False
         self._consumers: dict[str, list[tuple[str, int]]] | None = None
         self._dataflow: nx.DiGraph | None = None
 

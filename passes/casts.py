@@ -76,7 +76,7 @@ def plan_casts(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
         slots = [(n, s) for n, s in readers.get(tensor, []) if s not in n.any_type_inputs]
         return bool(slots) and all(required(n, s, tensor) == dtype for n, s in slots)
 
-    for name in graph.graph_inputs:
+    for name in [] if graph.inputs_fixed else graph.graph_inputs:
         tensor = graph.tensors[name]
         if (
             tensor.dtype == "float32"

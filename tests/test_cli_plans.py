@@ -169,16 +169,21 @@ def test_shipped_ci_hook_and_workflow_run_the_check(tmp_path):
     onnx.save(layer_norm_model(gain=1e5), str(repo / "encoder.onnx"))
     (repo / "graphamp.toml").write_text(
         '[graphamp]\nallow = ["LayerNormalization"]\n\n'
-        '[[graphamp.check]]\nmodel = "encoder.onnx"\nbaseline = "encoder.plan.json"\n')
+        '[[graphamp.check]]\nmodel = "encoder.onnx"\nbaseline = "encoder.plan.json"\n'
+    )
     assert main(["check", "--config", str(repo / "graphamp.toml"), "--update"]) == 0
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     workflow = (root / "tools/ci/graphamp-check.yml").read_text()
-    command = next(line.split("run:", 1)[1].strip() for line in workflow.splitlines()
-                   if "run: graphamp" in line)
+    command = next(
+        line.split("run:", 1)[1].strip()
+        for line in workflow.splitlines()
+        if "run: graphamp" in line
+    )
 
     def run_both() -> tuple[int, int]:
-        hook = subprocess.run([str(root / "tools/ci/pre-commit")], cwd=repo, env=env,
-                              capture_output=True, text=True)
+        hook = subprocess.run(
+            [str(root / "tools/ci/pre-commit")], cwd=repo, env=env, capture_output=True, text=True
+        )
         job = subprocess.run(command, shell=True, cwd=repo, env=env, capture_output=True, text=True)
         return hook.returncode, job.returncode
 

@@ -1,0 +1,169 @@
+"""The PyTorch dialect: graphamp.fx.convert on the zoo, bfloat16 on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import graphamp.fx as gfx
+from graphamp.errors import GraphampError
+from graphamp.models import build
+from tests.conftest import ZOO_NAMES
+
+MATRIX_OPS = {"addmm", "mm", "bmm", "baddbmm", "convolution", "_convolution", "mkldnn_convolution"}
+
+
+class DtypeRecorder(TorchDispatchMode):
+    """Records (aten op, dtype of its first tensor argument) for every op that runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, torch.dtype]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        first = next(
+            (a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None
+        )
+        if first is not None:
+            self.calls.append((func._opname, first.dtype))
+        return func(*args, **(kwargs or {}))
+
+
+def matrix_dtypes(fn, *inputs) -> list[torch.dtype]:  # type: ignore[no-untyped-def]
+    with torch.no_grad(), DtypeRecorder() as recorder:
+        fn(*inputs)
+    return [dtype for op, dtype in recorder.calls if op in MATRIX_OPS]
+
+
+def first_output(result):  # type: ignore[no-untyped-def]
+    return result[0] if isinstance(result, tuple | list) else result
+
+
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_zoo_model_in_bfloat16_matches_float32_and_autocast(name):
+    model, inputs = build(name, "small")
+    gm, plan = gfx.convert(model, inputs)
+    with torch.no_grad():
+        expected = first_output(model(*inputs)).float()
+        actual = first_output(gm(*inputs)).float()
+    scale = expected.abs().max()
+    assert torch.isfinite(actual).all()
+    assert (actual - expected).abs().max() <= 5e-2 * scale
+    assert (actual - expected).abs().max() > 0, "nothing ran in bfloat16?"
+    for decision in plan.nodes.values():
+        if decision.rule == "allow":
+            assert decision.precision == "bfloat16", decision
+    # The matrix products run in bfloat16, exactly where torch.autocast runs them in bfloat16.
+    ours = matrix_dtypes(gm, *inputs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        theirs = matrix_dtypes(model, *inputs)
+    assert ours and set(ours) == {torch.bfloat16}
+    assert sorted(map(str, ours)) == sorted(map(str, theirs))
+
+
+def test_fp32_list_ops_stay_float32():
+    class WithLoss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return nn.functional.mse_loss(self.fc(x), target)
+
+    model = WithLoss()
+    x, target = torch.randn(4, 8), torch.randn(4, 8)
+    gm, plan = gfx.convert(model, (x, target))
+    ops = {d.op: d for d in plan.nodes.values()}
+    assert ops["linear"].precision == "bfloat16"
+    assert ops["mse_loss"].precision == "float32" and ops["mse_loss"].rule == "deny"
+    with DtypeRecorder() as recorder:
+        loss = gm(x, target)
+    assert loss.dtype == torch.float32
+    assert ("mse_loss", torch.float32) in recorder.calls
+
+
+def test_master_weights_give_float32_gradients_close_to_float32_training():
+    model, (x,) = build("simplenet", "small")
+    gm, _ = gfx.convert(model, (x,), weights="master")
+    gm(x).float().square().mean().backward()
+    model(x).square().mean().backward()
+    for (name, reference), param in zip(model.named_parameters(), gm.parameters(), strict=True):
+        assert param.dtype == torch.float32 and param.grad is not None
+        assert param.grad.dtype == torch.float32, name
+        error = (param.grad - reference.grad).abs().max() / reference.grad.abs().max()
+        assert error < 5e-2, (name, float(error))
+
+
+def test_each_parameter_is_cast_once_per_call():
+    model, inputs = build("bert", "small")
+    gm, plan = gfx.convert(model, inputs)
+    casts = [n for n in gm.graph.nodes if n.target is torch.ops.aten._to_copy.default]
+    sources = [n.args[0].name for n in casts]
+    assert len(sources) == len(set(sources)), "a value was cast twice"
+    assert {c.tensor for c in plan.edits.casts} == set(sources)
+
+
+def test_low_weights_halve_parameter_memory():
+    model, inputs = build("simplenet", "small")
+    before = sum(p.numel() * p.element_size() for p in model.parameters())
+    gm, plan = gfx.convert(model, inputs, weights="low")
+    after = sum(p.numel() * p.element_size() for p in gm.parameters())
+    assert after == before // 2
+    assert all(p.dtype == torch.float32 for p in model.parameters()), "the input was changed"
+    assert not any(c.tensor.endswith("weight") for c in plan.edits.casts)
+
+
+def test_name_rules_match_module_paths():
+    model, inputs = build("bert", "small")
+    _, plan = gfx.convert(model, inputs, deny_names=["layers.0.attention*"])
+    by_scope = {name: d for name, d in plan.nodes.items() if d.op in ("linear", "matmul")}
+    denied = {name for name, d in by_scope.items() if d.rule == "deny_name"}
+    assert len(denied) == 6  # query, key, value, output projections and the two matmuls
+    assert all(by_scope[name].precision == "float32" for name in denied)
+    assert sum(1 for d in by_scope.values() if d.precision == "bfloat16") == len(by_scope) - 6
+
+
+def test_deny_tensor_keeps_its_reader_and_writer_float32():
+    model, inputs = build("simplenet", "small")
+    _, plan = gfx.convert(model, inputs, deny_tensors=["linear_1"])
+    assert plan.nodes["linear_1"].precision == "float32"
+    assert plan.nodes["linear_1"].rule == "deny_tensor"
+
+
+def test_deterministic_and_idempotent():
+    model, inputs = build("gpt", "small")
+    gm_a, plan_a = gfx.convert(model, inputs)
+    gm_b, plan_b = gfx.convert(model, inputs)
+    assert plan_a.to_json() == plan_b.to_json()
+    assert gm_a.code == gm_b.code
+    _, again = gfx.convert(gm_a, inputs)
+    assert again.summary()["casts_inserted"] == 0 and not again.edits.weights
+
+
+def test_runs_under_torch_compile_with_autograd():
+    model, (x,) = build("simplenet", "small")
+    gm, _ = gfx.convert(model, (x,))
+    compiled = torch.compile(gm, backend="aot_eager")
+    out = compiled(x)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in gm.parameters())
+
+
+def test_bad_inputs_name_the_problem():
+    model, _ = build("simplenet", "small")
+    with pytest.raises(GraphampError, match="example_inputs"):
+        gfx.convert(model)
+
+    class DataDependent(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > 0:  # control flow on a value: torch.export cannot capture it
+                return x * 2
+            return x
+
+    with pytest.raises(GraphampError, match=r"DataDependent: torch\.export could not capture"):
+        gfx.convert(DataDependent(), (torch.randn(3),))
+    with pytest.raises(GraphampError, match=r"weights="):
+        gfx.convert(model, (torch.randn(2, 64),), weights="half")
