@@ -1,0 +1,239 @@
+"""Benchmark graphamp's PyTorch dialect against float32 and torch.autocast.
+
+For the seeds' SimpleNet (3 x Linear with ReLU) and the BERT-style encoder, one
+forward+backward step (loss = mean of squares of the output, in float32) is timed for:
+
+* float32 eager,
+* eager under ``torch.autocast`` (bfloat16 on the CPU, float16 on CUDA),
+* the graphamp module (``weights="master"``), eager,
+* the graphamp module under ``torch.compile`` (inductor),
+
+with the peak resident memory of each (CPU: the kernel's high-water mark, reset before each
+configuration) and, measured in the same run, the low-precision matrix-product throughput, so
+each time can be read as a share of the matmul roofline. Parameter memory with
+``weights="low"`` against float32 closes the table.
+
+Sizes: a CPU without bfloat16 instructions (no avx512_bf16/AMX) multiplies bfloat16 matrices
+about 100x slower than float32, so a full-size step (SimpleNet 4096 x 512: 155 GFLOP) would take
+minutes. The defaults are therefore SimpleNet 1024 wide at batch 64 and a 4-layer, 256-wide
+BERT at batch 2 x 128 tokens; ``--width/--batch/--bert-hidden`` set others (4096/512 for the
+seeds' size on a machine with bf16 units or a GPU).
+
+    python tools/bench_fx.py
+    python tools/bench_fx.py --width 4096 --batch 512 --models simplenet
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_onnx import machine
+
+HWM = Path("/proc/self/status")
+
+
+def peak_rss_mb() -> float:
+    for line in HWM.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def reset_peak() -> None:
+    with contextlib.suppress(OSError):  # resets VmHWM on Linux; elsewhere peaks accumulate
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def median_time(fn: Callable[[], object], runs: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_throughput(dtype: torch.dtype, m: int, k: int, n: int, runs: int = 5) -> float:
+    """FLOP/s of an (m x k) @ (k x n) matrix product in ``dtype`` on this machine."""
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    seconds = median_time(lambda: torch.mm(a, b), runs)
+    return 2 * m * k * n / seconds
+
+
+def step_flops(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> float:
+    """FLOPs of forward+backward counted by torch's FlopCounterMode (matrix products)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        first(model(*inputs)).float().square().mean().backward()
+    model.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops())
+
+
+def first(output: object) -> torch.Tensor:
+    return output[0] if isinstance(output, tuple | list) else output  # type: ignore[index,return-value]
+
+
+def build(name: str, args: argparse.Namespace) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    from graphamp.models.simplenet import SimpleNet
+    from graphamp.models.transformer import BertEncoder
+
+    torch.manual_seed(0)
+    if name == "simplenet":
+        return SimpleNet(args.width), (torch.randn(args.batch, args.width),)
+    hidden = args.bert_hidden
+    model = BertEncoder(
+        vocab=1000, hidden=hidden, layers=4, heads=hidden // 64, ffn=4 * hidden, seq=128
+    )
+    return model, (torch.randint(1, 1000, (2, 128)), torch.randint(0, 2, (2, 128)))
+
+
+def gemm_shape(name: str, args: argparse.Namespace) -> tuple[int, int, int]:
+    """(M, K, N) of the model's main matrix product, for the roofline."""
+    if name == "simplenet":
+        return args.batch, args.width, args.width
+    return 2 * 128, args.bert_hidden, 4 * args.bert_hidden
+
+
+def bench(name: str, args: argparse.Namespace, dtype: torch.dtype) -> list[dict[str, object]]:
+    import graphamp.fx as gfx
+
+    model, inputs = build(name, args)
+    model.train()
+    m, k, n = gemm_shape(name, args)
+    roofline = matmul_throughput(dtype, m, k, n)
+    runs = args.runs
+    flops = step_flops(model, inputs)
+    graphamp_module, _ = gfx.convert(model, inputs, dtype=str(dtype).removeprefix("torch."))
+    compiled = torch.compile(graphamp_module)
+
+    def step(module: torch.nn.Module, autocast: bool = False) -> Callable[[], None]:
+        def run() -> None:
+            with torch.autocast("cpu", dtype=dtype, enabled=autocast):
+                out = first(module(*inputs))
+            out.float().square().mean().backward()
+            for p in module.parameters():
+                p.grad = None
+
+        return run
+
+    rows = []
+    configs = [
+        ("float32 eager", step(model)),
+        ("torch.autocast eager", step(model, True)),
+        ("graphamp eager", step(graphamp_module)),
+        ("graphamp torch.compile", step(compiled)),
+    ]
+    for label, fn in configs:
+        reset_peak()
+        before = peak_rss_mb()
+        compile_start = time.perf_counter()
+        fn()  # warm-up (and compilation)
+        first_call = time.perf_counter() - compile_start
+        seconds = median_time(fn, runs, warmup=1)
+        rows.append(
+            {
+                "model": name,
+                "config": label,
+                "step_s": seconds,
+                "roofline": roofline,
+                "roofline_share": flops / roofline / seconds,
+                "peak_mb": peak_rss_mb() - before,
+                "first_call_s": first_call,
+            }
+        )
+    low_model, _ = gfx.convert(
+        model, inputs, weights="low", dtype=str(dtype).removeprefix("torch.")
+    )
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    low_bytes = sum(p.numel() * p.element_size() for p in low_model.parameters())
+    rows.append(
+        {
+            "model": name,
+            "config": "parameters",
+            "float32_mb": param_bytes / 2**20,
+            "low_mb": low_bytes / 2**20,
+            "flops": flops,
+            "bf16_gflops": roofline / 1e9,
+            "fp32_gflops": matmul_throughput(torch.float32, m, k, n) / 1e9,
+        }
+    )
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", default="simplenet,bert")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--width", type=int, default=1024, help="SimpleNet width (seeds: 4096)")
+    parser.add_argument("--batch", type=int, default=64, help="SimpleNet batch (seeds: 512)")
+    parser.add_argument(
+        "--bert-hidden",
+        type=int,
+        default=256,
+        help="BERT hidden size (4 layers, batch 2 x 128 tokens; full: 768 x 12)",
+    )
+    args = parser.parse_args()
+    dtype = torch.bfloat16
+    torch.manual_seed(0)
+    print(f"# graphamp PyTorch benchmark, {date.today().isoformat()}")
+    print(f"machine: {machine()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"sizes: SimpleNet {args.width} wide, batch {args.batch}; BERT 4 x {args.bert_hidden}, "
+        "batch 2 x 128 tokens"
+    )
+    print(
+        "roofline share = step FLOPs (torch FlopCounterMode) / bfloat16 throughput of the "
+        "model's main matrix product, measured in this run / step time"
+    )
+    print()
+    print(
+        "| model | configuration | step s | speed vs autocast | share of bf16 matmul roofline | "
+        "peak RSS MB | first call s |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    params = []
+    for name in args.models.split(","):
+        rows = bench(name, args, dtype)
+        autocast = next(r["step_s"] for r in rows if r.get("config") == "torch.autocast eager")
+        for row in rows:
+            if row["config"] == "parameters":
+                params.append(row)
+                continue
+            print(
+                f"| {name} | {row['config']} | {row['step_s']:.3f} | "
+                f"{autocast / row['step_s']:.2f}x | {row['roofline_share']:.0%} | "
+                f"{row['peak_mb']:.0f} | {row['first_call_s']:.1f} |",
+                flush=True,
+            )
+    print()
+    print(
+        '| model | float32 parameters MB | weights="low" MB | step GFLOP | bf16 / fp32 '
+        "matmul GFLOP/s |"
+    )
+    print("|---|---|---|---|---|")
+    for row in params:
+        print(
+            f"| {row['model']} | {row['float32_mb']:.1f} | {row['low_mb']:.1f} | "
+            f"{row['flops'] / 1e9:.2f} | {row['bf16_gflops']:.1f} / {row['fp32_gflops']:.1f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
