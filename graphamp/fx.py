@@ -102,14 +102,19 @@ def _scope(node: fx.Node) -> str:
 
 def read(module: fx.GraphModule, *, master_weights: bool) -> FxGraph:
     """The OpGraph of ``module``'s graph. With master weights, parameters are not stored
-    values to convert but inputs to cast at run time."""
+    values to convert but inputs to cast at run time.
+
+    Names are stable identities, so that a plan survives edits elsewhere in the model: an op is
+    ``<module path>/<op>`` (``layers.0.attention.query/linear``; ``_1``, ``_2`` for repeats in
+    one module, in graph order), a parameter its module path, an input its argument name.
+    """
     graph = OpGraph("fx")
     graph.inputs_fixed = True  # a caller passes float32 tensors: inputs are never retyped
+    names = _stable_names(module)
     for node in module.graph.nodes:
+        name = names.get(node.name, node.name)
         if node.op in ("placeholder", "get_attr"):
-            tensor = TensorInfo(
-                node.name, _val_dtype(node), is_graph_input=node.op == "placeholder"
-            )
+            tensor = TensorInfo(name, _val_dtype(node), is_graph_input=node.op == "placeholder")
             if node.op == "get_attr":
                 value = _attr(module, node.target)  # type: ignore[arg-type]
                 tensor.dtype = dtype_name(getattr(value, "dtype", None))
@@ -117,10 +122,10 @@ def read(module: fx.GraphModule, *, master_weights: bool) -> FxGraph:
                     tensor.load_value = lambda v=value: v.detach().cpu().float().numpy()
             graph.add_tensor(tensor)
         elif node.op == "call_function" and node.target is not operator.getitem:
-            outputs = _outputs(node)
-            for name, dtype in outputs:
-                graph.add_tensor(TensorInfo(name, dtype))
-            graph.add_node(_read_call(node, [name for name, _ in outputs], graph))
+            outputs = _outputs(node, names)
+            for output, dtype in outputs:
+                graph.add_tensor(TensorInfo(output, dtype))
+            graph.add_node(_read_call(node, name, [output for output, _ in outputs], graph, names))
         elif node.op == "call_module" and not node.name.startswith("_guards"):
             raise GraphampError(
                 f"node {node.name!r}: call_module {node.target!r} is not supported "
@@ -128,15 +133,34 @@ def read(module: fx.GraphModule, *, master_weights: bool) -> FxGraph:
             )
         elif node.op == "output":
             for arg in _flat(node.args[0]):
-                if isinstance(arg, fx.Node) and arg.name in graph.tensors:
-                    graph.graph_outputs.append(arg.name)
-                    graph.tensors[arg.name].is_graph_output = True
-    graph.graph_inputs = [n.name for n in module.graph.nodes if n.op == "placeholder"]
+                if isinstance(arg, fx.Node) and names.get(arg.name) in graph.tensors:
+                    graph.graph_outputs.append(names[arg.name])
+                    graph.tensors[names[arg.name]].is_graph_output = True
+    graph.graph_inputs = [names[n.name] for n in module.graph.nodes if n.op == "placeholder"]
     if not any(t.is_float for t in graph.tensors.values()):
         raise GraphampError("the module computes on no floating-point tensor: nothing to convert")
-    # Every fx node by name: OpGraph node names and tensor names are fx node names (a tuple
-    # output is named after the getitem node that reads it).
-    return FxGraph(graph, module, {n.name: n for n in module.graph.nodes})
+    by_name = {n.name: n for n in module.graph.nodes}
+    return FxGraph(graph, module, {names.get(n, n): node for n, node in by_name.items()})
+
+
+def _stable_names(module: fx.GraphModule) -> dict[str, str]:
+    """fx node name -> stable identity (see :func:`read`)."""
+    names: dict[str, str] = {}
+    seen: dict[str, int] = {}
+    for node in module.graph.nodes:
+        if node.op == "get_attr":
+            names[node.name] = str(node.target)
+        elif node.op == "placeholder":
+            names[node.name] = node.name
+        elif node.op == "call_function" and node.target is operator.getitem:
+            names[node.name] = f"{names.get(node.args[0].name, node.args[0].name)}.{node.args[1]}"  # type: ignore[union-attr]
+        elif node.op == "call_function":
+            scope = _scope(node)
+            base = f"{scope}/{_op_name(node)}" if scope else _op_name(node)
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            names[node.name] = base if count == 0 else f"{base}_{count}"
+    return names
 
 
 def _flat(value: object) -> list[object]:
@@ -147,25 +171,28 @@ def _flat(value: object) -> list[object]:
     return [value]
 
 
-def _outputs(node: fx.Node) -> list[tuple[str, str]]:
-    """(tensor name, dtype) per output: a tuple-valued node's outputs are named after the
-    getitem nodes that read them."""
+def _outputs(node: fx.Node, names: dict[str, str]) -> list[tuple[str, str]]:
+    """(tensor name, dtype) per output; a tuple's elements are ``<name>.<index>``, the names
+    the getitem nodes that read them get."""
     value = node.meta.get("val")
     if isinstance(value, tuple | list):
-        by_index = {
-            user.args[1]: user.name for user in node.users if user.target is operator.getitem
-        }
         return [
-            (by_index.get(i, f"{node.name}.{i}"), dtype_name(getattr(v, "dtype", None)))
+            (f"{names[node.name]}.{i}", dtype_name(getattr(v, "dtype", None)))
             for i, v in enumerate(value)
         ]
-    return [(node.name, dtype_name(getattr(value, "dtype", None)))]
+    return [(names[node.name], dtype_name(getattr(value, "dtype", None)))]
 
 
-def _read_call(node: fx.Node, outputs: list[str], graph: OpGraph) -> OpNode:
-    inputs = [arg.name for arg in _flat([node.args, node.kwargs]) if isinstance(arg, fx.Node)]
+def _read_call(
+    node: fx.Node, name: str, outputs: list[str], graph: OpGraph, names: dict[str, str]
+) -> OpNode:
+    inputs = [
+        names.get(arg.name, arg.name)
+        for arg in _flat([node.args, node.kwargs])
+        if isinstance(arg, fx.Node)
+    ]
     op = _op_name(node)
-    op_node = OpNode(name=node.name, op=op, inputs=inputs, outputs=outputs, scope=_scope(node))
+    op_node = OpNode(name=name, op=op, inputs=inputs, outputs=outputs, scope=_scope(node))
     if op in CAST_OPS and isinstance(node.kwargs.get("dtype"), torch.dtype):
         op_node.kind = NodeKind.CAST
         op_node.attrs["to"] = dtype_name(node.kwargs["dtype"])
