@@ -67,6 +67,8 @@ class WeightRecord:
     bytes_after: int
     flushed_to_zero: int  # non-zero values that became zero in ``dst``
     consumers: list[str] = field(default_factory=list)
+    # values beyond the target type's range: such a weight is kept (src == dst) with its readers
+    out_of_range: int = 0
 
 
 @dataclass
@@ -79,6 +81,8 @@ class Edits:
     casts: list[CastRecord] = field(default_factory=list)
     output_casts: list[CastRecord] = field(default_factory=list)  # keep_io_types outputs
     weights: list[WeightRecord] = field(default_factory=list)
+    # weights left in their type because values would overflow the target (never clamped)
+    kept_weights: list[WeightRecord] = field(default_factory=list)
     retarget_casts: dict[str, str] = field(default_factory=dict)  # Cast node -> new target
     remove_nodes: list[str] = field(default_factory=list)  # pre-existing Casts made redundant
 
@@ -121,6 +125,7 @@ class Plan:
             "weight_bytes_saved": sum(w.bytes_before - w.bytes_after for w in weights if w.in_place)
             - sum(w.bytes_after for w in weights if not w.in_place),
             "values_flushed_to_zero": sum(w.flushed_to_zero for w in weights),
+            "weights_kept_out_of_range": len(self.edits.kept_weights),
         }
 
     # -- JSON ---------------------------------------------------------------------------------
@@ -144,7 +149,10 @@ class Plan:
             ],
             "casts_retargeted": dict(sorted(edits.retarget_casts.items())),
             "casts_removed": sorted(edits.remove_nodes),
-            "weights": [asdict(w) for w in sorted(edits.weights, key=lambda w: (w.name, w.dst))],
+            "weights": [
+                asdict(w)
+                for w in sorted(edits.weights + edits.kept_weights, key=lambda w: (w.name, w.dst))
+            ],
         }
 
     def to_json(self) -> str:
@@ -194,7 +202,8 @@ class Plan:
         edits = Edits(
             casts=[c for c in casts if c.purpose == "precision boundary"],
             output_casts=[c for c in casts if c.purpose != "precision boundary"],
-            weights=weights,
+            weights=[w for w in weights if w.src != w.dst],
+            kept_weights=[w for w in weights if w.src == w.dst],
             retarget_casts=dict(data.get("casts_retargeted", {})),  # type: ignore[arg-type]
             remove_nodes=list(data.get("casts_removed", [])),  # type: ignore[arg-type]
         )
@@ -259,7 +268,8 @@ class PlanDiff:
             }
 
         def keyed_weights(plan: Plan) -> dict[tuple[str, str, bool], WeightRecord]:
-            return {(w.name, w.dst, w.in_place): w for w in plan.edits.weights}
+            edits = plan.edits
+            return {(w.name, w.dst, w.in_place): w for w in edits.weights + edits.kept_weights}
 
         old_casts, new_casts = keyed_casts(old), keyed_casts(new)
         diff.casts_added = [new_casts[k] for k in sorted(new_casts.keys() - old_casts.keys())]
@@ -357,6 +367,11 @@ def _cast_line(cast: CastRecord) -> str:
 
 
 def _weight_line(weight: WeightRecord) -> str:
+    if weight.src == weight.dst:
+        return (
+            f"{weight.name}: kept {weight.src}, {weight.out_of_range} values beyond the "
+            "target type's range"
+        )
     where = "in place" if weight.in_place else f"copy {weight.stored_as}"
     return f"{weight.name}: {weight.src} -> {weight.dst} ({where}, {weight.bytes_after} bytes)"
 

@@ -27,8 +27,10 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
+import numpy as np
+
 from graphamp.graph import LOW_TYPES, NodeKind, OpGraph, OpNode
-from graphamp.passes.numerics import NUMPY_TYPES, count_flushed
+from graphamp.passes.numerics import NUMPY_TYPES, count_flushed, overflow_threshold
 from graphamp.plan import CastRecord, Edits, NodeDecision, WeightRecord
 from graphamp.policy import Policy
 
@@ -163,6 +165,7 @@ def plan_casts(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
             edits.rewire[slot_key] = output
 
     _plan_weights(graph, weight_readers, readers, has, edits, taken)
+    _record_kept_weights(graph, decisions, low, edits)
     _plan_output_casts(graph, policy, has, edits, taken)
     log.info(
         "%d casts inserted, %d retargeted, %d removed, %d weights converted",
@@ -243,6 +246,41 @@ def _plan_weights(
         for slot_key in slots:
             if not in_place:
                 edits.rewire[slot_key] = stored_as
+
+
+def _record_kept_weights(
+    graph: OpGraph, decisions: dict[str, NodeDecision], low: str, edits: Edits
+) -> None:
+    """List the stored weights whose values overflow ``low``: classify kept their readers
+    float32 (rule ``weight_range``), and the plan says which weight and how many values."""
+    limit = overflow_threshold(low)
+    readers: dict[str, list[str]] = defaultdict(list)
+    for node in graph:
+        if decisions[node.name].rule != "weight_range":
+            continue
+        for slot in sorted(node.follow_inputs):
+            tensor = graph.tensors.get(node.inputs[slot]) if slot < len(node.inputs) else None
+            if tensor is not None and tensor.is_constant and tensor.dtype == "float32":
+                readers[tensor.name].append(node.name)
+    for name, nodes in sorted(readers.items()):
+        values = graph.tensors[name].load_value()  # type: ignore[misc]
+        beyond = int(np.count_nonzero(np.isfinite(values) & (np.abs(values) >= limit)))
+        if beyond:
+            edits.kept_weights.append(
+                WeightRecord(
+                    name=name,
+                    src="float32",
+                    dst="float32",
+                    stored_as=name,
+                    in_place=True,
+                    elements=int(values.size),
+                    bytes_before=int(values.nbytes),
+                    bytes_after=int(values.nbytes),
+                    flushed_to_zero=0,
+                    consumers=sorted(nodes),
+                    out_of_range=beyond,
+                )
+            )
 
 
 def _plan_output_casts(

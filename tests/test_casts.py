@@ -78,6 +78,10 @@ def test_overflowing_weight_is_never_clamped():
     assert "100000" in plan.nodes["matmul0"].reason
     stored = {i.name: i.data_type for i in out.graph.initializer}
     assert stored["w0"] == TensorProto.FLOAT
+    (kept,) = plan.edits.kept_weights
+    assert (kept.name, kept.src, kept.dst, kept.out_of_range) == ("w0", "float32", "float32", 16)
+    assert kept.consumers == ["matmul0"]
+    assert plan.summary()["weights_kept_out_of_range"] == 1
     # bfloat16 has float32's range: the same weight converts.
     _, plan16 = convert(proto, dtype="bfloat16")
     assert plan16.nodes["matmul0"].precision == "bfloat16"
