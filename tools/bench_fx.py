@@ -213,6 +213,7 @@ def bench(name: str, args: argparse.Namespace, dtype: torch.dtype) -> list[dict[
             "low_mb": low_bytes / 2**20,
             "flops": flops,
             "bf16_gflops": roofline / 1e9,
+            "floor_s": floor_s,
             "fp32_gflops": matmul_throughput(torch.float32, m, k, n) / 1e9,
         }
     )
