@@ -15,4 +15,20 @@ from graphamp.plan import Plan
 from graphamp.policy import Policy
 
 __version__ = "0.1.0"
-__all__ = ["GraphampError", "Plan", "Policy", "__version__"]
+__all__ = [
+    "DynamicLossScaling",
+    "GraphampError",
+    "Plan",
+    "Policy",
+    "StaticLossScaling",
+    "__version__",
+]
+
+
+def __getattr__(name: str) -> object:
+    # The loss-scaling classes need torch; importing graphamp for ONNX work must not.
+    if name in ("DynamicLossScaling", "StaticLossScaling"):
+        from graphamp import training
+
+        return getattr(training, name)
+    raise AttributeError(f"module 'graphamp' has no attribute {name!r}")

@@ -27,8 +27,11 @@ from graphamp.graph import FLOAT_TYPES, NodeKind, OpGraph, OpNode, TensorInfo
 from graphamp.passes import run_passes
 from graphamp.plan import Plan
 from graphamp.policy import Policy
+from graphamp.training import DynamicLossScaling, StaticLossScaling, TrainStep, train_step
 
 log = logging.getLogger(__name__)
+
+__all__ = ["DynamicLossScaling", "StaticLossScaling", "TrainStep", "convert", "train_step"]
 
 _DTYPES: dict[torch.dtype, str] = {
     torch.float32: "float32",

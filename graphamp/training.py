@@ -1,0 +1,389 @@
+"""A whole training step as one static mixed-precision graph, loss scaling inside it.
+
+The forward pass is painted by graphamp's passes (float32 master weights, cast once per
+step); backward follows the casts through autograd; the loss is multiplied by the scale,
+gradients are unscaled by ``1/scale``, ``found_inf`` comes from a finite-check over all
+gradients, the parameter and optimizer-state updates are selected with
+``where(found_inf, old, new)`` (never by multiplying with 0: inf * 0 is NaN), and the scale is
+updated with Paddle's ``update_loss_scaling`` rules. All of it is captured once with
+``make_fx`` into a GraphModule: the state lives in tensors, so a step never waits for the host.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from graphamp.errors import GraphampError
+from graphamp.plan import Plan
+from graphamp.policy import Policy
+
+
+@dataclass(frozen=True)
+class DynamicLossScaling:
+    """Paddle's dynamic loss scaling (``update_loss_scaling``), as tensor operations.
+
+    After a step with non-finite gradients: good = 0, bad += 1, and when bad reaches
+    ``decr_every_n_nan_or_inf`` the scale becomes max(scale * decr_ratio, min_scale) and
+    bad = 0. After a finite step: bad = 0, good += 1, and when good reaches
+    ``incr_every_n_steps`` the scale is multiplied by ``incr_ratio`` (kept only if finite) and
+    good = 0. Paddle floors the scale at 1; ``torch_defaults()`` is GradScaler's behaviour.
+    """
+
+    init_loss_scaling: float = 2.0**15
+    incr_every_n_steps: int = 1000
+    decr_every_n_nan_or_inf: int = 2
+    incr_ratio: float = 2.0
+    decr_ratio: float = 0.8
+    min_loss_scaling: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.incr_ratio > 1:
+            raise GraphampError(
+                f"DynamicLossScaling: incr_ratio must be > 1, got {self.incr_ratio}"
+            )
+        if not 0 < self.decr_ratio < 1:
+            raise GraphampError(
+                f"DynamicLossScaling: decr_ratio must be in (0, 1), got {self.decr_ratio}"
+            )
+        if self.incr_every_n_steps < 1 or self.decr_every_n_nan_or_inf < 1:
+            raise GraphampError("DynamicLossScaling: step counts must be at least 1")
+
+    @classmethod
+    def torch_defaults(cls) -> DynamicLossScaling:
+        """torch.amp.GradScaler's defaults and behaviour: 2**16, x2 after 2000 finite steps,
+        x0.5 after every non-finite step, no floor."""
+        return cls(
+            init_loss_scaling=2.0**16,
+            incr_every_n_steps=2000,
+            decr_every_n_nan_or_inf=1,
+            incr_ratio=2.0,
+            decr_ratio=0.5,
+            min_loss_scaling=0.0,
+        )
+
+    def initial_state(self) -> dict[str, torch.Tensor]:
+        return {
+            "scale": torch.tensor(self.init_loss_scaling, dtype=torch.float32),
+            "good": torch.tensor(0, dtype=torch.int32),
+            "bad": torch.tensor(0, dtype=torch.int32),
+        }
+
+    def update(
+        self, state: dict[str, torch.Tensor], found_inf: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """The next (scale, good, bad) after a step; ``found_inf`` is a 0-d bool tensor."""
+        scale, good, bad = state["scale"], state["good"], state["bad"]
+        zero = torch.zeros_like(good)
+        bad = torch.where(found_inf, bad + 1, zero)
+        good = torch.where(found_inf, zero, good + 1)
+        decrease = found_inf & (bad == self.decr_every_n_nan_or_inf)
+        increase = ~found_inf & (good == self.incr_every_n_steps)
+        lowered = torch.clamp(scale * self.decr_ratio, min=self.min_loss_scaling)
+        grown = scale * self.incr_ratio
+        grown = torch.where(torch.isfinite(grown), grown, scale)
+        scale = torch.where(decrease, lowered, torch.where(increase, grown, scale))
+        return {
+            "scale": scale,
+            "good": torch.where(increase, zero, good),
+            "bad": torch.where(decrease, zero, bad),
+        }
+
+
+@dataclass(frozen=True)
+class StaticLossScaling:
+    """A fixed loss scale; non-finite steps are still skipped."""
+
+    scale: float
+
+    def initial_state(self) -> dict[str, torch.Tensor]:
+        return {"scale": torch.tensor(float(self.scale), dtype=torch.float32)}
+
+    def update(
+        self, state: dict[str, torch.Tensor], found_inf: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        return dict(state)
+
+
+LossScaling = DynamicLossScaling | StaticLossScaling | None
+
+
+# -- optimizers as pure functions of (params, grads, state) ------------------------------------
+
+
+def _hyper(optimizer: torch.optim.Optimizer) -> tuple[str, dict[str, Any]]:
+    if len(optimizer.param_groups) != 1:
+        raise GraphampError("train_step supports one optimizer parameter group")
+    group = optimizer.param_groups[0]
+    kind = type(optimizer).__name__
+    if kind not in ("SGD", "Adam", "AdamW"):
+        raise GraphampError(f"optimizer {kind}: train_step supports SGD, Adam and AdamW")
+    if group.get("amsgrad") or group.get("maximize"):
+        raise GraphampError(f"optimizer {kind}: amsgrad and maximize are not supported")
+    return kind, {key: value for key, value in group.items() if key != "params"}
+
+
+def _initial_optimizer_state(kind: str, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {"step": torch.tensor(0.0)}
+    for name, param in params.items():
+        if kind == "SGD":
+            state[f"momentum:{name}"] = torch.zeros_like(param)
+        else:
+            state[f"exp_avg:{name}"] = torch.zeros_like(param)
+            state[f"exp_avg_sq:{name}"] = torch.zeros_like(param)
+    return state
+
+
+def _optimizer_update(
+    kind: str,
+    h: dict[str, Any],
+    params: dict[str, torch.Tensor],
+    grads: dict[str, torch.Tensor],
+    state: dict[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One step of torch.optim's SGD / Adam / AdamW (foreach=False formulas)."""
+    lr = h["lr"]
+    step = state["step"] + 1
+    new_params, new_state = {}, {"step": step}
+    for name, param in params.items():
+        grad = grads[name]
+        if kind == "SGD":
+            if h.get("weight_decay"):
+                grad = grad + h["weight_decay"] * param
+            if h.get("momentum"):
+                old = state[f"momentum:{name}"]
+                # The first step's buffer is the gradient itself, as in torch.optim.SGD.
+                buf = torch.where(
+                    step == 1, grad, old * h["momentum"] + (1 - h.get("dampening", 0)) * grad
+                )
+                new_state[f"momentum:{name}"] = buf
+                grad = grad + h["momentum"] * buf if h.get("nesterov") else buf
+            else:
+                new_state[f"momentum:{name}"] = state[f"momentum:{name}"]
+            new_params[name] = param - lr * grad
+            continue
+        beta1, beta2 = h["betas"]
+        if kind == "AdamW":
+            param = param * (1 - lr * h["weight_decay"])
+        elif h.get("weight_decay"):
+            grad = grad + h["weight_decay"] * param
+        exp_avg = state[f"exp_avg:{name}"] * beta1 + grad * (1 - beta1)
+        exp_avg_sq = state[f"exp_avg_sq:{name}"] * beta2 + grad * grad * (1 - beta2)
+        bias1 = 1 - beta1**step
+        bias2 = 1 - beta2**step
+        denom = (exp_avg_sq.sqrt() / bias2.sqrt()) + h["eps"]
+        new_params[name] = param - (lr / bias1) * exp_avg / denom
+        new_state[f"exp_avg:{name}"] = exp_avg
+        new_state[f"exp_avg_sq:{name}"] = exp_avg_sq
+    return new_params, new_state
+
+
+# -- the step ----------------------------------------------------------------------------------
+
+
+class TrainStep:
+    """``step(*batch) -> loss``: ``batch[:-1]`` feeds the model, ``loss_fn(output, batch[-1])``
+    gives the loss. Owns parameters, optimizer state and loss-scaling state (tensors)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[..., torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        policy: Policy | None,
+        loss_scaling: LossScaling,
+        accumulate: int,
+        overrides: dict[str, Any],
+    ) -> None:
+        if accumulate < 1:
+            raise GraphampError(f"accumulate must be at least 1, got {accumulate}")
+        self.model, self.loss_fn, self.accumulate = model, loss_fn, accumulate
+        self.kind, self.hyper = _hyper(optimizer)
+        self.policy, self.overrides = policy, overrides
+        self.loss_scaling = loss_scaling
+        self.plan: Plan | None = None
+        self.graph: fx.GraphModule | None = None  # the update step (the last micro-batch)
+        self.accumulate_graph: fx.GraphModule | None = None
+        self._micro = 0
+        self.skipped_steps = torch.tensor(0, dtype=torch.int32)
+        buffers = dict(model.named_buffers())
+        if buffers:
+            raise GraphampError(
+                f"{type(model).__name__}: modules with buffers ("
+                f"{next(iter(buffers))}) are not supported by train_step yet"
+            )
+
+    # state ------------------------------------------------------------------------------------
+
+    def _build(self, batch: Sequence[torch.Tensor]) -> None:
+        import graphamp.fx as gfx
+
+        inputs = tuple(batch[:-1])
+        forward, self.plan = gfx.convert(
+            self.model, inputs, policy=self.policy, weights="master", **self.overrides
+        )
+        self.forward = forward
+        self.names = [name for name, _ in forward.named_parameters()]
+        self.params = {n: p.detach().clone() for n, p in forward.named_parameters()}
+        self.opt_state = _initial_optimizer_state(self.kind, self.params)
+        self.scale_state = (
+            self.loss_scaling.initial_state()
+            if self.loss_scaling is not None
+            else {"scale": torch.tensor(1.0)}
+        )
+        self.grad_acc = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        flat = self._flatten()
+        with torch.no_grad():
+            self.graph = make_fx(self._update_fn)(*flat, *batch)
+            if self.accumulate > 1:
+                self.accumulate_graph = make_fx(self._accumulate_fn)(*flat, *batch)
+
+    def _flatten(self) -> list[torch.Tensor]:
+        return [
+            *self.params.values(),
+            *self.opt_state.values(),
+            *self.scale_state.values(),
+            *self.grad_acc.values(),
+            self.skipped_steps,
+        ]
+
+    def _unflatten(
+        self, flat: Sequence[torch.Tensor]
+    ) -> tuple[dict, dict, dict, dict, torch.Tensor]:
+        sizes = [len(self.params), len(self.opt_state), len(self.scale_state), len(self.grad_acc)]
+        parts, start = [], 0
+        for dicts, size in zip(
+            (self.params, self.opt_state, self.scale_state, self.grad_acc), sizes, strict=True
+        ):
+            parts.append(dict(zip(dicts.keys(), flat[start : start + size], strict=True)))
+            start += size
+        return (*parts, flat[start])  # type: ignore[return-value]
+
+    # the traced functions ---------------------------------------------------------------------
+
+    def _scaled_grads(
+        self, params: dict[str, torch.Tensor], scale: torch.Tensor, batch: Sequence[torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        inputs, target = tuple(batch[:-1]), batch[-1]
+
+        def scaled_loss(p: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+            output = torch.func.functional_call(self.forward, p, inputs)
+            loss = self.loss_fn(output, target).float()
+            return loss * scale, loss
+
+        grads, loss = torch.func.grad(scaled_loss, has_aux=True)(params)
+        return grads, loss
+
+    def _accumulate_fn(self, *flat_and_batch: torch.Tensor) -> list[torch.Tensor]:
+        flat, batch = flat_and_batch[: len(self._flatten())], flat_and_batch[len(self._flatten()) :]
+        params, opt_state, scale_state, grad_acc, skipped = self._unflatten(flat)
+        grads, loss = self._scaled_grads(params, scale_state["scale"], batch)
+        grad_acc = {n: grad_acc[n] + grads[n].float() for n in grad_acc}
+        return [
+            loss,
+            *params.values(),
+            *opt_state.values(),
+            *scale_state.values(),
+            *grad_acc.values(),
+            skipped,
+        ]
+
+    def _update_fn(self, *flat_and_batch: torch.Tensor) -> list[torch.Tensor]:
+        flat, batch = flat_and_batch[: len(self._flatten())], flat_and_batch[len(self._flatten()) :]
+        params, opt_state, scale_state, grad_acc, skipped = self._unflatten(flat)
+        scale = scale_state["scale"]
+        grads, loss = self._scaled_grads(params, scale, batch)
+        inv_scale = (1.0 / scale.double()).float()
+        # Accumulated micro-batches share one scale: unscale their sum once, and average.
+        total = {n: (grad_acc[n] + grads[n].float()) * inv_scale / self.accumulate for n in grads}
+        found_inf = ~torch.stack([torch.isfinite(g).all() for g in total.values()]).all()
+        new_params, new_opt = _optimizer_update(self.kind, self.hyper, params, total, opt_state)
+        params = {n: torch.where(found_inf, params[n], new_params[n]) for n in params}
+        opt_state = {k: torch.where(found_inf, opt_state[k], new_opt[k]) for k in opt_state}
+        if self.loss_scaling is not None:
+            scale_state = self.loss_scaling.update(scale_state, found_inf)
+        skipped = skipped + found_inf.to(skipped.dtype)
+        grad_acc = {n: torch.zeros_like(g) for n, g in grad_acc.items()}
+        return [
+            loss,
+            *params.values(),
+            *opt_state.values(),
+            *scale_state.values(),
+            *grad_acc.values(),
+            skipped,
+        ]
+
+    # use --------------------------------------------------------------------------------------
+
+    def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
+        if len(batch) < 2:
+            raise GraphampError("step(*batch): pass the model inputs and then the target")
+        if self.graph is None:
+            self._build(batch)
+        self._micro += 1
+        last = self._micro % self.accumulate == 0
+        graph = self.graph if last else self.accumulate_graph
+        loss, *flat = graph(*self._flatten(), *batch)  # type: ignore[misc]
+        (self.params, self.opt_state, self.scale_state, self.grad_acc, self.skipped_steps) = (
+            self._unflatten(flat)
+        )
+        return loss
+
+    @property
+    def loss_scale(self) -> torch.Tensor:
+        return (
+            self.scale_state["scale"]
+            if self.graph is not None
+            else torch.tensor(
+                self.loss_scaling.init_loss_scaling
+                if isinstance(self.loss_scaling, DynamicLossScaling)
+                else getattr(self.loss_scaling, "scale", 1.0)
+            )
+        )
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained parameters, by the model's parameter names."""
+        return dict(self.params)
+
+    def copy_to(self, model: nn.Module | None = None) -> None:
+        """Write the trained parameters back into ``model`` (default: the one given)."""
+        own = dict((model or self.model).named_parameters())
+        with torch.no_grad():
+            for name, value in self.params.items():
+                if name not in own:
+                    raise GraphampError(f"parameter {name!r} has no counterpart in the model")
+                own[name].copy_(value)
+
+
+def train_step(
+    model: nn.Module,
+    loss_fn: Callable[..., torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    *,
+    policy: Policy | None = None,
+    loss_scaling: LossScaling = "default",
+    accumulate: int = 1,  # type: ignore[assignment]
+    **policy_overrides: Any,
+) -> TrainStep:
+    """A training step for ``model`` as one mixed-precision graph (captured on first call).
+
+    ``loss_scaling`` defaults to :class:`DynamicLossScaling` for float16 and to none for
+    bfloat16 (it has float32's range). ``accumulate=k`` keeps the scale fixed over k
+    micro-batches and unscales, checks and updates once per effective batch.
+    """
+    if loss_scaling == "default":
+        dtype = policy.dtype if policy is not None else policy_overrides.get("dtype", "bfloat16")
+        loss_scaling = DynamicLossScaling() if dtype == "float16" else None
+    if loss_scaling is not None and not isinstance(
+        loss_scaling, DynamicLossScaling | StaticLossScaling
+    ):
+        raise GraphampError("loss_scaling: a DynamicLossScaling, a StaticLossScaling or None")
+    if isinstance(loss_scaling, StaticLossScaling) and not math.isfinite(loss_scaling.scale):
+        raise GraphampError("StaticLossScaling: the scale must be finite")
+    return TrainStep(model, loss_fn, optimizer, policy, loss_scaling, accumulate, policy_overrides)

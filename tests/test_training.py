@@ -1,0 +1,278 @@
+"""A training step as one graph: loss scaling semantics, GradScaler parity, accumulation,
+optimizers, convergence."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from graphamp.errors import GraphampError
+from graphamp.training import DynamicLossScaling, StaticLossScaling, train_step
+
+
+def paddle_state(scale: float, good: int, bad: int) -> dict[str, torch.Tensor]:
+    return {
+        "scale": torch.tensor(scale),
+        "good": torch.tensor(good, dtype=torch.int32),
+        "bad": torch.tensor(bad, dtype=torch.int32),
+    }
+
+
+PADDLE = DynamicLossScaling(
+    init_loss_scaling=2048,
+    incr_every_n_steps=1000,
+    decr_every_n_nan_or_inf=2,
+    incr_ratio=2.0,
+    decr_ratio=0.8,
+)
+
+
+def test_paddle_update_loss_scaling_without_overflow():
+    state = PADDLE.update(paddle_state(2048, 999, 1), torch.tensor(False))
+    assert float(state["scale"]) == 4096 and int(state["good"]) == 0 and int(state["bad"]) == 0
+
+
+def test_paddle_update_loss_scaling_with_overflow():
+    state = PADDLE.update(paddle_state(2048, 999, 1), torch.tensor(True))
+    assert float(state["scale"]) == pytest.approx(1638.4)
+    assert int(state["good"]) == 0 and int(state["bad"]) == 0
+
+
+def test_scale_floor_and_finite_growth():
+    floored = PADDLE.update(paddle_state(1.1, 0, 1), torch.tensor(True))
+    assert float(floored["scale"]) == 1.0  # max(1.1 * 0.8, 1)
+    huge = DynamicLossScaling(incr_every_n_steps=1).update(
+        paddle_state(3e38, 0, 0), torch.tensor(False)
+    )
+    assert float(huge["scale"]) == pytest.approx(3e38)  # the grown scale was not finite: kept
+
+
+def test_bad_scaling_options_are_refused():
+    with pytest.raises(GraphampError, match="incr_ratio"):
+        DynamicLossScaling(incr_ratio=1.0)
+    with pytest.raises(GraphampError, match="decr_ratio"):
+        DynamicLossScaling(decr_ratio=1.5)
+
+
+def small_net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def batches(count: int, poison: set[int], seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for index in range(count):
+        x = torch.randn(8, 16, generator=generator)
+        if index in poison:
+            x[0, 0] = float("inf")  # forces non-finite gradients at this step
+        out.append((x, torch.randn(8, 4, generator=generator)))
+    return out
+
+
+@pytest.mark.parametrize("growth_interval", [2000, 3])
+def test_same_scales_and_skips_as_autocast_with_grad_scaler(growth_interval):
+    data = batches(24, poison={4, 5, 11, 17})
+    reference = small_net()
+    model = copy.deepcopy(reference)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.02, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", growth_interval=growth_interval)
+    scaling = DynamicLossScaling(
+        **{**DynamicLossScaling.torch_defaults().__dict__, "incr_every_n_steps": growth_interval}
+    )
+    step = train_step(
+        model,
+        nn.functional.mse_loss,
+        torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9),
+        dtype="float16",
+        loss_scaling=scaling,
+    )
+    ours, theirs = [], []
+    for x, y in data:
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.mse_loss(reference(x).float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        theirs.append(scaler.get_scale())
+        step(x, y)
+        ours.append(float(step.loss_scale))
+    assert ours == theirs
+    assert int(step.skipped_steps) == 4
+    if growth_interval == 3:
+        assert max(ours) > 2.0**16  # the scale grew back between overflows
+    for name, param in reference.named_parameters():
+        ours_param = step.params[name]
+        assert torch.isfinite(ours_param).all()
+        assert (ours_param - param.detach()).abs().max() <= 2e-2 * param.abs().max(), name
+
+
+def test_skipped_step_leaves_parameters_and_momentum_unchanged():
+    model = small_net()
+    step = train_step(
+        model,
+        nn.functional.mse_loss,
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        dtype="float16",
+    )
+    (x, y), (bad_x, _) = batches(2, poison={1})
+    step(x, y)
+    params = {k: v.clone() for k, v in step.params.items()}
+    momentum = {k: v.clone() for k, v in step.opt_state.items()}
+    step(bad_x, y)
+    assert int(step.skipped_steps) == 1
+    assert all(torch.equal(params[k], step.params[k]) for k in params)
+    assert all(torch.equal(momentum[k], step.opt_state[k]) for k in momentum)
+    assert float(step.loss_scale) == 2.0**15  # Paddle defaults: one bad step is not enough
+
+
+@pytest.mark.parametrize("kind", ["SGD", "Adam", "AdamW"])
+def test_optimizer_updates_match_torch_optim_in_float32_terms(kind):
+    """With bfloat16 compute the updates follow torch.optim's formulas: compare with torch.optim
+    run on the gradients our own graph produced (same precision)."""
+    data = batches(5, poison=set())
+    reference, model = small_net(), small_net()
+    make = {
+        "SGD": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-3),
+        "Adam": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=1e-3),
+        "AdamW": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=1e-2),
+    }[kind]
+    optimizer = make(reference.parameters())
+    step = train_step(model, nn.functional.mse_loss, make(model.parameters()), dtype="bfloat16")
+    for x, y in data:
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.mse_loss(reference(x).float(), y)
+        loss.backward()
+        optimizer.step()
+        step(x, y)
+    for name, param in reference.named_parameters():
+        assert (step.params[name] - param.detach()).abs().max() <= 3e-2 * param.abs().max(), name
+
+
+def test_accumulation_equals_the_large_batch():
+    ((x, y),) = batches(1, poison=set())
+    x, y = torch.cat([x, x.flip(0)]), torch.cat([y, y.flip(0)])
+    big, small = small_net(), small_net()
+    one = train_step(
+        big,
+        nn.functional.mse_loss,
+        torch.optim.SGD(big.parameters(), lr=0.1),
+        dtype="float16",
+        loss_scaling=StaticLossScaling(1024.0),
+    )
+    two = train_step(
+        small,
+        nn.functional.mse_loss,
+        torch.optim.SGD(small.parameters(), lr=0.1),
+        dtype="float16",
+        loss_scaling=StaticLossScaling(1024.0),
+        accumulate=2,
+    )
+    one(x, y)
+    two(x[:8], y[:8])
+    assert all(torch.equal(two.params[k], p.detach()) for k, p in small.named_parameters()), (
+        "the first micro-batch must not update"
+    )
+    two(x[8:], y[8:])
+    for name in one.params:
+        assert (one.params[name] - two.params[name]).abs().max() <= 1e-2 * one.params[
+            name
+        ].abs().max()
+
+    # Scaling happens once per effective batch: only the update graph selects and rescales.
+    def count(graph, op):  # type: ignore[no-untyped-def]
+        return sum(1 for n in graph.graph.nodes if getattr(n.target, "_opname", "") == op)
+
+    assert count(two.accumulate_graph, "where") == 0
+    assert count(two.accumulate_graph, "reciprocal") == 0
+    assert count(two.graph, "reciprocal") == 1  # unscale once
+    assert count(two.graph, "stack") == 1  # one finite check over all gradients
+    assert count(two.graph, "where") == 2 * len(two.params) + 1  # params, momentum, step
+
+
+def test_state_goes_back_to_the_model():
+    model = small_net()
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    step = train_step(model, nn.functional.mse_loss, torch.optim.SGD(model.parameters(), lr=0.1))
+    for x, y in batches(3, poison=set()):
+        step(x, y)
+    assert all(torch.equal(before[k], v) for k, v in model.named_parameters()), (
+        "model changed early"
+    )
+    step.copy_to()
+    assert all(torch.equal(step.params[k], v.detach()) for k, v in model.named_parameters())
+
+
+def test_train_step_refuses_what_it_cannot_do():
+    model = small_net()
+    with pytest.raises(GraphampError, match="RMSprop"):
+        train_step(model, nn.functional.mse_loss, torch.optim.RMSprop(model.parameters()))
+    with pytest.raises(GraphampError, match="buffers"):
+        bn = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+        train_step(bn, nn.functional.mse_loss, torch.optim.SGD(bn.parameters(), lr=0.1))
+
+
+class TinyCNN(nn.Module):
+    """An MNIST-style CNN (conv, pooling, fc) without batch norm: no buffers in train_step yet."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Linear(16 * 2 * 2, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(1))
+
+
+def synthetic_digits(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """8x8 images of four learnable classes: a bright quadrant plus noise."""
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 4, (count,), generator=generator)
+    images = torch.randn(count, 1, 8, 8, generator=generator) * 0.5
+    for index, label in enumerate(labels.tolist()):
+        row, col = divmod(label, 2)
+        images[index, 0, row * 4 : (row + 1) * 4, col * 4 : (col + 1) * 4] += 1.0
+    return images, labels
+
+
+def accuracy(dtype: str | None) -> float:
+    torch.manual_seed(0)
+    model = TinyCNN()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    train_x, train_y = synthetic_digits(512, seed=1)
+    test_x, test_y = synthetic_digits(400, seed=2)
+    if dtype is None:
+        for _epoch in range(3):
+            for start in range(0, 512, 32):
+                optimizer.zero_grad()
+                nn.functional.cross_entropy(
+                    model(train_x[start : start + 32]), train_y[start : start + 32]
+                ).backward()
+                optimizer.step()
+    else:
+        step = train_step(model, nn.functional.cross_entropy, optimizer, dtype=dtype)
+        for _epoch in range(3):
+            for start in range(0, 512, 32):
+                step(train_x[start : start + 32], train_y[start : start + 32])
+        step.copy_to()
+    with torch.no_grad():
+        return float((model(test_x).argmax(1) == test_y).float().mean()) * 100
+
+
+def test_convergence_matches_float32_within_half_a_point():
+    reference = accuracy(None)
+    assert reference > 90
+    assert abs(accuracy("bfloat16") - reference) <= 0.5
+    assert abs(accuracy("float16") - reference) <= 0.5  # float16 with dynamic loss scaling
