@@ -41,6 +41,7 @@ _DTYPES: dict[torch.dtype, str] = {
 }
 _TORCH_DTYPES = {name: dtype for dtype, name in _DTYPES.items()}
 CAST_OPS = frozenset({"_to_copy", "to", "_convert_element_type"})
+RUNNING_STATS = frozenset({"running_mean", "running_var"})
 
 
 def dtype_name(dtype: object) -> str:
@@ -201,6 +202,11 @@ def _read_call(
         op_node.attrs["to"] = dtype_name(node.kwargs["dtype"])
         return op_node
     follow_in = [i for i, name in enumerate(inputs) if graph.tensors[name].dtype in FLOAT_TYPES]
+    if _written_args(node) and follow_in:
+        # An op that updates running statistics in place (batch norm) must not have them cast
+        # (the write would land in a temporary); PyTorch's kernels then want the data input
+        # alone in low precision and every parameter in float32, as autocast calls them.
+        follow_in = follow_in[:1]
     follow_out = [i for i, name in enumerate(outputs) if graph.tensors[name].dtype in FLOAT_TYPES]
     op_node.follow_inputs = frozenset(follow_in)
     op_node.follow_outputs = frozenset(follow_out)
@@ -210,6 +216,24 @@ def _read_call(
         op_node.compute_type = graph.tensors[outputs[follow_out[0]]].dtype
     op_node.allowed_types = FLOAT_TYPES
     return op_node
+
+
+def _written_args(node: fx.Node) -> set[int]:
+    """Indexes (in the flattened fx-node inputs) of arguments the op writes in place, per its
+    schema (``Tensor(a!)``): casting one would send the write to a temporary copy."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return set()
+    written_nodes = set()
+    for position, argument in enumerate(schema.arguments):
+        value = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
+        writes = argument.alias_info is not None and argument.alias_info.is_write
+        # aten::batch_norm/instance_norm are composite: their schema does not mark the running
+        # statistics they update, so they are named here.
+        if isinstance(value, fx.Node) and (writes or argument.name in RUNNING_STATS):
+            written_nodes.add(value.name)
+    flat = [arg for arg in _flat([node.args, node.kwargs]) if isinstance(arg, fx.Node)]
+    return {index for index, arg in enumerate(flat) if arg.name in written_nodes}
 
 
 def _attr(module: nn.Module, target: str) -> object:

@@ -212,12 +212,6 @@ class TrainStep:
         self.accumulate_graph: fx.GraphModule | None = None
         self._micro = 0
         self.skipped_steps = torch.tensor(0, dtype=torch.int32)
-        buffers = dict(model.named_buffers())
-        if buffers:
-            raise GraphampError(
-                f"{type(model).__name__}: modules with buffers ("
-                f"{next(iter(buffers))}) are not supported by train_step yet"
-            )
 
     # state ------------------------------------------------------------------------------------
 
@@ -231,6 +225,9 @@ class TrainStep:
         self.forward = forward
         self.names = [name for name, _ in forward.named_parameters()]
         self.params = {n: p.detach().clone() for n, p in forward.named_parameters()}
+        # Buffers (batch-norm running statistics) are updated by the forward pass as in eager
+        # PyTorch, on skipped steps too; the step owns its copies.
+        self.buffers = {n: b.detach().clone() for n, b in forward.named_buffers()}
         self.opt_state = _initial_optimizer_state(self.kind, self.params)
         self.scale_state = (
             self.loss_scaling.initial_state()
@@ -238,24 +235,36 @@ class TrainStep:
             else {"scale": torch.tensor(1.0)}
         )
         self.grad_acc = {n: torch.zeros_like(p) for n, p in self.params.items()}
-        flat = self._flatten()
+
+        def trace(fn: Callable[..., list[torch.Tensor]]) -> fx.GraphModule:
+            # functionalize turns the forward's in-place buffer updates into functional ops and
+            # a copy back onto the buffer arguments; tracing runs on copies of the state.
+            flat = [t.clone() for t in self._flatten()]
+            return make_fx(torch.func.functionalize(fn, remove="mutations_and_views"))(
+                *flat, *batch
+            )
+
         with torch.no_grad():
-            self.graph = make_fx(self._update_fn)(*flat, *batch)
+            self.graph = trace(self._update_fn)
             if self.accumulate > 1:
-                self.accumulate_graph = make_fx(self._accumulate_fn)(*flat, *batch)
+                self.accumulate_graph = trace(self._accumulate_fn)
 
     def _flatten(self) -> list[torch.Tensor]:
+        """The step's state as the graph's leading arguments; buffers come last."""
         return [
             *self.params.values(),
             *self.opt_state.values(),
             *self.scale_state.values(),
             *self.grad_acc.values(),
             self.skipped_steps,
+            *self.buffers.values(),
         ]
 
     def _unflatten(
         self, flat: Sequence[torch.Tensor]
     ) -> tuple[dict, dict, dict, dict, torch.Tensor]:
+        """(params, optimizer state, scale state, accumulated grads, skip count) from ``flat``.
+        The buffers behind them are written in place by the graph (functionalize's epilogue)."""
         sizes = [len(self.params), len(self.opt_state), len(self.scale_state), len(self.grad_acc)]
         parts, start = [], 0
         for dicts, size in zip(
@@ -263,6 +272,7 @@ class TrainStep:
         ):
             parts.append(dict(zip(dicts.keys(), flat[start : start + size], strict=True)))
             start += size
+        self._traced_buffers = dict(zip(self.buffers.keys(), flat[start + 1 :], strict=True))
         return (*parts, flat[start])  # type: ignore[return-value]
 
     # the traced functions ---------------------------------------------------------------------
@@ -272,12 +282,15 @@ class TrainStep:
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         inputs, target = tuple(batch[:-1]), batch[-1]
 
-        def scaled_loss(p: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-            output = torch.func.functional_call(self.forward, p, inputs)
+        def scaled_loss(
+            p: dict[str, torch.Tensor], b: dict[str, torch.Tensor]
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            output = torch.func.functional_call(self.forward, {**p, **b}, inputs)
             loss = self.loss_fn(output, target).float()
             return loss * scale, loss
 
-        grads, loss = torch.func.grad(scaled_loss, has_aux=True)(params)
+        # Buffers are an argument, not captured: torch.func refuses to mutate captured tensors.
+        grads, loss = torch.func.grad(scaled_loss, has_aux=True)(params, self._traced_buffers)
         return grads, loss
 
     def _accumulate_fn(self, *flat_and_batch: torch.Tensor) -> list[torch.Tensor]:
@@ -330,9 +343,8 @@ class TrainStep:
         last = self._micro % self.accumulate == 0
         graph = self.graph if last else self.accumulate_graph
         loss, *flat = graph(*self._flatten(), *batch)  # type: ignore[misc]
-        (self.params, self.opt_state, self.scale_state, self.grad_acc, self.skipped_steps) = (
-            self._unflatten(flat)
-        )
+        state = self._unflatten([*flat, *self.buffers.values()])
+        self.params, self.opt_state, self.scale_state, self.grad_acc, self.skipped_steps = state
         return loss
 
     @property
@@ -352,10 +364,12 @@ class TrainStep:
         return dict(self.params)
 
     def copy_to(self, model: nn.Module | None = None) -> None:
-        """Write the trained parameters back into ``model`` (default: the one given)."""
-        own = dict((model or self.model).named_parameters())
+        """Write the trained parameters and buffers back into ``model`` (default: the one
+        given)."""
+        target = model or self.model
+        own = {**dict(target.named_parameters()), **dict(target.named_buffers())}
         with torch.no_grad():
-            for name, value in self.params.items():
+            for name, value in {**self.params, **self.buffers}.items():
                 if name not in own:
                     raise GraphampError(f"parameter {name!r} has no counterpart in the model")
                 own[name].copy_(value)

@@ -212,9 +212,44 @@ def test_train_step_refuses_what_it_cannot_do():
     model = small_net()
     with pytest.raises(GraphampError, match="RMSprop"):
         train_step(model, nn.functional.mse_loss, torch.optim.RMSprop(model.parameters()))
-    with pytest.raises(GraphampError, match="buffers"):
-        bn = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
-        train_step(bn, nn.functional.mse_loss, torch.optim.SGD(bn.parameters(), lr=0.1))
+    with pytest.raises(GraphampError, match="accumulate"):
+        train_step(
+            model, nn.functional.mse_loss, torch.optim.SGD(model.parameters(), lr=0.1), accumulate=0
+        )
+
+
+def test_batch_norm_statistics_update_as_in_pytorch():
+    """Running statistics follow eager autocast, are updated on skipped steps too (as eager
+    PyTorch does) and reach the model only through copy_to."""
+    from graphamp.models.mnist import MnistCNN
+
+    torch.manual_seed(0)
+    model = MnistCNN().train()
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.01, momentum=0.9)
+    step = train_step(
+        model,
+        nn.functional.nll_loss,
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+        dtype="bfloat16",
+    )
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        x = torch.randn(4, 1, 28, 28, generator=generator)
+        y = torch.randint(0, 10, (4,), generator=generator)
+        step(x, y)
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.nll_loss(reference(x).float(), y)
+        loss.backward()
+        optimizer.step()
+    for name, buffer in reference.named_buffers():
+        assert torch.allclose(step.buffers[name].float(), buffer.float(), rtol=1e-3, atol=1e-3), (
+            name
+        )
+    assert float(model.features[1].running_mean.abs().sum()) == 0.0
+    step.copy_to()
+    assert torch.equal(model.features[1].running_mean, step.buffers["features.1.running_mean"])
 
 
 class TinyCNN(nn.Module):
@@ -267,6 +302,7 @@ def accuracy(dtype: str | None) -> float:
             for start in range(0, 512, 32):
                 step(train_x[start : start + 32], train_y[start : start + 32])
         step.copy_to()
+    model.eval()
     with torch.no_grad():
         return float((model(test_x).argmax(1) == test_y).float().mean()) * 100
 
