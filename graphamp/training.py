@@ -286,6 +286,12 @@ class TrainStep:
             p: dict[str, torch.Tensor], b: dict[str, torch.Tensor]
         ) -> tuple[torch.Tensor, torch.Tensor]:
             output = torch.func.functional_call(self.forward, {**p, **b}, inputs)
+            # The loss runs in float32, as every AMP list has it: low-precision outputs are
+            # widened first (a bfloat16/float32 mix also trips inductor's loss lowerings).
+            output = torch.utils._pytree.tree_map(
+                lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+                output,
+            )
             loss = self.loss_fn(output, target).float()
             return loss * scale, loss
 
@@ -346,6 +352,16 @@ class TrainStep:
         state = self._unflatten([*flat, *self.buffers.values()])
         self.params, self.opt_state, self.scale_state, self.grad_acc, self.skipped_steps = state
         return loss
+
+    def compile(self, *batch: torch.Tensor, **options: Any) -> TrainStep:
+        """Capture on ``batch`` (without stepping) and compile the step graphs with
+        ``torch.compile(**options)``; returns self."""
+        if self.graph is None:
+            self._build(batch)
+        self.graph = torch.compile(self.graph, **options)  # type: ignore[assignment]
+        if self.accumulate_graph is not None:
+            self.accumulate_graph = torch.compile(self.accumulate_graph, **options)  # type: ignore[assignment]
+        return self
 
     @property
     def loss_scale(self) -> torch.Tensor:

@@ -312,3 +312,27 @@ def test_convergence_matches_float32_within_half_a_point():
     assert reference > 90
     assert abs(accuracy("bfloat16") - reference) <= 0.5
     assert abs(accuracy("float16") - reference) <= 0.5  # float16 with dynamic loss scaling
+
+
+def test_compiled_step_matches_the_eager_step():
+    data = batches(4, poison={2})
+    eager_model, compiled_model = small_net(), small_net()
+    eager = train_step(
+        eager_model,
+        nn.functional.mse_loss,
+        torch.optim.SGD(eager_model.parameters(), lr=0.05, momentum=0.9),
+        dtype="float16",
+    )
+    compiled = train_step(
+        compiled_model,
+        nn.functional.mse_loss,
+        torch.optim.SGD(compiled_model.parameters(), lr=0.05, momentum=0.9),
+        dtype="float16",
+    ).compile(*data[0], backend="aot_eager")
+    for x, y in data:
+        eager(x, y)
+        compiled(x, y)
+    assert int(compiled.skipped_steps) == int(eager.skipped_steps) == 1
+    assert float(compiled.loss_scale) == float(eager.loss_scale)
+    for name in eager.params:
+        assert torch.allclose(compiled.params[name], eager.params[name], rtol=1e-5, atol=1e-6)
