@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_onnx import machine
+from benchlib import machine, median_time
 
 HWM = Path("/proc/self/status")
 
@@ -54,17 +53,6 @@ def peak_rss_mb() -> float:
 def reset_peak() -> None:
     with contextlib.suppress(OSError):  # resets VmHWM on Linux; elsewhere peaks accumulate
         Path("/proc/self/clear_refs").write_text("5")
-
-
-def median_time(fn: Callable[[], object], runs: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 MATMULS = ("mm", "addmm", "bmm", "baddbmm")
@@ -106,14 +94,14 @@ def matmul_floor(step: Callable[[], None], runs: int) -> tuple[float, float]:
         left = args[0] if func._opname in ("mm", "bmm") else args[1]  # addmm(bias, a, b)
         inner = left.shape[-1]
         flops += 2 * float(torch.Size(out_shape).numel()) * inner
-    seconds = median_time(lambda: [f(*a, **k) for f, a, k in replay], runs)
+    seconds, _ = median_time(lambda: [f(*a, **k) for f, a, k in replay], runs)
     return seconds, flops
 
 
 def matmul_throughput(dtype: torch.dtype, m: int, k: int, n: int, runs: int = 5) -> float:
     """FLOP/s of an (m x k) @ (k x n) matrix product in ``dtype`` on this machine."""
     a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
-    seconds = median_time(lambda: torch.mm(a, b), runs)
+    seconds, _ = median_time(lambda: torch.mm(a, b), runs)
     return 2 * m * k * n / seconds
 
 
@@ -188,7 +176,7 @@ def bench(name: str, args: argparse.Namespace, dtype: torch.dtype) -> list[dict[
         compile_start = time.perf_counter()
         fn()  # warm-up (and compilation)
         first_call = time.perf_counter() - compile_start
-        seconds = median_time(fn, runs, warmup=1)
+        seconds, _ = median_time(fn, runs, warmup=1)
         rows.append(
             {
                 "model": name,

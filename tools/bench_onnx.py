@@ -24,56 +24,21 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
 import numpy as np
 import onnx
+from benchlib import machine, median_time
 
 TOOLS = ("graphamp", "onnxconverter-common", "ort-transformers")
 LOW = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 MATRIX = ("MatMul", "Gemm", "Conv")
-
-
-def machine() -> str:
-    """CPU model, cores and the flags that matter for low-precision speed."""
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        lscpu = ""
-    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
-    model = fields.get("Model name", platform.processor()).strip()
-    flags = fields.get("Flags", "").split()
-    wanted = [
-        f
-        for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "f16c")
-        if f in flags
-    ]
-    import onnxruntime
-
-    return (
-        f"{model}, {os.cpu_count()} cores, flags: {' '.join(wanted) or 'none of note'}; "
-        f"onnxruntime {onnxruntime.__version__} (CPU execution provider), no GPU"
-    )
-
-
-def median_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
-    fn()  # warm-up
-    times, result = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
 
 
 def convert_with(tool: str, proto: onnx.ModelProto) -> onnx.ModelProto:

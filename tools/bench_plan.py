@@ -10,31 +10,19 @@ issue sets), with the whole command's wall time (Python start and imports includ
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_onnx import chain_model, machine
-
-
-def median_seconds(fn: Callable[[], object], runs: int) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from bench_onnx import chain_model
+from benchlib import machine, median_time
 
 
 def wall(command: list[str], runs: int) -> float:
-    return median_seconds(lambda: subprocess.run(command, check=True, capture_output=True), runs)
+    return median_time(lambda: subprocess.run(command, check=True, capture_output=True), runs)[0]
 
 
 def main() -> int:
@@ -55,7 +43,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         bert = export_onnx("bert", folder / "bert.onnx", "full")
-        plan_s = median_seconds(lambda: gonnx.analyse(bert)[1].to_json(), args.runs)
+        plan_s, _ = median_time(lambda: gonnx.analyse(bert)[1].to_json(), args.runs)
         bert_nodes = len(gonnx.analyse(bert)[1].nodes)
         bert_mb = bert.stat().st_size / 2**20
         plan_wall = wall(
@@ -84,7 +72,7 @@ def main() -> int:
             return Plan.load(a).diff(Plan.load(b)).to_text()
 
         changed = [line for line in diff().splitlines() if line.startswith("-n")]
-        diff_s = median_seconds(diff, args.runs)
+        diff_s, _ = median_time(diff, args.runs)
         diff_wall = wall([sys.executable, "-m", "graphamp.cli", "diff", str(a), str(b)], args.runs)
 
     print("| what | after import s | whole command s | target |")

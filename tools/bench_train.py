@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,18 +22,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_onnx import machine
-
-
-def median_time(fn: Callable[[], object], runs: int) -> float:
-    fn()
-    fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from benchlib import machine, median_time
 
 
 def models(
@@ -107,17 +94,20 @@ def main() -> int:
             (
                 "float32 eager",
                 median_time(
-                    eager_step(copy.deepcopy(model), loss_fn, batch, None, False), args.runs
-                ),
+                    eager_step(copy.deepcopy(model), loss_fn, batch, None, False),
+                    args.runs,
+                    warmup=2,
+                )[0],
             )
         ]
         for dtype, label, scaling in (
             (torch.bfloat16, "bfloat16", None),
             (torch.float16, "float16 + loss scaling", DynamicLossScaling.torch_defaults()),
         ):
-            eager = median_time(
+            eager, _ = median_time(
                 eager_step(copy.deepcopy(model), loss_fn, batch, dtype, scaling is not None),
                 args.runs,
+                warmup=2,
             )
             rows.append(
                 (f"eager torch.autocast {label}" + (" + GradScaler" if scaling else ""), eager)
@@ -133,7 +123,7 @@ def main() -> int:
                 )
                 if compiled:
                     step.compile(*batch)
-                seconds = median_time(lambda s=step, b=batch: s(*b), args.runs)
+                seconds, _ = median_time(lambda s=step, b=batch: s(*b), args.runs, warmup=2)
                 rows.append(
                     (
                         f"graphamp step {label}" + (", torch.compile" if compiled else ""),

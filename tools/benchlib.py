@@ -1,0 +1,45 @@
+"""What the benchmarks under tools/ share: the machine they ran on, and a median timer."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+
+
+def machine() -> str:
+    """CPU model, cores and the flags that matter for low-precision speed."""
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        lscpu = ""
+    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+    model = fields.get("Model name", platform.processor()).strip()
+    flags = fields.get("Flags", "").split()
+    wanted = [
+        f
+        for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "f16c")
+        if f in flags
+    ]
+    import onnxruntime
+
+    return (
+        f"{model}, {os.cpu_count()} cores, flags: {' '.join(wanted) or 'none of note'}; "
+        f"onnxruntime {onnxruntime.__version__} (CPU execution provider), no GPU"
+    )
+
+
+def median_time(fn: Callable[[], object], runs: int, warmup: int = 1) -> tuple[float, object]:
+    """(median seconds of ``runs`` calls after ``warmup`` untimed ones, the last result)."""
+    result = None
+    for _ in range(warmup):
+        result = fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
