@@ -180,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lists.add_argument("--dtype", default="float16", choices=DTYPES, help="target type")
     lists.add_argument("--config", metavar="FILE", help="show the lists after this policy file")
+    lists.add_argument(
+        "--dialect",
+        choices=("onnx", "fx_cpu", "fx_cuda"),
+        default="onnx",
+        help="ONNX op lists, or PyTorch's (aten) lists for CPU or CUDA targets",
+    )
     return parser
 
 
@@ -509,9 +515,9 @@ def check_one(model: Path, baseline: Path, policy: Policy, *, update: bool) -> i
 
 def run_lists(args: argparse.Namespace, console: Console) -> int:
     policy = (
-        Policy.from_toml(args.config, **({"dtype": args.dtype} if args.dtype else {}))
+        Policy.from_toml(args.config, dtype=args.dtype, dialect=args.dialect)
         if args.config
-        else Policy.create(args.dtype, where="defaults")
+        else Policy.create(args.dtype, dialect=args.dialect, where="defaults")
     )
     for name in LISTS:
         table = Table(title=f"{name} ({policy.dtype})", title_justify="left", show_lines=False)

@@ -240,9 +240,7 @@ class TrainStep:
             # functionalize turns the forward's in-place buffer updates into functional ops and
             # a copy back onto the buffer arguments; tracing runs on copies of the state.
             flat = [t.clone() for t in self._flatten()]
-            return make_fx(torch.func.functionalize(fn, remove="mutations"))(
-                *flat, *batch
-            )
+            return make_fx(torch.func.functionalize(fn, remove="mutations"))(*flat, *batch)
 
         with torch.no_grad():
             self.graph = trace(self._update_fn)

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from graphamp.graph import OpGraph
 from graphamp.passes.casts import plan_casts
 from graphamp.passes.classify import classify
@@ -15,12 +17,26 @@ from graphamp.passes.paint import paint
 from graphamp.plan import Plan
 from graphamp.policy import Policy
 
+log = logging.getLogger(__name__)
+
 
 def run_passes(graph: OpGraph, policy: Policy, *, model: str = "") -> Plan:
     """classify -> paint -> casts: the whole analysis for one graph."""
     decisions = paint(graph, classify(graph, policy), policy)
     plan = Plan(dtype=policy.dtype, policy=policy.to_dict(), nodes=decisions, model=model)
     plan.edits = plan_casts(graph, decisions, policy)
+    if log.isEnabledFor(logging.DEBUG):  # graphamp -vv: every decision, in graph order
+        for name, decision in decisions.items():
+            via = f" via {decision.via}" if decision.via else ""
+            log.debug(
+                "%s (%s): %s, %s: %s%s",
+                name,
+                decision.op,
+                decision.precision,
+                decision.rule,
+                decision.reason,
+                via,
+            )
     for node in graph:
         if "flops" in node.attrs:
             decisions[node.name].flops = int(node.attrs["flops"])  # type: ignore[call-overload]
