@@ -272,10 +272,17 @@ def add_verify_arguments(parser: argparse.ArgumentParser, *, flag: bool) -> None
     )
 
 
-def policy_from_args(args: argparse.Namespace) -> Policy:
-    overrides: dict[str, object] = {}
+def dialect_of(path: str | Path) -> str:
+    """ONNX files use the ONNX lists; .pt2 programs PyTorch's CPU autocast lists."""
+    return "fx_cpu" if Path(path).suffix == ".pt2" else "onnx"
+
+
+def policy_from_args(args: argparse.Namespace, dialect: str = "onnx") -> Policy:
+    overrides: dict[str, object] = {"dialect": dialect}
     if args.dtype:
         overrides["dtype"] = args.dtype
+    elif dialect == "fx_cpu" and not _config_sets_dtype(args.config):
+        overrides["dtype"] = "bfloat16"  # PyTorch's CPU autocast default
     if args.keep_io_types is not None:
         overrides["keep_io_types"] = (
             True if args.keep_io_types is True else [n for n in args.keep_io_types.split(",") if n]
@@ -290,6 +297,19 @@ def policy_from_args(args: argparse.Namespace) -> Policy:
     if args.config:
         return Policy.from_toml(args.config, **overrides)
     return Policy.from_mapping({}, where="command line", **overrides)
+
+
+def _config_sets_dtype(config: str | None) -> bool:
+    if not config:
+        return False
+    import tomllib
+
+    try:
+        return "dtype" in tomllib.loads(Path(config).read_text(encoding="utf-8")).get(
+            "graphamp", {}
+        )
+    except (OSError, tomllib.TOMLDecodeError):
+        return False  # Policy.from_toml reports the file's problem
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -336,9 +356,11 @@ def run_convert(args: argparse.Namespace, console: Console) -> int:
         )
     if not target.parent.is_dir():
         raise GraphampError(f"{target}: folder {target.parent} does not exist")
-    policy = policy_from_args(args)
+    policy = policy_from_args(args, dialect_of(source))
     if args.inputs and not args.verify:
         raise GraphampError("--inputs is only used with --verify")
+    if source.suffix == ".pt2":
+        return convert_pt2(args, console, source, target, policy)
     start = time.perf_counter()
     result = gonnx.convert(source, policy)
     gonnx.save(result.model, target)
@@ -351,6 +373,53 @@ def run_convert(args: argparse.Namespace, console: Console) -> int:
         original = onnx.load(str(source))
         return report_verification(console, original, onnx.load(str(target)), args, policy.dtype)
     return 0
+
+
+def convert_pt2(
+    args: argparse.Namespace, console: Console, source: Path, target: Path, policy: Policy
+) -> int:
+    """A torch.export program: read without pickle, converted by the PyTorch dialect, saved as
+    a .pt2 program again (exported on inputs of the traced shapes)."""
+    import torch
+
+    from graphamp import fx, pt2, verify
+
+    if target.suffix != ".pt2":
+        raise GraphampError(f"{target}: a .pt2 program converts to a .pt2 file")
+    start = time.perf_counter()
+    program = pt2.load(source)
+    module, plan = fx.convert(program, policy=policy)
+    plan.model = source.name
+    inputs = program.example_inputs[0]
+    pt2.save(module, inputs, target)
+    if args.plan:
+        plan.save(args.plan)
+    print_summary(console, plan, time.perf_counter() - start, source, target)
+    if not args.verify:
+        return 0
+    if args.inputs:
+        arrays = verify.load_inputs(args.inputs)
+        inputs = tuple(
+            torch.from_numpy(arrays[spec.arg.name])
+            for spec in program.graph_signature.input_specs
+            if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT
+        )
+
+    def outputs(fn: object) -> dict[str, object]:
+        with torch.no_grad():
+            result = fn(*inputs)  # type: ignore[operator]
+        flat = result if isinstance(result, tuple | list) else (result,)
+        return {f"output {i}": t.float().numpy() for i, t in enumerate(flat)}
+
+    rtol = args.rtol if args.rtol is not None else verify.DEFAULT_RTOL[policy.dtype]
+    report = verify.compare(
+        outputs(program.module()),
+        outputs(module),
+        rtol=rtol,
+        atol=args.atol,
+        provider="torch (cpu)",
+    )
+    return show_report(console, report, rtol, args.atol)
 
 
 def run_demo(args: argparse.Namespace, console: Console) -> int:
@@ -384,14 +453,22 @@ def run_demo(args: argparse.Namespace, console: Console) -> int:
         return status
 
 
-def plan_of(path: str | Path, policy: Policy):  # type: ignore[no-untyped-def]
-    """(graph or None, Plan) of a model file, or of a plan file (``.json``)."""
+def plan_of(path: str | Path, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """(graph or None, Plan) of an ONNX model, a .pt2 program, or a plan file (``.json``),
+    under the policy flags of ``args``."""
     from graphamp import onnx as gonnx
     from graphamp.plan import Plan
 
     path = Path(path)
     if path.suffix == ".json":
         return None, Plan.load(path)
+    policy = policy_from_args(args, dialect_of(path))
+    if path.suffix == ".pt2":
+        from graphamp import fx, pt2
+
+        fx_graph, plan = fx.analyse(pt2.load(path), None, policy=policy)
+        plan.model = path.name
+        return fx_graph.graph, plan
     onnx_graph, plan, _ = gonnx.analyse(path, policy)
     return onnx_graph.graph, plan
 
@@ -408,7 +485,7 @@ def emit(text: str, output: str | None) -> None:
 def run_plan(args: argparse.Namespace) -> int:
     from graphamp import report
 
-    graph, plan = plan_of(args.model, policy_from_args(args))
+    graph, plan = plan_of(args.model, args)
     if args.format == "json":
         text = plan.to_json()
     elif args.format == "html":
@@ -424,7 +501,7 @@ def run_plan(args: argparse.Namespace) -> int:
 def run_explain(args: argparse.Namespace) -> int:
     from graphamp import report
 
-    graph, plan = plan_of(args.model, policy_from_args(args))
+    graph, plan = plan_of(args.model, args)
     sys.stdout.write(report.explain(plan, args.node, graph))
     return 0
 
@@ -432,9 +509,8 @@ def run_explain(args: argparse.Namespace) -> int:
 def run_diff(args: argparse.Namespace) -> int:
     import json
 
-    policy = policy_from_args(args)
-    _, old = plan_of(args.old, policy)
-    _, new = plan_of(args.new, policy)
+    _, old = plan_of(args.old, args)
+    _, new = plan_of(args.new, args)
     old.model, new.model = str(args.old), str(args.new)
     difference = old.diff(new)
     if args.format == "json":
@@ -456,10 +532,9 @@ def run_check(args: argparse.Namespace) -> int:
                 "[[graphamp.check]] entries"
             )
         entries = check_entries(Path(args.config))
-    policy = policy_from_args(args)
     drifted = 0
     for model, baseline in entries:
-        drifted += check_one(model, baseline, policy, update=args.update)
+        drifted += check_one(model, baseline, args, update=args.update)
     return 1 if drifted else 0
 
 
@@ -488,11 +563,11 @@ def check_entries(config: Path) -> list[tuple[Path, Path]]:
     return entries
 
 
-def check_one(model: Path, baseline: Path, policy: Policy, *, update: bool) -> int:
+def check_one(model: Path, baseline: Path, args: argparse.Namespace, *, update: bool) -> int:
     """0 when ``model``'s plan equals ``baseline`` (or was written to it), 1 when it drifted."""
     from graphamp.plan import Plan
 
-    _, plan = plan_of(model, policy)
+    _, plan = plan_of(model, args)
     plan.model = model.name
     if update:
         plan.save(baseline)
@@ -581,22 +656,27 @@ def report_verification(
         atol=args.atol,  # type: ignore[arg-type]
         provider=args.provider,
     )
+    return show_report(console, report, rtol, args.atol)
+
+
+def show_report(console: Console, report: object, rtol: float, atol: float) -> int:
+    """Print a verification report as a table; 1 when an output is over tolerance."""
     table = Table(
-        title=f"verification on {report.provider}, rtol {rtol:g}, atol {args.atol:g}",
+        title=f"verification on {report.provider}, rtol {rtol:g}, atol {atol:g}",  # type: ignore[attr-defined]
         title_justify="left",
     )
     for column in ("output", "max abs error", "max rel error", "NaN/Inf", "result"):
         table.add_column(column, justify="left" if column == "output" else "right")
-    for output in report.outputs:
+    for output in report.outputs:  # type: ignore[attr-defined]
         table.add_row(
             output.name,
             f"{output.max_abs_error:.3g}",
             f"{output.max_rel_error:.3g}",
             str(output.nan_inf),
-            "ok" if report.passed(output) else "[red]OVER[/]",
+            "ok" if report.passed(output) else "[red]OVER[/]",  # type: ignore[attr-defined]
         )
     console.print(table)
-    if not report.ok:
+    if not report.ok:  # type: ignore[attr-defined]
         console.print(
             "[red]verification failed[/]: the converted model was written; deny the ops "
             "or names behind the error (see --plan) and convert again"

@@ -314,6 +314,19 @@ def apply(fx_graph: FxGraph, plan: Plan) -> fx.GraphModule:
     return module
 
 
+def analyse(
+    model: nn.Module | torch.export.ExportedProgram,
+    example_inputs: tuple[Any, ...] | None,
+    *,
+    policy: Policy,
+    weights: str = "master",
+) -> tuple[FxGraph, Plan]:
+    """Capture ``model`` and run the passes: its graph and plan; nothing is converted."""
+    module = capture(model, example_inputs)
+    fx_graph = read(module, master_weights=weights == "master")
+    return fx_graph, run_passes(fx_graph.graph, policy, model=type(model).__name__)
+
+
 def convert(
     model: nn.Module | torch.export.ExportedProgram,
     example_inputs: tuple[Any, ...] | None = None,
@@ -351,7 +364,5 @@ def convert(
             f"the policy was made for {policy.dialect!r} graphs: create it with "
             f"dialect='fx_{device}'"
         )
-    module = capture(model, example_inputs)
-    fx_graph = read(module, master_weights=weights == "master")
-    plan = run_passes(fx_graph.graph, policy, model=type(model).__name__)
+    fx_graph, plan = analyse(model, example_inputs, policy=policy, weights=weights)
     return apply(fx_graph, plan), plan

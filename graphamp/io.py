@@ -13,13 +13,13 @@ def write_atomic(path: Path, data: bytes) -> None:
     write_atomic_with(path, lambda tmp: tmp.write_bytes(data))
 
 
-def write_atomic_with(path: Path, writer: Callable[[Path], object]) -> None:
+def write_atomic_with(path: Path, writer: Callable[[Path], object], suffix: str = ".tmp") -> None:
     """Call ``writer(tmp_path)`` to fill a temporary file, then rename it onto ``path``.
 
     On any error the temporary file is removed and ``path`` is left as it was.
     """
     path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent or ".")
     os.close(fd)
     tmp = Path(tmp_name)
     try:

@@ -19,8 +19,32 @@ from graphamp.errors import GraphampError
 PLAN_FORMAT = "graphamp-plan"
 PLAN_VERSION = 1
 
-# Op types whose FLOPs the summary counts as "matrix work".
-MATRIX_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
+# Op types the summary counts as "matrix work": ONNX ops, and the aten ops of PyTorch graphs.
+MATRIX_OPS = frozenset(
+    {
+        "MatMul",
+        "Gemm",
+        "Conv",
+        "ConvTranspose",
+        "Einsum",
+        "linear",
+        "matmul",
+        "mm",
+        "bmm",
+        "addmm",
+        "baddbmm",
+        "einsum",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "convolution",
+        "_convolution",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "scaled_dot_product_attention",
+    }
+)
 
 
 @dataclass
