@@ -67,7 +67,6 @@ def explain(plan: Plan, node: str, graph: OpGraph | None = None) -> str:
         current, depth = decision.via, depth + 1
     if graph is not None and node in graph.nodes:
         op_node = graph.nodes[node]
-        casts = {(c.tensor, tuple(c.consumers)): c for c in plan.edits.casts}
         for slot, tensor in enumerate(op_node.inputs):
             if not tensor:
                 continue
@@ -80,7 +79,7 @@ def explain(plan: Plan, node: str, graph: OpGraph | None = None) -> str:
                 else "stored value"
             )
             cast = next(
-                (c for (t, readers), c in casts.items() if t == tensor and node in readers), None
+                (c for c in plan.edits.casts if c.tensor == tensor and node in c.consumers), None
             )
             how = f"; cast {cast.src} -> {cast.dst}" if cast else ""
             follows = (

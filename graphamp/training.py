@@ -229,11 +229,7 @@ class TrainStep:
         # PyTorch, on skipped steps too; the step owns its copies.
         self.buffers = {n: b.detach().clone() for n, b in forward.named_buffers()}
         self.opt_state = _initial_optimizer_state(self.kind, self.params)
-        self.scale_state = (
-            self.loss_scaling.initial_state()
-            if self.loss_scaling is not None
-            else {"scale": torch.tensor(1.0)}
-        )
+        self.scale_state = self._initial_scale_state()
         self.grad_acc = {n: torch.zeros_like(p) for n, p in self.params.items()}
 
         def trace(fn: Callable[..., list[torch.Tensor]]) -> fx.GraphModule:
@@ -297,11 +293,21 @@ class TrainStep:
         grads, loss = torch.func.grad(scaled_loss, has_aux=True)(params, self._traced_buffers)
         return grads, loss
 
-    def _accumulate_fn(self, *flat_and_batch: torch.Tensor) -> list[torch.Tensor]:
-        flat, batch = flat_and_batch[: len(self._flatten())], flat_and_batch[len(self._flatten()) :]
-        params, opt_state, scale_state, grad_acc, skipped = self._unflatten(flat)
-        grads, loss = self._scaled_grads(params, scale_state["scale"], batch)
-        grad_acc = {n: grad_acc[n] + grads[n].float() for n in grad_acc}
+    def _split(self, flat_and_batch: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+        """The traced functions' arguments: (params, optimizer state, scale state,
+        accumulated grads, skip count, batch)."""
+        count = len(self._flatten())
+        return (*self._unflatten(flat_and_batch[:count]), flat_and_batch[count:])
+
+    @staticmethod
+    def _results(
+        loss: torch.Tensor,
+        params: dict,
+        opt_state: dict,
+        scale_state: dict,
+        grad_acc: dict,
+        skipped: torch.Tensor,
+    ) -> list[torch.Tensor]:
         return [
             loss,
             *params.values(),
@@ -311,9 +317,14 @@ class TrainStep:
             skipped,
         ]
 
+    def _accumulate_fn(self, *flat_and_batch: torch.Tensor) -> list[torch.Tensor]:
+        params, opt_state, scale_state, grad_acc, skipped, batch = self._split(flat_and_batch)
+        grads, loss = self._scaled_grads(params, scale_state["scale"], batch)
+        grad_acc = {n: grad_acc[n] + grads[n].float() for n in grad_acc}
+        return self._results(loss, params, opt_state, scale_state, grad_acc, skipped)
+
     def _update_fn(self, *flat_and_batch: torch.Tensor) -> list[torch.Tensor]:
-        flat, batch = flat_and_batch[: len(self._flatten())], flat_and_batch[len(self._flatten()) :]
-        params, opt_state, scale_state, grad_acc, skipped = self._unflatten(flat)
+        params, opt_state, scale_state, grad_acc, skipped, batch = self._split(flat_and_batch)
         scale = scale_state["scale"]
         grads, loss = self._scaled_grads(params, scale, batch)
         inv_scale = (1.0 / scale.double()).float()
@@ -327,14 +338,7 @@ class TrainStep:
             scale_state = self.loss_scaling.update(scale_state, found_inf)
         skipped = skipped + found_inf.to(skipped.dtype)
         grad_acc = {n: torch.zeros_like(g) for n, g in grad_acc.items()}
-        return [
-            loss,
-            *params.values(),
-            *opt_state.values(),
-            *scale_state.values(),
-            *grad_acc.values(),
-            skipped,
-        ]
+        return self._results(loss, params, opt_state, scale_state, grad_acc, skipped)
 
     # use --------------------------------------------------------------------------------------
 
@@ -363,15 +367,13 @@ class TrainStep:
 
     @property
     def loss_scale(self) -> torch.Tensor:
-        return (
-            self.scale_state["scale"]
-            if self.graph is not None
-            else torch.tensor(
-                self.loss_scaling.init_loss_scaling
-                if isinstance(self.loss_scaling, DynamicLossScaling)
-                else getattr(self.loss_scaling, "scale", 1.0)
-            )
-        )
+        state = self.scale_state if self.graph is not None else self._initial_scale_state()
+        return state["scale"]
+
+    def _initial_scale_state(self) -> dict[str, torch.Tensor]:
+        if self.loss_scaling is None:
+            return {"scale": torch.tensor(1.0)}
+        return self.loss_scaling.initial_state()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The trained parameters, by the model's parameter names."""
