@@ -16,11 +16,12 @@ each time can be read as a share of the matmul roofline. Parameter memory with
 Sizes: a CPU without bfloat16 instructions (no avx512_bf16/AMX) multiplies bfloat16 matrices
 about 100x slower than float32, so a full-size step (SimpleNet 4096 x 512: 155 GFLOP) would take
 minutes. The defaults are therefore SimpleNet 1024 wide at batch 64 and a 4-layer, 256-wide
-BERT at batch 2 x 128 tokens; ``--width/--batch/--bert-hidden`` set others (4096/512 for the
-seeds' size on a machine with bf16 units or a GPU).
+BERT at batch 2 x 128 tokens; ``--width/--batch`` and ``--bert-hidden/--bert-layers/--bert-batch``
+set others (4096/512 for the seeds' SimpleNet; 768/12 for BERT-base).
 
     python tools/bench_fx.py
     python tools/bench_fx.py --width 4096 --batch 512 --models simplenet
+    python tools/bench_fx.py --models bert --bert-hidden 768 --bert-layers 12 --bert-batch 1
 """
 
 from __future__ import annotations
@@ -128,16 +129,22 @@ def build(name: str, args: argparse.Namespace) -> tuple[torch.nn.Module, tuple[t
         return SimpleNet(args.width), (torch.randn(args.batch, args.width),)
     hidden = args.bert_hidden
     model = BertEncoder(
-        vocab=1000, hidden=hidden, layers=4, heads=hidden // 64, ffn=4 * hidden, seq=128
+        vocab=1000,
+        hidden=hidden,
+        layers=args.bert_layers,
+        heads=hidden // 64,
+        ffn=4 * hidden,
+        seq=128,
     )
-    return model, (torch.randint(1, 1000, (2, 128)), torch.randint(0, 2, (2, 128)))
+    shape = (args.bert_batch, 128)
+    return model, (torch.randint(1, 1000, shape), torch.randint(0, 2, shape))
 
 
 def gemm_shape(name: str, args: argparse.Namespace) -> tuple[int, int, int]:
     """(M, K, N) of the model's main matrix product, for the roofline."""
     if name == "simplenet":
         return args.batch, args.width, args.width
-    return 2 * 128, args.bert_hidden, 4 * args.bert_hidden
+    return args.bert_batch * 128, args.bert_hidden, 4 * args.bert_hidden
 
 
 def bench(name: str, args: argparse.Namespace, dtype: torch.dtype) -> list[dict[str, object]]:
@@ -220,7 +227,11 @@ def main() -> int:
         "--bert-hidden",
         type=int,
         default=256,
-        help="BERT hidden size (4 layers, batch 2 x 128 tokens; full: 768 x 12)",
+        help="BERT hidden size (BERT-base: 768; heads of 64, FFN 4x hidden)",
+    )
+    parser.add_argument("--bert-layers", type=int, default=4, help="BERT layers (BERT-base: 12)")
+    parser.add_argument(
+        "--bert-batch", type=int, default=2, help="BERT sequences of 128 tokens per batch"
     )
     args = parser.parse_args()
     dtype = torch.bfloat16
@@ -228,8 +239,8 @@ def main() -> int:
     print(f"# graphamp PyTorch benchmark, {date.today().isoformat()}")
     print(f"machine: {machine()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(
-        f"sizes: SimpleNet {args.width} wide, batch {args.batch}; BERT 4 x {args.bert_hidden}, "
-        "batch 2 x 128 tokens"
+        f"sizes: SimpleNet {args.width} wide, batch {args.batch}; BERT {args.bert_layers} x "
+        f"{args.bert_hidden}, batch {args.bert_batch} x 128 tokens"
     )
     print(
         "roofline share = time of the step's own matrix products (recorded from the autocast "
