@@ -116,71 +116,178 @@ LossScaling = DynamicLossScaling | StaticLossScaling | None
 
 # -- optimizers as pure functions of (params, grads, state) ------------------------------------
 
+OPTIMIZERS = ("SGD", "Adam", "AdamW")
+# Flags that choose torch.optim's implementation, not its arithmetic: the graph is one
+# implementation of the same formulas, so they are accepted and ignored.
+_IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
 
-def _hyper(optimizer: torch.optim.Optimizer) -> tuple[str, dict[str, Any]]:
-    if len(optimizer.param_groups) != 1:
-        raise GraphampError("train_step supports one optimizer parameter group")
-    group = optimizer.param_groups[0]
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """One optimizer parameter group: the model's names of its trainable parameters and its
+    hyper-parameters. ``lr`` is not here: it is read from the optimizer at every call, so
+    learning-rate schedulers work; the other hyper-parameters are fixed into the graph."""
+
+    names: tuple[str, ...]
+    hyper: dict[str, Any]
+
+
+def _fixed_hyper(group: dict[str, Any]) -> dict[str, Any]:
+    skip = ("params", "lr", *_IMPLEMENTATION_FLAGS)
+    return {key: value for key, value in group.items() if key not in skip}
+
+
+def optimizer_groups(optimizer: torch.optim.Optimizer, model: nn.Module) -> list[ParamGroup]:
+    """The optimizer's parameter groups by the model's parameter names. Parameters that do not
+    require grad are left out (torch.optim skips them: they never get a gradient)."""
     kind = type(optimizer).__name__
-    if kind not in ("SGD", "Adam", "AdamW"):
-        raise GraphampError(f"optimizer {kind}: train_step supports SGD, Adam and AdamW")
-    if group.get("amsgrad") or group.get("maximize"):
-        raise GraphampError(f"optimizer {kind}: amsgrad and maximize are not supported")
-    return kind, {key: value for key, value in group.items() if key != "params"}
+    if kind not in OPTIMIZERS:
+        raise GraphampError(f"optimizer {kind}: train_step supports {', '.join(OPTIMIZERS)}")
+    names_by_id = {id(param): name for name, param in model.named_parameters()}
+    groups = []
+    for index, group in enumerate(optimizer.param_groups):
+        names = []
+        for param in group["params"]:
+            if id(param) not in names_by_id:
+                raise GraphampError(
+                    f"optimizer parameter group {index}: holds a tensor of shape "
+                    f"{tuple(param.shape)} that is not a parameter of the model"
+                )
+            if param.requires_grad:
+                names.append(names_by_id[id(param)])
+        groups.append(ParamGroup(tuple(names), _fixed_hyper(group)))
+    return groups
 
 
-def _initial_optimizer_state(kind: str, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _state_keys(kind: str, hyper: dict[str, Any]) -> tuple[str, ...]:
+    if kind == "SGD":
+        return ("momentum",)
+    return (
+        ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+        if hyper["amsgrad"]
+        else (
+            "exp_avg",
+            "exp_avg_sq",
+        )
+    )
+
+
+def _initial_optimizer_state(
+    kind: str, groups: Sequence[ParamGroup], params: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {"step": torch.tensor(0.0)}
-    for name, param in params.items():
-        if kind == "SGD":
-            state[f"momentum:{name}"] = torch.zeros_like(param)
-        else:
-            state[f"exp_avg:{name}"] = torch.zeros_like(param)
-            state[f"exp_avg_sq:{name}"] = torch.zeros_like(param)
+    for group in groups:
+        for name in group.names:
+            for key in _state_keys(kind, group.hyper):
+                state[f"{key}:{name}"] = torch.zeros_like(params[name])
     return state
+
+
+# torch.optim's state keys for ours
+_TORCH_STATE_KEYS = {"momentum": "momentum_buffer"}
+
+
+def _resume_optimizer_state(
+    kind: str,
+    groups: Sequence[ParamGroup],
+    state: dict[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    model: nn.Module,
+) -> dict[str, torch.Tensor]:
+    """``state`` with the optimizer's own state where it has some (a resumed run): its
+    momentum buffers / moments and step count."""
+    model_params = dict(model.named_parameters())
+    resumed = dict(state)
+    for group in groups:
+        for name in group.names:
+            own = optimizer.state.get(model_params[name], {})
+            for key in _state_keys(kind, group.hyper):
+                value = own.get(_TORCH_STATE_KEYS.get(key, key))
+                if value is not None:
+                    resumed[f"{key}:{name}"] = value.detach().clone().float()
+            if kind == "SGD" and own.get("momentum_buffer") is not None:
+                # SGD keeps no step count; one past the first step makes the buffer count.
+                resumed["step"] = torch.tensor(1.0)
+            elif "step" in own:
+                resumed["step"] = torch.tensor(float(own["step"]))
+    return resumed
+
+
+def _export_optimizer_state(
+    kind: str,
+    groups: Sequence[ParamGroup],
+    state: dict[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    model: nn.Module,
+) -> None:
+    """Write ``state`` into ``optimizer.state`` in torch.optim's own layout, so that
+    ``optimizer.state_dict()`` checkpoints the run."""
+    if float(state["step"]) == 0:
+        return
+    model_params = dict(model.named_parameters())
+    for group in groups:
+        for name in group.names:
+            own: dict[str, Any] = {}
+            if kind == "SGD":
+                use = bool(group.hyper["momentum"])
+                own["momentum_buffer"] = state[f"momentum:{name}"].clone() if use else None
+            else:
+                own["step"] = state["step"].clone()
+                for key in _state_keys(kind, group.hyper):
+                    own[key] = state[f"{key}:{name}"].clone()
+            optimizer.state[model_params[name]] = own
 
 
 def _optimizer_update(
     kind: str,
-    h: dict[str, Any],
+    groups: Sequence[ParamGroup],
+    lrs: Sequence[torch.Tensor],
     params: dict[str, torch.Tensor],
     grads: dict[str, torch.Tensor],
     state: dict[str, torch.Tensor],
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """One step of torch.optim's SGD / Adam / AdamW (foreach=False formulas)."""
-    lr = h["lr"]
+    """One step of torch.optim's SGD / Adam / AdamW (the single-tensor formulas) on every
+    group's parameters; ``lrs`` holds each group's learning rate as a tensor."""
     step = state["step"] + 1
     new_params, new_state = {}, {"step": step}
-    for name, param in params.items():
-        grad = grads[name]
-        if kind == "SGD":
-            if h.get("weight_decay"):
-                grad = grad + h["weight_decay"] * param
-            if h.get("momentum"):
-                old = state[f"momentum:{name}"]
-                # The first step's buffer is the gradient itself, as in torch.optim.SGD.
-                buf = torch.where(
-                    step == 1, grad, old * h["momentum"] + (1 - h.get("dampening", 0)) * grad
-                )
-                new_state[f"momentum:{name}"] = buf
-                grad = grad + h["momentum"] * buf if h.get("nesterov") else buf
-            else:
-                new_state[f"momentum:{name}"] = state[f"momentum:{name}"]
-            new_params[name] = param - lr * grad
-            continue
-        beta1, beta2 = h["betas"]
-        if kind == "AdamW":
-            param = param * (1 - lr * h["weight_decay"])
-        elif h.get("weight_decay"):
-            grad = grad + h["weight_decay"] * param
-        exp_avg = state[f"exp_avg:{name}"] * beta1 + grad * (1 - beta1)
-        exp_avg_sq = state[f"exp_avg_sq:{name}"] * beta2 + grad * grad * (1 - beta2)
-        bias1 = 1 - beta1**step
-        bias2 = 1 - beta2**step
-        denom = (exp_avg_sq.sqrt() / bias2.sqrt()) + h["eps"]
-        new_params[name] = param - (lr / bias1) * exp_avg / denom
-        new_state[f"exp_avg:{name}"] = exp_avg
-        new_state[f"exp_avg_sq:{name}"] = exp_avg_sq
+    for group, lr in zip(groups, lrs, strict=True):
+        h = group.hyper
+        for name in group.names:
+            param, grad = params[name], grads[name]
+            if h["maximize"]:
+                grad = -grad
+            if kind == "SGD":
+                if h["weight_decay"]:
+                    grad = grad + h["weight_decay"] * param
+                if h["momentum"]:
+                    old = state[f"momentum:{name}"]
+                    # The first step's buffer is the gradient itself, as in torch.optim.SGD.
+                    buf = torch.where(
+                        step == 1, grad, old * h["momentum"] + (1 - h["dampening"]) * grad
+                    )
+                    new_state[f"momentum:{name}"] = buf
+                    grad = grad + h["momentum"] * buf if h["nesterov"] else buf
+                else:
+                    new_state[f"momentum:{name}"] = state[f"momentum:{name}"]
+                new_params[name] = param - lr * grad
+                continue
+            beta1, beta2 = h["betas"]
+            if h["weight_decay"]:
+                if h.get("decoupled_weight_decay", kind == "AdamW"):
+                    param = param * (1 - lr * h["weight_decay"])
+                else:
+                    grad = grad + h["weight_decay"] * param
+            exp_avg = torch.lerp(state[f"exp_avg:{name}"], grad, 1 - beta1)
+            exp_avg_sq = state[f"exp_avg_sq:{name}"] * beta2 + grad * grad * (1 - beta2)
+            new_state[f"exp_avg:{name}"] = exp_avg
+            new_state[f"exp_avg_sq:{name}"] = exp_avg_sq
+            if h["amsgrad"]:
+                exp_avg_sq = torch.maximum(state[f"max_exp_avg_sq:{name}"], exp_avg_sq)
+                new_state[f"max_exp_avg_sq:{name}"] = exp_avg_sq
+            bias1 = 1 - beta1**step
+            bias2 = 1 - beta2**step
+            denom = (exp_avg_sq.sqrt() / bias2.sqrt()) + h["eps"]
+            new_params[name] = param - (lr / bias1) * exp_avg / denom
     return new_params, new_state
 
 
@@ -204,7 +311,8 @@ class TrainStep:
         if accumulate < 1:
             raise GraphampError(f"accumulate must be at least 1, got {accumulate}")
         self.model, self.loss_fn, self.accumulate = model, loss_fn, accumulate
-        self.kind, self.hyper = _hyper(optimizer)
+        self.optimizer, self.kind = optimizer, type(optimizer).__name__
+        self.groups = optimizer_groups(optimizer, model)
         self.policy, self.overrides = policy, overrides
         self.loss_scaling = loss_scaling
         self.plan: Plan | None = None
@@ -223,20 +331,34 @@ class TrainStep:
             self.model, inputs, policy=self.policy, weights="master", **self.overrides
         )
         self.forward = forward
-        self.names = [name for name, _ in forward.named_parameters()]
         self.params = {n: p.detach().clone() for n, p in forward.named_parameters()}
+        # Trainable: in an optimizer group and requiring grad. The others (frozen) are read
+        # by the forward pass but get no gradient and no update.
+        self.trainable = [name for group in self.groups for name in group.names]
+        if not self.trainable:
+            raise GraphampError("the optimizer holds no parameter that requires grad")
+        missing = [name for name in self.trainable if name not in self.params]
+        if missing:
+            raise GraphampError(f"parameter {missing[0]!r} is not in the captured module")
         # Buffers (batch-norm running statistics) are updated by the forward pass as in eager
         # PyTorch, on skipped steps too; the step owns its copies.
         self.buffers = {n: b.detach().clone() for n, b in forward.named_buffers()}
-        self.opt_state = _initial_optimizer_state(self.kind, self.params)
+        self.opt_state = _resume_optimizer_state(
+            self.kind,
+            self.groups,
+            _initial_optimizer_state(self.kind, self.groups, self.params),
+            self.optimizer,
+            self.model,
+        )
         self.scale_state = self._initial_scale_state()
-        self.grad_acc = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        self.grad_acc = {n: torch.zeros_like(self.params[n]) for n in self.trainable}
 
         def trace(fn: Callable[..., list[torch.Tensor]]) -> fx.GraphModule:
             # functionalize turns the forward's in-place buffer updates into functional ops and
             # a copy back onto the buffer arguments; tracing runs on copies of the state.
             flat = [t.clone() for t in self._flatten()]
-            return make_fx(torch.func.functionalize(fn, remove="mutations"))(*flat, *batch)
+            lrs = self._learning_rates()
+            return make_fx(torch.func.functionalize(fn, remove="mutations"))(*flat, *lrs, *batch)
 
         with torch.no_grad():
             self.graph = trace(self._update_fn)
@@ -276,10 +398,13 @@ class TrainStep:
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         inputs, target = tuple(batch[:-1]), batch[-1]
 
+        trainable = {name: params[name] for name in self.trainable}
+        frozen = {n: p for n, p in params.items() if n not in trainable}
+
         def scaled_loss(
-            p: dict[str, torch.Tensor], b: dict[str, torch.Tensor]
+            p: dict[str, torch.Tensor], rest: dict[str, torch.Tensor]
         ) -> tuple[torch.Tensor, torch.Tensor]:
-            output = torch.func.functional_call(self.forward, {**p, **b}, inputs)
+            output = torch.func.functional_call(self.forward, {**p, **rest}, inputs)
             # The loss runs in float32, as every AMP list has it: low-precision outputs are
             # widened first (a bfloat16/float32 mix also trips inductor's loss lowerings).
             output = torch.utils._pytree.tree_map(
@@ -290,14 +415,35 @@ class TrainStep:
             return loss * scale, loss
 
         # Buffers are an argument, not captured: torch.func refuses to mutate captured tensors.
-        grads, loss = torch.func.grad(scaled_loss, has_aux=True)(params, self._traced_buffers)
+        rest = {**frozen, **self._traced_buffers}
+        grads, loss = torch.func.grad(scaled_loss, has_aux=True)(trainable, rest)
         return grads, loss
 
     def _split(self, flat_and_batch: Sequence[torch.Tensor]) -> tuple[Any, ...]:
         """The traced functions' arguments: (params, optimizer state, scale state,
-        accumulated grads, skip count, batch)."""
+        accumulated grads, skip count, learning rates, batch)."""
         count = len(self._flatten())
-        return (*self._unflatten(flat_and_batch[:count]), flat_and_batch[count:])
+        lrs_end = count + len(self.groups)
+        return (
+            *self._unflatten(flat_and_batch[:count]),
+            flat_and_batch[count:lrs_end],
+            flat_and_batch[lrs_end:],
+        )
+
+    def _learning_rates(self) -> list[torch.Tensor]:
+        """Each group's current ``lr``, read from the optimizer (schedulers change it); every
+        other hyper-parameter is fixed into the graph, so a change to one is refused."""
+        rates = []
+        for group, captured in zip(self.optimizer.param_groups, self.groups, strict=True):
+            fixed = _fixed_hyper(group)
+            if fixed != captured.hyper:
+                changed = sorted(k for k in fixed if fixed[k] != captured.hyper.get(k))
+                raise GraphampError(
+                    f"optimizer hyper-parameter {', '.join(changed)} changed after the step was "
+                    "captured; only lr may change (build a new train_step)"
+                )
+            rates.append(torch.tensor(float(group["lr"])))
+        return rates
 
     @staticmethod
     def _results(
@@ -318,21 +464,26 @@ class TrainStep:
         ]
 
     def _accumulate_fn(self, *flat_and_batch: torch.Tensor) -> list[torch.Tensor]:
-        params, opt_state, scale_state, grad_acc, skipped, batch = self._split(flat_and_batch)
+        params, opt_state, scale_state, grad_acc, skipped, _, batch = self._split(flat_and_batch)
         grads, loss = self._scaled_grads(params, scale_state["scale"], batch)
         grad_acc = {n: grad_acc[n] + grads[n].float() for n in grad_acc}
         return self._results(loss, params, opt_state, scale_state, grad_acc, skipped)
 
     def _update_fn(self, *flat_and_batch: torch.Tensor) -> list[torch.Tensor]:
-        params, opt_state, scale_state, grad_acc, skipped, batch = self._split(flat_and_batch)
+        params, opt_state, scale_state, grad_acc, skipped, lrs, batch = self._split(flat_and_batch)
         scale = scale_state["scale"]
         grads, loss = self._scaled_grads(params, scale, batch)
         inv_scale = (1.0 / scale.double()).float()
         # Accumulated micro-batches share one scale: unscale their sum once, and average.
         total = {n: (grad_acc[n] + grads[n].float()) * inv_scale / self.accumulate for n in grads}
         found_inf = ~torch.stack([torch.isfinite(g).all() for g in total.values()]).all()
-        new_params, new_opt = _optimizer_update(self.kind, self.hyper, params, total, opt_state)
-        params = {n: torch.where(found_inf, params[n], new_params[n]) for n in params}
+        new_params, new_opt = _optimizer_update(
+            self.kind, self.groups, lrs, params, total, opt_state
+        )
+        params = {
+            **params,
+            **{n: torch.where(found_inf, params[n], v) for n, v in new_params.items()},
+        }
         opt_state = {k: torch.where(found_inf, opt_state[k], new_opt[k]) for k in opt_state}
         if self.loss_scaling is not None:
             scale_state = self.loss_scaling.update(scale_state, found_inf)
@@ -350,9 +501,13 @@ class TrainStep:
         self._micro += 1
         last = self._micro % self.accumulate == 0
         graph = self.graph if last else self.accumulate_graph
-        loss, *flat = graph(*self._flatten(), *batch)  # type: ignore[misc]
+        loss, *flat = graph(*self._flatten(), *self._learning_rates(), *batch)  # type: ignore[misc]
         state = self._unflatten([*flat, *self.buffers.values()])
         self.params, self.opt_state, self.scale_state, self.grad_acc, self.skipped_steps = state
+        if last:
+            # What optimizer.step() records, so LR schedulers stepped after this call do not
+            # warn that the optimizer never stepped.
+            self.optimizer._opt_called = True  # type: ignore[attr-defined]
         return loss
 
     def compile(self, *batch: torch.Tensor, **options: Any) -> TrainStep:
@@ -381,8 +536,14 @@ class TrainStep:
 
     def copy_to(self, model: nn.Module | None = None) -> None:
         """Write the trained parameters and buffers back into ``model`` (default: the one
-        given)."""
+        given). For the model given, the optimizer's state (momentum buffers, moments, step) is
+        written into the optimizer too, in torch.optim's layout, so ``optimizer.state_dict()``
+        checkpoints the run and a new ``train_step`` on it resumes where this one stopped."""
         target = model or self.model
+        if target is self.model and self.graph is not None:
+            _export_optimizer_state(
+                self.kind, self.groups, self.opt_state, self.optimizer, self.model
+            )
         own = {**dict(target.named_parameters()), **dict(target.named_buffers())}
         with torch.no_grad():
             for name, value in {**self.params, **self.buffers}.items():

@@ -336,3 +336,120 @@ def test_compiled_step_matches_the_eager_step():
     assert float(compiled.loss_scale) == float(eager.loss_scale)
     for name in eager.params:
         assert torch.allclose(compiled.params[name], eager.params[name], rtol=1e-5, atol=1e-6)
+
+
+OPTIMIZER_CASES = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.05),
+    "sgd-momentum-dampening-maximize": lambda p: torch.optim.SGD(
+        p, lr=0.05, momentum=0.9, dampening=0.1, weight_decay=1e-2, maximize=True
+    ),
+    "sgd-nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
+    "adam-weight-decay-amsgrad": lambda p: torch.optim.Adam(
+        p, lr=1e-2, weight_decay=1e-2, amsgrad=True
+    ),
+    "adam-maximize": lambda p: torch.optim.Adam(p, lr=1e-2, betas=(0.8, 0.9), maximize=True),
+    "adam-decoupled": lambda p: torch.optim.Adam(
+        p, lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True
+    ),
+    "adamw-amsgrad-maximize": lambda p: torch.optim.AdamW(p, lr=1e-2, amsgrad=True, maximize=True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPTIMIZER_CASES))
+def test_optimizer_formulas_equal_torch_optim(case):
+    """The graph's update is torch.optim's arithmetic: same gradients in, same parameters
+    out (float32, to rounding), over steps where amsgrad's maximum and momentum matter."""
+    from graphamp.training import (
+        _initial_optimizer_state,
+        _optimizer_update,
+        optimizer_groups,
+    )
+
+    model = small_net()
+    optimizer = OPTIMIZER_CASES[case](model.parameters())
+    groups = optimizer_groups(optimizer, model)
+    kind = type(optimizer).__name__
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    state = _initial_optimizer_state(kind, groups, params)
+    lrs = [torch.tensor(float(g["lr"])) for g in optimizer.param_groups]
+    generator = torch.Generator().manual_seed(3)
+    for step in range(4):
+        # Large then small gradients, so amsgrad's running maximum differs from exp_avg_sq.
+        size = 1.0 if step < 2 else 0.01
+        grads = {n: torch.randn(p.shape, generator=generator) * size for n, p in params.items()}
+        for name, param in model.named_parameters():
+            param.grad = grads[name].clone()
+        optimizer.step()
+        params, state = _optimizer_update(kind, groups, lrs, params, grads, state)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(params[name], param.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_groups_frozen_parameters_and_a_scheduler():
+    """Per-group learning rates, a frozen layer and an LR scheduler, as torch.optim has them."""
+    model = small_net()
+    model[0].bias.requires_grad_(False)
+    optimizer = torch.optim.SGD(
+        [
+            {"params": [model[0].weight], "lr": 0.1},
+            {"params": [model[2].weight, model[2].bias], "lr": 0.0, "weight_decay": 0.5},
+        ],
+        lr=0.1,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 1.0 if epoch < 2 else 0)
+    step = train_step(model, nn.functional.mse_loss, optimizer, dtype="bfloat16")
+    data = batches(4, poison=set())
+    first = {k: v.detach().clone() for k, v in model.named_parameters()}
+    history = []
+    for x, y in data:
+        step(x, y)
+        scheduler.step()
+        history.append({k: v.clone() for k, v in step.params.items()})
+    assert not torch.equal(history[0]["0.weight"], first["0.weight"]), "group 0 must train"
+    assert torch.equal(history[-1]["2.weight"], first["2.weight"]), "lr 0 group must not move"
+    assert torch.equal(history[-1]["0.bias"], first["0.bias"]), "frozen parameter moved"
+    assert "momentum:0.bias" not in step.opt_state
+    # The scheduler set every lr to 0 after two steps: the captured graph follows it.
+    assert not torch.equal(history[1]["0.weight"], history[0]["0.weight"])
+    assert torch.equal(history[3]["0.weight"], history[1]["0.weight"])
+    optimizer.param_groups[0]["momentum"] = 0.5
+    with pytest.raises(GraphampError, match="momentum changed after the step was captured"):
+        step(*data[0])
+
+
+def test_optimizer_state_goes_back_and_resumes():
+    """copy_to writes torch.optim's own state; a new step on that optimizer continues the
+    run exactly where the first stopped."""
+    data = batches(5, poison=set())
+    straight_model = small_net()
+    straight = train_step(
+        straight_model,
+        nn.functional.mse_loss,
+        torch.optim.Adam(straight_model.parameters(), lr=1e-2, amsgrad=True),
+        dtype="bfloat16",
+    )
+    for x, y in data:
+        straight(x, y)
+
+    model = small_net()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, amsgrad=True)
+    first = train_step(model, nn.functional.mse_loss, optimizer, dtype="bfloat16")
+    for x, y in data[:3]:
+        first(x, y)
+    first.copy_to()
+    saved = optimizer.state_dict()["state"]
+    assert len(saved) == 4 and float(saved[0]["step"]) == 3
+    assert set(saved[0]) == {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}
+    second = train_step(model, nn.functional.mse_loss, optimizer, dtype="bfloat16")
+    for x, y in data[3:]:
+        second(x, y)
+    for name, value in straight.params.items():
+        torch.testing.assert_close(second.params[name], value, rtol=0, atol=0)
+
+
+def test_optimizer_holding_foreign_tensors_is_refused():
+    model = small_net()
+    stray = nn.Parameter(torch.randn(3, 5))
+    optimizer = torch.optim.SGD([*model.parameters(), stray], lr=0.1)
+    with pytest.raises(GraphampError, match=r"group 0: holds a tensor of shape \(3, 5\)"):
+        train_step(model, nn.functional.mse_loss, optimizer)
