@@ -192,7 +192,7 @@ def test_accumulation_equals_the_large_batch():
     assert count(two.accumulate_graph, "reciprocal") == 0
     assert count(two.graph, "reciprocal") == 1  # unscale once
     assert count(two.graph, "stack") == 1  # one finite check over all gradients
-    assert count(two.graph, "where") == 2 * len(two.params) + 1  # params, momentum, step
+    assert count(two.graph, "where") == len(two.params) + 1  # params, step (no momentum)
 
 
 def test_state_goes_back_to_the_model():
@@ -328,7 +328,7 @@ def test_compiled_step_matches_the_eager_step():
         nn.functional.mse_loss,
         torch.optim.SGD(compiled_model.parameters(), lr=0.05, momentum=0.9),
         dtype="float16",
-    ).compile(*data[0], backend="aot_eager")
+    ).compile(*data[0])  # inductor: the finite check must survive its folding
     for x, y in data:
         eager(x, y)
         compiled(x, y)
