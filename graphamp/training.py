@@ -162,14 +162,8 @@ def optimizer_groups(optimizer: torch.optim.Optimizer, model: nn.Module) -> list
 def _state_keys(kind: str, hyper: dict[str, Any]) -> tuple[str, ...]:
     if kind == "SGD":
         return ("momentum",) if hyper["momentum"] else ()
-    return (
-        ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
-        if hyper["amsgrad"]
-        else (
-            "exp_avg",
-            "exp_avg_sq",
-        )
-    )
+    moments = ("exp_avg", "exp_avg_sq")
+    return (*moments, "max_exp_avg_sq") if hyper["amsgrad"] else moments
 
 
 def _initial_optimizer_state(
