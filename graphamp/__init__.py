@@ -10,7 +10,7 @@ records every decision with its reason in a :class:`Plan`.
     >>> print(result.plan.summary())                                     # doctest: +SKIP
 """
 
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, SlowPrecisionWarning
 from graphamp.plan import Plan
 from graphamp.policy import Policy
 
@@ -20,6 +20,7 @@ __all__ = [
     "GraphampError",
     "Plan",
     "Policy",
+    "SlowPrecisionWarning",
     "StaticLossScaling",
     "__version__",
 ]

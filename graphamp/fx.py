@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import logging
 import operator
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, SlowPrecisionWarning
 from graphamp.graph import FLOAT_TYPES, NodeKind, OpGraph, OpNode, TensorInfo
 from graphamp.passes import run_passes
 from graphamp.plan import Plan
@@ -364,5 +365,32 @@ def convert(
             f"the policy was made for {policy.dialect!r} graphs: create it with "
             f"dialect='fx_{device}'"
         )
+    if device == "cpu" and not cpu_has_native(policy.dtype):
+        warnings.warn(
+            f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no {policy.dtype} "
+            f"matrix instructions ({_NATIVE_CHECKS[policy.dtype][1]}): PyTorch emulates "
+            f"{policy.dtype} matrix products here, tens of times slower than float32. The "
+            "results are right; for speed, run on a CPU with them or on a GPU",
+            SlowPrecisionWarning,
+            stacklevel=2,
+        )
     fx_graph, plan = analyse(model, example_inputs, policy=policy, weights=weights)
     return apply(fx_graph, plan), plan
+
+
+# oneDNN's own tests for low-precision matrix units, and the units they look for
+_NATIVE_CHECKS = {
+    "bfloat16": ("_is_mkldnn_bf16_supported", "avx512_bf16 or AMX"),
+    "float16": ("_is_mkldnn_fp16_supported", "avx512_fp16 or AMX-FP16"),
+}
+
+
+def cpu_has_native(dtype: str) -> bool:
+    """Whether this CPU multiplies ``dtype`` matrices in hardware. Unknown answers count as yes:
+    the check only decides whether to warn."""
+    if dtype not in _NATIVE_CHECKS:
+        return True
+    try:
+        return bool(getattr(torch.ops.mkldnn, _NATIVE_CHECKS[dtype][0])())
+    except (AttributeError, RuntimeError):
+        return True

@@ -179,3 +179,24 @@ def test_bad_inputs_name_the_problem():
         gfx.convert(DataDependent(), (torch.randn(3),))
     with pytest.raises(GraphampError, match=r"weights="):
         gfx.convert(model, (torch.randn(2, 64),), weights="half")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_warns_when_the_cpu_emulates_the_low_precision_type(monkeypatch, native):
+    """A CPU without bfloat16 matrix units runs the converted module tens of times slower than
+    float32: the user is told so, once, instead of finding out from a profile."""
+    import warnings
+
+    from graphamp.errors import SlowPrecisionWarning
+
+    monkeypatch.setattr(gfx, "cpu_has_native", lambda dtype: native)
+    model, inputs = build("simplenet", "small")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gfx.convert(model, inputs, dtype="bfloat16")
+    slow = [w for w in caught if issubclass(w.category, SlowPrecisionWarning)]
+    if native:
+        assert not slow
+    else:
+        assert len(slow) == 1 and "no bfloat16 matrix instructions" in str(slow[0].message)
+        assert slow[0].filename == __file__, "the warning must point at the caller"

@@ -4,13 +4,14 @@ For the seeds' SimpleNet (3 x Linear with ReLU) and the BERT-style encoder, one
 forward+backward step (loss = mean of squares of the output, in float32) is timed for:
 
 * float32 eager,
-* eager under ``torch.autocast`` (bfloat16 on the CPU, float16 on CUDA),
+* eager under ``torch.autocast`` (bfloat16, on the CPU),
 * the graphamp module (``weights="master"``), eager,
 * the graphamp module under ``torch.compile`` (inductor),
 
-with the peak resident memory of each (CPU: the kernel's high-water mark, reset before each
-configuration) and, measured in the same run, the low-precision matrix-product throughput, so
-each time can be read as a share of the matmul roofline. Parameter memory with
+timed round-robin after one warm-up each (medians of ``--runs``), with the peak resident
+memory of each (the kernel's high-water mark over its warm-up, reset before it) and, measured
+in the same run, the bfloat16 matrix-product throughput, so each time can be read as a share
+of the matmul roofline. Parameter memory with
 ``weights="low"`` against float32 closes the table.
 
 Sizes: a CPU without bfloat16 instructions (no avx512_bf16/AMX) multiplies bfloat16 matrices
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -95,7 +97,8 @@ def matmul_floor(step: Callable[[], None], runs: int) -> tuple[float, float]:
         left = args[0] if func._opname in ("mm", "bmm") else args[1]  # addmm(bias, a, b)
         inner = left.shape[-1]
         flops += 2 * float(torch.Size(out_shape).numel()) * inner
-    seconds, _ = median_time(lambda: [f(*a, **k) for f, a, k in replay], runs)
+    # The recording step warmed the kernels: no untimed replay first (a full-size one is minutes).
+    seconds, _ = median_time(lambda: [f(*a, **k) for f, a, k in replay], runs, warmup=0)
     return seconds, flops
 
 
@@ -170,20 +173,31 @@ def bench(name: str, args: argparse.Namespace, dtype: torch.dtype) -> list[dict[
 
     floor_s, floor_flops = matmul_floor(step(model, True), runs)
     roofline = floor_flops / floor_s
-    rows = []
     configs = [
         ("float32 eager", step(model)),
         ("torch.autocast eager", step(model, True)),
         ("graphamp eager", step(graphamp_module)),
         ("graphamp torch.compile", step(compiled)),
     ]
+    # Warm each configuration once (compiling it), then time them round-robin, so that a
+    # drift in the machine's speed over a long run falls on all of them alike.
+    peaks, first_calls = {}, {}
     for label, fn in configs:
         reset_peak()
         before = peak_rss_mb()
-        compile_start = time.perf_counter()
-        fn()  # warm-up (and compilation)
-        first_call = time.perf_counter() - compile_start
-        seconds, _ = median_time(fn, runs, warmup=1)
+        start = time.perf_counter()
+        fn()
+        first_calls[label] = time.perf_counter() - start
+        peaks[label] = max(0.0, peak_rss_mb() - before)
+    times: dict[str, list[float]] = {label: [] for label, _ in configs}
+    for _ in range(runs):
+        for label, fn in configs:
+            start = time.perf_counter()
+            fn()
+            times[label].append(time.perf_counter() - start)
+    rows = []
+    for label, _ in configs:
+        seconds = statistics.median(times[label])
         rows.append(
             {
                 "model": name,
@@ -191,8 +205,8 @@ def bench(name: str, args: argparse.Namespace, dtype: torch.dtype) -> list[dict[
                 "step_s": seconds,
                 "roofline": roofline,
                 "roofline_share": flops / roofline / seconds,
-                "peak_mb": max(0.0, peak_rss_mb() - before),
-                "first_call_s": first_call,
+                "peak_mb": peaks[label],
+                "first_call_s": first_calls[label],
             }
         )
     low_model, _ = gfx.convert(
