@@ -325,6 +325,8 @@ class TrainStep:
         self.accumulate_graph: fx.GraphModule | None = None
         self._micro = 0
         self.skipped_steps = torch.tensor(0, dtype=torch.int32)
+        self._rates: list[float] = []
+        self._rate_tensors: list[torch.Tensor] = []
 
     # state ------------------------------------------------------------------------------------
 
@@ -356,6 +358,11 @@ class TrainStep:
             self.model,
         )
         self.scale_state = self._initial_scale_state()
+        # All state lives where the parameters do, so no step copies between host and device.
+        self.device = next(iter(self.params.values())).device
+        self.opt_state = {k: v.to(self.device) for k, v in self.opt_state.items()}
+        self.scale_state = {k: v.to(self.device) for k, v in self.scale_state.items()}
+        self.skipped_steps = self.skipped_steps.to(self.device)
         # Gradients are carried between calls only when micro-batches accumulate.
         carried = self.trainable if self.accumulate > 1 else []
         self.grad_acc = {n: torch.zeros_like(self.params[n]) for n in carried}
@@ -449,8 +456,13 @@ class TrainStep:
                     f"optimizer hyper-parameter {', '.join(changed)} changed after the step was "
                     "captured; only lr may change (build a new train_step)"
                 )
-            rates.append(torch.tensor(float(group["lr"])))
-        return rates
+            rates.append(float(group["lr"]))
+        # A new tensor only when a scheduler changed a rate: on a GPU, making one is a copy
+        # from the host, which the step would otherwise wait for at every call.
+        if rates != self._rates:
+            self._rates = rates
+            self._rate_tensors = [torch.tensor(rate, device=self.device) for rate in rates]
+        return self._rate_tensors
 
     @staticmethod
     def _results(
