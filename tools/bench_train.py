@@ -2,6 +2,7 @@
 needs scaling), and graphamp's whole-step graph, eager and under torch.compile.
 
     python tools/bench_train.py [--runs 5]
+    python tools/bench_train.py --device cuda --width 4096 --batch 512   # the seeds' size, GPU
 
 Models: the seeds' SimpleNet (3 x Linear with ReLU) and the MNIST CNN (conv, batch norm, max
 pool, fc), SGD with momentum 0.9. On a CPU, bfloat16 (no loss scaling) and float16 with dynamic
@@ -51,13 +52,14 @@ def eager_step(
     batch: tuple[torch.Tensor, ...],
     dtype: torch.dtype | None,
     scaler: bool,
+    device: str,
 ) -> Callable[[], None]:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    grad_scaler = torch.amp.GradScaler("cpu") if scaler else None
+    grad_scaler = torch.amp.GradScaler(device) if scaler else None
 
     def run() -> None:
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+        with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = loss_fn(model(*batch[:-1]).float(), batch[-1])
         if grad_scaler is None:
             loss.backward()
@@ -79,7 +81,17 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--width", type=int, default=512, help="SimpleNet width (seeds: 4096)")
     parser.add_argument("--batch", type=int, default=64, help="SimpleNet batch; MNIST uses 1/4")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where to train; cuda also times each step to the end of its GPU work",
+    )
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here")
+    sync = torch.cuda.synchronize if args.device == "cuda" else None
+    device = torch.device(args.device)
     print(f"machine: {machine()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(
         f"sizes: SimpleNet {args.width} wide, batch {args.batch}; MNIST CNN batch "
@@ -89,14 +101,16 @@ def main() -> int:
     print("| model | configuration | steps/s | graphamp vs eager autocast |")
     print("|---|---|---|---|")
     for name, model, batch, loss_fn in models(args):
-        model.train()
+        model.to(device).train()
+        batch = tuple(t.to(device) for t in batch)
         rows = [
             (
                 "float32 eager",
                 median_time(
-                    eager_step(copy.deepcopy(model), loss_fn, batch, None, False),
+                    eager_step(copy.deepcopy(model), loss_fn, batch, None, False, args.device),
                     args.runs,
                     warmup=2,
+                    sync=sync,
                 )[0],
             )
         ]
@@ -105,9 +119,12 @@ def main() -> int:
             (torch.float16, "float16 + loss scaling", DynamicLossScaling.torch_defaults()),
         ):
             eager, _ = median_time(
-                eager_step(copy.deepcopy(model), loss_fn, batch, dtype, scaling is not None),
+                eager_step(
+                    copy.deepcopy(model), loss_fn, batch, dtype, scaling is not None, args.device
+                ),
                 args.runs,
                 warmup=2,
+                sync=sync,
             )
             rows.append(
                 (f"eager torch.autocast {label}" + (" + GradScaler" if scaling else ""), eager)
@@ -123,7 +140,9 @@ def main() -> int:
                 )
                 if compiled:
                     step.compile(*batch)
-                seconds, _ = median_time(lambda s=step, b=batch: s(*b), args.runs, warmup=2)
+                seconds, _ = median_time(
+                    lambda s=step, b=batch: s(*b), args.runs, warmup=2, sync=sync
+                )
                 rows.append(
                     (
                         f"graphamp step {label}" + (", torch.compile" if compiled else ""),

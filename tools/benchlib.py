@@ -28,18 +28,37 @@ def machine() -> str:
 
     return (
         f"{model}, {os.cpu_count()} cores, flags: {' '.join(wanted) or 'none of note'}; "
-        f"onnxruntime {onnxruntime.__version__} (CPU execution provider), no GPU"
+        f"onnxruntime {onnxruntime.__version__}; "
+        f"{gpu()}"
     )
 
 
-def median_time(fn: Callable[[], object], runs: int, warmup: int = 1) -> tuple[float, object]:
-    """(median seconds of ``runs`` calls after ``warmup`` untimed ones, the last result)."""
+def gpu() -> str:
+    """The CUDA device torch sees, or "no GPU"."""
+    try:
+        import torch
+    except ImportError:
+        return "no GPU (torch not installed)"
+    if not torch.cuda.is_available():
+        return "no GPU"
+    return f"GPU: {torch.cuda.get_device_name(0)}"
+
+
+def median_time(
+    fn: Callable[[], object], runs: int, warmup: int = 1, sync: Callable[[], object] | None = None
+) -> tuple[float, object]:
+    """(median seconds of ``runs`` calls after ``warmup`` untimed ones, the last result).
+    ``sync`` (e.g. ``torch.cuda.synchronize``) runs before each clock read, so work queued on a
+    device is counted in the call that queued it."""
+    wait = sync or (lambda: None)
     result = None
     for _ in range(warmup):
         result = fn()
     times = []
     for _ in range(runs):
+        wait()
         start = time.perf_counter()
         result = fn()
+        wait()
         times.append(time.perf_counter() - start)
     return statistics.median(times), result
