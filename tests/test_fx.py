@@ -200,3 +200,23 @@ def test_warns_when_the_cpu_emulates_the_low_precision_type(monkeypatch, native)
     else:
         assert len(slow) == 1 and "no bfloat16 matrix instructions" in str(slow[0].message)
         assert slow[0].filename == __file__, "the warning must point at the caller"
+
+
+def test_symbolic_trace_and_exported_program_are_accepted_unchanged():
+    """The three ways a user holds a model (module, symbolic_trace GraphModule, ExportedProgram)
+    give the same decisions, and none of them is modified."""
+    model, inputs = build("simplenet", "small")
+    expected = {name: d.precision for name, d in gfx.convert(model, inputs)[1].nodes.items()}
+    traced = torch.fx.symbolic_trace(model)
+    traced_code = traced.code
+    program = torch.export.export(model, inputs)
+    program_code = program.graph_module.code
+    for source, example in ((traced, inputs), (program, None)):
+        gm, plan = gfx.convert(source, example)
+        assert {name: d.precision for name, d in plan.nodes.items()} == expected
+        output = first_output(gm(*inputs))
+        assert output.dtype == torch.bfloat16
+        torch.testing.assert_close(
+            output.float(), first_output(model(*inputs)), rtol=0.05, atol=0.05
+        )
+    assert traced.code == traced_code and program.graph_module.code == program_code
