@@ -10,26 +10,19 @@ records every decision with its reason in a :class:`Plan`.
     >>> print(result.plan.summary())                                     # doctest: +SKIP
 """
 
-from graphamp.errors import GraphampError, SlowPrecisionWarning
+from graphamp.errors import GraphampError, InternalError, SlowPrecisionWarning
 from graphamp.plan import Plan
 from graphamp.policy import Policy
+from graphamp.scaling import DynamicLossScaling, StaticLossScaling
 
 __version__ = "0.1.0"
 __all__ = [
     "DynamicLossScaling",
     "GraphampError",
+    "InternalError",
     "Plan",
     "Policy",
     "SlowPrecisionWarning",
     "StaticLossScaling",
     "__version__",
 ]
-
-
-def __getattr__(name: str) -> object:
-    # The loss-scaling classes need torch; importing graphamp for ONNX work must not.
-    if name in ("DynamicLossScaling", "StaticLossScaling"):
-        from graphamp import training
-
-        return getattr(training, name)
-    raise AttributeError(f"module 'graphamp' has no attribute {name!r}")

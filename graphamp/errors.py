@@ -1,10 +1,16 @@
-"""The one error type for user mistakes: the CLI prints its message on one line and exits 2."""
+"""graphamp's error types: what the CLI turns into one line and an exit status."""
 
 from __future__ import annotations
 
 
 class GraphampError(Exception):
-    """Bad input or a bad option: the message names the file, node or option at fault."""
+    """Bad input or a bad option: the message names the file, node or option at fault
+    (exit status 2)."""
+
+
+class InternalError(Exception):
+    """graphamp produced something invalid (a broken invariant, a model the runtime refuses):
+    a bug to report, never the user's mistake (exit status 3)."""
 
 
 class SlowPrecisionWarning(UserWarning):

@@ -1,38 +1,63 @@
 """OpGraph: the one neutral dataflow view that every pass works on.
 
-A dialect (``graphamp.onnx``, later ``graphamp.fx``) reads its model into an :class:`OpGraph`;
-the passes read only this module's types and never import onnx or torch. The dialect records,
-per node, which input and output slots carry the node's *computation type* (the slots that
-change type when the node runs in low precision); everything else about the node is opaque to
-the passes.
+A dialect (ONNX, FX, .pt2, ...) reads its model into an :class:`OpGraph`; the passes read only
+this module's types and never import onnx or torch. The dialect records, per node, which input
+and output slots carry the node's *computation type* (the slots that change type when the node
+runs in low precision), from its own schema source (ONNX op schemas, aten schemas); everything
+else about the node is opaque to the passes. Nothing here is specific to one dialect.
 
-Dtypes are plain strings: ``"float32"``, ``"float16"``, ``"bfloat16"``, ``"float64"``,
-``"int64"``, ... and ``"unknown"`` where neither type inference nor the local fallback could
-tell.
+Dtypes are the names of :mod:`graphamp.dtypes` (``"float32"``, ``"bfloat16"``, ``"int64"``,
+...) and ``"unknown"`` where neither type inference nor the dialect's fallback could tell.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import networkx as nx
 import numpy as np
 
-FLOAT_TYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
-LOW_TYPES = frozenset({"float16", "bfloat16"})
-UNKNOWN = "unknown"
+from graphamp.dtypes import FLOAT_TYPES, LOW_TYPES, UNKNOWN
+
+__all__ = [
+    "FLOAT_TYPES",
+    "LOW_TYPES",
+    "UNKNOWN",
+    "NodeKind",
+    "OpGraph",
+    "OpNode",
+    "Role",
+    "TensorInfo",
+    "unique_name",
+]
 
 
 class NodeKind(enum.Enum):
     """What the dialect knows about a node, beyond its op type."""
 
     OP = "op"  # an op with a schema: its computation-type slots are known
-    CAST = "cast"  # a dtype conversion already in the model; ``attrs["to"]`` is its target
+    CAST = "cast"  # a dtype conversion already in the model; ``cast_to`` is its target
     CONSTANT = "constant"  # produces a stored value (ONNX Constant)
     CONTROL_FLOW = "control_flow"  # owns subgraphs (If/Loop/Scan); reads outer values implicitly
     OPAQUE = "opaque"  # no schema (a custom domain): kept as it is
+    # Nodes the training passes add to a training-step graph (``params`` holds their settings):
+    LOSS_SCALE = "loss_scale"  # the backward seed multiplied by the loss scale
+    UNSCALE = "unscale"  # gradients multiplied by 1 / scale
+    FINITE_CHECK = "finite_check"  # one boolean: does any gradient hold inf or NaN?
+    STEP_GUARD = "step_guard"  # an updated value, or the old one when the step is skipped
+    SCALE_UPDATE = "scale_update"  # the dynamic loss scale's next state
+    SKIP_COUNT = "skip_count"  # the number of skipped steps, plus this one if skipped
+
+
+class Role(enum.StrEnum):
+    """What a value is in a training-step graph, as the dialect marked it."""
+
+    LOSS = "loss"  # the (unscaled, float32) loss
+    GRAD_SEED = "grad_seed"  # the seed backward starts from (d loss / d loss)
+    GRADIENT = "gradient"  # a parameter's gradient, as the optimizer reads it
+    UPDATE = "update"  # a parameter or optimizer state after the update (``replaces`` the old)
 
 
 @dataclass
@@ -45,9 +70,14 @@ class TensorInfo:
     producer: str | None = None  # node name; None for graph inputs and initializers
     is_graph_input: bool = False
     is_graph_output: bool = False
+    # The caller feeds this input in its declared type (a PyTorch module's arguments): the
+    # conversion never retypes it.
+    type_fixed: bool = False
     # For stored values (initializers, Constant outputs): loads the array when a pass needs it,
     # so that reading a graph does not touch gigabytes of weights.
     load_value: Callable[[], np.ndarray] | None = None
+    role: Role | None = None  # training-step graphs only
+    replaces: str | None = None  # Role.UPDATE: the value this one is the new version of
 
     @property
     def is_constant(self) -> bool:
@@ -75,15 +105,20 @@ class OpNode:
     # Input slots whose type variable binds nothing else and admits every float type (Shape's
     # input, say): they read a tensor in whatever type it has, so they never need a cast.
     any_type_inputs: frozenset[int] = frozenset()
-    # Float types the computation type may take, from the op's schema at the model's opset.
+    # Float types the computation type may take, from the op's schema.
     allowed_types: frozenset[str] = frozenset()
+    # Which schema the slots came from, for reasons ("opset 22", "aten").
+    schema_source: str = ""
     # The dtype the computation type has in the input model ("float32" for a float32 op).
     compute_type: str | None = None
     # Values read from an enclosing scope by the node's subgraphs (control flow only).
     implicit_inputs: list[str] = field(default_factory=list)
-    attrs: dict[str, object] = field(default_factory=dict)
-    # Where the node came from, for name rules: ONNX node name; FX module path later.
+    cast_to: str | None = None  # NodeKind.CAST: the target dtype
+    flops: int | None = None  # matrix ops with known shapes: 2 x multiply-adds
+    # Where the node came from, for name rules: ONNX node name; FX module path.
     scope: str = ""
+    # Settings of a node a pass added (the loss-scaling constants of a SCALE_UPDATE, ...).
+    params: Mapping[str, float] = field(default_factory=dict)
 
 
 class OpGraph:
@@ -101,10 +136,6 @@ class OpGraph:
         self.tensors: dict[str, TensorInfo] = {}
         self.graph_inputs: list[str] = []
         self.graph_outputs: list[str] = []
-        self.opset: int = 0
-        # True where the caller feeds the inputs in their original type (a PyTorch module's
-        # arguments): the casts pass then never retypes a graph input.
-        self.inputs_fixed: bool = False
         self._consumers: dict[str, list[tuple[str, int]]] | None = None
         self._dataflow: nx.DiGraph | None = None
 
@@ -113,13 +144,44 @@ class OpGraph:
     def add_tensor(self, tensor: TensorInfo) -> None:
         self.tensors[tensor.name] = tensor
 
-    def add_node(self, node: OpNode) -> None:
+    def add_node(self, node: OpNode, *, after: str | None = None) -> None:
+        """Add ``node`` at the end, or right after node ``after`` (keeping the order
+        topological is the caller's part)."""
         if node.name in self.nodes:
             raise ValueError(f"duplicate node name {node.name!r}")
-        self.nodes[node.name] = node
+        if after is None:
+            self.nodes[node.name] = node
+        else:
+            ordered = list(self.nodes.items())
+            index = next(i for i, (name, _) in enumerate(ordered) if name == after)
+            ordered.insert(index + 1, (node.name, node))
+            self.nodes = dict(ordered)
         for out in node.outputs:
             if out and out in self.tensors:
                 self.tensors[out].producer = node.name
+        self._changed()
+
+    def add_node_after_inputs(self, node: OpNode) -> None:
+        """Add ``node`` right after the last node producing one of its inputs (first when none
+        does), so the order stays topological."""
+        producers = {self.tensors[name].producer for name in node.inputs if name in self.tensors}
+        order = list(self.nodes)
+        last = max((order.index(p) for p in producers if p is not None), default=-1)
+        ordered = list(self.nodes.items())
+        ordered.insert(last + 1, (node.name, node))
+        if node.name in self.nodes:
+            raise ValueError(f"duplicate node name {node.name!r}")
+        self.nodes = dict(ordered)
+        for out in node.outputs:
+            if out and out in self.tensors:
+                self.tensors[out].producer = node.name
+        self._changed()
+
+    def replace_input(self, node: str, slot: int, tensor: str) -> None:
+        self.nodes[node].inputs[slot] = tensor
+        self._changed()
+
+    def _changed(self) -> None:
         self._consumers = None
         self._dataflow = None
 
@@ -133,6 +195,10 @@ class OpGraph:
 
     def tensor(self, name: str) -> TensorInfo:
         return self.tensors[name]
+
+    def with_role(self, role: Role) -> list[TensorInfo]:
+        """The values marked ``role``, in the order they were added."""
+        return [tensor for tensor in self.tensors.values() if tensor.role is role]
 
     def consumers(self, tensor: str) -> list[tuple[str, int]]:
         """(node name, input slot) pairs reading ``tensor``; the k-th implicit read of a node
@@ -165,3 +231,24 @@ class OpGraph:
                         graph.add_edge(producer_name, node.name)
             self._dataflow = graph
         return self._dataflow
+
+    def first_out_of_order(self) -> tuple[str, str] | None:
+        """(node, tensor) for the first node that reads a value no earlier node produced and
+        that is no graph input or stored value; None when the order is topological."""
+        produced = {name for name, t in self.tensors.items() if t.producer is None}
+        for node in self.nodes.values():
+            for name in (*node.inputs, *node.implicit_inputs):
+                if name and name not in produced:
+                    return node.name, name
+            produced.update(out for out in node.outputs if out)
+        return None
+
+
+def unique_name(base: str, taken: set[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``, ... : the first not in ``taken`` (which it joins)."""
+    name, index = base, 1
+    while name in taken:
+        name = f"{base}_{index}"
+        index += 1
+    taken.add(name)
+    return name

@@ -19,17 +19,19 @@ A policy file looks like::
 from __future__ import annotations
 
 import fnmatch
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from graphamp.config import parse, read_table
+from graphamp.dtypes import TARGET_TYPES
 from graphamp.errors import GraphampError
+from graphamp.vocab import ListName
 
-LISTS = ("allow", "infer", "clear", "deny")
+LISTS = tuple(ListName)
 ALIASES = {"white": "allow", "gray": "infer", "grey": "infer", "black": "deny"}
-DTYPES = ("float16", "bfloat16")
+DTYPES = TARGET_TYPES
 POLICY_KEYS = frozenset({"dtype", "keep_io_types", "deny_names", "deny_tensors", *LISTS, *ALIASES})
 # Keys of the [graphamp] table that are not policy: [[graphamp.check]] entries for CI.
 OTHER_KEYS = frozenset({"check"})
@@ -44,10 +46,19 @@ def load_default_lists(dialect: str, dtype: str) -> dict[str, dict[str, str]]:
     if dtype not in DTYPES:
         raise GraphampError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     resource = resources.files("graphamp.lists").joinpath(f"{dialect}_{dtype}.toml")
-    data = tomllib.loads(resource.read_text(encoding="utf-8"))
+    data = parse(resource.read_text(encoding="utf-8"), f"{dialect}_{dtype}.toml")
     lists = {name: dict(data.get(name, {})) for name in LISTS}
     _check_disjoint({name: list(ops) for name, ops in lists.items()}, f"{dialect}_{dtype}.toml")
     return lists
+
+
+def _move(lists: dict[str, dict[str, str]], moves: Mapping[str, Iterable[str]], where: str) -> None:
+    """Move each op of ``moves`` into its list, out of every other, crediting ``where``."""
+    for list_name, ops in moves.items():
+        for op in ops:
+            for other in LISTS:
+                lists[other].pop(op, None)
+            lists[list_name][op] = f"moved to {list_name} by {where}"
 
 
 def _check_disjoint(lists: Mapping[str, Iterable[str]], where: str) -> None:
@@ -88,11 +99,15 @@ class Policy:
         deny_tensors: Iterable[str] = (),
         keep_io_types: bool | Iterable[str] = False,
         where: str = "policy",
+        later_moves: Mapping[str, Iterable[str]] | None = None,
+        later_where: str = "command line",
         **aliases: Iterable[str],
     ) -> Policy:
         """The default lists for ``dtype`` with the given ops moved into the named lists.
 
-        ``where`` names the source (a file, "command line") in error messages.
+        ``where`` names the source (a file, "command line") in error messages and in the
+        reasons of moved ops; ``later_moves`` are moves from a second source (command-line
+        flags over a file), applied after the first and credited to ``later_where``.
         """
         moves: dict[str, list[str]] = {
             "allow": list(allow),
@@ -106,11 +121,9 @@ class Policy:
             moves[_canonical_list(alias)].extend(ops)
         _check_disjoint(moves, where)
         lists = load_default_lists(dialect, dtype)
-        for list_name, ops in moves.items():
-            for op in ops:
-                for other in LISTS:
-                    lists[other].pop(op, None)
-                lists[list_name][op] = f"moved to {list_name} by {where}"
+        _move(lists, moves, where)
+        if later_moves:
+            _move(lists, later_moves, later_where)
         keep: bool | tuple[str, ...]
         if isinstance(keep_io_types, bool):
             keep = keep_io_types
@@ -128,12 +141,19 @@ class Policy:
 
     @classmethod
     def from_mapping(
-        cls, table: Mapping[str, object], *, where: str, **overrides: object
+        cls,
+        table: Mapping[str, object],
+        *,
+        where: str,
+        default_dtype: str | None = None,
+        **overrides: object,
     ) -> Policy:
-        """A policy from a ``[graphamp]`` table; ``overrides`` (command-line flags) win.
+        """A policy from a ``[graphamp]`` table; ``overrides`` (command-line flags) win, and
+        ``default_dtype`` applies when neither sets a dtype.
 
         An op a flag moves is taken out of the file's lists first, so ``--deny Softmax`` wins
         over ``infer = ["Softmax"]`` in the file; an op in two lists of one source is an error.
+        Each move's reason names the source that made it.
         """
         table = {key: value for key, value in table.items() if key not in OTHER_KEYS}
         unknown = sorted(set(table) - POLICY_KEYS)
@@ -160,34 +180,48 @@ class Policy:
         _check_disjoint(flag_moves, "command line")
         flagged = {op for ops in flag_moves.values() for op in ops}
         moves = {
-            name: [op for op in file_moves.get(name, []) if op not in flagged]
-            + flag_moves.get(name, [])
-            for name in LISTS
+            name: [op for op in file_moves.get(name, []) if op not in flagged] for name in LISTS
         }
         for key in ("deny_names", "deny_tensors"):
             if key in overrides:
                 kwargs[key] = [*kwargs.get(key, []), *overrides.pop(key)]  # type: ignore[misc]
         kwargs.update(overrides)
-        return cls.create(where=where, **moves, **kwargs)  # type: ignore[arg-type]
+        if default_dtype is not None:
+            kwargs.setdefault("dtype", default_dtype)
+        return cls.create(where=where, later_moves=flag_moves, **moves, **kwargs)  # type: ignore[arg-type]
 
     @classmethod
-    def from_toml(cls, path: str | Path, **overrides: object) -> Policy:
+    def from_toml(
+        cls, path: str | Path, *, default_dtype: str | None = None, **overrides: object
+    ) -> Policy:
         """Load the ``[graphamp]`` table of a TOML file; ``overrides`` win over the file."""
-        path = Path(path)
+        table = read_table(path)
+        return cls.from_mapping(table, where=str(path), default_dtype=default_dtype, **overrides)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, object], *, where: str) -> Policy:
+        """The policy a plan file records (``Plan.policy``): what applying that plan needs."""
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise GraphampError(f"{path}: policy file not found") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise GraphampError(f"{path}: not a valid TOML file: {exc}") from None
-        table = data.get("graphamp")
-        if not isinstance(table, dict):
-            raise GraphampError(f"{path}: no [graphamp] table")
-        return cls.from_mapping(table, where=str(path), **overrides)
+            keep = record.get("keep_io_types", False)
+            lists = {
+                name: {op: f"from {where}" for op in record["lists"][name]}  # type: ignore[index]
+                for name in LISTS
+            }
+            return cls(
+                dtype=str(record["dtype"]),
+                dialect=str(record["dialect"]),
+                lists=lists,
+                deny_names=tuple(record.get("deny_names", ())),  # type: ignore[arg-type]
+                deny_tensors=frozenset(record.get("deny_tensors", ())),  # type: ignore[arg-type]
+                keep_io_types=keep if isinstance(keep, bool) else tuple(keep),  # type: ignore[arg-type]
+                source=where,
+            )
+        except (KeyError, TypeError) as exc:
+            raise GraphampError(f"{where}: malformed policy in the plan ({exc})") from None
 
     # -- queries used by the passes -----------------------------------------------------------
 
-    def list_of(self, op: str) -> tuple[str | None, str]:
+    def list_of(self, op: str) -> tuple[ListName | None, str]:
         """The list holding ``op`` and the reason recorded for it; (None, "") if unlisted."""
         for list_name in LISTS:
             reason = self.lists.get(list_name, {}).get(op)

@@ -9,7 +9,8 @@ from collections import defaultdict
 
 from graphamp.errors import GraphampError
 from graphamp.graph import OpGraph
-from graphamp.plan import NodeDecision, Plan
+from graphamp.plan import Plan
+from graphamp.records import NodeDecision
 
 PRECISION_ORDER = ("float16", "bfloat16", "float32", "float64", "none")
 
@@ -37,9 +38,9 @@ def text_table(plan: Plan) -> str:
                 f"  {name:<{width}}  {decision.op:<{op_width}}  {decision.rule:<12} "
                 f"{decision.reason}{via}"
             )
-    if plan.edits.casts or plan.edits.output_casts:
-        lines += ["", f"casts ({len(plan.edits.casts) + len(plan.edits.output_casts)})"]
-        for cast in sorted(plan.edits.casts + plan.edits.output_casts, key=lambda c: c.output):
+    if plan.all_casts():
+        lines += ["", f"casts ({len(plan.all_casts())})"]
+        for cast in sorted(plan.all_casts(), key=lambda c: c.output):
             readers = ", ".join(cast.consumers) or cast.purpose
             lines.append(f"  {cast.tensor}: {cast.src} -> {cast.dst}  (for {readers})")
     return "\n".join(lines) + "\n"
@@ -71,16 +72,17 @@ def explain(plan: Plan, node: str, graph: OpGraph | None = None) -> str:
             if not tensor:
                 continue
             producer = graph.tensors[tensor].producer if tensor in graph.tensors else None
+            known = producer in plan.nodes
             source = (
                 f"from {producer} ({plan.nodes[producer].precision})"
+                if producer and known
+                else f"from {producer}"
                 if producer
                 else "graph input"
                 if graph.tensors[tensor].is_graph_input
                 else "stored value"
             )
-            cast = next(
-                (c for c in plan.edits.casts if c.tensor == tensor and node in c.consumers), None
-            )
+            cast = next((c for c in plan.casts if c.tensor == tensor and node in c.consumers), None)
             how = f"; cast {cast.src} -> {cast.dst}" if cast else ""
             follows = (
                 "follows the node's precision"
@@ -117,7 +119,7 @@ def html_page(plan: Plan, graph: OpGraph) -> str:
         level = depth[op_node.name]
         position[op_node.name] = (columns[level], level)
         columns[level] += 1
-    cast_edges = {(c.tensor, reader) for c in plan.edits.casts for reader in c.consumers}
+    cast_edges = {(c.tensor, reader) for c in plan.casts for reader in c.consumers}
     x_step, y_step, box_w, box_h = 190, 70, 170, 40
     width = (max(columns.values(), default=1)) * x_step + 40
     height = (max(depth.values(), default=0) + 1) * y_step + 40

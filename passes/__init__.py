@@ -1,46 +1,34 @@
-"""graphamp's analysis passes: pure functions over an OpGraph and a Policy (installed as
+"""graphamp's passes: small units over an OpGraph, each with a contract (installed as
 ``graphamp.passes``). They never import onnx or torch.
+
+Every module of this package that defines a pass registers it (:func:`base.register`); importing
+the package imports them all, so :class:`PassManager` sees every pass without a hand-written
+chain. The built-in ones:
 
 * :mod:`classify` gives each node its initial class and reason,
 * :mod:`paint` spreads precisions along the dataflow (TensorFlow's semantics),
-* :mod:`casts` turns the decisions into casts, weight conversions and cast clean-up.
+* :mod:`casts` turns the decisions into casts, weight conversions and cast clean-up,
+* :mod:`reviewed` applies a reviewed plan's decisions instead, and refuses a drifted model,
+* :mod:`loss_scale` adds loss scaling, unscaling, the finite check and the step guard to
+  training-step graphs.
 """
 
 from __future__ import annotations
 
-import logging
+import importlib
+import pkgutil
 
-from graphamp.graph import OpGraph
-from graphamp.passes.casts import plan_casts
-from graphamp.passes.classify import classify
-from graphamp.passes.paint import paint
-from graphamp.plan import Plan
-from graphamp.policy import Policy
+from graphamp.passes.base import (
+    Fact,
+    Pass,
+    PassContext,
+    PassManager,
+    PassResult,
+    register,
+    registered,
+)
 
-log = logging.getLogger(__name__)
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")
 
-
-def run_passes(graph: OpGraph, policy: Policy, *, model: str = "") -> Plan:
-    """classify -> paint -> casts: the whole analysis for one graph."""
-    decisions = paint(graph, classify(graph, policy), policy)
-    plan = Plan(dtype=policy.dtype, policy=policy.to_dict(), nodes=decisions, model=model)
-    plan.edits = plan_casts(graph, decisions, policy)
-    if log.isEnabledFor(logging.DEBUG):  # graphamp -vv: every decision, in graph order
-        for name, decision in decisions.items():
-            via = f" via {decision.via}" if decision.via else ""
-            log.debug(
-                "%s (%s): %s, %s: %s%s",
-                name,
-                decision.op,
-                decision.precision,
-                decision.rule,
-                decision.reason,
-                via,
-            )
-    for node in graph:
-        if "flops" in node.attrs:
-            decisions[node.name].flops = int(node.attrs["flops"])  # type: ignore[call-overload]
-    return plan
-
-
-__all__ = ["classify", "paint", "plan_casts", "run_passes"]
+__all__ = ["Fact", "Pass", "PassContext", "PassManager", "PassResult", "register", "registered"]

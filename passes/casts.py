@@ -27,12 +27,15 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
-import numpy as np
-
-from graphamp.graph import LOW_TYPES, NodeKind, OpGraph, OpNode
-from graphamp.passes.numerics import NUMPY_TYPES, count_flushed, overflow_threshold
-from graphamp.plan import CastRecord, Edits, NodeDecision, WeightRecord
+from graphamp.dtypes import LOW_TYPES, itemsize
+from graphamp.edits import EditScript
+from graphamp.graph import NodeKind, OpGraph, OpNode, unique_name
+from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.passes.classify import stored_float32_inputs
+from graphamp.passes.weights import WeightRanges
 from graphamp.policy import Policy
+from graphamp.records import CastRecord, NodeDecision, WeightRecord
+from graphamp.vocab import Rule
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +50,38 @@ LOSSLESS_WIDENING = frozenset(
 )
 
 
-def plan_casts(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Policy) -> Edits:
-    """The edits that realise ``decisions`` on ``graph`` (see the module docstring)."""
+@register
+class CastsPass(Pass):
+    """Turn the decisions into casts, weight conversions and cast clean-up (see the module
+    docstring)."""
+
+    name = "casts"
+    requires = frozenset({Fact.DECIDED})
+    gives = frozenset({Fact.EDITS})
+
+    def run(self, context: PassContext) -> PassResult:
+        context.script, context.kept_weights = plan_casts(
+            context.graph, context.decisions, context.policy, context.weights
+        )
+        script = context.script
+        return PassResult(
+            modified=bool(script.casts or script.output_casts or script.weights),
+            note=f"{len(script.casts) + len(script.output_casts)} casts",
+        )
+
+
+def plan_casts(
+    graph: OpGraph, decisions: dict[str, NodeDecision], policy: Policy, weights: WeightRanges
+) -> tuple[EditScript, list[WeightRecord]]:
+    """The edits that realise ``decisions`` on ``graph`` (see the module docstring), and the
+    weights kept in their type because their values would overflow the target."""
     low = policy.dtype
-    edits = Edits()
+    edits = EditScript()
     original = {name: tensor.dtype for name, tensor in graph.tensors.items()}
 
     def runs_low(node: OpNode) -> bool:
-        return decisions[node.name].precision == low and decisions[node.name].rule != "already_low"
+        decision = decisions[node.name]
+        return decision.precision == low and decision.rule is not Rule.ALREADY_LOW
 
     def required(node: OpNode, slot: int, tensor: str) -> str:
         if slot >= 0 and slot in node.follow_inputs and runs_low(node):
@@ -78,10 +105,11 @@ def plan_casts(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
         slots = [(n, s) for n, s in readers.get(tensor, []) if s not in n.any_type_inputs]
         return bool(slots) and all(required(n, s, tensor) == dtype for n, s in slots)
 
-    for name in [] if graph.inputs_fixed else graph.graph_inputs:
+    for name in graph.graph_inputs:
         tensor = graph.tensors[name]
         if (
-            tensor.dtype == "float32"
+            not tensor.type_fixed
+            and tensor.dtype == "float32"
             and not policy.keeps_io(name)
             and not tensor.is_constant
             and not tensor.is_graph_output
@@ -151,7 +179,7 @@ def plan_casts(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
 
     taken = set(graph.tensors) | set(graph.nodes)
     for (source, want), slots in cast_readers.items():
-        output = _fresh_name(f"{source}__{want}", taken)
+        output = unique_name(f"{source}__{want}", taken)
         edits.casts.append(
             CastRecord(
                 tensor=source,
@@ -164,8 +192,8 @@ def plan_casts(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
         for slot_key in slots:
             edits.rewire[slot_key] = output
 
-    _plan_weights(graph, weight_readers, readers, has, edits, taken)
-    _record_kept_weights(graph, decisions, low, edits)
+    _plan_weights(graph, weight_readers, readers, has, edits, taken, weights)
+    kept = _kept_weights(graph, decisions, weights)
     _plan_output_casts(graph, policy, has, edits, taken)
     log.info(
         "%d casts inserted, %d retargeted, %d removed, %d weights converted",
@@ -174,7 +202,7 @@ def plan_casts(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
         len(edits.remove_nodes),
         len(edits.weights),
     )
-    return edits
+    return edits, kept
 
 
 def _slots(node: OpNode) -> list[tuple[int, str]]:
@@ -203,30 +231,22 @@ def _lossless_cast_source(graph: OpGraph, tensor: str, has: dict[str, str]) -> s
     return source if (has[source], has[tensor]) in LOSSLESS_WIDENING else None
 
 
-def _fresh_name(base: str, taken: set[str]) -> str:
-    name, index = base, 1
-    while name in taken:
-        name = f"{base}_{index}"
-        index += 1
-    taken.add(name)
-    return name
-
-
 def _plan_weights(
     graph: OpGraph,
     weight_readers: dict[tuple[str, str], list[tuple[str, int]]],
     readers: dict[str, list[tuple[OpNode, int]]],
     has: dict[str, str],
-    edits: Edits,
+    edits: EditScript,
     taken: set[str],
+    weights: WeightRanges,
 ) -> None:
     """Convert stored values: in place if every reader wants ``dtype``, else as a copy."""
     for (name, want), slots in weight_readers.items():
         tensor = graph.tensors[name]
         in_place = len(slots) == len(readers.get(name, ())) and not tensor.is_graph_output
-        values = tensor.load_value()  # type: ignore[misc]
-        stored_as = name if in_place else _fresh_name(f"{name}__{want}", taken)
-        itemsize = NUMPY_TYPES[want](0).itemsize
+        stats = weights.stats(name, want)
+        elements = stats.elements
+        stored_as = name if in_place else unique_name(f"{name}__{want}", taken)
         edits.weights.append(
             WeightRecord(
                 name=name,
@@ -234,10 +254,10 @@ def _plan_weights(
                 dst=want,
                 stored_as=stored_as,
                 in_place=in_place,
-                elements=int(values.size),
-                bytes_before=int(values.nbytes),
-                bytes_after=int(values.size * itemsize),
-                flushed_to_zero=count_flushed(values, want),
+                elements=elements,
+                bytes_before=elements * itemsize(has[name]),
+                bytes_after=elements * itemsize(want),
+                flushed_to_zero=stats.flushed,
                 consumers=sorted({n for n, _ in slots}),
             )
         )
@@ -248,50 +268,48 @@ def _plan_weights(
                 edits.rewire[slot_key] = stored_as
 
 
-def _record_kept_weights(
-    graph: OpGraph, decisions: dict[str, NodeDecision], low: str, edits: Edits
-) -> None:
-    """List the stored weights whose values overflow ``low``: classify kept their readers
+def _kept_weights(
+    graph: OpGraph, decisions: dict[str, NodeDecision], weights: WeightRanges
+) -> list[WeightRecord]:
+    """The stored weights whose values overflow the target: classify kept their readers
     float32 (rule ``weight_range``), and the plan says which weight and how many values."""
-    limit = overflow_threshold(low)
     readers: dict[str, list[str]] = defaultdict(list)
     for node in graph:
-        if decisions[node.name].rule != "weight_range":
-            continue
-        for slot in sorted(node.follow_inputs):
-            tensor = graph.tensors.get(node.inputs[slot]) if slot < len(node.inputs) else None
-            if tensor is not None and tensor.is_constant and tensor.dtype == "float32":
-                readers[tensor.name].append(node.name)
+        if decisions[node.name].rule is Rule.WEIGHT_RANGE:
+            for name in stored_float32_inputs(node, weights):
+                readers[name].append(node.name)
+    kept = []
     for name, nodes in sorted(readers.items()):
-        values = graph.tensors[name].load_value()  # type: ignore[misc]
-        beyond = int(np.count_nonzero(np.isfinite(values) & (np.abs(values) >= limit)))
-        if beyond:
-            edits.kept_weights.append(
+        stats = weights.stats(name)
+        if stats.beyond:
+            elements = stats.elements
+            kept.append(
                 WeightRecord(
                     name=name,
                     src="float32",
                     dst="float32",
                     stored_as=name,
                     in_place=True,
-                    elements=int(values.size),
-                    bytes_before=int(values.nbytes),
-                    bytes_after=int(values.nbytes),
+                    elements=elements,
+                    bytes_before=elements * 4,
+                    bytes_after=elements * 4,
                     flushed_to_zero=0,
                     consumers=sorted(nodes),
-                    out_of_range=beyond,
+                    out_of_range=stats.beyond,
                 )
             )
+    return kept
 
 
 def _plan_output_casts(
-    graph: OpGraph, policy: Policy, has: dict[str, str], edits: Edits, taken: set[str]
+    graph: OpGraph, policy: Policy, has: dict[str, str], edits: EditScript, taken: set[str]
 ) -> None:
     """Kept graph outputs computed in low precision get a Cast back under their own name."""
     for name in graph.graph_outputs:
         original = graph.tensors[name].dtype
         if has[name] == original or not policy.keeps_io(name) or has[name] not in LOW_TYPES:
             continue
-        renamed = _fresh_name(f"{name}__{has[name]}", taken)
+        renamed = unique_name(f"{name}__{has[name]}", taken)
         edits.output_casts.append(
             CastRecord(
                 tensor=renamed,

@@ -17,129 +17,139 @@ Rules, in the order they are tried (the first that applies decides):
    ``weight_range``) without spreading deny: weights are never silently clamped.
 
 The result maps every node to a :class:`NodeDecision`; for allow/infer/clear the precision is
-provisional until :func:`graphamp.passes.paint.paint` runs.
+provisional until :class:`~graphamp.passes.paint.PaintPass` runs.
 """
 
 from __future__ import annotations
 
 import logging
 
-import numpy as np
-
-from graphamp.graph import LOW_TYPES, UNKNOWN, NodeKind, OpGraph, OpNode
-from graphamp.passes.numerics import overflow_threshold
-from graphamp.plan import NodeDecision
+from graphamp.dtypes import LOW_TYPES, UNKNOWN
+from graphamp.graph import NodeKind, OpNode
+from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.passes.weights import WeightRanges
 from graphamp.policy import Policy
+from graphamp.records import NodeDecision
+from graphamp.vocab import ListName, Precision, Rule
 
 log = logging.getLogger(__name__)
 
+# Node kinds a dialect reads from a model that classify leaves as they are.
+_KEPT_KINDS = {
+    NodeKind.CONTROL_FLOW: (
+        Rule.CONTROL_FLOW,
+        "{op} owns subgraphs: kept float32, bodies left as they are",
+    ),
+    NodeKind.OPAQUE: (Rule.OPAQUE, "no schema for {domain}::{op}: kept as it is"),
+}
 
-def classify(graph: OpGraph, policy: Policy) -> dict[str, NodeDecision]:
-    """Initial class of every node of ``graph`` under ``policy``."""
-    absmax_cache: dict[str, float] = {}
-    decisions: dict[str, NodeDecision] = {}
-    for node in graph:
-        decisions[node.name] = _classify_node(graph, node, policy, absmax_cache)
-    log.debug("classified %d nodes", len(decisions))
-    return decisions
+
+@register
+class ClassifyPass(Pass):
+    """Give every node its initial class (see the module docstring)."""
+
+    name = "classify"
+    gives = frozenset({Fact.CLASSIFIED})
+
+    def run(self, context: PassContext) -> PassResult:
+        context.decisions = {
+            node.name: classify_node(node, context.policy, context.weights)
+            for node in context.graph
+        }
+        log.debug("classified %d nodes", len(context.decisions))
+        return PassResult(modified=False)
 
 
-def _classify_node(
-    graph: OpGraph, node: OpNode, policy: Policy, absmax_cache: dict[str, float]
-) -> NodeDecision:
+def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDecision:
+    """The initial class of one node under ``policy``."""
     low = policy.dtype
 
-    def decide(precision: str, rule: str, reason: str) -> NodeDecision:
-        return NodeDecision(op=node.op, precision=precision, rule=rule, reason=reason)
+    def decide(precision: str, rule: Rule, reason: str) -> NodeDecision:
+        return NodeDecision(op=node.op, precision=Precision(precision), rule=rule, reason=reason)
 
     if node.kind is NodeKind.CAST:
-        return decide("none", "cast", f"Cast to {node.attrs.get('to')} already in the model")
+        return decide(Precision.NONE, Rule.CAST, f"Cast to {node.cast_to} already in the model")
     if node.kind is NodeKind.CONSTANT:
-        return decide("none", "no_float", "stored value: converted by the casts pass if needed")
-    if node.kind is NodeKind.CONTROL_FLOW:
         return decide(
-            "float32",
-            "control_flow",
-            f"{node.op} owns subgraphs: kept float32, bodies left as they are",
+            Precision.NONE, Rule.NO_FLOAT, "stored value: converted by the casts pass if needed"
         )
-    if node.kind is NodeKind.OPAQUE:
-        return decide(
-            "float32",
-            "opaque",
-            f"no schema for {node.domain or 'ai.onnx'}::{node.op}: kept as it is",
-        )
+    if node.kind in _KEPT_KINDS:
+        rule, template = _KEPT_KINDS[node.kind]
+        reason = template.format(op=node.op, domain=node.domain or "ai.onnx")
+        return decide(Precision.FLOAT32, rule, reason)
     if not node.follow_inputs and not node.follow_outputs:
-        return decide("none", "no_float", "computes on no float type")
+        return decide(Precision.NONE, Rule.NO_FLOAT, "computes on no float type")
     compute = node.compute_type or UNKNOWN
     if compute == UNKNOWN:
         return decide(
-            "float32",
-            "type_unknown",
+            Precision.FLOAT32,
+            Rule.TYPE_UNKNOWN,
             "type of its inputs unknown after type inference: kept float32",
         )
     if compute in LOW_TYPES:
-        return decide(compute, "already_low", f"already computes in {compute} in the input model")
+        return decide(
+            compute, Rule.ALREADY_LOW, f"already computes in {compute} in the input model"
+        )
     if compute != "float32":
-        return decide(compute, compute, f"computes in {compute}: left as it is")
+        return decide(compute, Rule(compute), f"computes in {compute}: left as it is")
 
     pattern = policy.denied_name(node.name, node.scope)
     if pattern is not None:
-        return decide("float32", "deny_name", f"deny_names rule {pattern!r}")
+        return decide(Precision.FLOAT32, Rule.DENY_NAME, f"deny_names rule {pattern!r}")
     for tensor in (*node.inputs, *node.outputs):
         if tensor and tensor in policy.deny_tensors:
             return decide(
-                "float32", "deny_tensor", f"deny_tensors rule: reads or writes {tensor!r}"
+                Precision.FLOAT32,
+                Rule.DENY_TENSOR,
+                f"deny_tensors rule: reads or writes {tensor!r}",
             )
 
     list_name, list_reason = policy.list_of(node.op)
     if list_name is None:
-        return decide("float32", "unlisted", f"{node.op} is in no list: unlisted ops stay float32")
-    if list_name == "deny":
-        return decide("float32", "deny", f"deny list: {list_reason}")
+        return decide(
+            Precision.FLOAT32, Rule.UNLISTED, f"{node.op} is in no list: unlisted ops stay float32"
+        )
+    if list_name is ListName.DENY:
+        return decide(Precision.FLOAT32, Rule.DENY, f"deny list: {list_reason}")
     if low not in node.allowed_types:
         return decide(
-            "float32",
-            "schema",
-            f"{node.op} at opset {graph.opset} does not admit {low}: kept float32",
+            Precision.FLOAT32,
+            Rule.SCHEMA,
+            f"{node.op} at {node.schema_source} does not admit {low}: kept float32",
         )
-    too_large = _overflowing_weight(graph, node, low, absmax_cache)
+    too_large = _overflowing_weight(node, weights)
     if too_large is not None:
         name, value = too_large
         return decide(
-            "float32",
-            "weight_range",
+            Precision.FLOAT32,
+            Rule.WEIGHT_RANGE,
             f"weight {name!r} holds |x| up to {value:.6g}, beyond {low}'s range:"
             " kept float32 instead of clamping",
         )
-    precision = low if list_name == "allow" else "float32"
-    return decide(precision, list_name, f"{list_name} list: {list_reason}")
+    precision = low if list_name is ListName.ALLOW else Precision.FLOAT32
+    return decide(precision, Rule(list_name), f"{list_name} list: {list_reason}")
 
 
-def _overflowing_weight(
-    graph: OpGraph, node: OpNode, low: str, absmax_cache: dict[str, float]
-) -> tuple[str, float] | None:
-    """The first stored float32 computation-type input whose values overflow ``low``."""
-    limit = overflow_threshold(low)
+def stored_float32_inputs(node: OpNode, weights: WeightRanges) -> list[str]:
+    """Names of the stored float32 values (not overridable graph inputs) that ``node`` reads
+    through its computation-type slots, in slot order."""
+    tensors = weights.graph.tensors
+    names = []
     for slot in sorted(node.follow_inputs):
         name = node.inputs[slot] if slot < len(node.inputs) else ""
-        tensor = graph.tensors.get(name)
+        tensor = tensors.get(name)
         if tensor is None or not tensor.is_constant or tensor.dtype != "float32":
             continue
         if tensor.is_graph_input:  # an overridable initializer: its values are not known
             continue
-        if name not in absmax_cache:
-            absmax_cache[name] = _finite_absmax(tensor.load_value())  # type: ignore[misc]
-        if absmax_cache[name] >= limit:
-            return name, absmax_cache[name]
+        names.append(name)
+    return names
+
+
+def _overflowing_weight(node: OpNode, weights: WeightRanges) -> tuple[str, float] | None:
+    """The first stored float32 computation-type input whose values overflow the target."""
+    for name in stored_float32_inputs(node, weights):
+        stats = weights.stats(name)
+        if stats.overflows:
+            return name, stats.absmax
     return None
-
-
-def _finite_absmax(values: np.ndarray) -> float:
-    if values.size == 0:
-        return 0.0
-    largest = max(float(values.max()), -float(values.min()))  # no |values| temporary
-    if np.isfinite(largest):
-        return largest
-    magnitudes = np.abs(values)
-    finite = magnitudes[np.isfinite(magnitudes)]
-    return float(finite.max()) if finite.size else 0.0

@@ -11,17 +11,12 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-NUMPY_TYPES: dict[str, type] = {
-    "float32": np.float32,
-    "float16": np.float16,
-    "bfloat16": ml_dtypes.bfloat16,
-    "float64": np.float64,
-}
+from graphamp.dtypes import numpy_type
 
 
 def overflow_threshold(dtype: str) -> float:
     """The smallest magnitude that rounds to infinity in ``dtype`` (float16: 65520)."""
-    info = ml_dtypes.finfo(NUMPY_TYPES[dtype])
+    info = ml_dtypes.finfo(numpy_type(dtype))
     # Round-to-nearest sends values at or above max + half an ulp of max to infinity; the ulp
     # at max is 2**(maxexp - 1 - nmant).
     return float(info.max) + 2.0 ** (info.maxexp - 2 - info.nmant)
@@ -30,7 +25,7 @@ def overflow_threshold(dtype: str) -> float:
 def flush_threshold(dtype: str) -> float:
     """Magnitudes at or below this round to zero in ``dtype``: half the smallest subnormal
     (the tie goes to the even neighbour, zero)."""
-    return float(ml_dtypes.finfo(NUMPY_TYPES[dtype]).smallest_subnormal) / 2
+    return float(ml_dtypes.finfo(numpy_type(dtype)).smallest_subnormal) / 2
 
 
 def count_flushed(values: np.ndarray, dtype: str) -> int:
@@ -49,7 +44,7 @@ class Converted:
 
 def convert_values(values: np.ndarray, dtype: str) -> Converted:
     """``values`` rounded to ``dtype``, with the counts a plan reports."""
-    converted = values.astype(NUMPY_TYPES[dtype])
+    converted = values.astype(numpy_type(dtype))
     if values.size == 0:
         return Converted(converted, 0, 0)
     # Rounding keeps zeros zero and infinities infinite, so the differences of the counts are

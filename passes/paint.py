@@ -27,33 +27,45 @@ from collections.abc import Callable, Iterable
 import networkx as nx
 
 from graphamp.graph import OpGraph
-from graphamp.plan import NodeDecision
-from graphamp.policy import Policy
+from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.records import NodeDecision
+from graphamp.vocab import DENY_SEEDS, Precision, Rule
 
 log = logging.getLogger(__name__)
 
-PAINTABLE = ("allow", "infer", "clear")
-DENY_SEEDS = ("deny", "deny_name", "deny_tensor")
+_FOLLOWERS = (Rule.INFER, Rule.CLEAR)
 
 
-def paint(
-    graph: OpGraph, classes: dict[str, NodeDecision], policy: Policy
-) -> dict[str, NodeDecision]:
-    """Final precision of every node; ``classes`` comes from :func:`classify`."""
-    low = policy.dtype
+@register
+class PaintPass(Pass):
+    """Spread precisions along the dataflow (see the module docstring)."""
+
+    name = "paint"
+    requires = frozenset({Fact.CLASSIFIED})
+    gives = frozenset({Fact.DECIDED})
+
+    def run(self, context: PassContext) -> PassResult:
+        context.decisions = paint(context.graph, context.decisions, context.policy.dtype)
+        return PassResult(modified=False)
+
+
+def paint(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[str, NodeDecision]:
+    """Final precision of every node; ``classes`` comes from the classify pass."""
     flow = graph.dataflow
     order = list(graph.nodes)  # topological, the dialect's order: keeps the walks deterministic
     rule = {name: decision.rule for name, decision in classes.items()}
     decisions = dict(classes)
 
-    allow = {name for name in order if rule[name] == "allow"}
+    allow = {name for name in order if rule[name] is Rule.ALLOW}
     if not allow:
         log.info("no allow-list ops: nothing runs in %s", low)
 
     # 2. Deny forward, only along paths that end at a deny or infer node.
     upstream_of_deny_or_infer: set[str] = set()
-    roots = [n for n in order if rule[n] in DENY_SEEDS or rule[n] == "infer"]
-    _walk(flow.predecessors, roots, upstream_of_deny_or_infer, enter=lambda n: rule[n] == "clear")
+    roots = [n for n in order if rule[n] in DENY_SEEDS or rule[n] is Rule.INFER]
+    _walk(
+        flow.predecessors, roots, upstream_of_deny_or_infer, enter=lambda n: rule[n] is Rule.CLEAR
+    )
     denied: dict[str, str] = {}
     for seed in (n for n in order if rule[n] in DENY_SEEDS):
         reached: set[str] = set()
@@ -62,7 +74,7 @@ def paint(
             [seed],
             reached,
             enter=lambda n: (
-                n in upstream_of_deny_or_infer and n not in denied and rule[n] in ("infer", "clear")
+                n in upstream_of_deny_or_infer and n not in denied and rule[n] in _FOLLOWERS
             ),
         )
         for name in reached - {seed}:
@@ -70,8 +82,8 @@ def paint(
     for name, seed in denied.items():
         decisions[name] = NodeDecision(
             op=classes[name].op,
-            precision="float32",
-            rule="deny_spread",
+            precision=Precision.FLOAT32,
+            rule=Rule.DENY_SPREAD,
             reason=f"{classes[name].rule} list op downstream of deny op {seed!r} on a path to a"
             " deny or infer op",
             via=seed,
@@ -79,7 +91,7 @@ def paint(
 
     # 3. Clear and infer nodes between allow nodes.
     def can_join(name: str) -> bool:
-        return rule[name] in ("infer", "clear") and name not in denied
+        return rule[name] in _FOLLOWERS and name not in denied
 
     downstream_of_allow: set[str] = set()
     for root in (n for n in order if n in allow):
@@ -106,7 +118,7 @@ def paint(
     for name, root in source.items():
         decisions[name] = NodeDecision(
             op=classes[name].op,
-            precision=low,
+            precision=Precision(low),
             rule=rule[name],
             reason=f"{rule[name]} list op between low-precision ops",
             via=root,
@@ -119,28 +131,28 @@ def paint(
             _neighbours(flow),
             [root],
             set(),
-            enter=lambda n: rule[n] == "clear" and n not in low_set and n not in denied,
+            enter=lambda n: rule[n] is Rule.CLEAR and n not in low_set and n not in denied,
         )
         for name in sorted(reached - {root}, key=position.__getitem__):
             low_set.add(name)
             decisions[name] = NodeDecision(
                 op=classes[name].op,
-                precision=low,
-                rule="clear",
+                precision=Precision(low),
+                rule=Rule.CLEAR,
                 reason="clear list op joined to a low-precision neighbour",
                 via=root,
             )
 
     for name in order:
         decision = decisions[name]
-        if decision.rule in ("infer", "clear") and decision.precision != low:
+        if decision.rule in _FOLLOWERS and decision.precision != low:
             decisions[name] = NodeDecision(
                 op=decision.op,
-                precision="float32",
+                precision=Precision.FLOAT32,
                 rule=decision.rule,
                 reason=(
                     "infer list op not between low-precision ops"
-                    if decision.rule == "infer"
+                    if decision.rule is Rule.INFER
                     else "clear list op with no low-precision neighbour"
                 ),
             )

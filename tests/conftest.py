@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Every pass manager in the tests checks the rules every pass keeps, between passes.
+os.environ["GRAPHAMP_CHECK_INVARIANTS"] = "1"
 
 ZOO_NAMES = ("simplenet", "mnist", "resnet", "bert", "gpt")
 

@@ -31,13 +31,13 @@ def test_one_cast_per_tensor_shared_by_all_consumers():
     out, plan = convert(proto, keep_io_types=["x"])
     input_casts = [c for c in casts_in(out) if c.input[0] == "x"]
     assert len(input_casts) == 1
-    assert sorted(plan.edits.casts[0].consumers) == ["mm0", "mm1", "mm2"]
+    assert sorted(plan.casts[0].consumers) == ["mm0", "mm1", "mm2"]
     assert_valid(out)
 
 
 def test_boundary_cast_inserted_once_between_low_and_float32():
     out, plan = convert(chain(["MatMul", "Exp", "Log"]))
-    assert [c.dst for c in plan.edits.casts] == ["float32"]
+    assert [c.dst for c in plan.casts] == ["float32"]
     assert len(casts_in(out)) == 1
     assert_valid(out)
     assert_no_redundant_casts(out)
@@ -49,7 +49,7 @@ def test_weights_are_converted_in_place_not_cast():
     assert not casts_in(out)  # x is retyped (keep_io_types off), weights stored as float16
     types = {i.name: i.data_type for i in out.graph.initializer}
     assert types == {"w0": TensorProto.FLOAT16, "w2": TensorProto.FLOAT16}
-    assert all(w.in_place for w in plan.edits.weights)
+    assert all(w.in_place for w in plan.weights)
     assert plan.summary()["weight_bytes_saved"] == 2 * 16 * 2
 
 
@@ -78,7 +78,7 @@ def test_overflowing_weight_is_never_clamped():
     assert "100000" in plan.nodes["matmul0"].reason
     stored = {i.name: i.data_type for i in out.graph.initializer}
     assert stored["w0"] == TensorProto.FLOAT
-    (kept,) = plan.edits.kept_weights
+    (kept,) = plan.kept_weights
     assert (kept.name, kept.src, kept.dst, kept.out_of_range) == ("w0", "float32", "float32", 16)
     assert kept.consumers == ["matmul0"]
     assert plan.summary()["weights_kept_out_of_range"] == 1
@@ -93,7 +93,7 @@ def test_flushed_values_are_counted():
     proto = chain(["MatMul", "Relu"])
     proto.graph.initializer[0].CopyFrom(numpy_helper.from_array(values, "w0"))
     _, plan = convert(proto)
-    assert plan.edits.weights[0].flushed_to_zero == 3
+    assert plan.weights[0].flushed_to_zero == 3
     assert plan.summary()["values_flushed_to_zero"] == 3
 
 
@@ -107,7 +107,7 @@ def test_existing_cast_to_float32_is_retargeted():
         nodes, inputs=("mask",), initializers=[weight("w")], input_types={"mask": TensorProto.BOOL}
     )
     out, plan = convert(proto)
-    assert plan.edits.retarget_casts == {"cast": "float16"}
+    assert plan.casts_retargeted == {"cast": "float16"}
     (cast,) = casts_in(out)
     assert cast.attribute[0].i == TensorProto.FLOAT16
     assert_valid(out)
@@ -120,7 +120,7 @@ def test_existing_cast_to_the_same_type_is_removed():
         helper.make_node("Exp", ["c"], ["y"], name="exp"),
     ]
     out, plan = convert(model(nodes))
-    assert plan.edits.remove_nodes == ["noop"]
+    assert plan.casts_removed == ["noop"]
     assert not casts_in(out)
     assert_valid(out)
 
@@ -134,7 +134,7 @@ def test_no_cast_of_a_widening_cast():
     proto = model(nodes, initializers=[weight("w")], input_types={"x": TensorProto.FLOAT16})
     out, plan = convert(proto)
     # Retargeted to float16, the Cast would turn float16 into float16: it is removed.
-    assert plan.edits.remove_nodes == ["widen"]
+    assert plan.casts_removed == ["widen"]
     assert not casts_in(out)
     mm = next(n for n in out.graph.node if n.name == "mm")
     assert mm.input[0] == "x"
@@ -195,7 +195,7 @@ def test_widening_cast_kept_for_float32_readers_while_low_readers_skip_it():
         input_types={"x": TensorProto.FLOAT16},
     )
     out, plan = convert(proto)
-    assert not plan.edits.casts  # the MatMul reads x itself: no Cast back to float16
+    assert not plan.casts  # the MatMul reads x itself: no Cast back to float16
     mm = next(n for n in out.graph.node if n.name == "mm")
     assert mm.input[0] == "x"
     assert [c.name for c in casts_in(out)] == ["widen"]
@@ -212,6 +212,6 @@ def test_ops_that_accept_any_type_get_no_cast():
         helper.make_node("Reshape", ["m", "s"], ["y"], name="reshape"),
     ]
     out, plan = convert(model(nodes, initializers=[weight("w")]))
-    assert not plan.edits.casts
+    assert not plan.casts
     assert not casts_in(out)
     assert_valid(out)

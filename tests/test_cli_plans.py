@@ -32,7 +32,7 @@ def test_plan_json_to_file_equals_the_api(bert, tmp_path):
 
     target = tmp_path / "plan.json"
     assert main(["plan", bert, "--format", "json", "-o", str(target)]) == 0
-    _, plan, _ = gonnx.analyse(bert)
+    plan = gonnx.analyse(bert).plan
     assert target.read_text() == plan.to_json()
 
 

@@ -48,7 +48,7 @@ def test_if_body_reading_a_converted_outer_value_stays_valid():
     assert plan.nodes["if"].rule == "control_flow"
     assert plan.nodes["mm"].precision == "float16"
     # The body now reads a float32 cast of m, not the float16 m.
-    cast = next(c for c in plan.edits.casts if c.tensor == "m")
+    cast = next(c for c in plan.casts if c.tensor == "m")
     assert cast.dst == "float32" and cast.consumers == ["if"]
     if_node = next(n for n in out.graph.node if n.op_type == "If")
     then_branch = next(a.g for a in if_node.attribute if a.name == "then_branch")

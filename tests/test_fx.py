@@ -102,8 +102,8 @@ def test_each_parameter_is_cast_once_per_call():
     casts = [n for n in gm.graph.nodes if n.target is torch.ops.aten._to_copy.default]
     sources = [n.args[0].name for n in casts]
     assert len(sources) == len(set(sources)), "a value was cast twice"
-    assert len(sources) == len(plan.edits.casts)  # every planned cast, and only those, is there
-    assert "layers.0.attention.query.weight" in {c.tensor for c in plan.edits.casts}
+    assert len(sources) == len(plan.casts)  # every planned cast, and only those, is there
+    assert "layers.0.attention.query.weight" in {c.tensor for c in plan.casts}
 
 
 def test_low_weights_halve_parameter_memory():
@@ -113,7 +113,7 @@ def test_low_weights_halve_parameter_memory():
     after = sum(p.numel() * p.element_size() for p in gm.parameters())
     assert after == before // 2
     assert all(p.dtype == torch.float32 for p in model.parameters()), "the input was changed"
-    assert not any(c.tensor.endswith("weight") for c in plan.edits.casts)
+    assert not any(c.tensor.endswith("weight") for c in plan.casts)
 
 
 def test_name_rules_match_module_paths():
@@ -151,7 +151,7 @@ def test_deterministic_and_idempotent():
     assert plan_a.to_json() == plan_b.to_json()
     assert gm_a.code == gm_b.code
     _, again = gfx.convert(gm_a, inputs)
-    assert again.summary()["casts_inserted"] == 0 and not again.edits.weights
+    assert again.summary()["casts_inserted"] == 0 and not again.weights
 
 
 def test_runs_under_torch_compile_with_autograd():
@@ -189,7 +189,7 @@ def test_warns_when_the_cpu_emulates_the_low_precision_type(monkeypatch, native)
 
     from graphamp.errors import SlowPrecisionWarning
 
-    monkeypatch.setattr(gfx, "cpu_has_native", lambda dtype: native)
+    monkeypatch.setattr(gfx.conversion, "cpu_has_native", lambda dtype: native)
     model, inputs = build("simplenet", "small")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

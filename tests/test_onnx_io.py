@@ -56,7 +56,7 @@ def test_custom_domain_op_is_kept_as_it_is_with_casts_around_it():
     assert plan.nodes["mm"].precision == plan.nodes["mm2"].precision == "float16"
     # The custom op reads the float32 it always read; its untyped output is cast for mm2:
     # the missing type did not make the pass skip that cast.
-    by_tensor = {(c.tensor, c.dst) for c in plan.edits.casts}
+    by_tensor = {(c.tensor, c.dst) for c in plan.casts}
     assert by_tensor == {("m", "float32"), ("f", "float16")}
     custom = next(n for n in out.graph.node if n.name == "custom")
     assert custom.input[0] == "m__float32"
@@ -69,5 +69,5 @@ def test_graph_input_retyped_only_when_every_reader_wants_low():
     ]
     out, plan = convert(model(nodes, outputs=("m", "e"), initializers=[weight("w")]))
     assert out.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
-    assert [(c.tensor, c.dst) for c in plan.edits.casts] == [("x", "float16")]
+    assert [(c.tensor, c.dst) for c in plan.casts] == [("x", "float16")]
     assert_valid(out)

@@ -8,8 +8,8 @@ import zipfile
 import pytest
 import torch
 
-from graphamp import pt2
 from graphamp.cli import main
+from graphamp.fx import pt2
 from graphamp.models import build
 from tests.test_cli import assert_user_error, run_cli
 

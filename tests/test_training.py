@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from graphamp.errors import GraphampError
-from graphamp.training import DynamicLossScaling, StaticLossScaling, train_step
+from graphamp.fx import DynamicLossScaling, StaticLossScaling, train_step
 
 
 def paddle_state(scale: float, good: int, bad: int) -> dict[str, torch.Tensor]:
@@ -359,18 +359,14 @@ OPTIMIZER_CASES = {
 def test_optimizer_formulas_equal_torch_optim(case):
     """The graph's update is torch.optim's arithmetic: same gradients in, same parameters
     out (float32, to rounding), over steps where amsgrad's maximum and momentum matter."""
-    from graphamp.training import (
-        _initial_optimizer_state,
-        _optimizer_update,
-        optimizer_groups,
-    )
+    from graphamp.fx.optim import initial_state, optimizer_groups, update
 
     model = small_net()
     optimizer = OPTIMIZER_CASES[case](model.parameters())
     groups = optimizer_groups(optimizer, model)
     kind = type(optimizer).__name__
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    state = _initial_optimizer_state(kind, groups, params)
+    state = initial_state(kind, groups, params)
     lrs = [torch.tensor(float(g["lr"])) for g in optimizer.param_groups]
     generator = torch.Generator().manual_seed(3)
     for step in range(4):
@@ -380,7 +376,7 @@ def test_optimizer_formulas_equal_torch_optim(case):
         for name, param in model.named_parameters():
             param.grad = grads[name].clone()
         optimizer.step()
-        params, state = _optimizer_update(kind, groups, lrs, params, grads, state)
+        params, state = update(kind, groups, lrs, params, grads, state)
     for name, param in model.named_parameters():
         torch.testing.assert_close(params[name], param.detach(), rtol=1e-5, atol=1e-6)
 

@@ -8,7 +8,6 @@ import pytest
 
 import graphamp.onnx as gonnx
 from graphamp import verify
-from graphamp.plan import MATRIX_OPS
 from tests.conftest import ZOO_NAMES
 from tests.helpers import assert_no_redundant_casts, assert_valid
 
@@ -24,7 +23,7 @@ def test_zoo_model_converts_validly_and_accurately(zoo_model, name, dtype):
     assert_valid(out)
     assert_no_redundant_casts(out)
 
-    matrix = {n: d for n, d in result.plan.nodes.items() if d.op in MATRIX_OPS}
+    matrix = {n: result.plan.nodes[n] for n in result.plan.matrix_nodes()}
     assert matrix, "the zoo model has matrix ops"
     assert all(d.precision == dtype for d in matrix.values()), {
         n: d.reason for n, d in matrix.items() if d.precision != dtype

@@ -73,7 +73,7 @@ def eager_step(
 
 
 def main() -> int:
-    from graphamp.training import DynamicLossScaling, train_step
+    from graphamp.fx import DynamicLossScaling, train_step
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -5,6 +5,9 @@ sample inputs, and on failure it retries with ``weights_only=False``). graphamp 
 archive itself: the program from ``models/<name>.json``, each weight and constant from its raw
 bytes and the JSON description beside them, and refuses any payload stored as a pickle. The
 deserializer receives ready tensors, so nothing in the file is ever unpickled.
+
+:class:`Pt2Dialect` converts such a program with the FX dialect and writes a ``.pt2`` program
+again, exported on inputs of the traced shapes.
 """
 
 from __future__ import annotations
@@ -15,9 +18,17 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from torch import fx
 
+from graphamp.dialects.base import ReadGraph
+from graphamp.edits import EditScript
 from graphamp.errors import GraphampError
+from graphamp.fx.capture import capture
+from graphamp.fx.dialect import FxDialect, embedding_bounds, input_spec, run_module
+from graphamp.inputs import InputSpec, random_inputs
+from graphamp.io import write_atomic_with
 
 
 def load(path: str | os.PathLike[str]) -> torch.export.ExportedProgram:
@@ -96,46 +107,79 @@ def _tensor(raw: bytes, meta: dict[str, Any], serde: Any, schema: Any) -> torch.
     return flat.as_strided(sizes, strides, offset).clone()
 
 
-def example_inputs(program: torch.export.ExportedProgram, seed: int = 0) -> tuple[Any, ...]:
-    """Random inputs of the shapes and dtypes the program's user inputs were traced with
-    (never zeros), to export the converted module again."""
-    generator = torch.Generator().manual_seed(seed)
-    user_inputs = [
+def user_inputs(program: torch.export.ExportedProgram) -> list[str]:
+    """The names of the program's user inputs, in call order."""
+    return [
         spec.arg.name
         for spec in program.graph_signature.input_specs
         if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT
     ]
+
+
+def input_specs(program: torch.export.ExportedProgram) -> list[InputSpec]:
+    """The user inputs with the shapes and types the program was traced with; integer inputs
+    that index an embedding table stay inside it."""
     placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
-    # Integer inputs that index an embedding table stay inside it (token ids, token types).
-    bounds: dict[str, int] = {}
-    for node in program.graph.nodes:
-        if node.op == "call_function" and getattr(node.target, "_opname", "") == "embedding":
-            table, indices = node.args[0], node.args[1]
-            rows = int(table.meta["val"].shape[0])  # type: ignore[union-attr]
-            bounds[indices.name] = min(rows, bounds.get(indices.name, rows))  # type: ignore[union-attr]
-    inputs = []
-    for name in user_inputs:
-        value = placeholders[name].meta.get("val")
-        if not isinstance(value, torch.Tensor):
-            raise GraphampError(f"input {name!r} of the exported program is not a tensor")
-        shape = [int(d) for d in value.shape]
-        if value.dtype.is_floating_point:
-            tensor = torch.randn(shape, generator=generator).to(value.dtype)
-            tensor[tensor == 0] = 0.5
-        elif value.dtype == torch.bool:
-            tensor = torch.rand(shape, generator=generator) < 0.5
-        else:
-            high = bounds.get(name, 16)
-            tensor = torch.randint(min(1, high - 1), high, shape, generator=generator).to(
-                value.dtype
-            )
-        inputs.append(tensor)
-    return tuple(inputs)
+    bounds = embedding_bounds(program.graph)
+    return [input_spec(placeholders[name], bounds) for name in user_inputs(program)]
 
 
-def save(module: torch.nn.Module, inputs: tuple[Any, ...], path: str | os.PathLike[str]) -> None:
-    """Export ``module`` on ``inputs`` and write it atomically to ``path``."""
-    from graphamp.io import write_atomic_with
+def example_inputs(program: torch.export.ExportedProgram, seed: int = 0) -> tuple[Any, ...]:
+    """Random inputs of the traced shapes and types (never zeros), to export the converted
+    module again."""
+    from graphamp.fx.types import torch_dtype
 
-    program = torch.export.export(module, inputs)
+    specs = input_specs(program)
+    feeds = random_inputs(specs, seed=seed)
+    return tuple(
+        torch.from_numpy(np.asarray(feeds[spec.name])).to(torch_dtype(spec.dtype)) for spec in specs
+    )
+
+
+def save(program: torch.export.ExportedProgram, path: str | os.PathLike[str]) -> None:
+    """Write ``program`` atomically to ``path``."""
     write_atomic_with(Path(path), lambda tmp: torch.export.save(program, str(tmp)), suffix=".pt2")
+
+
+class Pt2Dialect(FxDialect):
+    """``.pt2`` files (``torch.export.save``): read without pickle, converted by the FX
+    dialect with PyTorch's CPU autocast lists, written as a ``.pt2`` program again."""
+
+    name = "pt2"
+
+    def load(self, source: object) -> torch.export.ExportedProgram:
+        if isinstance(source, torch.export.ExportedProgram):
+            return source
+        return load(source)  # type: ignore[arg-type]
+
+    def read(self, model: torch.export.ExportedProgram, policy: Any) -> ReadGraph:
+        read = super().read(capture(model, None), policy)
+        read.handles.program = model
+        return read
+
+    def apply(self, read: ReadGraph, script: EditScript) -> torch.export.ExportedProgram:
+        module: fx.GraphModule = super().apply(read, script)
+        program = read.handles.program
+        return torch.export.export(module, tuple(program.example_inputs[0]))
+
+    def check_target(self, path: Path) -> None:
+        if Path(path).suffix != ".pt2":
+            raise GraphampError(f"{path}: a .pt2 program converts to a .pt2 file")
+
+    def save(self, model: torch.export.ExportedProgram, path: Any) -> None:
+        self.check_target(path)
+        save(model, path)
+
+    def input_specs(self, model: Any) -> list[InputSpec]:
+        return input_specs(self.load(model))
+
+    def run(
+        self, model: Any, feeds: dict[str, np.ndarray], *, provider: str = "cpu"
+    ) -> tuple[dict[str, np.ndarray], str]:
+        program = self.load(model)
+        return run_module(
+            program.module(), user_inputs(program), input_specs(program), feeds, provider
+        )
+
+    def label(self, source: object) -> str:
+        return Path(source).name if isinstance(source, str | os.PathLike) else "program"

@@ -1,0 +1,111 @@
+"""The ``graphamp`` command line: a parser, and one module per command.
+
+Each command module has ``HELP``, ``add_parser(commands, epilog)`` and ``run(args, console)``;
+:data:`COMMANDS` lists them in the order ``--help`` shows. Exit status: 0 success; 1 a verify
+over tolerance or a plan that drifted; 2 bad input or option; 3 an internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import traceback
+from collections.abc import Sequence
+from types import ModuleType
+
+from rich.console import Console
+
+from graphamp.cli import check, convert, demo, diff, explain, lists, plan
+from graphamp.cli.common import Parser
+from graphamp.errors import GraphampError
+
+COMMANDS: dict[str, ModuleType] = {
+    "convert": convert,
+    "demo": demo,
+    "plan": plan,
+    "explain": explain,
+    "diff": diff,
+    "check": check,
+    "lists": lists,
+}
+
+EXAMPLES = """\
+examples:
+  graphamp demo
+  graphamp plan model.onnx --format html -o plan.html
+  graphamp explain model.onnx /layers.0/attention/Softmax
+  graphamp diff old.onnx new.onnx --exit-code
+  graphamp check model.onnx --baseline amp-plan.json
+  graphamp convert model.onnx -o model.fp16.onnx --verify
+  graphamp convert model.onnx -o model.bf16.onnx --dtype bfloat16 --keep-io-types
+  graphamp convert model.onnx -o out.onnx --deny Softmax --deny-name '/layers.11/*' --plan plan.json
+  graphamp convert model.onnx -o out.onnx --from-plan reviewed.plan.json
+  graphamp convert model.onnx -o out.onnx --config amp.toml --verify --inputs batch.npz
+  graphamp lists --dtype bfloat16
+
+exit status: 0 success; 1 --verify over tolerance, or diff --exit-code / check found a change;
+2 bad input or option; 3 internal error (a bug: please report it).
+"""
+
+REPORT = (
+    "this is a bug in graphamp: please report it with the command and the model (-v shows where)"
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="graphamp",
+        description="Static-graph automatic mixed precision: converts a float32 model so that "
+        "each op computes in float16/bfloat16 or stays float32, with the fewest casts and a "
+        "reason for every decision.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log each pass (-vv: every decision) to stderr, check the passes' invariants, "
+        "and show the traceback of an internal error",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for module in COMMANDS.values():
+        module.add_parser(commands, EXAMPLES)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    logging.basicConfig(
+        level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
+        format="graphamp: %(message)s",
+        stream=sys.stderr,
+    )
+    console = Console(highlight=False)
+    try:
+        return COMMANDS[args.command].run(args, console)
+    except GraphampError as exc:
+        print(f"graphamp: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("graphamp: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: one line, the traceback under -v
+        if args.verbose:
+            traceback.print_exc()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(
+            f"graphamp: internal error: {type(exc).__name__}: {first[:300]}; {REPORT}",
+            file=sys.stderr,
+        )
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""``graphamp check``: fail when a model's plan drifted from its reviewed baseline."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from graphamp.cli.common import add_policy_arguments, plan_of
+from graphamp.config import read_table
+from graphamp.errors import GraphampError
+from graphamp.plan import Plan
+
+HELP = "fail when a model's plan drifted from its reviewed baseline"
+
+
+def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
+    parser = commands.add_parser(
+        "check",
+        help=HELP,
+        description="Plan MODEL and compare it with the baseline plan: exit 0 when equal, 1 "
+        "with the diff when it drifted. Without MODEL, check every [[graphamp.check]] entry "
+        "(model = ..., baseline = ...) of the --config file; paths are relative to that file.",
+    )
+    parser.add_argument("model", metavar="MODEL", nargs="?", help="a model file (.onnx, .pt2)")
+    parser.add_argument("--baseline", metavar="PLAN.json", help="the reviewed plan")
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="write the current plan to the baseline instead of comparing",
+    )
+    add_policy_arguments(parser)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    if args.model:
+        if not args.baseline:
+            raise GraphampError("check MODEL needs --baseline PLAN.json")
+        entries = [(Path(args.model), Path(args.baseline))]
+    else:
+        if not args.config:
+            raise GraphampError(
+                "check needs MODEL --baseline PLAN.json, or --config FILE with "
+                "[[graphamp.check]] entries"
+            )
+        entries = check_entries(Path(args.config))
+    drifted = 0
+    for model, baseline in entries:
+        drifted += check_one(model, baseline, args, update=args.update)
+    return 1 if drifted else 0
+
+
+def check_entries(config: Path) -> list[tuple[Path, Path]]:
+    """The (model, baseline) pairs of a policy file's [[graphamp.check]] tables."""
+    checks = read_table(config).get("check", [])
+    if not checks:
+        raise GraphampError(
+            f"{config}: no [[graphamp.check]] entries (model = ..., baseline = ...)"
+        )
+    if not isinstance(checks, list):
+        raise GraphampError(f"{config}: 'check' must be [[graphamp.check]] tables")
+    entries = []
+    for index, entry in enumerate(checks):
+        if not isinstance(entry, dict) or not {"model", "baseline"} <= set(entry):
+            raise GraphampError(
+                f"{config}: [[graphamp.check]] entry {index + 1} needs 'model' and 'baseline'"
+            )
+        entries.append((config.parent / entry["model"], config.parent / entry["baseline"]))
+    return entries
+
+
+def check_one(model: Path, baseline: Path, args: argparse.Namespace, *, update: bool) -> int:
+    """0 when ``model``'s plan equals ``baseline`` (or was written to it), 1 when it drifted."""
+    _, plan = plan_of(model, args)
+    plan.model = model.name
+    if update:
+        if not baseline.parent.is_dir():
+            baseline.parent.mkdir(parents=True)
+        plan.save(baseline)
+        print(f"{model}: baseline {baseline} written")
+        return 0
+    if not baseline.exists():
+        raise GraphampError(f"{baseline}: no baseline plan; create it with --update")
+    reviewed = Plan.load(baseline)
+    difference = reviewed.diff(plan)
+    difference.old_label, difference.new_label = f"{baseline} (baseline)", f"{model} (now)"
+    if difference.empty and reviewed.to_json() == plan.to_json():
+        print(f"{model}: plan matches {baseline}")
+        return 0
+    if difference.empty:  # only reasons, policy or counts moved: still a drift to review
+        difference.summary = difference.summary or {"plan": ("baseline", "changed reasons/policy")}
+    print(f"{model}: plan drifted from {baseline}; review and run with --update to accept")
+    sys.stdout.write(difference.to_text())
+    return 1

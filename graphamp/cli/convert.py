@@ -1,0 +1,87 @@
+"""``graphamp convert``: convert a model file and write the result."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from graphamp import engine
+from graphamp.cli.common import (
+    add_policy_arguments,
+    add_verify_arguments,
+    check_output_path,
+    policy_flags_given,
+    policy_from_args,
+    print_summary,
+    report_verification,
+)
+from graphamp.dialects.registry import for_file
+from graphamp.errors import GraphampError
+from graphamp.plan import Plan
+
+HELP = "convert a model file (ONNX, or a .pt2 program)"
+
+
+def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
+    parser = commands.add_parser(
+        "convert",
+        help=HELP,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Convert IN (a float32 ONNX model or .pt2 program) to mixed precision and "
+        "write OUT. The input is never modified; OUT is written atomically, and not at all on "
+        "error.",
+    )
+    parser.add_argument("input", metavar="IN", help="the float32 model (.onnx or .pt2)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT",
+        required=True,
+        help="where to write the converted model (not IN itself)",
+    )
+    add_policy_arguments(parser)
+    parser.add_argument(
+        "--plan",
+        metavar="PLAN.json",
+        help="also write the precision plan (every decision and its reason) as JSON",
+    )
+    parser.add_argument(
+        "--from-plan",
+        metavar="PLAN.json",
+        help="apply exactly this reviewed plan (its decisions and its policy) instead of "
+        "deciding again; refused, naming the first difference, when the model no longer "
+        "matches it",
+    )
+    add_verify_arguments(parser, flag=True)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    source, target = Path(args.input), Path(args.output)
+    check_output_path(source, target)
+    if args.inputs and not args.verify:
+        raise GraphampError("--inputs is only used with --verify")
+    dialect = for_file(source)
+    dialect.check_target(target)
+    reviewed, options = None, {}
+    if args.from_plan:
+        given = policy_flags_given(args)
+        if given:
+            raise GraphampError(f"--from-plan applies the plan's own policy: drop {given[0]}")
+        reviewed = Plan.load(args.from_plan)
+        policy = engine.reviewed_policy(reviewed, args.from_plan)
+        options["reviewed_where"] = args.from_plan
+    else:
+        policy = policy_from_args(args, dialect)
+    start = time.perf_counter()
+    result = engine.convert(source, policy, dialect=dialect, reviewed=reviewed, options=options)
+    dialect.save(result.model, target)
+    if args.plan:
+        result.plan.save(args.plan)
+    print_summary(console, result.plan, time.perf_counter() - start, source, target)
+    if args.verify:
+        return report_verification(console, dialect, source, target, args, policy.dtype)
+    return 0

@@ -1,0 +1,68 @@
+"""``graphamp demo``: build a zoo model in code, convert it and verify it."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from graphamp import engine
+from graphamp.cli.common import add_verify_arguments, print_summary, report_verification
+from graphamp.errors import GraphampError
+from graphamp.onnx.dialect import OnnxDialect
+from graphamp.policy import DTYPES, Policy
+
+HELP = "convert a bundled model and verify it (no arguments needed)"
+
+
+def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
+    parser = commands.add_parser(
+        "demo",
+        help=HELP,
+        description="Build a model of the models/ zoo in code (random weights), convert it, "
+        "print the summary and verify it against float32 on onnxruntime.",
+    )
+    parser.add_argument(
+        "--model",
+        default="mnist",
+        help="zoo model: simplenet, mnist, resnet, bert, gpt (default: mnist)",
+    )
+    parser.add_argument(
+        "--size", default="small", choices=("small", "full"), help="model size (default: small)"
+    )
+    parser.add_argument("--dtype", default="float16", choices=DTYPES, help="target type")
+    parser.add_argument(
+        "--keep", metavar="DIR", help="keep the float32 and converted models and the plan in DIR"
+    )
+    add_verify_arguments(parser, flag=False)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    from graphamp.models import ZOO, export_onnx
+
+    if args.model not in ZOO:
+        raise GraphampError(f"--model {args.model!r}: choose one of {', '.join(ZOO)}")
+    with tempfile.TemporaryDirectory(prefix="graphamp-demo-") as tmp:
+        folder = Path(args.keep) if args.keep else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        source = folder / f"{args.model}.onnx"
+        target = folder / f"{args.model}.{args.dtype}.onnx"
+        console.print(
+            f"building [bold]{args.model}[/] ({ZOO[args.model].description}; "
+            f"size {args.size}, random weights) and exporting it to ONNX ..."
+        )
+        export_onnx(args.model, source, args.size)
+        dialect = OnnxDialect()
+        start = time.perf_counter()
+        policy = Policy.create(args.dtype, where="demo")
+        result = engine.convert(source, policy, dialect=dialect)
+        dialect.save(result.model, target)
+        result.plan.save(folder / f"{args.model}.{args.dtype}.plan.json")
+        print_summary(console, result.plan, time.perf_counter() - start, source, target)
+        status = report_verification(console, dialect, source, target, args, args.dtype)
+        if args.keep:
+            console.print(f"models and plan kept in {folder}")
+        return status

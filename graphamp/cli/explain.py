@@ -1,0 +1,33 @@
+"""``graphamp explain``: the chain of reasons behind one node's precision."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+from graphamp import report
+from graphamp.cli.common import add_policy_arguments, plan_of
+
+HELP = "the chain of reasons behind one node's precision"
+
+
+def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
+    parser = commands.add_parser(
+        "explain",
+        help=HELP,
+        description="Print why NODE of MODEL runs in the precision it does: its rule, the "
+        "neighbour its colour spread through (and that one's reason, down to the rule that "
+        "started it), and how each input reaches it. MODEL may be a plan file (a training "
+        "step's plan, say).",
+    )
+    parser.add_argument("model", metavar="MODEL", help="a model file (.onnx, .pt2) or a plan")
+    parser.add_argument("node", metavar="NODE", help="the node name, as in the plan")
+    add_policy_arguments(parser)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    graph, plan = plan_of(args.model, args)
+    sys.stdout.write(report.explain(plan, args.node, graph))
+    return 0

@@ -1,0 +1,42 @@
+"""``graphamp lists``: the default op lists and the reason for each."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from graphamp.policy import DTYPES, LISTS, Policy
+
+HELP = "show the default op lists and the reason for each"
+
+
+def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
+    parser = commands.add_parser(
+        "lists", help=HELP, description="Print the op lists a policy starts from."
+    )
+    parser.add_argument("--dtype", default="float16", choices=DTYPES, help="target type")
+    parser.add_argument("--config", metavar="FILE", help="show the lists after this policy file")
+    parser.add_argument(
+        "--dialect",
+        choices=("onnx", "fx_cpu", "fx_cuda"),
+        default="onnx",
+        help="ONNX op lists, or PyTorch's (aten) lists for CPU or CUDA targets",
+    )
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    policy = (
+        Policy.from_toml(args.config, dtype=args.dtype, dialect=args.dialect)
+        if args.config
+        else Policy.create(args.dtype, dialect=args.dialect, where="defaults")
+    )
+    for name in LISTS:
+        table = Table(title=f"{name} ({policy.dtype})", title_justify="left", show_lines=False)
+        table.add_column("op", style="bold")
+        table.add_column("reason / source")
+        for op, reason in sorted(policy.lists[name].items()):
+            table.add_row(op, reason)
+        console.print(table)
+    return 0

@@ -1,0 +1,46 @@
+"""``graphamp plan``: show a model's precision plan without converting it."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from graphamp import report
+from graphamp.cli.common import add_policy_arguments, emit, plan_of
+from graphamp.errors import GraphampError
+
+HELP = "show the precision plan of a model without converting it"
+
+
+def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
+    parser = commands.add_parser(
+        "plan",
+        help=HELP,
+        description="Decide precisions for MODEL and print the plan: a text table grouped by "
+        "precision, the JSON plan (what CI diffs), or an HTML page of the graph coloured by "
+        "precision with each node's reason on hover.",
+    )
+    parser.add_argument("model", metavar="MODEL", help="a model file (.onnx, .pt2)")
+    parser.add_argument(
+        "--format",
+        choices=("text", "json", "html"),
+        default="text",
+        help="output format (default text)",
+    )
+    parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    add_policy_arguments(parser)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    graph, plan = plan_of(args.model, args)
+    if args.format == "json":
+        text = plan.to_json()
+    elif args.format == "html":
+        if graph is None:
+            raise GraphampError(f"{args.model}: --format html needs a model, not a plan file")
+        text = report.html_page(plan, graph)
+    else:
+        text = report.text_table(plan)
+    emit(text, args.output)
+    return 0

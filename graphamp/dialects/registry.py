@@ -1,0 +1,182 @@
+"""Which dialect reads a file or an object.
+
+Built-in dialects are declared here, by the import path of their class, so that finding the
+dialect of an ``.onnx`` file never imports torch; another dialect registers its class with
+:func:`register` (or through the ``graphamp.dialects`` entry-point group of an installed
+package). A file is matched by its name's suffix, then by its first bytes, else it is read as
+ONNX (a protobuf has no magic number).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from graphamp.dialects.base import Dialect
+from graphamp.errors import GraphampError
+
+ONNX_MATRIX_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
+# The aten ops of PyTorch graphs that do matrix work (capture keeps linear/matmul/conv whole).
+ATEN_MATRIX_OPS = frozenset(
+    {
+        "linear",
+        "matmul",
+        "mm",
+        "bmm",
+        "addmm",
+        "baddbmm",
+        "einsum",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "convolution",
+        "_convolution",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "scaled_dot_product_attention",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered dialect: its class (or the import path of it) and what it reads."""
+
+    name: str
+    target: str | type[Dialect]  # "package.module:Class", imported on first use
+    suffixes: tuple[str, ...] = ()
+    magic: bytes = b""  # the first bytes of its files, where they have some
+    object_modules: tuple[str, ...] = ()
+    lists: tuple[str, ...] = ()
+    matrix_ops: frozenset[str] = frozenset()
+
+    def load_class(self) -> type[Dialect]:
+        if isinstance(self.target, str):
+            module, _, attr = self.target.partition(":")
+            return getattr(importlib.import_module(module), attr)
+        return self.target
+
+
+_ENTRIES: list[Entry] = [
+    Entry(
+        "onnx",
+        "graphamp.onnx.dialect:OnnxDialect",
+        suffixes=(".onnx",),
+        object_modules=("onnx", "onnx_ir"),
+        lists=("onnx",),
+        matrix_ops=ONNX_MATRIX_OPS,
+    ),
+    Entry(
+        "pt2",
+        "graphamp.fx.pt2:Pt2Dialect",
+        suffixes=(".pt2",),
+        magic=b"PK\x03\x04",
+        matrix_ops=ATEN_MATRIX_OPS,
+    ),
+    Entry(
+        "fx",
+        "graphamp.fx.dialect:FxDialect",
+        object_modules=("torch",),
+        lists=("fx_cpu", "fx_cuda"),
+        matrix_ops=ATEN_MATRIX_OPS,
+    ),
+]
+DEFAULT = "onnx"
+_plugins_loaded = False
+
+
+def register(dialect: type[Dialect]) -> type[Dialect]:
+    """Register a dialect class (usable as a class decorator); its class attributes say which
+    files and objects it takes."""
+    if any(entry.name == dialect.name for entry in _ENTRIES):
+        raise ValueError(f"a dialect named {dialect.name!r} is already registered")
+    _ENTRIES.append(
+        Entry(
+            dialect.name,
+            dialect,
+            suffixes=dialect.suffixes,
+            object_modules=dialect.object_modules,
+            lists=(dialect.lists,),
+            matrix_ops=dialect.matrix_ops,
+        )
+    )
+    return dialect
+
+
+def unregister(name: str) -> None:
+    _ENTRIES[:] = [entry for entry in _ENTRIES if entry.name != name]
+
+
+def entries() -> list[Entry]:
+    _load_plugins()
+    return list(_ENTRIES)
+
+
+def _load_plugins() -> None:
+    """Dialects installed packages declare under the ``graphamp.dialects`` entry points."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for point in metadata.entry_points(group="graphamp.dialects"):
+        if not any(entry.name == point.name for entry in _ENTRIES):
+            register(point.load())
+
+
+def named(name: str, **options: object) -> Dialect:
+    for entry in entries():
+        if entry.name == name:
+            return entry.load_class()(**options)
+    known = ", ".join(entry.name for entry in entries())
+    raise GraphampError(f"unknown dialect {name!r}: choose one of {known}")
+
+
+def for_file(path: str | Path) -> Dialect:
+    """The dialect of the file at ``path``: by suffix, then by first bytes, else ONNX."""
+    path = Path(path)
+    matches = [
+        (len(suffix), entry)
+        for entry in entries()
+        for suffix in entry.suffixes
+        if path.name.lower().endswith(suffix)
+    ]
+    if matches:
+        return max(matches, key=lambda match: match[0])[1].load_class()()
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(16)
+    except OSError:
+        head = b""
+    for entry in entries():
+        if entry.magic and head.startswith(entry.magic):
+            return entry.load_class()()
+    return named(DEFAULT)
+
+
+def for_object(source: object) -> Dialect:
+    """The dialect of an in-memory model (found by the package its type comes from)."""
+    packages = {cls.__module__.partition(".")[0] for cls in type(source).__mro__}
+    for entry in entries():
+        if packages & set(entry.object_modules):
+            dialect = entry.load_class()()
+            if dialect.accepts(source):
+                return dialect
+    raise GraphampError(f"no dialect reads a {type(source).__name__}")
+
+
+def for_source(source: object) -> Dialect:
+    """:func:`for_file` for a path, :func:`for_object` otherwise."""
+    if isinstance(source, str | Path):
+        return for_file(source)
+    return for_object(source)
+
+
+def matrix_ops_for(lists: str) -> frozenset[str]:
+    """The matrix ops of the dialect whose policies use the list family ``lists``."""
+    for entry in entries():
+        if lists in entry.lists:
+            return entry.matrix_ops
+    return frozenset()

@@ -1,0 +1,36 @@
+"""EditScript: the exact slot-level changes a dialect applies to its model.
+
+The casts pass (and the training passes) derive it from the graph and the decisions; it refers
+to the same cast and weight records the plan holds, and adds what only a dialect needs: which
+tensors change type, which input slots read another tensor, which nodes and graph inputs a
+pass added. It is never written to a file: a reviewed plan is applied by deriving the script
+again (see :mod:`graphamp.plan`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphamp.records import CastRecord, WeightRecord
+
+
+@dataclass
+class EditScript:
+    """Changes in the order a dialect applies them: weights, retypes, casts, rewiring,
+    retargeted and removed Casts, added nodes, graph inputs and outputs, output casts."""
+
+    retype: dict[str, str] = field(default_factory=dict)  # tensor -> new dtype
+    # (node, input slot) -> tensor it reads instead (a cast output, a weight copy, a source)
+    rewire: dict[tuple[str, int], str] = field(default_factory=dict)
+    casts: list[CastRecord] = field(default_factory=list)
+    output_casts: list[CastRecord] = field(default_factory=list)  # keep_io_types outputs
+    weights: list[WeightRecord] = field(default_factory=list)
+    retarget_casts: dict[str, str] = field(default_factory=dict)  # Cast node -> new target
+    remove_nodes: list[str] = field(default_factory=list)  # pre-existing Casts made redundant
+    # Nodes a pass added to the OpGraph (training steps), in graph order; each dialect knows
+    # how to build every NodeKind a pass can add.
+    new_nodes: list[str] = field(default_factory=list)
+    # Graph inputs a pass added (state such as the loss scale): tensor -> initial value.
+    new_inputs: dict[str, float] = field(default_factory=dict)
+    new_outputs: list[str] = field(default_factory=list)  # graph outputs a pass added
+    replace_outputs: dict[str, str] = field(default_factory=dict)  # output -> value it returns

@@ -1,0 +1,173 @@
+"""The engine: one conversion for every dialect.
+
+read (the dialect) -> passes (the pass manager, over the neutral graph) -> plan (the record)
+and edit script -> apply (the dialect). With ``reviewed=`` a reviewed plan's decisions are
+applied instead of new ones, and a model that no longer matches the plan is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from graphamp.dialects.base import Dialect, ReadGraph
+from graphamp.dialects.registry import for_source
+from graphamp.edits import EditScript
+from graphamp.errors import GraphampError
+from graphamp.graph import OpGraph
+from graphamp.passes import PassContext, PassManager
+from graphamp.plan import Plan
+from graphamp.policy import Policy
+
+log = logging.getLogger("graphamp")
+
+
+@dataclass
+class Analysis:
+    """A model read and decided, not yet converted."""
+
+    dialect: Dialect
+    read: ReadGraph
+    plan: Plan
+    script: EditScript
+    seconds: dict[str, float]
+
+    @property
+    def graph(self) -> OpGraph:
+        return self.read.graph
+
+
+@dataclass
+class Conversion:
+    """A converted model (the dialect's type), its plan, timings and the input's graph."""
+
+    model: Any
+    plan: Plan
+    seconds: dict[str, float]
+    graph: OpGraph
+
+
+def analyse(
+    source: object,
+    policy: Policy,
+    *,
+    dialect: Dialect | None = None,
+    reviewed: Plan | None = None,
+    options: dict[str, Any] | None = None,
+    label: str | None = None,
+) -> Analysis:
+    """Load ``source`` (a path or a model object), read it and run the passes."""
+    dialect = dialect or for_source(source)
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    model = dialect.load(source)
+    seconds["load"] = time.perf_counter() - start
+    return analyse_model(
+        dialect,
+        model,
+        policy,
+        reviewed=reviewed,
+        options=options,
+        label=label if label is not None else dialect.label(source),
+        seconds=seconds,
+    )
+
+
+def analyse_model(
+    dialect: Dialect,
+    model: Any,
+    policy: Policy,
+    *,
+    reviewed: Plan | None = None,
+    options: dict[str, Any] | None = None,
+    label: str = "",
+    seconds: dict[str, float] | None = None,
+) -> Analysis:
+    """Read a loaded ``model`` and run the passes over its graph."""
+    seconds = dict(seconds or {})
+    start = time.perf_counter()
+    read = dialect.read(model, policy)
+    seconds["read"] = time.perf_counter() - start
+    options = dict(options or {})
+    if reviewed is not None:
+        options["reviewed"] = reviewed
+    context = PassManager().run(PassContext(read.graph, policy, options))
+    seconds["passes"] = sum(context.seconds.values())
+    plan = plan_of(context, label)
+    _log_decisions(plan)
+    return Analysis(dialect, read, plan, context.script, seconds)
+
+
+def convert(
+    source: object,
+    policy: Policy,
+    *,
+    dialect: Dialect | None = None,
+    reviewed: Plan | None = None,
+    options: dict[str, Any] | None = None,
+    label: str | None = None,
+) -> Conversion:
+    """Analyse ``source`` and apply the edits: the converted model and its plan."""
+    analysis = analyse(
+        source, policy, dialect=dialect, reviewed=reviewed, options=options, label=label
+    )
+    return apply(analysis)
+
+
+def apply(analysis: Analysis) -> Conversion:
+    start = time.perf_counter()
+    converted = analysis.dialect.apply(analysis.read, analysis.script)
+    seconds = {**analysis.seconds, "apply": time.perf_counter() - start}
+    log.info("converted in %.2f s", sum(seconds.values()))
+    return Conversion(converted, analysis.plan, seconds, analysis.graph)
+
+
+def plan_of(context: PassContext, label: str = "") -> Plan:
+    """The reviewed record of what the passes decided: decisions (with the FLOPs the dialect
+    measured), casts and weights."""
+    decisions = {}
+    for node in context.graph:
+        decision = context.decisions[node.name]
+        if node.flops is not None and decision.flops != node.flops:
+            decision = dataclasses.replace(decision, flops=node.flops)
+        decisions[node.name] = decision
+    script = context.script
+    return Plan(
+        dtype=context.policy.dtype,
+        policy=context.policy.to_dict(),
+        nodes=decisions,
+        casts=script.casts,
+        output_casts=script.output_casts,
+        weights=script.weights,
+        kept_weights=context.kept_weights,
+        casts_retargeted=script.retarget_casts,
+        casts_removed=script.remove_nodes,
+        model=label,
+    )
+
+
+def reviewed_policy(plan: Plan, where: str) -> Policy:
+    """The policy a reviewed plan was made under (what applying it needs)."""
+    if plan.dtype != plan.policy.get("dtype"):
+        raise GraphampError(f"{where}: the plan's dtype and its policy's dtype differ")
+    return Policy.from_record(plan.policy, where=where)
+
+
+def _log_decisions(plan: Plan) -> None:
+    """graphamp -vv: every decision, in graph order."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    for name, decision in plan.nodes.items():
+        via = f" via {decision.via}" if decision.via else ""
+        log.debug(
+            "%s (%s): %s, %s: %s%s",
+            name,
+            decision.op,
+            decision.precision,
+            decision.rule,
+            decision.reason,
+            via,
+        )

@@ -1,0 +1,28 @@
+"""The PyTorch dialect's Python API: convert a module to a mixed-precision GraphModule, or a
+whole training step to one graph.
+
+    >>> import graphamp.fx
+    >>> gm, plan = graphamp.fx.convert(model, example_inputs)           # doctest: +SKIP
+    >>> step = graphamp.fx.train_step(model, loss_fn, optimizer)        # doctest: +SKIP
+
+The same passes as for ONNX decide (:mod:`graphamp.engine` over :class:`FxDialect`); the
+default lists are PyTorch's own autocast lists for the target device.
+"""
+
+from __future__ import annotations
+
+from graphamp.fx.conversion import analyse, convert, cpu_has_native
+from graphamp.fx.dialect import FxDialect
+from graphamp.fx.step import TrainStep, train_step
+from graphamp.scaling import DynamicLossScaling, StaticLossScaling
+
+__all__ = [
+    "DynamicLossScaling",
+    "FxDialect",
+    "StaticLossScaling",
+    "TrainStep",
+    "analyse",
+    "convert",
+    "cpu_has_native",
+    "train_step",
+]

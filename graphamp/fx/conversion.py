@@ -1,0 +1,107 @@
+"""Converting a PyTorch model with the engine: the policy for a device, and the conversion."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from graphamp import engine
+from graphamp.errors import GraphampError, SlowPrecisionWarning
+from graphamp.fx.dialect import FxDialect
+from graphamp.plan import Plan
+from graphamp.policy import Policy
+
+Model = nn.Module | torch.export.ExportedProgram
+
+
+def fx_policy(
+    model: Model,
+    policy: Policy | None,
+    device: str | None,
+    overrides: dict[str, Any],
+    where: str = "graphamp.fx.convert()",
+) -> Policy:
+    """The policy for a PyTorch model: PyTorch's autocast lists for ``device`` (default: the
+    device of the model's parameters), bfloat16 on the CPU and float16 on CUDA by default."""
+    if device is None:
+        params = list(model.parameters()) if isinstance(model, nn.Module) else []
+        device = "cuda" if params and params[0].is_cuda else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise GraphampError(f"device={device!r}: choose 'cpu' or 'cuda'")
+    if policy is None:
+        overrides.setdefault("dtype", "bfloat16" if device == "cpu" else "float16")
+        policy = Policy.create(dialect=f"fx_{device}", where=where, **overrides)
+    elif overrides:
+        raise GraphampError("pass either a policy or keyword overrides, not both")
+    elif not policy.dialect.startswith("fx_"):
+        raise GraphampError(
+            f"the policy was made for {policy.dialect!r} graphs: create it with "
+            f"dialect='fx_{device}'"
+        )
+    if device == "cpu" and not cpu_has_native(policy.dtype):
+        warnings.warn(
+            f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no {policy.dtype} "
+            f"matrix instructions ({_NATIVE_CHECKS[policy.dtype][1]}): PyTorch emulates "
+            f"{policy.dtype} matrix products here, tens of times slower than float32. The "
+            "results are right; for speed, run on a CPU with them or on a GPU",
+            SlowPrecisionWarning,
+            stacklevel=3,
+        )
+    return policy
+
+
+def analyse(
+    model: Model,
+    example_inputs: tuple[Any, ...] | None = None,
+    *,
+    policy: Policy,
+    weights: str = "master",
+) -> engine.Analysis:
+    """Capture ``model`` and run the passes: its graph and plan; nothing is converted."""
+    dialect = FxDialect(weights=weights, example_inputs=example_inputs)
+    return engine.analyse(model, policy, dialect=dialect)
+
+
+def convert(
+    model: Model,
+    example_inputs: tuple[Any, ...] | None = None,
+    *,
+    policy: Policy | None = None,
+    device: str | None = None,
+    weights: str = "master",
+    **policy_overrides: Any,
+) -> tuple[fx.GraphModule, Plan]:
+    """Convert ``model`` to a mixed-precision GraphModule; returns it and its Plan.
+
+    ``model`` may be an ``nn.Module`` (captured with torch.export on ``example_inputs``), a
+    ``GraphModule`` or an ``ExportedProgram``; it is never changed. ``device`` picks the
+    default lists ("cpu": PyTorch's CPU autocast lists, default dtype bfloat16; "cuda": its
+    CUDA lists, default float16); by default the device of the model's parameters.
+    ``weights`` is "master" (float32 parameters, cast at use) or "low" (stored in the target
+    type where only low-precision ops read them).
+    """
+    dialect = FxDialect(weights=weights, example_inputs=example_inputs)
+    policy = fx_policy(model, policy, device, policy_overrides)
+    result = engine.convert(model, policy, dialect=dialect)
+    return result.model, result.plan
+
+
+# oneDNN's own tests for low-precision matrix units, and the units they look for
+_NATIVE_CHECKS = {
+    "bfloat16": ("_is_mkldnn_bf16_supported", "avx512_bf16 or AMX"),
+    "float16": ("_is_mkldnn_fp16_supported", "avx512_fp16 or AMX-FP16"),
+}
+
+
+def cpu_has_native(dtype: str) -> bool:
+    """Whether this CPU multiplies ``dtype`` matrices in hardware. Unknown answers count as yes:
+    the check only decides whether to warn."""
+    if dtype not in _NATIVE_CHECKS:
+        return True
+    try:
+        return bool(getattr(torch.ops.mkldnn, _NATIVE_CHECKS[dtype][0])())
+    except (AttributeError, RuntimeError):
+        return True

@@ -1,0 +1,117 @@
+"""The FX dialect: PyTorch modules, GraphModules and ExportedPrograms in memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import fx, nn
+
+from graphamp.dialects.base import Dialect, ReadGraph
+from graphamp.edits import EditScript
+from graphamp.errors import GraphampError
+from graphamp.fx import reader, writer
+from graphamp.fx.capture import capture
+from graphamp.fx.types import dtype_name, torch_dtype
+from graphamp.inputs import InputSpec
+from graphamp.policy import Policy
+
+WEIGHT_MODES = ("master", "low")
+
+
+class FxDialect(Dialect):
+    """``weights="master"`` keeps float32 parameters and casts each once per call where it is
+    used in low precision (training: gradients arrive in float32); ``weights="low"`` stores
+    parameters read only in low precision in the target type (inference: half the memory)."""
+
+    name = "fx"
+    lists = "fx_cpu"
+    default_dtype = "bfloat16"
+
+    def __init__(
+        self, *, weights: str = "master", example_inputs: tuple[Any, ...] | None = None
+    ) -> None:
+        if weights not in WEIGHT_MODES:
+            raise GraphampError(f"weights={weights!r}: choose 'master' or 'low'")
+        self.weights = weights
+        self.example_inputs = example_inputs
+
+    def accepts(self, source: object) -> bool:
+        return isinstance(source, nn.Module | torch.export.ExportedProgram)
+
+    def load(self, source: object) -> fx.GraphModule:
+        return capture(source, self.example_inputs)  # type: ignore[arg-type]
+
+    def read(self, model: fx.GraphModule, policy: Policy) -> ReadGraph:
+        return reader.read(model, master_weights=self.weights == "master")
+
+    def apply(self, read: ReadGraph, script: EditScript) -> fx.GraphModule:
+        return writer.apply(read, script)
+
+    def save(self, model: Any, path: Any) -> None:
+        raise GraphampError("a GraphModule is not saved by graphamp: export it with torch.export")
+
+    def input_specs(self, model: fx.GraphModule) -> list[InputSpec]:
+        placeholders = [n for n in model.graph.nodes if n.op == "placeholder"]
+        return [input_spec(node, embedding_bounds(model.graph)) for node in placeholders]
+
+    def run(
+        self, model: Any, feeds: dict[str, np.ndarray], *, provider: str = "cpu"
+    ) -> tuple[dict[str, np.ndarray], str]:
+        names = [n.name for n in model.graph.nodes if n.op == "placeholder"]
+        return run_module(model, names, self.input_specs(model), feeds, provider)
+
+    def label(self, source: object) -> str:
+        return type(source).__name__
+
+
+def input_spec(node: fx.Node, bounds: dict[str, int]) -> InputSpec:
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        raise GraphampError(f"input {node.name!r} of the program is not a tensor")
+    return InputSpec(
+        node.name,
+        dtype_name(value.dtype),
+        tuple(int(d) for d in value.shape),
+        bounds.get(node.name),
+    )
+
+
+def embedding_bounds(graph: fx.Graph) -> dict[str, int]:
+    """Integer inputs that index an embedding table: the table's rows (token ids stay in it)."""
+    bounds: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "_opname", "") == "embedding":
+            table, indices = node.args[0], node.args[1]
+            rows = int(table.meta["val"].shape[0])  # type: ignore[union-attr]
+            bounds[indices.name] = min(rows, bounds.get(indices.name, rows))  # type: ignore[union-attr]
+    return bounds
+
+
+def run_module(
+    module: Any,
+    names: list[str],
+    specs: list[InputSpec],
+    feeds: dict[str, np.ndarray],
+    provider: str,
+) -> tuple[dict[str, np.ndarray], str]:
+    """Call ``module`` on ``feeds`` (by input name, converted to the traced types) and return
+    its float outputs as float32 arrays named ``output <i>``."""
+    device = "cuda" if provider == "cuda" else "cpu"
+    args = []
+    for name, spec in zip(names, specs, strict=True):
+        if name not in feeds:
+            raise GraphampError(f"no value given for model input {name!r}")
+        array = np.asarray(feeds[name])
+        if spec.shape and tuple(array.shape) != tuple(d for d in spec.shape):
+            raise GraphampError(
+                f"input {name!r}: shape {tuple(array.shape)}, the program was traced with "
+                f"{tuple(spec.shape)}"
+            )
+        args.append(torch.from_numpy(array).to(device=device, dtype=torch_dtype(spec.dtype)))
+    with torch.no_grad():
+        result = module(*args)
+    flat = result if isinstance(result, tuple | list) else (result,)
+    outputs = {f"output {i}": t.float().cpu().numpy() for i, t in enumerate(flat)}
+    return outputs, f"torch ({device})"

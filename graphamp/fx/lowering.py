@@ -1,0 +1,118 @@
+"""Building the nodes the training passes add, in aten ops.
+
+Each node kind has a small function over tensors; it is traced with ``make_fx`` (on fake
+tensors of the inputs' shapes and types) and its graph copied into the step graph right after
+the last of its inputs, so the step stays one graph of aten ops that ``torch.compile`` fuses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from graphamp.errors import InternalError
+from graphamp.graph import NodeKind, OpNode
+from graphamp.scaling import DynamicLossScaling
+
+Lowering = Callable[..., Sequence[torch.Tensor] | torch.Tensor]
+
+
+def _loss_scale(node: OpNode) -> Lowering:
+    def scaled_seed(seed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return seed * scale
+
+    return scaled_seed
+
+
+def _unscale(node: OpNode) -> Lowering:
+    def unscaled(scale: torch.Tensor, *gradients: torch.Tensor) -> list[torch.Tensor]:
+        inverse = (1.0 / scale.double()).float()  # the reciprocal rounded once, as GradScaler
+        return [gradient * inverse for gradient in gradients]
+
+    return unscaled
+
+
+def _finite_check(node: OpNode) -> Lowering:
+    def found_inf(*gradients: torch.Tensor) -> torch.Tensor:
+        # The largest magnitude of a tensor is inf or NaN exactly when one of its elements is
+        # (max propagates NaN): two passes in eager mode where isfinite(x).all() takes five.
+        # (x * 0 would take one, but compilers rightly fold it to 0 and the check would vanish.)
+        return ~torch.stack([g.abs().amax() for g in gradients]).isfinite().all()
+
+    return found_inf
+
+
+def _step_guard(node: OpNode) -> Lowering:
+    def guarded(found_inf: torch.Tensor, *old_and_new: torch.Tensor) -> list[torch.Tensor]:
+        pairs = zip(old_and_new[0::2], old_and_new[1::2], strict=True)
+        return [torch.where(found_inf, old, new) for old, new in pairs]
+
+    return guarded
+
+
+def _skip_count(node: OpNode) -> Lowering:
+    def next_count(skipped: torch.Tensor, found_inf: torch.Tensor) -> torch.Tensor:
+        return skipped + found_inf.to(skipped.dtype)
+
+    return next_count
+
+
+def _scale_update(node: OpNode) -> Lowering:
+    params = dict(node.params)
+    scaling = DynamicLossScaling(
+        init_loss_scaling=float(params["init_loss_scaling"]),
+        incr_every_n_steps=int(params["incr_every_n_steps"]),
+        decr_every_n_nan_or_inf=int(params["decr_every_n_nan_or_inf"]),
+        incr_ratio=float(params["incr_ratio"]),
+        decr_ratio=float(params["decr_ratio"]),
+        min_loss_scaling=float(params["min_loss_scaling"]),
+    )
+
+    def next_state(
+        found_inf: torch.Tensor, scale: torch.Tensor, good: torch.Tensor, bad: torch.Tensor
+    ) -> list[torch.Tensor]:
+        state = scaling.update({"scale": scale, "good": good, "bad": bad}, found_inf)
+        return [state["scale"], state["good"], state["bad"]]
+
+    return next_state
+
+
+LOWERINGS: dict[NodeKind, Callable[[OpNode], Lowering]] = {
+    NodeKind.LOSS_SCALE: _loss_scale,
+    NodeKind.UNSCALE: _unscale,
+    NodeKind.FINITE_CHECK: _finite_check,
+    NodeKind.STEP_GUARD: _step_guard,
+    NodeKind.SKIP_COUNT: _skip_count,
+    NodeKind.SCALE_UPDATE: _scale_update,
+}
+
+
+def build(graph: fx.Graph, node: OpNode, values: dict[str, fx.Node]) -> None:
+    """Add ``node`` to ``graph`` in aten ops; its outputs join ``values`` by name."""
+    if node.kind not in LOWERINGS:
+        raise InternalError(f"the FX dialect cannot build a {node.kind.value} node")
+    inputs = [values[name] for name in node.inputs]
+    traced = make_fx(LOWERINGS[node.kind](node), tracing_mode="fake")(
+        *(_example(value) for value in inputs)
+    )
+    order = {n: index for index, n in enumerate(graph.nodes)}
+    last = max(inputs, key=order.__getitem__)
+    body = next(n for n in graph.nodes if n.op not in ("placeholder", "get_attr"))
+    anchor = body if last.op in ("placeholder", "get_attr") else last.next
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    with graph.inserting_before(anchor):
+        result = graph.graph_copy(traced.graph, dict(zip(placeholders, inputs, strict=True)))
+    outputs = list(result) if isinstance(result, tuple | list) else [result]
+    for name, output in zip(node.outputs, outputs, strict=True):
+        values[name] = output  # type: ignore[assignment]
+
+
+def _example(value: fx.Node) -> torch.Tensor:
+    """A tensor of the value's shape and type, for tracing a lowering."""
+    meta = value.meta.get("val")
+    if not isinstance(meta, torch.Tensor):
+        raise InternalError(f"no shape and type known for {value.name!r}")
+    return torch.empty(meta.shape, dtype=meta.dtype)

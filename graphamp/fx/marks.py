@@ -1,0 +1,67 @@
+"""Marks: identity ops that name what a value is in a traced training step.
+
+The step is traced with ``mark(loss, "loss")``, ``mark(seed, "grad_seed")``,
+``mark(gradient, "gradient")`` and ``mark_update(new, old)`` around the values the training
+passes work on. :func:`strip` removes them from the traced graph and returns what they marked,
+so the reader can give those values their :class:`~graphamp.graph.Role`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from graphamp.graph import Role
+
+
+@torch.library.custom_op("graphamp::mark", mutates_args=())
+def mark(value: torch.Tensor, role: str) -> torch.Tensor:
+    return value.clone()
+
+
+@mark.register_fake
+def _(value: torch.Tensor, role: str) -> torch.Tensor:
+    return torch.empty_like(value)
+
+
+@torch.library.custom_op("graphamp::mark_update", mutates_args=())
+def mark_update(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    return new.clone()
+
+
+@mark_update.register_fake
+def _(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(new)
+
+
+def _mark_backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[no-untyped-def]
+    return grad, None
+
+
+# The loss is marked inside the differentiated function: its gradient passes through unchanged.
+mark.register_autograd(_mark_backward)
+
+MARK_OPS = (torch.ops.graphamp.mark.default, torch.ops.graphamp.mark_update.default)
+
+
+def strip(module: fx.GraphModule) -> dict[str, tuple[Role, str | None]]:
+    """Remove every mark from ``module``'s graph; returns, by fx node name of the marked
+    value, its role and (for updates) the name of the value it replaces."""
+    roles: dict[str, tuple[Role, str | None]] = {}
+    graph = module.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in MARK_OPS:
+            continue
+        value = node.args[0]
+        assert isinstance(value, fx.Node)
+        if node.target is MARK_OPS[0]:
+            roles[value.name] = (Role(node.args[1]), None)
+        else:
+            old = node.args[1]
+            assert isinstance(old, fx.Node)
+            roles[value.name] = (Role.UPDATE, old.name)
+        node.replace_all_uses_with(value)
+        graph.erase_node(node)
+    graph.lint()
+    module.recompile()
+    return roles

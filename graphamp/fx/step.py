@@ -1,0 +1,336 @@
+"""A whole training step as one static mixed-precision graph, loss scaling inside it.
+
+The forward pass is converted by the engine (float32 master weights, cast once per step);
+backward follows the casts through autograd. The step (forward, loss, backward, optimizer
+update) is traced once with ``make_fx`` into a GraphModule with its values marked
+(:mod:`graphamp.fx.marks`), read into the neutral graph, and the ``step`` pipeline of passes
+(:mod:`graphamp.passes.loss_scale`) adds loss scaling, unscaling, the finite check, the step
+guard and the scale update as nodes the plan records. State lives in tensors, so a step never
+waits for the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from graphamp.errors import GraphampError
+from graphamp.fx import marks, optim, reader, writer
+from graphamp.fx.conversion import convert, fx_policy
+from graphamp.fx.types import torch_dtype
+from graphamp.graph import OpGraph
+from graphamp.passes import PassContext, PassManager
+from graphamp.passes.loss_scale import STEP
+from graphamp.plan import Plan
+from graphamp.policy import Policy
+from graphamp.records import NodeDecision
+from graphamp.scaling import DynamicLossScaling, LossScaling, StaticLossScaling
+
+
+@dataclass
+class CapturedStep:
+    """One traced step graph and what the training passes added to it."""
+
+    module: fx.GraphModule
+    graph: OpGraph  # the neutral view, after the passes
+    state_inputs: list[str]  # state placeholders, after the traced arguments
+    state_outputs: list[tuple[str, str]]  # (output, the state it replaces), after the others
+    decisions: dict[str, NodeDecision]
+
+
+class TrainStep:
+    """``step(*batch) -> loss``: ``batch[:-1]`` feeds the model, ``loss_fn(output, batch[-1])``
+    gives the loss. Owns parameters, optimizer state and loss-scaling state (tensors)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[..., torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        policy: Policy | None,
+        loss_scaling: LossScaling | None,
+        accumulate: int,
+        overrides: dict[str, Any],
+    ) -> None:
+        if accumulate < 1:
+            raise GraphampError(f"accumulate must be at least 1, got {accumulate}")
+        self.model, self.loss_fn, self.accumulate = model, loss_fn, accumulate
+        self.optimizer, self.kind = optimizer, type(optimizer).__name__
+        self.groups = optim.optimizer_groups(optimizer, model)
+        self.policy, self.overrides = policy, overrides
+        self.loss_scaling = loss_scaling
+        self.plan: Plan | None = None
+        self.graph: fx.GraphModule | None = None  # the update step (the last micro-batch)
+        self.accumulate_graph: fx.GraphModule | None = None
+        self.captured: dict[str, CapturedStep] = {}
+        self.state: dict[str, torch.Tensor] = {}  # what the passes added: scale, skip count
+        self._micro = 0
+        self._rates: list[float] = []
+        self._rate_tensors: list[torch.Tensor] = []
+
+    # building -------------------------------------------------------------------------------
+
+    def _build(self, batch: Sequence[torch.Tensor]) -> None:
+        inputs = tuple(batch[:-1])
+        policy = fx_policy(self.model, self.policy, None, dict(self.overrides), "train_step()")
+        self.forward, forward_plan = convert(self.model, inputs, policy=policy, weights="master")
+        self.params = {n: p.detach().clone() for n, p in self.forward.named_parameters()}
+        # Trainable: in an optimizer group and requiring grad. The others (frozen) are read
+        # by the forward pass but get no gradient and no update.
+        self.trainable = [name for group in self.groups for name in group.names]
+        if not self.trainable:
+            raise GraphampError("the optimizer holds no parameter that requires grad")
+        missing = [name for name in self.trainable if name not in self.params]
+        if missing:
+            raise GraphampError(f"parameter {missing[0]!r} is not in the captured module")
+        # Buffers (batch-norm running statistics) are updated by the forward pass as in eager
+        # PyTorch, on skipped steps too; the step owns its copies.
+        self.buffers = {n: b.detach().clone() for n, b in self.forward.named_buffers()}
+        self.opt_state = optim.resume_state(
+            self.kind,
+            self.groups,
+            optim.initial_state(self.kind, self.groups, self.params),
+            self.optimizer,
+            self.model,
+        )
+        # All state lives where the parameters do, so no step copies between host and device.
+        self.device = next(iter(self.params.values())).device
+        self.opt_state = {k: v.to(self.device) for k, v in self.opt_state.items()}
+        # Gradients are carried between calls only when micro-batches accumulate.
+        carried = self.trainable if self.accumulate > 1 else []
+        self.grad_acc = {n: torch.zeros_like(self.params[n]) for n in carried}
+
+        with torch.no_grad():
+            update = self._capture(self._update_fn, batch, policy)
+            self.captured["update"] = update
+            self.graph = update.module
+            if self.accumulate > 1:
+                self.captured["accumulate"] = self._capture(self._accumulate_fn, batch, policy)
+                self.accumulate_graph = self.captured["accumulate"].module
+        decisions = {k: v for step in self.captured.values() for k, v in step.decisions.items()}
+        self.plan = dataclasses.replace(forward_plan, nodes={**forward_plan.nodes, **decisions})
+
+    def _capture(
+        self, fn: Callable[..., list[torch.Tensor]], batch: Sequence[torch.Tensor], policy: Policy
+    ) -> CapturedStep:
+        """Trace ``fn`` (the plain step), then let the step passes add their nodes."""
+        # functionalize turns the forward's in-place buffer updates into functional ops and a
+        # copy back onto the buffer arguments; tracing runs on copies of the state.
+        flat = [t.clone() for t in self._flatten()]
+        traced = make_fx(torch.func.functionalize(fn, remove="mutations"))(
+            *flat, *self._learning_rates(), *batch
+        )
+        read = reader.read(traced, master_weights=True, roles=marks.strip(traced))
+        options = {"loss_scaling": self.loss_scaling}
+        context = PassManager(pipeline=STEP).run(PassContext(read.graph, policy, options))
+        module = writer.apply(read, context.script)
+        script, tensors = context.script, read.graph.tensors
+        for name, initial in script.new_inputs.items():
+            if name not in self.state:
+                dtype = torch_dtype(tensors[name].dtype)
+                self.state[name] = torch.tensor(initial, dtype=dtype, device=self.device)
+        return CapturedStep(
+            module,
+            read.graph,
+            list(script.new_inputs),
+            [(name, str(tensors[name].replaces)) for name in script.new_outputs],
+            {name: context.decisions[name] for name in script.new_nodes},
+        )
+
+    def _flatten(self) -> list[torch.Tensor]:
+        """The step's state as the graph's leading arguments; buffers come last."""
+        return [
+            *self.params.values(),
+            *self.opt_state.values(),
+            *self.grad_acc.values(),
+            *self.buffers.values(),
+        ]
+
+    def _split(self, args: Sequence[torch.Tensor]) -> tuple[dict, dict, dict, list, list]:
+        """The traced functions' arguments: (params, optimizer state, accumulated grads,
+        learning rates, batch); the buffers behind them are kept for the forward pass (the
+        graph writes them in place: functionalize's epilogue)."""
+        parts, start = [], 0
+        for state in (self.params, self.opt_state, self.grad_acc, self.buffers):
+            parts.append(dict(zip(state.keys(), args[start : start + len(state)], strict=True)))
+            start += len(state)
+        self._traced_buffers = parts.pop()
+        lrs_end = start + len(self.groups)
+        return (*parts, list(args[start:lrs_end]), list(args[lrs_end:]))  # type: ignore[return-value]
+
+    # the traced functions ---------------------------------------------------------------------
+
+    def _gradients(
+        self, params: dict[str, torch.Tensor], batch: Sequence[torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The trainable parameters' gradients and the loss, with the loss multiplied by a
+        marked seed of one before differentiation: the loss-scale pass scales that seed."""
+        inputs, target = tuple(batch[:-1]), batch[-1]
+        trainable = {name: params[name] for name in self.trainable}
+        frozen = {n: p for n, p in params.items() if n not in trainable}
+
+        def seeded_loss(
+            p: dict[str, torch.Tensor], rest: dict[str, torch.Tensor]
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            output = torch.func.functional_call(self.forward, {**p, **rest}, inputs)
+            # The loss runs in float32, as every AMP list has it: low-precision outputs are
+            # widened first (a bfloat16/float32 mix also trips inductor's loss lowerings).
+            output = torch.utils._pytree.tree_map(
+                lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+                output,
+            )
+            loss = self.loss_fn(output, target).float()
+            return loss * marks.mark(torch.ones_like(loss), "grad_seed"), loss
+
+        # Buffers are an argument, not captured: torch.func refuses to mutate captured tensors.
+        rest = {**frozen, **self._traced_buffers}
+        grads, loss = torch.func.grad(seeded_loss, has_aux=True)(trainable, rest)
+        return grads, marks.mark(loss, "loss")
+
+    def _accumulate_fn(self, *args: torch.Tensor) -> list[torch.Tensor]:
+        params, opt_state, grad_acc, _, batch = self._split(args)
+        grads, loss = self._gradients(params, batch)
+        grad_acc = {n: grad_acc[n] + grads[n].float() for n in grad_acc}
+        return [loss, *params.values(), *opt_state.values(), *grad_acc.values()]
+
+    def _update_fn(self, *args: torch.Tensor) -> list[torch.Tensor]:
+        params, opt_state, grad_acc, lrs, batch = self._split(args)
+        grads, loss = self._gradients(params, batch)
+        # Accumulated micro-batches share one scale: their sum is averaged (and unscaled by
+        # the loss-scale pass) once.
+        total = {n: g.float() for n, g in grads.items()}
+        if self.accumulate > 1:
+            total = {n: (grad_acc[n] + g) * (1.0 / self.accumulate) for n, g in total.items()}
+        total = {n: marks.mark(g, "gradient") for n, g in total.items()}
+        new_params, new_opt = optim.update(self.kind, self.groups, lrs, params, total, opt_state)
+        params = {**params, **{n: marks.mark_update(v, params[n]) for n, v in new_params.items()}}
+        opt_state = {k: marks.mark_update(new_opt[k], opt_state[k]) for k in opt_state}
+        grad_acc = {n: torch.zeros_like(g) for n, g in grad_acc.items()}
+        return [loss, *params.values(), *opt_state.values(), *grad_acc.values()]
+
+    def _learning_rates(self) -> list[torch.Tensor]:
+        """Each group's current ``lr``, read from the optimizer (schedulers change it); every
+        other hyper-parameter is fixed into the graph, so a change to one is refused."""
+        rates = []
+        for group, captured in zip(self.optimizer.param_groups, self.groups, strict=True):
+            fixed = optim.fixed_hyper(group)
+            if fixed != captured.hyper:
+                changed = sorted(k for k in fixed if fixed[k] != captured.hyper.get(k))
+                raise GraphampError(
+                    f"optimizer hyper-parameter {', '.join(changed)} changed after the step was "
+                    "captured; only lr may change (build a new train_step)"
+                )
+            rates.append(float(group["lr"]))
+        # A new tensor only when a scheduler changed a rate: on a GPU, making one is a copy
+        # from the host, which the step would otherwise wait for at every call.
+        if rates != self._rates:
+            self._rates = rates
+            self._rate_tensors = [torch.tensor(rate, device=self.device) for rate in rates]
+        return self._rate_tensors
+
+    # use --------------------------------------------------------------------------------------
+
+    def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
+        if len(batch) < 2:
+            raise GraphampError("step(*batch): pass the model inputs and then the target")
+        if self.graph is None:
+            self._build(batch)
+        self._micro += 1
+        last = self._micro % self.accumulate == 0
+        captured = self.captured["update" if last else "accumulate"]
+        graph = self.graph if last else self.accumulate_graph
+        state = [self.state[name] for name in captured.state_inputs]
+        loss, *results = graph(*self._flatten(), *self._learning_rates(), *batch, *state)  # type: ignore[misc]
+        start = 0
+        for target in (self.params, self.opt_state, self.grad_acc):
+            target.update(zip(target.keys(), results[start : start + len(target)], strict=True))
+            start += len(target)
+        for (_, replaces), value in zip(captured.state_outputs, results[start:], strict=True):
+            self.state[replaces] = value
+        if last:
+            # What optimizer.step() records, so LR schedulers stepped after this call do not
+            # warn that the optimizer never stepped.
+            self.optimizer._opt_called = True  # type: ignore[attr-defined]
+        return loss
+
+    def compile(self, *batch: torch.Tensor, **options: Any) -> TrainStep:
+        """Capture on ``batch`` (without stepping) and compile the step graphs with
+        ``torch.compile(**options)``; returns self."""
+        if self.graph is None:
+            self._build(batch)
+        self.graph = torch.compile(self.graph, **options)  # type: ignore[assignment]
+        if self.accumulate_graph is not None:
+            self.accumulate_graph = torch.compile(self.accumulate_graph, **options)  # type: ignore[assignment]
+        return self
+
+    @property
+    def loss_scale(self) -> torch.Tensor:
+        if "loss_scale.scale" in self.state:
+            return self.state["loss_scale.scale"]
+        initial = self.loss_scaling.initial_scale if self.loss_scaling is not None else 1.0
+        return torch.tensor(initial)
+
+    @property
+    def skipped_steps(self) -> torch.Tensor:
+        return self.state.get("skipped_steps", torch.tensor(0, dtype=torch.int32))
+
+    def explain(self, node: str) -> str:
+        """The chain of reasons for a node of the step's plan (a forward op, or one of the
+        nodes the training passes added, such as ``loss_scale`` or ``step_guard``)."""
+        from graphamp import report
+
+        if self.plan is None:
+            raise GraphampError("the step is captured on its first call: call it first")
+        graph = self.captured["update"].graph
+        return report.explain(self.plan, node, graph if node in graph.nodes else None)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained parameters, by the model's parameter names."""
+        return dict(self.params)
+
+    def copy_to(self, model: nn.Module | None = None) -> None:
+        """Write the trained parameters and buffers back into ``model`` (default: the one
+        given). For the model given, the optimizer's state (momentum buffers, moments, step) is
+        written into the optimizer too, in torch.optim's layout, so ``optimizer.state_dict()``
+        checkpoints the run and a new ``train_step`` on it resumes where this one stopped."""
+        target = model or self.model
+        if target is self.model and self.graph is not None:
+            optim.export_state(self.kind, self.groups, self.opt_state, self.optimizer, self.model)
+        own = {**dict(target.named_parameters()), **dict(target.named_buffers())}
+        with torch.no_grad():
+            for name, value in {**self.params, **self.buffers}.items():
+                if name not in own:
+                    raise GraphampError(f"parameter {name!r} has no counterpart in the model")
+                own[name].copy_(value)
+
+
+def train_step(
+    model: nn.Module,
+    loss_fn: Callable[..., torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    *,
+    policy: Policy | None = None,
+    loss_scaling: LossScaling | str | None = "default",
+    accumulate: int = 1,
+    **policy_overrides: Any,
+) -> TrainStep:
+    """A training step for ``model`` as one mixed-precision graph (captured on first call).
+
+    ``loss_scaling`` defaults to :class:`DynamicLossScaling` for float16 and to none for
+    bfloat16 (it has float32's range). ``accumulate=k`` keeps the scale fixed over k
+    micro-batches and unscales, checks and updates once per effective batch.
+    """
+    if loss_scaling == "default":
+        dtype = policy.dtype if policy is not None else policy_overrides.get("dtype", "bfloat16")
+        loss_scaling = DynamicLossScaling() if dtype == "float16" else None
+    if loss_scaling is not None and not isinstance(
+        loss_scaling, DynamicLossScaling | StaticLossScaling
+    ):
+        raise GraphampError("loss_scaling: a DynamicLossScaling, a StaticLossScaling or None")
+    return TrainStep(model, loss_fn, optimizer, policy, loss_scaling, accumulate, policy_overrides)

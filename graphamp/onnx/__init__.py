@@ -1,0 +1,82 @@
+"""The ONNX dialect's Python API: convert a float32 ONNX model to mixed precision.
+
+    >>> import graphamp.onnx
+    >>> result = graphamp.onnx.convert("model.onnx", dtype="float16")   # doctest: +SKIP
+    >>> graphamp.onnx.save(result.model, "model.fp16.onnx")              # doctest: +SKIP
+
+The work is the engine's (:mod:`graphamp.engine`) over :class:`OnnxDialect`; this module picks
+the policy from keyword overrides and returns ONNX types.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import onnx
+import onnx_ir as ir
+
+from graphamp import engine
+from graphamp.errors import GraphampError
+from graphamp.onnx.dialect import OnnxDialect
+from graphamp.onnx.files import from_proto, inferred_types, load, save
+from graphamp.plan import Plan
+from graphamp.policy import Policy
+
+__all__ = [
+    "Conversion",
+    "OnnxDialect",
+    "analyse",
+    "convert",
+    "from_proto",
+    "inferred_types",
+    "load",
+    "save",
+]
+
+Model = str | os.PathLike[str] | onnx.ModelProto | ir.Model
+
+
+@dataclass
+class Conversion(engine.Conversion):
+    """What :func:`convert` returns: the converted onnx_ir model, its plan, timings and the
+    input's dataflow view."""
+
+    model: ir.Model
+
+    def to_proto(self) -> onnx.ModelProto:
+        return ir.to_proto(self.model)
+
+
+def _policy(policy: Policy | None, overrides: dict[str, object], reviewed: Plan | None) -> Policy:
+    if policy is None and reviewed is not None and not overrides:
+        return engine.reviewed_policy(reviewed, reviewed.model or "plan")
+    if policy is None:
+        return Policy.create(where="convert()", **overrides)  # type: ignore[arg-type]
+    if overrides:
+        raise GraphampError("pass either a policy or keyword overrides, not both")
+    return policy
+
+
+def analyse(
+    model: Model, policy: Policy | None = None, *, reviewed: Plan | None = None, **overrides: object
+) -> engine.Analysis:
+    """Read ``model`` and run the passes: its graph, plan and edit script; nothing converted."""
+    return engine.analyse(
+        model, _policy(policy, overrides, reviewed), dialect=OnnxDialect(), reviewed=reviewed
+    )
+
+
+def convert(
+    model: Model, policy: Policy | None = None, *, reviewed: Plan | None = None, **overrides: object
+) -> Conversion:
+    """Convert a float32 ONNX model to mixed precision.
+
+    ``model`` is a path, a ``ModelProto`` (never modified) or an ``onnx_ir`` model (which is
+    converted in place). ``policy`` defaults to the float16 defaults; keyword ``overrides``
+    (``dtype``, ``allow``, ``deny_names``, ``keep_io_types``, ...) go to :meth:`Policy.create`.
+    ``reviewed`` applies that plan's decisions instead (and refuses a model that no longer
+    matches it); its own policy is used.
+    """
+    result = engine.apply(analyse(model, policy, reviewed=reviewed, **overrides))
+    return Conversion(result.model, result.plan, result.seconds, result.graph)

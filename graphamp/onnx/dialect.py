@@ -1,0 +1,64 @@
+"""The ONNX dialect: ``.onnx`` files, ``onnx.ModelProto`` and ``onnx_ir.Model`` objects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from graphamp.dialects.base import Dialect, ReadGraph
+from graphamp.edits import EditScript
+from graphamp.errors import GraphampError
+from graphamp.inputs import InputSpec
+from graphamp.onnx import files, reader, runtime, writer
+from graphamp.policy import Policy
+
+
+class OnnxDialect(Dialect):
+    """Models are onnx_ir models; ``load`` never changes a file or a ``ModelProto`` (an
+    ``onnx_ir.Model`` given directly is converted in place, as onnx_ir passes do)."""
+
+    name = "onnx"
+    lists = "onnx"
+
+    def accepts(self, source: object) -> bool:
+        return isinstance(source, onnx.ModelProto | ir.Model)
+
+    def load(self, source: object) -> ir.Model:
+        if isinstance(source, str | Path):
+            return files.load(source)
+        if isinstance(source, onnx.ModelProto):
+            return files.from_proto(source)
+        if isinstance(source, ir.Model):
+            return source
+        raise GraphampError(f"expected a path or an ONNX model, got {type(source).__name__}")
+
+    def read(self, model: ir.Model, policy: Policy) -> ReadGraph:
+        return reader.read(model, policy.dtype)
+
+    def apply(self, read: ReadGraph, script: EditScript) -> ir.Model:
+        return writer.apply(read, script)
+
+    def save(self, model: ir.Model, path: Path) -> None:
+        files.save(model, path)
+
+    def input_specs(self, model: Any) -> list[InputSpec]:
+        return runtime.input_specs(_proto(model, with_data=False))
+
+    def run(
+        self, model: Any, feeds: dict[str, np.ndarray], *, provider: str = "cpu"
+    ) -> tuple[dict[str, np.ndarray], str]:
+        return runtime.run(_proto(model, with_data=True), feeds, provider)
+
+
+def _proto(model: Any, *, with_data: bool) -> onnx.ModelProto:
+    """A ModelProto of a model or a saved file (its external data loaded when running)."""
+    if isinstance(model, str | Path):
+        try:
+            return onnx.load(str(model), load_external_data=with_data)
+        except Exception as exc:  # protobuf and file errors alike
+            raise GraphampError(f"{model}: cannot read the model ({exc})") from None
+    return ir.to_proto(model) if isinstance(model, ir.Model) else model

@@ -1,0 +1,157 @@
+"""ONNX files in and out: load with type inference, save atomically with external data.
+
+Type inference runs on a copy whose large initializers are data-less stubs, so a model of
+hundreds of megabytes costs no copies of its weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from graphamp.errors import GraphampError
+
+log = logging.getLogger(__name__)
+
+EXTERNAL_DATA_THRESHOLD = 1_900_000_000  # bytes of weights above which we write external data
+EXTERNAL_DATA_KEY = "graphamp.external_data"
+
+
+def load(path: str | os.PathLike[str]) -> ir.Model:
+    """Read an ONNX file (with its external data) and run type inference on it."""
+    path = Path(path)
+    if not path.is_file():
+        raise GraphampError(f"{path}: no such file")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises several unrelated types for bad bytes
+        raise GraphampError(f"{path}: not an ONNX model ({type(exc).__name__}: {exc})") from None
+    return from_proto(proto, where=str(path), base_dir=path.parent)
+
+
+def from_proto(
+    proto: onnx.ModelProto, *, where: str = "model", base_dir: Path | None = None
+) -> ir.Model:
+    """An onnx_ir model from ``proto`` (not modified), with inferred value types."""
+    if not isinstance(proto, onnx.ModelProto) or not proto.HasField("graph"):
+        raise GraphampError(f"{where}: not an ONNX model (no graph)")
+    if not proto.graph.node:
+        raise GraphampError(f"{where}: the graph has no nodes")
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as exc:
+        raise GraphampError(f"{where}: malformed ONNX model ({exc})") from None
+    _apply_inferred_types(model, proto, where)
+    if base_dir is not None:
+        ir.external_data.set_base_dir(model.graph, base_dir)
+    # Remembered for save(): a model whose weights lived outside keeps them outside.
+    model.meta[EXTERNAL_DATA_KEY] = _has_external(model)
+    return model
+
+
+def _apply_inferred_types(model: ir.Model, proto: onnx.ModelProto, where: str) -> None:
+    """Type every value that ONNX type inference can type (see the module docstring)."""
+    light = _without_large_initializers(proto)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+    except Exception as exc:  # inference gives up on some contrib ops: fall back to local rules
+        log.warning("%s: ONNX type inference failed (%s); using local type rules", where, exc)
+        return
+    values = {v.name: v for v in model.graph.inputs}
+    for node in model.graph:
+        for value in node.outputs:
+            values[value.name] = value
+    for info in [*inferred.graph.value_info, *inferred.graph.output]:
+        value = values.get(info.name)
+        if value is None or not info.type.HasField("tensor_type"):
+            continue
+        if value.type is None:
+            value.type = ir.serde.deserialize_type_proto_for_type(info.type)
+        if value.shape is None and info.type.tensor_type.HasField("shape"):
+            value.shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+
+
+def inferred_types(proto: onnx.ModelProto) -> dict[str, int]:
+    """Tensor name -> ONNX element type for every typed value of ``proto``'s main graph
+    (graph I/O, initializers, and what type inference finds), without copying weights."""
+    inferred = onnx.shape_inference.infer_shapes(_without_large_initializers(proto))
+    types = {init.name: init.data_type for init in proto.graph.initializer}
+    for info in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output):
+        if info.type.HasField("tensor_type"):
+            types[info.name] = info.type.tensor_type.elem_type
+    return types
+
+
+def _without_large_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``proto`` whose initializers of over 256 elements are data-less external
+    stubs (small ones stay: shape computations read their values). Nothing big is copied."""
+    if not any(_elements(init) > 256 for init in proto.graph.initializer):
+        return proto
+    light = onnx.ModelProto()
+    for descriptor, value in proto.ListFields():
+        if descriptor.name != "graph":
+            _copy_field(light, descriptor, value)
+    for descriptor, value in proto.graph.ListFields():
+        if descriptor.name != "initializer":
+            _copy_field(light.graph, descriptor, value)
+    for init in proto.graph.initializer:
+        if _elements(init) <= 256:
+            light.graph.initializer.append(init)
+            continue
+        stub = light.graph.initializer.add(name=init.name, data_type=init.data_type)
+        stub.dims.extend(init.dims)
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        stub.external_data.add(key="location", value="graphamp-type-inference-stub")
+    return light
+
+
+def _elements(tensor: onnx.TensorProto) -> int:
+    return int(np.prod(tensor.dims)) if tensor.dims else 1
+
+
+def _copy_field(message, descriptor, value) -> None:  # type: ignore[no-untyped-def]
+    if descriptor.is_repeated:
+        getattr(message, descriptor.name).extend(value)
+    elif descriptor.type == descriptor.TYPE_MESSAGE:
+        getattr(message, descriptor.name).CopyFrom(value)
+    else:
+        setattr(message, descriptor.name, value)
+
+
+def save(model: ir.Model, path: str | os.PathLike[str]) -> None:
+    """Write ``model`` atomically; weights go to ``<name>.data`` beside it when over 2 GB
+    or when the input kept them there."""
+    path = Path(path)
+    external = (
+        _weight_bytes(model) > EXTERNAL_DATA_THRESHOLD
+        or _has_external(model)
+        or bool(model.meta.get(EXTERNAL_DATA_KEY))
+    )
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        tmp_path = Path(tmp) / path.name
+        data_name = f"{path.name}.data"
+        if external:
+            ir.save(model, tmp_path, external_data=data_name, size_threshold_bytes=1024)
+        else:
+            ir.save(model, tmp_path)
+        if external:
+            os.replace(Path(tmp) / data_name, path.parent / data_name)
+        os.replace(tmp_path, path)
+
+
+def _weight_bytes(model: ir.Model) -> int:
+    return sum(
+        v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
+    )
+
+
+def _has_external(model: ir.Model) -> bool:
+    return any(
+        isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values()
+    )

@@ -1,0 +1,95 @@
+"""Running ONNX models for verification: onnxruntime, or ``onnx.reference`` where the CPU
+provider has no kernel (most bfloat16 ops), since that evaluator computes in the stored types."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from graphamp import dtypes
+from graphamp.errors import GraphampError
+from graphamp.inputs import InputSpec
+
+NotImplementedByOrt = ort.capi.onnxruntime_pybind11_state.NotImplemented
+
+# onnx.reference runs bfloat16 matrix products in numpy, slowly: only for models up to this size.
+REFERENCE_MAX_BYTES = 64 * 1024 * 1024
+
+
+def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
+    """The graph inputs a caller feeds (initializers excluded), integer ids bounded by the
+    embedding table they index."""
+    initializers = {init.name for init in model.graph.initializer}
+    bounds = _gather_bounds(model)
+    specs = []
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor_type = value.type.tensor_type
+        shape = tuple(
+            d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim
+        )
+        dtype = dtypes.from_onnx(tensor_type.elem_type) or onnx.TensorProto.DataType.Name(
+            tensor_type.elem_type
+        )
+        specs.append(InputSpec(value.name, dtype, shape, bounds.get(value.name)))
+    return specs
+
+
+def _gather_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """For inputs used as Gather indices into a stored table: the table's size on that axis,
+    so random token ids stay inside the embedding."""
+    shapes = {init.name: list(init.dims) for init in model.graph.initializer}
+    bounds: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or node.input[0] not in shapes:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        size = shapes[node.input[0]][axis]
+        bounds[node.input[1]] = min(size, bounds.get(node.input[1], size))
+    return bounds
+
+
+def run(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], provider: str = "cpu"
+) -> tuple[dict[str, np.ndarray], str]:
+    """Outputs of ``model`` on ``feeds`` (each converted to the input's declared type), and the
+    backend that computed them (see the module docstring)."""
+    typed: dict[str, np.ndarray] = {}
+    initializers = {init.name for init in model.graph.initializer}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        if value.name not in feeds:
+            raise GraphampError(f"no value given for model input {value.name!r}")
+        name = dtypes.from_onnx(value.type.tensor_type.elem_type)
+        target = dtypes.numpy_type(name) if name else feeds[value.name].dtype
+        typed[value.name] = feeds[value.name].astype(target)
+    providers = (
+        ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        if provider == "cuda"
+        else ["CPUExecutionProvider"]
+    )
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+    except NotImplementedByOrt as exc:
+        if model.ByteSize() > REFERENCE_MAX_BYTES:
+            raise GraphampError(
+                f"onnxruntime ({provider}) cannot run the converted model ({_first_line(exc)}), "
+                "and it is too large for onnx.reference: verify with --provider cuda"
+            ) from None
+        from onnx.reference import ReferenceEvaluator
+
+        evaluator = ReferenceEvaluator(model)
+        names = [o.name for o in model.graph.output]
+        return dict(zip(names, evaluator.run(names, typed), strict=True)), "onnx.reference"
+    names = [o.name for o in session.get_outputs()]
+    used = session.get_providers()[0].replace("ExecutionProvider", "").lower()
+    return dict(zip(names, session.run(names, typed), strict=True)), f"onnxruntime {used}"
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0][:200]

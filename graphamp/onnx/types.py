@@ -1,0 +1,28 @@
+"""ONNX element types in the engine's words (through the one table, :mod:`graphamp.dtypes`)."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from graphamp import dtypes
+from graphamp.dtypes import UNKNOWN
+
+
+def dtype_name(dtype: ir.DataType | None) -> str:
+    """The engine's name of an ONNX element type ("unknown" for None)."""
+    if dtype is None:
+        return UNKNOWN
+    return dtypes.from_onnx(int(dtype)) or dtype.name.lower()
+
+
+def ir_type(name: str) -> ir.DataType:
+    """The ONNX element type of an engine dtype name."""
+    return ir.DataType(dtypes.BY_NAME[name].onnx)
+
+
+def type_str_dtype(type_str: str) -> str:
+    """The dtype a schema's type string names (``tensor(float)`` -> ``float32``)."""
+    if type_str.startswith("tensor(") and type_str.endswith(")"):
+        inner = type_str[7:-1]
+        return {"float": "float32", "double": "float64"}.get(inner, inner)
+    return UNKNOWN

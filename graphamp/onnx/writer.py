@@ -1,0 +1,106 @@
+"""Applying an edit script to an onnx_ir model.
+
+Inserted Casts go right after their producer (or first, for graph inputs and initializers), so
+the node order stays topological without a re-sort. Weights are converted, never cast at run
+time, and a conversion that would overflow is refused: classify keeps such readers float32.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from graphamp.dialects.base import ReadGraph
+from graphamp.edits import EditScript
+from graphamp.errors import InternalError
+from graphamp.onnx.reader import OnnxHandles, subgraph_nodes
+from graphamp.onnx.types import ir_type
+from graphamp.passes.numerics import convert_values
+
+
+def apply(read: ReadGraph, script: EditScript) -> ir.Model:
+    """Apply ``script`` to ``read.model`` (modified in place and returned)."""
+    model: ir.Model = read.model
+    graph = model.graph
+    handles: OnnxHandles = read.handles
+    values, nodes, op_graph = handles.values, handles.nodes, read.graph
+
+    for record in script.weights:
+        converted = convert_values(op_graph.tensors[record.name].load_value(), record.dst)  # type: ignore[misc]
+        if converted.overflowed:
+            # classify keeps the readers of such weights float32: reaching here is a bug, and
+            # clamping silently is the one thing graphamp must never do.
+            raise InternalError(f"weight {record.name!r} would overflow {record.dst}")
+        tensor = ir.Tensor(converted.values, name=record.stored_as)
+        source = values[record.name]
+        if not record.in_place:
+            copy = ir.Value(
+                name=record.stored_as,
+                shape=source.shape,
+                type=ir.TensorType(ir_type(record.dst)),
+                const_value=tensor,
+            )
+            graph.register_initializer(copy)
+            values[record.stored_as] = copy
+        elif source.producer() is not None:  # a Constant node
+            source.producer().attributes["value"] = ir.AttrTensor("value", tensor)  # type: ignore[union-attr]
+            source.dtype = ir_type(record.dst)
+        else:
+            source.const_value = tensor
+            source.dtype = ir_type(record.dst)
+
+    for name, dtype in script.retype.items():
+        values[name].dtype = ir_type(dtype)
+
+    for record in script.casts:
+        _insert_cast(graph, values, record.tensor, record.dst, record.output)
+
+    for (node_name, slot), tensor in script.rewire.items():
+        node = nodes[node_name]
+        if slot >= 0:
+            node.replace_input_with(slot, values[tensor])
+        else:
+            old = values[op_graph.nodes[node_name].implicit_inputs[-1 - slot]]
+            _rewire_inside(node, old, values[tensor])
+
+    for node_name, dtype in script.retarget_casts.items():
+        nodes[node_name].attributes["to"] = ir.AttrInt64("to", ir_type(dtype))
+
+    if script.remove_nodes:
+        graph.remove([nodes[name] for name in script.remove_nodes], safe=True)
+
+    for record in script.output_casts:
+        low_value = values[record.output]
+        low_value.name = record.tensor
+        values[record.tensor] = low_value
+        cast_out = _insert_cast(graph, values, record.tensor, record.dst, record.output)
+        for index, output in enumerate(graph.outputs):
+            if output is low_value:
+                graph.outputs[index] = cast_out
+    if script.new_nodes or script.new_inputs:
+        raise InternalError("the ONNX dialect adds no training nodes")
+    return model
+
+
+def _insert_cast(
+    graph: ir.Graph, values: dict[str, ir.Value], tensor: str, dtype: str, output: str
+) -> ir.Value:
+    source = values[tensor]
+    out = ir.Value(name=output, shape=source.shape, type=ir.TensorType(ir_type(dtype)))
+    cast = ir.Node(
+        "", "Cast", [source], [ir.AttrInt64("to", ir_type(dtype))], outputs=[out], name=output
+    )
+    producer = source.producer()
+    if producer is not None and producer.graph is graph:
+        graph.insert_after(producer, cast)
+    else:
+        graph.insert_before(next(iter(graph)), cast)
+    values[output] = out
+    return out
+
+
+def _rewire_inside(node: ir.Node, old: ir.Value, new: ir.Value) -> None:
+    """Make the subgraphs of ``node`` read ``new`` wherever they read ``old``."""
+    inner = {id(n) for n in subgraph_nodes(node)}
+    for use in list(old.uses()):
+        if id(use.node) in inner:
+            use.node.replace_input_with(use.idx, new)

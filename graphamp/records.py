@@ -1,0 +1,94 @@
+"""The records a plan is made of: one decision per node, one record per cast and per weight.
+
+They are plain data: a pass makes them, the plan writes them to JSON, the edit script refers to
+the same objects, and a diff compares them by stable identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from graphamp.vocab import Precision, Rule
+
+
+@dataclass
+class NodeDecision:
+    """The precision one node computes in, and why.
+
+    ``rule`` is a stable key (:class:`~graphamp.vocab.Rule`); ``reason`` is the sentence for
+    people; ``via`` names the neighbour a colour spread through.
+    """
+
+    op: str
+    precision: Precision
+    rule: Rule
+    reason: str
+    via: str | None = None
+    flops: int | None = None  # matrix ops with known shapes: 2 x multiply-adds
+
+
+@dataclass
+class CastRecord:
+    """One Cast the conversion inserts: ``tensor`` converted ``src`` -> ``dst`` as ``output``."""
+
+    tensor: str
+    src: str
+    dst: str
+    output: str
+    consumers: list[str]
+    purpose: str = "precision boundary"  # or "graph output kept in its original type"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "tensor": self.tensor,
+            "from": self.src,
+            "to": self.dst,
+            "output": self.output,
+            "consumers": self.consumers,
+            "purpose": self.purpose,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> CastRecord:
+        return cls(
+            tensor=str(data["tensor"]),
+            src=str(data["from"]),
+            dst=str(data["to"]),
+            output=str(data["output"]),
+            consumers=[str(name) for name in data["consumers"]],  # type: ignore[attr-defined]
+            purpose=str(data["purpose"]),
+        )
+
+
+BOUNDARY = "precision boundary"
+
+
+@dataclass
+class WeightRecord:
+    """A stored value (initializer or Constant) converted instead of cast at run time, or kept
+    in its type because its values would not fit the target (``src == dst``)."""
+
+    name: str
+    src: str
+    dst: str
+    stored_as: str  # the name the converted copy is stored under (``name`` when in place)
+    in_place: bool
+    elements: int
+    bytes_before: int
+    bytes_after: int
+    flushed_to_zero: int  # non-zero values that became zero in ``dst``
+    consumers: list[str] = field(default_factory=list)
+    # values beyond the target type's range: such a weight is kept (src == dst) with its readers
+    out_of_range: int = 0
+
+    @property
+    def kept(self) -> bool:
+        return self.src == self.dst
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def decision_dict(decision: NodeDecision) -> dict[str, object]:
+    """A decision as the plan file writes it: fields that are None are left out."""
+    return {key: value for key, value in asdict(decision).items() if value is not None}

@@ -1,0 +1,117 @@
+"""Applying a reviewed plan: its decisions instead of new ones, and nothing else.
+
+``graphamp convert IN -o OUT --from-plan reviewed.json`` must ship exactly what was reviewed.
+:class:`ReviewedDecisionsPass` takes every node's decision from the plan (refusing a model whose
+nodes no longer match it); the casts pass derives the edits from those decisions as always; and
+:class:`ReviewedRecordsPass` refuses when the casts and weights derived differ from the ones the
+plan lists (the model's types or weight values moved since the review). Each refusal names the
+first difference, so the user knows what to re-review.
+"""
+
+from __future__ import annotations
+
+from graphamp.dtypes import LOW_TYPES
+from graphamp.errors import GraphampError
+from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.passes.classify import stored_float32_inputs
+from graphamp.plan import Plan
+
+
+def _reviewed(context: PassContext) -> Plan:
+    return context.options["reviewed"]
+
+
+@register
+class ReviewedDecisionsPass(Pass):
+    """Every node's decision, from the reviewed plan."""
+
+    name = "reviewed_decisions"
+    gives = frozenset({Fact.CLASSIFIED, Fact.DECIDED})
+    before = ("classify",)  # and so classify and paint find nothing left to decide
+
+    def applies(self, context: PassContext) -> bool:
+        return "reviewed" in context.options
+
+    def run(self, context: PassContext) -> PassResult:
+        plan, graph = _reviewed(context), context.graph
+        where = context.options.get("reviewed_where") or plan.model or "the plan"
+        for node in graph:
+            if node.name not in plan.nodes:
+                raise GraphampError(f"{where}: the model's node {node.name!r} is not in the plan")
+            if plan.nodes[node.name].op != node.op:
+                raise GraphampError(
+                    f"{where}: node {node.name!r} is {node.op} in the model but "
+                    f"{plan.nodes[node.name].op} in the plan"
+                )
+        for name in plan.nodes:
+            if name not in graph.nodes:
+                raise GraphampError(f"{where}: the plan's node {name!r} is not in the model")
+        for node in graph:
+            if plan.nodes[node.name].precision in LOW_TYPES:
+                for weight in stored_float32_inputs(node, context.weights):
+                    stats = context.weights.stats(weight)
+                    if stats.overflows:
+                        raise GraphampError(
+                            f"{where}: node {node.name!r} is planned {context.policy.dtype} but "
+                            f"weight {weight!r} now holds |x| up to {stats.absmax:.6g}"
+                        )
+        context.decisions = {node.name: plan.nodes[node.name] for node in graph}
+        return PassResult(modified=False)
+
+
+@register
+class ReviewedRecordsPass(Pass):
+    """Refuse when the derived casts and weights are not the reviewed ones."""
+
+    name = "reviewed_records"
+    requires = frozenset({Fact.EDITS})
+
+    def applies(self, context: PassContext) -> bool:
+        return "reviewed" in context.options
+
+    def run(self, context: PassContext) -> PassResult:
+        reviewed = _reviewed(context)
+        script = context.script
+        derived = Plan(
+            dtype=reviewed.dtype,
+            policy=reviewed.policy,
+            nodes=context.decisions,
+            casts=script.casts,
+            output_casts=script.output_casts,
+            weights=script.weights,
+            kept_weights=context.kept_weights,
+            casts_retargeted=script.retarget_casts,
+            casts_removed=script.remove_nodes,
+        )
+        difference = first_difference(reviewed.to_dict(), derived.to_dict())
+        if difference is not None:
+            raise GraphampError(
+                f"{context.options.get('reviewed_where') or reviewed.model or 'the plan'}: "
+                "the model no longer matches the reviewed plan: "
+                f"{difference}"
+            )
+        return PassResult(modified=False)
+
+
+_SECTIONS = ("dtype", "casts", "casts_retargeted", "casts_removed", "weights")
+
+
+def first_difference(reviewed: dict[str, object], derived: dict[str, object]) -> str | None:
+    """The first entry in which two plan dicts differ, in words; None if none does."""
+    for section in _SECTIONS:
+        old, new = reviewed.get(section), derived.get(section)
+        if old == new:
+            continue
+        if isinstance(old, list) and isinstance(new, list):
+            for index in range(max(len(old), len(new))):
+                a = old[index] if index < len(old) else None
+                b = new[index] if index < len(new) else None
+                if a != b:
+                    return f"{section} entry {index + 1}: plan has {a}, the model gives {b}"
+        if isinstance(old, dict) and isinstance(new, dict):
+            for key in sorted(old.keys() | new.keys()):
+                if old.get(key) != new.get(key):
+                    a, b = old.get(key), new.get(key)
+                    return f"{section} {key!r}: plan has {a}, the model gives {b}"
+        return f"{section}: plan has {old}, the model gives {new}"
+    return None

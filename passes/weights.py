@@ -1,0 +1,69 @@
+"""The value ranges of stored weights, scanned once and shared by every pass.
+
+classify asks whether a weight's values would overflow the target type (its reader then stays
+float32: weights are never silently clamped); the casts pass asks how many values overflow and
+how many flush to zero, for the plan. Each weight is read once, when first asked about, in
+chunks, so the temporaries stay small however large the tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphamp.graph import OpGraph
+from graphamp.passes.numerics import count_flushed, overflow_threshold
+
+CHUNK = 1 << 24  # elements per chunk: 64 MiB of float32
+
+
+@dataclass(frozen=True)
+class WeightStats:
+    """One stored value measured against a target type."""
+
+    elements: int
+    absmax: float  # the largest finite magnitude (0 for an empty or all-infinite tensor)
+    beyond: int  # finite values at or beyond the target's overflow threshold
+    flushed: int  # non-zero values that round to zero in the target
+
+    @property
+    def overflows(self) -> bool:
+        return self.beyond > 0
+
+
+class WeightRanges:
+    """Lazily measured :class:`WeightStats` of a graph's stored values for one target type."""
+
+    def __init__(self, graph: OpGraph, target: str) -> None:
+        self.graph = graph
+        self.target = target
+        self._stats: dict[tuple[str, str], WeightStats] = {}
+
+    def stats(self, name: str, target: str | None = None) -> WeightStats:
+        """The stats of stored value ``name`` against ``target`` (default: the policy's)."""
+        target = target or self.target
+        key = (name, target)
+        if key not in self._stats:
+            values = self.graph.tensors[name].load_value()  # type: ignore[misc]
+            self._stats[key] = measure(np.asarray(values), target)
+        return self._stats[key]
+
+
+def measure(values: np.ndarray, target: str) -> WeightStats:
+    """Scan ``values`` chunk by chunk against ``target``."""
+    limit = overflow_threshold(target)
+    flat = values.reshape(-1)
+    absmax, beyond, flushed = 0.0, 0, 0
+    for start in range(0, flat.size, CHUNK):
+        chunk = flat[start : start + CHUNK]
+        largest = max(float(chunk.max()), -float(chunk.min()))  # no |chunk| temporary
+        if not np.isfinite(largest):
+            magnitudes = np.abs(chunk)
+            finite = magnitudes[np.isfinite(magnitudes)]
+            largest = float(finite.max()) if finite.size else 0.0
+        absmax = max(absmax, largest)
+        if largest >= limit:
+            beyond += int(np.count_nonzero(np.isfinite(chunk) & (np.abs(chunk) >= limit)))
+        flushed += count_flushed(chunk, target)
+    return WeightStats(int(flat.size), absmax, beyond, flushed)
