@@ -15,7 +15,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from graphamp.dialects.registry import matrix_ops_for
 from graphamp.errors import GraphampError
+from graphamp.io import write_atomic
 from graphamp.plandiff import PlanDiff
 from graphamp.records import BOUNDARY, CastRecord, NodeDecision, WeightRecord, decision_dict
 from graphamp.vocab import Precision, Rule
@@ -62,8 +64,6 @@ class Plan:
     def _matrix_ops(self) -> frozenset[str]:
         if self.matrix_ops:
             return self.matrix_ops
-        from graphamp.dialects.registry import matrix_ops_for
-
         return matrix_ops_for(str(self.policy.get("dialect", "onnx")))
 
     def matrix_nodes(self) -> list[str]:
@@ -141,8 +141,6 @@ class Plan:
         return "\n".join(lines) + "\n"
 
     def save(self, path: str | Path) -> None:
-        from graphamp.io import write_atomic
-
         write_atomic(Path(path), self.to_json().encode("utf-8"))
 
     @classmethod

@@ -17,7 +17,6 @@ the pass that broke it.
 from __future__ import annotations
 
 import abc
-import enum
 import logging
 import os
 import time
@@ -29,6 +28,8 @@ import networkx as nx
 from graphamp.edits import EditScript
 from graphamp.errors import InternalError
 from graphamp.graph import OpGraph
+from graphamp.passes.facts import Fact
+from graphamp.passes.invariants import check_invariants
 from graphamp.passes.weights import WeightRanges
 from graphamp.policy import Policy
 from graphamp.records import NodeDecision, WeightRecord
@@ -36,16 +37,6 @@ from graphamp.records import NodeDecision, WeightRecord
 log = logging.getLogger("graphamp.passes")
 
 CHECK_ENV = "GRAPHAMP_CHECK_INVARIANTS"
-
-
-class Fact(enum.StrEnum):
-    """What a pass establishes about the context."""
-
-    CLASSIFIED = "classified"  # every node has its initial class (decisions)
-    DECIDED = "decided"  # every node has its final precision
-    EDITS = "edits"  # the edit script and cast/weight records exist
-    LOSS_SCALED = "loss_scaled"  # a step graph's backward seed is scaled, gradients unscaled
-    FINITE_CHECKED = "finite_checked"  # a step graph's updates are guarded by a finite check
 
 
 @dataclass
@@ -156,8 +147,6 @@ class PassManager:
         self.check = check
 
     def run(self, context: PassContext) -> PassContext:
-        from graphamp.passes.invariants import check_invariants
-
         if self.check:
             check_invariants(context, after="reading the graph")
         for current in self.passes:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from graphamp.dtypes import LOW_TYPES
 from graphamp.errors import InternalError
+from graphamp.passes.facts import Fact
 from graphamp.vocab import DENY_SEEDS
 
 if TYPE_CHECKING:
@@ -21,8 +22,6 @@ if TYPE_CHECKING:
 
 def check_invariants(context: PassContext, *, after: str) -> None:
     """Raise :class:`InternalError` naming the first broken rule and what broke it."""
-    from graphamp.passes.base import Fact
-
     graph = context.graph
     problem = graph.first_out_of_order()
     if problem is not None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from graphamp.dtypes import LOW_TYPES
 from graphamp.errors import GraphampError
+from graphamp.graph import OpNode
 from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
 from graphamp.passes.classify import stored_float32_inputs
 from graphamp.plan import Plan
+from graphamp.records import NodeDecision
+from graphamp.vocab import DENY_SEEDS, Rule
 
 
 def _reviewed(context: PassContext) -> Plan:
@@ -48,15 +51,34 @@ class ReviewedDecisionsPass(Pass):
                 raise GraphampError(f"{where}: the plan's node {name!r} is not in the model")
         for node in graph:
             if plan.nodes[node.name].precision in LOW_TYPES:
-                for weight in stored_float32_inputs(node, context.weights):
-                    stats = context.weights.stats(weight)
-                    if stats.overflows:
-                        raise GraphampError(
-                            f"{where}: node {node.name!r} is planned {context.policy.dtype} but "
-                            f"weight {weight!r} now holds |x| up to {stats.absmax:.6g}"
-                        )
+                _check_low(node, plan.nodes[node.name], context, where)
         context.decisions = {node.name: plan.nodes[node.name] for node in graph}
         return PassResult(modified=False)
+
+
+def _check_low(node: OpNode, decision: NodeDecision, context: PassContext, where: str) -> None:
+    """A node the plan puts in low precision can be: not a deny seed, admitted by its schema,
+    and reading no weight whose values now overflow (never clamped, reviewed or not)."""
+    low = context.policy.dtype
+    if decision.rule in DENY_SEEDS or (
+        decision.precision != low and decision.rule is not Rule.ALREADY_LOW
+    ):
+        raise GraphampError(
+            f"{where}: node {node.name!r} is planned {decision.precision} under rule "
+            f"{decision.rule}, which a {low} plan cannot hold"
+        )
+    if decision.precision not in node.allowed_types:
+        raise GraphampError(
+            f"{where}: node {node.name!r} ({node.op}) is planned {decision.precision}, "
+            f"which its schema ({node.schema_source}) does not admit"
+        )
+    for weight in stored_float32_inputs(node, context.weights):
+        stats = context.weights.stats(weight)
+        if stats.overflows:
+            raise GraphampError(
+                f"{where}: node {node.name!r} is planned {low} but weight {weight!r} now holds "
+                f"|x| up to {stats.absmax:.6g}"
+            )
 
 
 @register
@@ -87,7 +109,7 @@ class ReviewedRecordsPass(Pass):
         if difference is not None:
             raise GraphampError(
                 f"{context.options.get('reviewed_where') or reviewed.model or 'the plan'}: "
-                "the model no longer matches the reviewed plan: "
+                "the model no longer matches the reviewed plan (or the plan was edited): "
                 f"{difference}"
             )
         return PassResult(modified=False)

@@ -16,6 +16,7 @@ from graphamp.dialects.registry import for_file
 from graphamp.errors import GraphampError
 from graphamp.graph import OpGraph
 from graphamp.inputs import load_npz, random_inputs
+from graphamp.io import write_atomic
 from graphamp.plan import Plan, is_plan_file
 from graphamp.policy import DTYPES, LISTS, Policy
 
@@ -167,8 +168,6 @@ def plan_of(path: str | Path, args: argparse.Namespace) -> tuple[OpGraph | None,
 
 def emit(text: str, output: str | None) -> None:
     if output:
-        from graphamp.io import write_atomic
-
         write_atomic(Path(output), text.encode("utf-8"))
     else:
         sys.stdout.write(text)

@@ -12,6 +12,7 @@ from rich.console import Console
 from graphamp import engine
 from graphamp.cli.common import add_verify_arguments, print_summary, report_verification
 from graphamp.errors import GraphampError
+from graphamp.models import ZOO, export_onnx
 from graphamp.onnx.dialect import OnnxDialect
 from graphamp.policy import DTYPES, Policy
 
@@ -41,8 +42,6 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from graphamp.models import ZOO, export_onnx
-
     if args.model not in ZOO:
         raise GraphampError(f"--model {args.model!r}: choose one of {', '.join(ZOO)}")
     with tempfile.TemporaryDirectory(prefix="graphamp-demo-") as tmp:

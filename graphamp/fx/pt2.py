@@ -27,6 +27,7 @@ from graphamp.edits import EditScript
 from graphamp.errors import GraphampError
 from graphamp.fx.capture import capture
 from graphamp.fx.dialect import FxDialect, embedding_bounds, input_spec, run_module
+from graphamp.fx.types import torch_dtype
 from graphamp.inputs import InputSpec, random_inputs
 from graphamp.io import write_atomic_with
 
@@ -127,8 +128,6 @@ def input_specs(program: torch.export.ExportedProgram) -> list[InputSpec]:
 def example_inputs(program: torch.export.ExportedProgram, seed: int = 0) -> tuple[Any, ...]:
     """Random inputs of the traced shapes and types (never zeros), to export the converted
     module again."""
-    from graphamp.fx.types import torch_dtype
-
     specs = input_specs(program)
     feeds = random_inputs(specs, seed=seed)
     return tuple(

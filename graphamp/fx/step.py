@@ -20,6 +20,7 @@ import torch
 from torch import fx, nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from graphamp import report
 from graphamp.errors import GraphampError
 from graphamp.fx import marks, optim, reader, writer
 from graphamp.fx.conversion import convert, fx_policy
@@ -283,8 +284,6 @@ class TrainStep:
     def explain(self, node: str) -> str:
         """The chain of reasons for a node of the step's plan (a forward op, or one of the
         nodes the training passes added, such as ``loss_scale`` or ``step_guard``)."""
-        from graphamp import report
-
         if self.plan is None:
             raise GraphampError("the step is captured on its first call: call it first")
         graph = self.captured["update"].graph

@@ -1,0 +1,15 @@
+"""The facts passes establish and require (see :mod:`graphamp.passes.base`)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Fact(enum.StrEnum):
+    """What a pass establishes about the context."""
+
+    CLASSIFIED = "classified"  # every node has its initial class (decisions)
+    DECIDED = "decided"  # every node has its final precision
+    EDITS = "edits"  # the edit script and cast/weight records exist
+    LOSS_SCALED = "loss_scaled"  # a step graph's backward seed is scaled, gradients unscaled
+    FINITE_CHECKED = "finite_checked"  # a step graph's updates are guarded by a finite check
