@@ -43,8 +43,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         bert = export_onnx("bert", folder / "bert.onnx", "full")
-        plan_s, _ = median_time(lambda: gonnx.analyse(bert)[1].to_json(), args.runs)
-        bert_nodes = len(gonnx.analyse(bert)[1].nodes)
+        plan_s, _ = median_time(lambda: gonnx.analyse(bert).plan.to_json(), args.runs)
+        bert_nodes = len(gonnx.analyse(bert).plan.nodes)
         bert_mb = bert.stat().st_size / 2**20
         plan_wall = wall(
             [
@@ -65,8 +65,8 @@ def main() -> int:
         onnx.save(chain_model(args.nodes), str(chain))
         middle = f"n{args.nodes // 2 - (args.nodes // 2) % 8}"  # a MatMul in the middle
         a, b = folder / "a.json", folder / "b.json"
-        gonnx.analyse(chain)[1].save(a)
-        gonnx.analyse(chain, deny_names=[middle])[1].save(b)
+        gonnx.analyse(chain).plan.save(a)
+        gonnx.analyse(chain, deny_names=[middle]).plan.save(b)
 
         def diff() -> str:
             return Plan.load(a).diff(Plan.load(b)).to_text()
