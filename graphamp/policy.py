@@ -30,6 +30,9 @@ from graphamp.errors import GraphampError
 from graphamp.vocab import ListName
 
 LISTS = tuple(ListName)
+# How precisions spread between listed ops: TensorFlow's rules (the paint pass), or
+# autocast's (the promote pass: an unlisted op computes in the promoted type of its inputs).
+SPREADS = ("tensorflow", "autocast")
 ALIASES = {"white": "allow", "gray": "infer", "grey": "infer", "black": "deny"}
 DTYPES = TARGET_TYPES
 POLICY_KEYS = frozenset({"dtype", "keep_io_types", "deny_names", "deny_tensors", *LISTS, *ALIASES})
@@ -43,13 +46,25 @@ def _canonical_list(name: str) -> str:
 
 def load_default_lists(dialect: str, dtype: str) -> dict[str, dict[str, str]]:
     """The shipped lists for ``dialect`` and ``dtype``: list name -> {op: reason}."""
+    data = _list_file(dialect, dtype)
+    lists = {name: dict(data.get(name, {})) for name in LISTS}  # type: ignore[call-overload]
+    _check_disjoint({name: list(ops) for name, ops in lists.items()}, f"{dialect}_{dtype}.toml")
+    return lists
+
+
+def default_spread(dialect: str, dtype: str) -> str:
+    """How the shipped lists of ``dialect`` spread precisions (their ``spread`` key)."""
+    spread = str(_list_file(dialect, dtype).get("spread", "tensorflow"))
+    if spread not in SPREADS:
+        raise GraphampError(f"{dialect}_{dtype}.toml: unknown spread {spread!r}")
+    return spread
+
+
+def _list_file(dialect: str, dtype: str) -> dict[str, object]:
     if dtype not in DTYPES:
         raise GraphampError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     resource = resources.files("graphamp.lists").joinpath(f"{dialect}_{dtype}.toml")
-    data = parse(resource.read_text(encoding="utf-8"), f"{dialect}_{dtype}.toml")
-    lists = {name: dict(data.get(name, {})) for name in LISTS}
-    _check_disjoint({name: list(ops) for name, ops in lists.items()}, f"{dialect}_{dtype}.toml")
-    return lists
+    return parse(resource.read_text(encoding="utf-8"), f"{dialect}_{dtype}.toml")
 
 
 def _move(lists: dict[str, dict[str, str]], moves: Mapping[str, Iterable[str]], where: str) -> None:
@@ -84,6 +99,7 @@ class Policy:
     # True: every graph input and output keeps its type; a tuple: only those names; False: none.
     keep_io_types: bool | tuple[str, ...] = False
     source: str = "defaults"
+    spread: str = "tensorflow"  # see SPREADS
 
     @classmethod
     def create(
@@ -132,6 +148,7 @@ class Policy:
         return cls(
             dtype=dtype,
             dialect=dialect,
+            spread=default_spread(dialect, dtype),
             lists=lists,
             deny_names=tuple(deny_names),
             deny_tensors=frozenset(deny_tensors),
@@ -210,6 +227,7 @@ class Policy:
             return cls(
                 dtype=str(record["dtype"]),
                 dialect=str(record["dialect"]),
+                spread=str(record.get("spread", "tensorflow")),
                 lists=lists,
                 deny_names=tuple(record.get("deny_names", ())),  # type: ignore[arg-type]
                 deny_tensors=frozenset(record.get("deny_tensors", ())),  # type: ignore[arg-type]
@@ -243,14 +261,17 @@ class Policy:
         return name in self.keep_io_types
 
     def to_dict(self) -> dict[str, object]:
-        """The policy as recorded in a plan: enough to reproduce the decisions."""
-        return {
-            "dtype": self.dtype,
-            "dialect": self.dialect,
-            "lists": {name: sorted(self.lists.get(name, {})) for name in LISTS},
-            "deny_names": list(self.deny_names),
-            "deny_tensors": sorted(self.deny_tensors),
-            "keep_io_types": self.keep_io_types
+        """The policy as recorded in a plan: enough to reproduce the decisions. ``spread`` is
+        written only where it is not TensorFlow's (the default of every plan before it)."""
+        record: dict[str, object] = {"dtype": self.dtype, "dialect": self.dialect}
+        if self.spread != "tensorflow":
+            record["spread"] = self.spread
+        record.update(
+            lists={name: sorted(self.lists.get(name, {})) for name in LISTS},
+            deny_names=list(self.deny_names),
+            deny_tensors=sorted(self.deny_tensors),
+            keep_io_types=self.keep_io_types
             if isinstance(self.keep_io_types, bool)
             else list(self.keep_io_types),
-        }
+        )
+        return record

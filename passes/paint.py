@@ -44,6 +44,9 @@ class PaintPass(Pass):
     requires = frozenset({Fact.CLASSIFIED})
     gives = frozenset({Fact.DECIDED})
 
+    def applies(self, context: PassContext) -> bool:
+        return context.policy.spread == "tensorflow"
+
     def run(self, context: PassContext) -> PassResult:
         context.decisions = paint(context.graph, context.decisions, context.policy.dtype)
         return PassResult(modified=False)

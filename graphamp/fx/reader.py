@@ -57,9 +57,9 @@ def read(
             graph.add_tensor(_leaf(module, node, name, master_weights))
         elif node.op == "call_function" and node.target is not operator.getitem:
             outputs = _outputs(node, names)
-            for output, dtype in outputs:
-                graph.add_tensor(TensorInfo(output, dtype))
-            graph.add_node(_read_call(node, name, [output for output, _ in outputs], graph, names))
+            for output in outputs:
+                graph.add_tensor(output)
+            graph.add_node(_read_call(node, name, [t.name for t in outputs], graph, names))
         elif node.op == "call_module" and not node.name.startswith("_guards"):
             raise GraphampError(
                 f"node {node.name!r}: call_module {node.target!r} is not supported "
@@ -83,13 +83,8 @@ def read(
 
 def _leaf(module: fx.GraphModule, node: fx.Node, name: str, master_weights: bool) -> TensorInfo:
     """A placeholder (a caller's argument: its type is fixed) or a stored attribute."""
-    value = node.meta.get("val")
-    tensor = TensorInfo(
-        name,
-        dtype_name(getattr(value, "dtype", None)),
-        is_graph_input=node.op == "placeholder",
-        type_fixed=node.op == "placeholder",
-    )
+    tensor = _tensor(name, node.meta.get("val"))
+    tensor.is_graph_input = tensor.type_fixed = node.op == "placeholder"
     if node.op == "get_attr":
         stored = attribute(module, node.target)  # type: ignore[arg-type]
         tensor.dtype = dtype_name(getattr(stored, "dtype", None))
@@ -141,16 +136,22 @@ def flat(value: object) -> list[object]:
     return [value]
 
 
-def _outputs(node: fx.Node, names: dict[str, str]) -> list[tuple[str, str]]:
-    """(tensor name, dtype) per output; a tuple's elements are ``<name>.<index>``, the names
-    the getitem nodes that read them get."""
+def _outputs(node: fx.Node, names: dict[str, str]) -> list[TensorInfo]:
+    """One tensor per output; a tuple's elements are ``<name>.<index>``, the names the
+    getitem nodes that read them get."""
     value = node.meta.get("val")
     if isinstance(value, tuple | list):
-        return [
-            (f"{names[node.name]}.{i}", dtype_name(getattr(v, "dtype", None)))
-            for i, v in enumerate(value)
-        ]
-    return [(names[node.name], dtype_name(getattr(value, "dtype", None)))]
+        return [_tensor(f"{names[node.name]}.{i}", v) for i, v in enumerate(value)]
+    return [_tensor(names[node.name], value)]
+
+
+def _tensor(name: str, value: object) -> TensorInfo:
+    """A tensor of the traced value's type and shape (symbolic dimensions as text)."""
+    shape = getattr(value, "shape", None)
+    dims = None
+    if shape is not None:
+        dims = tuple(d if isinstance(d, int) else str(d) for d in shape)
+    return TensorInfo(name, dtype_name(getattr(value, "dtype", None)), dims)
 
 
 def _read_call(

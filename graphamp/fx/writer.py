@@ -38,9 +38,11 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
     for record in script.weights:
         source = values[record.name]
         param = attribute(module, source.target)  # type: ignore[arg-type]
+        # Stored low (weights="low", the inference mode) but still trainable where it was:
+        # backward then gives it gradients in the low type instead of silently none.
         converted = nn.Parameter(
             param.detach().to(torch_dtype(record.dst)),  # type: ignore[attr-defined]
-            requires_grad=False,
+            requires_grad=bool(getattr(param, "requires_grad", False)),
         )
         if record.in_place:
             set_attribute(module, source.target, converted)  # type: ignore[arg-type]

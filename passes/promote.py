@@ -1,0 +1,113 @@
+"""promote: autocast's semantics, for policies whose lists say ``spread = "autocast"``.
+
+Under ``torch.autocast`` an op in the low-precision list runs low, an op in the fp32 list runs
+float32, and every other op runs in whatever type its inputs have: a binary op reading float32
+and bfloat16 computes in float32 (type promotion), so a residual stream that starts float32
+stays float32 while the matrix products run low. TensorFlow's rules (the paint pass) would pull
+such an add into low precision instead. Rules, walking the graph in order and tracking the type
+each value has after the decisions so far:
+
+1. Allow-class nodes run in low precision; their computation-type outputs are low.
+2. Infer- and clear-class nodes (autocast's promote list and the ops it leaves alone) compute
+   in the promoted type of their computation-type inputs: low when every one is low, float32
+   when any is float32. A 0-d tensor does not promote a tensor with dimensions (PyTorch's
+   rule for scalars), unless all inputs are 0-d.
+3. Every other node keeps the decision classify gave it; its outputs keep their types (a Cast
+   already in the model yields its target).
+
+Every node decided here records the input its type came from (``via``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from graphamp.dtypes import FLOAT_TYPES, LOW_TYPES
+from graphamp.graph import NodeKind, OpGraph, OpNode
+from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.records import NodeDecision
+from graphamp.vocab import Precision, Rule
+
+log = logging.getLogger(__name__)
+
+_FOLLOWERS = (Rule.INFER, Rule.CLEAR)
+
+
+@register
+class PromotePass(Pass):
+    """Decide infer and clear nodes by type promotion (see the module docstring)."""
+
+    name = "promote"
+    requires = frozenset({Fact.CLASSIFIED})
+    gives = frozenset({Fact.DECIDED})
+
+    def applies(self, context: PassContext) -> bool:
+        return context.policy.spread == "autocast"
+
+    def run(self, context: PassContext) -> PassResult:
+        context.decisions = promote(context.graph, context.decisions, context.policy.dtype)
+        return PassResult(modified=False)
+
+
+def promote(
+    graph: OpGraph, classes: dict[str, NodeDecision], low: str
+) -> dict[str, NodeDecision]:
+    """Final precision of every node; ``classes`` comes from the classify pass."""
+    has = {name: tensor.dtype for name, tensor in graph.tensors.items()}
+    decisions = dict(classes)
+    low_count = 0
+    for node in graph:
+        decision = classes[node.name]
+        if decision.rule is Rule.ALLOW:
+            _set_outputs(node, has, low)
+            low_count += 1
+        elif decision.rule in _FOLLOWERS:
+            decisions[node.name] = _promoted(graph, node, decision, has, low)
+            _set_outputs(node, has, str(decisions[node.name].precision))
+            low_count += decisions[node.name].precision == low
+        elif node.kind is NodeKind.CAST and node.cast_to:
+            has[node.outputs[0]] = node.cast_to
+        elif decision.precision in FLOAT_TYPES:
+            _set_outputs(node, has, str(decision.precision))
+    log.info("promoted: %d of %d nodes %s", low_count, len(graph), low)
+    return decisions
+
+
+def _set_outputs(node: OpNode, has: dict[str, str], dtype: str) -> None:
+    for slot in node.follow_outputs:
+        if node.outputs[slot]:
+            has[node.outputs[slot]] = dtype
+
+
+def _promoted(
+    graph: OpGraph, node: OpNode, decision: NodeDecision, has: dict[str, str], low: str
+) -> NodeDecision:
+    """The decision of an infer/clear node: the promoted type of what it reads."""
+    inputs = [
+        node.inputs[slot]
+        for slot in sorted(node.follow_inputs)
+        if slot < len(node.inputs) and has.get(node.inputs[slot]) in FLOAT_TYPES
+    ]
+    with_dims = [name for name in inputs if graph.tensors[name].shape != ()]
+    inputs = with_dims or inputs
+    wide = next((name for name in inputs if has[name] not in LOW_TYPES), None)
+    source = wide or (inputs[0] if inputs else None)
+    via = graph.tensors[source].producer if source else None
+    if inputs and wide is None and all(has[name] == low for name in inputs):
+        return NodeDecision(
+            op=node.op,
+            precision=Precision(low),
+            rule=decision.rule,
+            reason=f"{decision.rule} list op whose inputs are all {low}: computes in {low}, "
+            "as under autocast",
+            via=via,
+        )
+    reason = (
+        f"{decision.rule} list op reading {wide!r} in {has[wide]}: computes in the promoted "
+        "type, as under autocast"
+        if wide is not None
+        else f"{decision.rule} list op with no float input: computes in float32"
+    )
+    return NodeDecision(
+        op=node.op, precision=Precision.FLOAT32, rule=decision.rule, reason=reason, via=via
+    )
