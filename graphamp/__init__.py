@@ -10,7 +10,7 @@ records every decision with its reason in a :class:`Plan`.
     >>> print(result.plan.summary())                                     # doctest: +SKIP
 """
 
-from graphamp.errors import GraphampError, InternalError, SlowPrecisionWarning
+from graphamp.errors import GraphampError, InternalError, PolicyWarning, SlowPrecisionWarning
 from graphamp.plan import Plan
 from graphamp.policy import Policy
 from graphamp.scaling import DynamicLossScaling, StaticLossScaling
@@ -22,6 +22,7 @@ __all__ = [
     "InternalError",
     "Plan",
     "Policy",
+    "PolicyWarning",
     "SlowPrecisionWarning",
     "StaticLossScaling",
     "__version__",

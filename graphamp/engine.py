@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from graphamp.dialects.base import Dialect, ReadGraph
 from graphamp.dialects.registry import for_source
 from graphamp.edits import EditScript
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, PolicyWarning
 from graphamp.graph import OpGraph
 from graphamp.passes import PassContext, PassManager
 from graphamp.plan import Plan
@@ -34,6 +35,7 @@ class Analysis:
     plan: Plan
     script: EditScript
     seconds: dict[str, float]
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def graph(self) -> OpGraph:
@@ -98,7 +100,9 @@ def analyse_model(
     seconds["passes"] = sum(context.seconds.values())
     plan = plan_of(context, label)
     _log_decisions(plan)
-    return Analysis(dialect, read, plan, context.script, seconds)
+    for message in context.warnings:
+        warnings.warn(message, PolicyWarning, stacklevel=3)
+    return Analysis(dialect, read, plan, context.script, seconds, list(context.warnings))
 
 
 def convert(

@@ -13,6 +13,11 @@ class InternalError(Exception):
     a bug to report, never the user's mistake (exit status 3)."""
 
 
+class PolicyWarning(UserWarning):
+    """A rule of the policy matches nothing in the model (a typo, the wrong case, a stale
+    name): it is accepted and does nothing. ``strict=True`` / ``--strict`` makes it an error."""
+
+
 class SlowPrecisionWarning(UserWarning):
     """The chosen low-precision type has no hardware support on the target device, so the
     converted model computes correctly but slower than float32 would."""

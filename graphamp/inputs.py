@@ -67,3 +67,37 @@ def load_npz(path: str | Path) -> dict[str, np.ndarray]:
         raise GraphampError(f"{path}: inputs file not found") from None
     except (ValueError, OSError) as exc:
         raise GraphampError(f"{path}: not an .npz file of arrays ({exc})") from None
+
+
+def check_feeds(specs: list[InputSpec], feeds: dict[str, np.ndarray], where: str) -> None:
+    """Refuse, naming the input, arrays that cannot feed the graph inputs ``specs`` declare:
+    a missing or unknown name, the wrong number of dimensions, a fixed dimension of another
+    size, or a kind of value the input cannot take (floats for integer ids, say)."""
+    declared = {spec.name: spec for spec in specs}
+    for name in feeds:
+        if name not in declared:
+            raise GraphampError(
+                f"{where}: array {name!r} is no input of the model "
+                f"(its inputs: {', '.join(declared) or 'none'})"
+            )
+    for spec in specs:
+        if spec.name not in feeds:
+            raise GraphampError(f"{where}: no array for model input {spec.name!r}")
+        array = np.asarray(feeds[spec.name])
+        if len(array.shape) != len(spec.shape) or any(
+            want is not None and got != want
+            for got, want in zip(array.shape, spec.shape, strict=True)
+        ):
+            shape = tuple("?" if d is None else d for d in spec.shape)
+            raise GraphampError(
+                f"{where}: input {spec.name!r} has shape {tuple(array.shape)}, the model "
+                f"declares {shape}"
+            )
+        kind = array.dtype.kind
+        floats = spec.dtype in dtypes.FLOAT_TYPES
+        if (floats and kind not in "fiu") or (
+            not floats and spec.dtype != "bool" and kind not in "iu"
+        ):
+            raise GraphampError(
+                f"{where}: input {spec.name!r} is {spec.dtype}, the array holds {array.dtype}"
+            )

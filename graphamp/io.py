@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -35,3 +37,20 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+@contextmanager
+def staged(target: Path) -> Iterator[Path]:
+    """A path to write ``target``'s files at (in a temporary folder beside it); when the block
+    ends without an error, every file written there is moved into ``target``'s folder (an
+    ONNX model and its external data, say), and on an error nothing is.
+
+    Lets a command check what it wrote (verification) before anything is in place."""
+    target = Path(target)
+    folder = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent or "."))
+    try:
+        yield folder / target.name
+        for written in sorted(folder.iterdir()):
+            os.replace(written, target.parent / written.name)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

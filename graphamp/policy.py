@@ -100,6 +100,7 @@ class Policy:
     keep_io_types: bool | tuple[str, ...] = False
     source: str = "defaults"
     spread: str = "tensorflow"  # see SPREADS
+    moved_ops: tuple[str, ...] = ()  # op types the user named in a list (file or flags)
 
     @classmethod
     def create(
@@ -145,10 +146,12 @@ class Policy:
             keep = keep_io_types
         else:
             keep = tuple(sorted(set(keep_io_types)))
+        named = [op for ops in (*moves.values(), *(later_moves or {}).values()) for op in ops]
         return cls(
             dtype=dtype,
             dialect=dialect,
             spread=default_spread(dialect, dtype),
+            moved_ops=tuple(dict.fromkeys(named)),
             lists=lists,
             deny_names=tuple(deny_names),
             deny_tensors=frozenset(deny_tensors),

@@ -53,6 +53,7 @@ class PassContext:
     decisions: dict[str, NodeDecision] = field(default_factory=dict)
     script: EditScript = field(default_factory=EditScript)
     kept_weights: list[WeightRecord] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what the user should hear about
     facts: set[Fact] = field(default_factory=set)
     seconds: dict[str, float] = field(default_factory=dict)
 

@@ -49,9 +49,7 @@ class PromotePass(Pass):
         return PassResult(modified=False)
 
 
-def promote(
-    graph: OpGraph, classes: dict[str, NodeDecision], low: str
-) -> dict[str, NodeDecision]:
+def promote(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[str, NodeDecision]:
     """Final precision of every node; ``classes`` comes from the classify pass."""
     has = {name: tensor.dtype for name, tensor in graph.tensors.items()}
     decisions = dict(classes)

@@ -11,6 +11,7 @@ import argparse
 import logging
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -18,7 +19,7 @@ from rich.console import Console
 
 from graphamp.cli import check, convert, demo, diff, explain, lists, plan
 from graphamp.cli.common import Parser
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, PolicyWarning, SlowPrecisionWarning
 
 COMMANDS: dict[str, ModuleType] = {
     "convert": convert,
@@ -87,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="graphamp: %(message)s",
         stream=sys.stderr,
     )
+    warnings.showwarning = _one_line_warning
     console = Console(highlight=False)
     try:
         return COMMANDS[args.command].run(args, console)
@@ -106,6 +108,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 3
 
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+    """graphamp's own warnings as one line on stderr; others as Python prints them."""
+    if issubclass(category, PolicyWarning | SlowPrecisionWarning):
+        print(f"graphamp: warning: {message}", file=sys.stderr)
+    else:
+        _show_python_warning(message, category, filename, lineno, file, line)
+
+
+_show_python_warning = warnings.showwarning
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -15,12 +16,28 @@ from graphamp.dialects.base import Dialect
 from graphamp.dialects.registry import for_file
 from graphamp.errors import GraphampError
 from graphamp.graph import OpGraph
-from graphamp.inputs import load_npz, random_inputs
+from graphamp.inputs import check_feeds, load_npz, random_inputs
 from graphamp.io import write_atomic
 from graphamp.plan import Plan, is_plan_file
 from graphamp.policy import DTYPES, LISTS, Policy
 
-POLICY_FLAGS = ("dtype", "keep_io_types", *LISTS, "deny_name", "deny_tensor", "config")
+POLICY_FLAGS = (
+    "dtype",
+    "keep_io_types",
+    "keep_io",
+    *LISTS,
+    "deny_name",
+    "deny_tensor",
+    "config",
+)
+# Rules that keep an op float32 for a reason of the graph itself, shown in the summary.
+NOTABLE_RULES = {
+    "schema": "its schema does not admit the type",
+    "weight_range": "a weight would overflow",
+    "type_unknown": "input type unknown",
+    "opaque": "no schema (custom op)",
+    "control_flow": "owns subgraphs",
+}
 
 
 class Parser(argparse.ArgumentParser):
@@ -28,6 +45,16 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"graphamp: error: {message} (see '{self.prog} --help')\n")
+
+
+def non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
 
 
 def _ops(text: str) -> list[str]:
@@ -50,11 +77,16 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--keep-io-types",
-        nargs="?",
-        const=True,
+        action="store_true",
+        default=None,
+        help="keep every graph input and output in its float32 type",
+    )
+    group.add_argument(
+        "--keep-io",
         metavar="NAMES",
-        help="keep graph inputs/outputs in their float32 type: all of them, or the "
-        "comma-separated NAMES",
+        action="append",
+        default=[],
+        help="keep these graph inputs/outputs (comma-separated, repeatable) in float32",
     )
     for name, meaning in (
         ("allow", "always low precision (unless a name rule denies them)"),
@@ -86,6 +118,12 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--config", metavar="FILE", help="a TOML policy file with a [graphamp] table (see README)"
     )
+    group.add_argument(
+        "--strict",
+        action="store_true",
+        help="a policy rule that matches nothing in the model (an op no node has, a name no "
+        "node or tensor has) is an error, not a warning",
+    )
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser, *, flag: bool) -> None:
@@ -103,13 +141,13 @@ def add_verify_arguments(parser: argparse.ArgumentParser, *, flag: bool) -> None
     )
     group.add_argument(
         "--rtol",
-        type=float,
+        type=non_negative,
         metavar="R",
         help="allowed max |y - y32| / max |y32| (default 0.01 float16, 0.05 bfloat16)",
     )
     group.add_argument(
         "--atol",
-        type=float,
+        type=non_negative,
         default=0.0,
         metavar="A",
         help="allowed max |y - y32|, passes an output on its own (default 0)",
@@ -137,10 +175,12 @@ def policy_from_args(args: argparse.Namespace, dialect: Dialect) -> Policy:
     overrides: dict[str, object] = {"dialect": dialect.lists}
     if args.dtype:
         overrides["dtype"] = args.dtype
-    if args.keep_io_types is not None:
-        overrides["keep_io_types"] = (
-            True if args.keep_io_types is True else [n for n in args.keep_io_types.split(",") if n]
-        )
+    if args.keep_io_types and args.keep_io:
+        raise GraphampError("--keep-io-types keeps every input and output: drop --keep-io")
+    if args.keep_io_types:
+        overrides["keep_io_types"] = True
+    elif args.keep_io:
+        overrides["keep_io_types"] = [n for text in args.keep_io for n in text.split(",") if n]
     for name in LISTS:
         if getattr(args, name):
             overrides[name] = getattr(args, name)
@@ -162,8 +202,15 @@ def plan_of(path: str | Path, args: argparse.Namespace) -> tuple[OpGraph | None,
     if is_plan_file(path):
         return None, Plan.load(path)
     dialect = for_file(path)
-    analysis = engine.analyse(path, policy_from_args(args, dialect), dialect=dialect)
+    analysis = engine.analyse(
+        path, policy_from_args(args, dialect), dialect=dialect, options=policy_options(args)
+    )
     return analysis.graph, analysis.plan
+
+
+def policy_options(args: argparse.Namespace) -> dict[str, object]:
+    """Pass options the policy flags set (``--strict``)."""
+    return {"strict": True} if getattr(args, "strict", False) else {}
 
 
 def emit(text: str, output: str | None) -> None:
@@ -201,8 +248,27 @@ def print_summary(console: Console, plan: Plan, seconds: float, source: Path, ta
     table.add_row("weights converted", f"{len(weights)} ({_size(before)} -> {_size(after)})")
     if summary["values_flushed_to_zero"]:
         table.add_row("weight values flushed to zero", str(summary["values_flushed_to_zero"]))
+    kept: dict[str, int] = {}
+    for decision in plan.nodes.values():
+        if decision.rule in NOTABLE_RULES:
+            kept[decision.rule] = kept.get(decision.rule, 0) + 1
+    for rule, count in sorted(kept.items()):
+        table.add_row(f"kept float32: {NOTABLE_RULES[rule]} ({rule})", str(count))
     table.add_row("time", f"{seconds:.2f} s")
     console.print(table)
+
+
+def verification_inputs(
+    dialect: Dialect, original: object, args: argparse.Namespace
+) -> dict[str, np.ndarray]:
+    """The inputs to verify on: ``--inputs`` checked against the model's inputs (before
+    anything is converted or written), else random ones."""
+    specs = dialect.input_specs(original)
+    if not args.inputs:
+        return random_inputs(specs)
+    feeds = load_npz(args.inputs)
+    check_feeds(specs, feeds, args.inputs)
+    return feeds
 
 
 def report_verification(
@@ -212,10 +278,12 @@ def report_verification(
     converted: object,
     args: argparse.Namespace,
     dtype: str,
+    feeds: dict[str, np.ndarray] | None = None,
 ) -> int:
     """Run both models (objects or saved files) through ``dialect`` and print the table;
     1 when an output is over tolerance."""
-    feeds = load_npz(args.inputs) if args.inputs else random_inputs(dialect.input_specs(original))
+    if feeds is None:
+        feeds = verification_inputs(dialect, original, args)
     rtol = args.rtol if args.rtol is not None else verify.DEFAULT_RTOL[dtype]
     report = verify.verify(
         original,
@@ -263,5 +331,30 @@ def check_output_path(source: Path, target: Path) -> None:
         raise GraphampError(
             f"{target}: the output path is the input; graphamp never overwrites its input"
         )
-    if not target.parent.is_dir():
-        raise GraphampError(f"{target}: folder {target.parent} does not exist")
+    check_writable(target)
+
+
+def check_writable(path: Path | str, what: str = "output") -> None:
+    """Refuse, before any work, an output path that cannot be written as a file."""
+    path = Path(path)
+    if path.is_dir():
+        raise GraphampError(f"{path}: is a folder; the {what} needs a file name")
+    if not path.parent.is_dir():
+        raise GraphampError(f"{path}: folder {path.parent} does not exist")
+
+
+def nothing_converted(plan: Plan) -> str | None:
+    """Why no node of ``plan`` was put into its dtype, when none was."""
+    if (
+        any(d.precision == plan.dtype and d.rule != "already_low" for d in plan.nodes.values())
+        or plan.weights
+    ):
+        return None
+    low = [d for d in plan.nodes.values() if d.rule == "already_low"]
+    if low:
+        types = sorted({str(d.precision) for d in low})
+        return (
+            f"nothing converted: {len(low)} nodes already compute in {', '.join(types)}; "
+            "the output is the input's graph"
+        )
+    return f"nothing converted: no node runs in {plan.dtype} under this policy"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -13,13 +14,18 @@ from graphamp.cli.common import (
     add_policy_arguments,
     add_verify_arguments,
     check_output_path,
+    check_writable,
+    nothing_converted,
     policy_flags_given,
     policy_from_args,
+    policy_options,
     print_summary,
     report_verification,
+    verification_inputs,
 )
 from graphamp.dialects.registry import for_file
 from graphamp.errors import GraphampError
+from graphamp.io import staged
 from graphamp.plan import Plan
 
 HELP = "convert a model file (ONNX, or a .pt2 program)"
@@ -62,11 +68,14 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     source, target = Path(args.input), Path(args.output)
     check_output_path(source, target)
-    if args.inputs and not args.verify:
-        raise GraphampError("--inputs is only used with --verify")
+    if args.plan:
+        check_writable(args.plan, "plan")
+    if (args.inputs or args.rtol is not None or args.atol) and not args.verify:
+        raise GraphampError("--inputs, --rtol and --atol are only used with --verify")
     dialect = for_file(source)
     dialect.check_target(target)
-    reviewed, options = None, {}
+    options = policy_options(args)
+    reviewed = None
     if args.from_plan:
         given = policy_flags_given(args)
         if given:
@@ -76,12 +85,23 @@ def run(args: argparse.Namespace, console: Console) -> int:
         options["reviewed_where"] = args.from_plan
     else:
         policy = policy_from_args(args, dialect)
+    # Inputs are checked before any work, so a bad --inputs file writes nothing.
+    feeds = verification_inputs(dialect, source, args) if args.verify else None
     start = time.perf_counter()
     result = engine.convert(source, policy, dialect=dialect, reviewed=reviewed, options=options)
-    dialect.save(result.model, target)
+    status = 0
+    # Written beside OUT and moved into place only when saving (and verifying) raised
+    # nothing: an error leaves no output. Over tolerance (exit 1) the model is kept.
+    with staged(target) as path:
+        dialect.save(result.model, path)
+        print_summary(console, result.plan, time.perf_counter() - start, source, target)
+        note = nothing_converted(result.plan)
+        if note:
+            print(f"graphamp: warning: {note}", file=sys.stderr)
+        if feeds is not None:
+            status = report_verification(
+                console, dialect, source, path, args, policy.dtype, feeds=feeds
+            )
     if args.plan:
         result.plan.save(args.plan)
-    print_summary(console, result.plan, time.perf_counter() - start, source, target)
-    if args.verify:
-        return report_verification(console, dialect, source, target, args, policy.dtype)
-    return 0
+    return status

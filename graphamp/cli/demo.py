@@ -44,6 +44,8 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     if args.model not in ZOO:
         raise GraphampError(f"--model {args.model!r}: choose one of {', '.join(ZOO)}")
+    if args.keep and Path(args.keep).exists() and not Path(args.keep).is_dir():
+        raise GraphampError(f"--keep {args.keep}: is a file; name a folder to keep the models in")
     with tempfile.TemporaryDirectory(prefix="graphamp-demo-") as tmp:
         folder = Path(args.keep) if args.keep else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)

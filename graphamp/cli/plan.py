@@ -7,7 +7,7 @@ import argparse
 from rich.console import Console
 
 from graphamp import report
-from graphamp.cli.common import add_policy_arguments, emit, plan_of
+from graphamp.cli.common import add_policy_arguments, check_writable, emit, plan_of
 from graphamp.errors import GraphampError
 
 HELP = "show the precision plan of a model without converting it"
@@ -33,6 +33,8 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    if args.output:
+        check_writable(args.output, "plan")
     graph, plan = plan_of(args.model, args)
     if args.format == "json":
         text = plan.to_json()

@@ -56,7 +56,13 @@ class Entry:
     def load_class(self) -> type[Dialect]:
         if isinstance(self.target, str):
             module, _, attr = self.target.partition(":")
-            return getattr(importlib.import_module(module), attr)
+            try:
+                return getattr(importlib.import_module(module), attr)
+            except ImportError as exc:
+                raise GraphampError(
+                    f"the {self.name} dialect needs {exc.name or 'a package'}, which is not "
+                    f"installed (pip install 'graphamp[torch]' for PyTorch models)"
+                ) from None
         return self.target
 
 

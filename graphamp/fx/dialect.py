@@ -99,6 +99,8 @@ def run_module(
     """Call ``module`` on ``feeds`` (by input name, converted to the traced types) and return
     its float outputs as float32 arrays named ``output <i>``."""
     device = "cuda" if provider == "cuda" else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise GraphampError("--provider cuda: PyTorch sees no GPU here: verify with --provider cpu")
     args = []
     for name, spec in zip(names, specs, strict=True):
         if name not in feeds:

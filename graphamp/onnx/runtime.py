@@ -73,6 +73,9 @@ def run(
     )
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    # Provider set-up failures (a CUDA provider without CUDA libraries) are reported by
+    # graphamp in one line below, not in onnxruntime's multi-line log.
+    ort.set_default_logger_severity(4)
     try:
         session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
     except NotImplementedByOrt as exc:
@@ -88,6 +91,11 @@ def run(
         return dict(zip(names, evaluator.run(names, typed), strict=True)), "onnx.reference"
     names = [o.name for o in session.get_outputs()]
     used = session.get_providers()[0].replace("ExecutionProvider", "").lower()
+    if provider == "cuda" and used != "cuda":
+        raise GraphampError(
+            "--provider cuda: onnxruntime could not use CUDA here (no GPU, or no CUDA "
+            f"libraries; it would run on {used}): verify with --provider cpu"
+        )
     return dict(zip(names, session.run(names, typed), strict=True)), f"onnxruntime {used}"
 
 

@@ -1,0 +1,75 @@
+"""policy_check: say so when a rule of the policy matches nothing in the model.
+
+``--deny Softmx`` (a typo), ``--deny softmax`` (the wrong case), a ``deny_names`` glob that
+names no node, a ``deny_tensors`` or ``keep_io_types`` name that is no tensor of the graph:
+each would otherwise be accepted and do nothing. Each becomes a warning with the closest names
+the model has; with the ``strict`` option the first one is an error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+
+from graphamp.errors import GraphampError
+from graphamp.passes.base import Pass, PassContext, PassResult, register
+
+
+@register
+class PolicyCheckPass(Pass):
+    """Warn about policy rules that match nothing (see the module docstring)."""
+
+    name = "policy_check"
+    before = ("classify",)
+
+    def applies(self, context: PassContext) -> bool:
+        return "reviewed" not in context.options  # a reviewed plan's policy is not the user's
+
+    def run(self, context: PassContext) -> PassResult:
+        problems = unmatched_rules(context)
+        if problems and context.options.get("strict"):
+            raise GraphampError(f"{problems[0]} (--strict)")
+        context.warnings.extend(problems)
+        return PassResult(modified=False, note=f"{len(problems)} unmatched rules")
+
+
+def unmatched_rules(context: PassContext) -> list[str]:
+    graph, policy = context.graph, context.policy
+    problems = []
+    ops = sorted({node.op for node in graph})
+    for op in policy.moved_ops:
+        if op not in ops:
+            list_name, _ = policy.list_of(op)
+            problems.append(
+                f"op {op!r} (moved to {list_name}) is the type of no node of the model"
+                + _suggest(op, ops)
+            )
+    names = sorted({n for node in graph for n in (node.name, node.scope) if n})
+    for pattern in policy.deny_names:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            problems.append(
+                f"deny_names rule {pattern!r} matches no node"
+                + _suggest(pattern.replace("*", "").replace("?", ""), names)
+            )
+    tensors = sorted(graph.tensors)
+    for tensor in sorted(policy.deny_tensors):
+        if tensor not in graph.tensors:
+            problems.append(
+                f"deny_tensors name {tensor!r} is no tensor" + _suggest(tensor, tensors)
+            )
+    if not isinstance(policy.keep_io_types, bool):
+        io = [*graph.graph_inputs, *graph.graph_outputs]
+        for name in policy.keep_io_types:
+            if name not in io:
+                problems.append(
+                    f"keep_io_types name {name!r} is no graph input or output" + _suggest(name, io)
+                )
+    return problems
+
+
+def _suggest(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, choices, n=3, cutoff=0.6)
+    if not close:
+        lowered = {choice.lower(): choice for choice in choices}
+        close = [lowered[name.lower()]] if name.lower() in lowered else []
+    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
