@@ -98,7 +98,7 @@ def analyse_model(
         options["reviewed"] = reviewed
     context = PassManager().run(PassContext(read.graph, policy, options))
     seconds["passes"] = sum(context.seconds.values())
-    plan = plan_of(context, label)
+    plan = context.plan(label)
     _log_decisions(plan)
     for message in context.warnings:
         warnings.warn(message, PolicyWarning, stacklevel=3)
@@ -127,30 +127,6 @@ def apply(analysis: Analysis) -> Conversion:
     seconds = {**analysis.seconds, "apply": time.perf_counter() - start}
     log.info("converted in %.2f s", sum(seconds.values()))
     return Conversion(converted, analysis.plan, seconds, analysis.graph)
-
-
-def plan_of(context: PassContext, label: str = "") -> Plan:
-    """The reviewed record of what the passes decided: decisions (with the FLOPs the dialect
-    measured), casts and weights."""
-    decisions = {}
-    for node in context.graph:
-        decision = context.decisions[node.name]
-        if node.flops is not None and decision.flops != node.flops:
-            decision = dataclasses.replace(decision, flops=node.flops)
-        decisions[node.name] = decision
-    script = context.script
-    return Plan(
-        dtype=context.policy.dtype,
-        policy=context.policy.to_dict(),
-        nodes=decisions,
-        casts=script.casts,
-        output_casts=script.output_casts,
-        weights=script.weights,
-        kept_weights=context.kept_weights,
-        casts_retargeted=script.retarget_casts,
-        casts_removed=script.remove_nodes,
-        model=label,
-    )
 
 
 def reviewed_policy(plan: Plan, where: str) -> Policy:

@@ -17,6 +17,7 @@ the pass that broke it.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
 import os
 import time
@@ -31,6 +32,7 @@ from graphamp.graph import OpGraph
 from graphamp.passes.facts import Fact
 from graphamp.passes.invariants import check_invariants
 from graphamp.passes.weights import WeightRanges
+from graphamp.plan import Plan
 from graphamp.policy import Policy
 from graphamp.records import NodeDecision, WeightRecord
 
@@ -60,6 +62,31 @@ class PassContext:
     def __post_init__(self) -> None:
         # Stored values are scanned once, when a pass first asks about one.
         self.weights = WeightRanges(self.graph, self.policy.dtype)
+
+    def plan(self, label: str = "") -> Plan:
+        """The record of what the passes decided: the decisions of the graph's nodes (with
+        the FLOPs the dialect measured), casts and weights."""
+        decisions = {}
+        for node in self.graph:
+            decision = self.decisions.get(node.name)
+            if decision is None:  # a step graph's backward ops: autograd decides them
+                continue
+            if node.flops is not None and decision.flops != node.flops:
+                decision = dataclasses.replace(decision, flops=node.flops)
+            decisions[node.name] = decision
+        script = self.script
+        return Plan(
+            dtype=self.policy.dtype,
+            policy=self.policy.to_dict(),
+            nodes=decisions,
+            casts=script.casts,
+            output_casts=script.output_casts,
+            weights=script.weights,
+            kept_weights=self.kept_weights,
+            casts_retargeted=script.retarget_casts,
+            casts_removed=script.remove_nodes,
+            model=label,
+        )
 
 
 @dataclass(frozen=True)

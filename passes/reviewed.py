@@ -93,19 +93,7 @@ class ReviewedRecordsPass(Pass):
 
     def run(self, context: PassContext) -> PassResult:
         reviewed = _reviewed(context)
-        script = context.script
-        derived = Plan(
-            dtype=reviewed.dtype,
-            policy=reviewed.policy,
-            nodes=context.decisions,
-            casts=script.casts,
-            output_casts=script.output_casts,
-            weights=script.weights,
-            kept_weights=context.kept_weights,
-            casts_retargeted=script.retarget_casts,
-            casts_removed=script.remove_nodes,
-        )
-        difference = first_difference(reviewed.to_dict(), derived.to_dict())
+        difference = first_difference(reviewed.to_dict(), context.plan().to_dict())
         if difference is not None:
             raise GraphampError(
                 f"{context.options.get('reviewed_where') or reviewed.model or 'the plan'}: "

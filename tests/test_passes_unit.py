@@ -190,10 +190,8 @@ def test_invariant_checks_catch_a_graph_out_of_order():
 
 
 def test_reviewed_decisions_are_applied_and_a_drifted_graph_refused():
-    from graphamp.engine import plan_of
-
     first = run(chain("MatMul", "Relu", "Exp"), Policy.create("float16", deny=["Relu"]))
-    reviewed = plan_of(first)
+    reviewed = first.plan()
     again = run(chain("MatMul", "Relu", "Exp"), reviewed=reviewed)
     assert again.decisions["relu1"].rule is Rule.DENY, "the plan's decision, not the default"
     changed = chain("MatMul", "Relu", "Exp")
