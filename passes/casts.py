@@ -102,7 +102,7 @@ def plan_casts(
     }
 
     def all_readers_want(tensor: str, dtype: str) -> bool:
-        slots = [(n, s) for n, s in readers.get(tensor, []) if s not in n.any_type_inputs]
+        slots = [(n, s) for n, s in readers.get(tensor, []) if not reads_any_type(n, s)]
         return bool(slots) and all(required(n, s, tensor) == dtype for n, s in slots)
 
     for name in graph.graph_inputs:
@@ -150,7 +150,7 @@ def plan_casts(
             source = _resolve(alias, name)
             if source != name:
                 edits.rewire[(node.name, slot)] = source
-            want = has[source] if slot in node.any_type_inputs else required(node, slot, name)
+            want = has[source] if reads_any_type(node, slot) else required(node, slot, name)
             tensor = graph.tensors[source]
             if has[source] == want:
                 still_read.add(source)
@@ -203,6 +203,14 @@ def plan_casts(
         len(edits.weights),
     )
     return edits, kept
+
+
+def reads_any_type(node: OpNode, slot: int) -> bool:
+    """Whether slot ``slot`` of ``node`` reads a tensor in whatever float type it has: a slot
+    of a type variable of its own, or the input of a Cast already in the model (a Cast of a
+    float16 value to float32 is the Cast of its exact float32 widening; casting it to float32
+    first would only add a Cast)."""
+    return slot in node.any_type_inputs or (node.kind is NodeKind.CAST and slot == 0)
 
 
 def _slots(node: OpNode) -> list[tuple[int, str]]:
