@@ -16,6 +16,7 @@ import onnx
 import onnx_ir as ir
 
 from graphamp.errors import GraphampError
+from graphamp.onnx.validate import validate
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ def from_proto(
         raise GraphampError(f"{where}: not an ONNX model (no graph)")
     if not proto.graph.node:
         raise GraphampError(f"{where}: the graph has no nodes")
+    validate(proto, where=where, base_dir=base_dir)
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as exc:

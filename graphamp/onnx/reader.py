@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from graphamp import dtypes
 from graphamp.dialects.base import ReadGraph
 from graphamp.dtypes import FLOAT_TYPES, UNKNOWN
 from graphamp.errors import GraphampError
@@ -144,6 +145,7 @@ def _read_node(
         op_node.kind = NodeKind.OPAQUE
         return op_node
 
+    _check_input_types(node, found, inputs, tensors)
     op_node.any_type_inputs = schemas.any_type_inputs(found, inputs, len(outputs))
     # The computation type: the type variable of the first float (or unknown) input.
     primary: str | None = None
@@ -185,6 +187,24 @@ def _read_node(
     if op_node.op in ("MatMul", "Gemm", "Conv", "ConvTranspose"):
         op_node.flops = _matrix_flops(op_node, tensors, node)
     return op_node
+
+
+def _check_input_types(
+    node: ir.Node, found: schemas.Schema, inputs: list[str], tensors: dict[str, TensorInfo]
+) -> None:
+    """Refuse an input whose type the op's schema does not admit (a string into MatMul): a
+    Cast to the low type would be inserted in front of it otherwise."""
+    for slot, name in enumerate(inputs):
+        param = found.input_param(slot)
+        dtype = tensors[name].dtype if name else UNKNOWN
+        # only tensor type variables: a sequence's element type says nothing here
+        admitted_types = found.allowed.get(param, frozenset()) & set(dtypes.BY_NAME)  # type: ignore[arg-type]
+        if admitted_types and dtype in dtypes.BY_NAME and dtype not in admitted_types:
+            admitted = ", ".join(sorted(admitted_types))
+            raise GraphampError(
+                f"node {node.name!r} ({node.op_type}): input {slot} {name!r} is {dtype}, which "
+                f"{node.op_type} does not take (it takes {admitted})"
+            )
 
 
 def _fill_output_types(
