@@ -10,6 +10,8 @@ import onnxruntime as ort
 from graphamp import dtypes
 from graphamp.errors import GraphampError
 from graphamp.inputs import InputSpec
+from graphamp.onnx.emulate import LOW_CODES, emulated, has_low_values
+from graphamp.onnx.files import inferred_types
 
 NotImplementedByOrt = ort.capi.onnxruntime_pybind11_state.NotImplemented
 
@@ -55,17 +57,21 @@ def run(
     model: onnx.ModelProto, feeds: dict[str, np.ndarray], provider: str = "cpu"
 ) -> tuple[dict[str, np.ndarray], str]:
     """Outputs of ``model`` on ``feeds`` (each converted to the input's declared type), and the
-    backend that computed them (see the module docstring)."""
-    typed: dict[str, np.ndarray] = {}
-    initializers = {init.name for init in model.graph.initializer}
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
-        if value.name not in feeds:
-            raise GraphampError(f"no value given for model input {value.name!r}")
-        name = dtypes.from_onnx(value.type.tensor_type.elem_type)
-        target = dtypes.numpy_type(name) if name else feeds[value.name].dtype
-        typed[value.name] = feeds[value.name].astype(target)
+    evaluator that computed them.
+
+    On the CPU a model holding float16/bfloat16 values runs as its faithful float32 emulation
+    (:mod:`graphamp.onnx.emulate`): the CPU provider would compute float16 in float32 between
+    casts and hide rounding and overflow. ``onnx.reference`` (which computes in the stored
+    types) is the fallback for a model onnxruntime cannot run, if it is small enough.
+    """
+    emulation = ""
+    if provider == "cpu":
+        types = inferred_types(model)
+        if has_low_values(model, types):
+            names = sorted({LOW_CODES[c] for c in types.values() if c in LOW_CODES})
+            emulation = f", {'/'.join(names)} rounding emulated"
+            model = emulated(model, types)
+    typed = _typed_feeds(model, feeds)
     providers = (
         ["CUDAExecutionProvider", "CPUExecutionProvider"]
         if provider == "cuda"
@@ -96,7 +102,23 @@ def run(
             "--provider cuda: onnxruntime could not use CUDA here (no GPU, or no CUDA "
             f"libraries; it would run on {used}): verify with --provider cpu"
         )
-    return dict(zip(names, session.run(names, typed), strict=True)), f"onnxruntime {used}"
+    outputs = session.run(names, typed)
+    return dict(zip(names, outputs, strict=True)), f"onnxruntime {used}{emulation}"
+
+
+def _typed_feeds(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each feed in its input's declared type."""
+    typed: dict[str, np.ndarray] = {}
+    initializers = {init.name for init in model.graph.initializer}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        if value.name not in feeds:
+            raise GraphampError(f"no value given for model input {value.name!r}")
+        name = dtypes.from_onnx(value.type.tensor_type.elem_type)
+        target = dtypes.numpy_type(name) if name else feeds[value.name].dtype
+        typed[value.name] = feeds[value.name].astype(target)
+    return typed
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,89 @@
+"""A faithful evaluator for mixed-precision ONNX models on the CPU.
+
+onnxruntime's CPU provider has almost no float16 kernels: it runs them in float32 between casts
+it inserts, which hides both the rounding and the overflow of float16 (a hidden activation of
+198,358 is fine in float32 and infinite in float16). :func:`emulated` rewrites a converted
+model so that every op computes in float32 but every value that is float16/bfloat16 in the
+converted model is rounded to that type right after it is produced (a round trip Cast
+float32 -> low -> float32): storage rounding and overflow as the low type has them, at
+onnxruntime's speed. What it does not reproduce: the accumulation inside a kernel (a float16
+MatMul on a GPU accumulates in float32 or float16 depending on the kernel; here it is always
+float32), and the kernel's own intermediate rounding.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper, numpy_helper
+
+from graphamp import dtypes
+
+LOW_CODES = {dtypes.BY_NAME[name].onnx: name for name in dtypes.LOW_TYPES}
+F32 = onnx.TensorProto.FLOAT
+
+
+def has_low_values(proto: onnx.ModelProto, types: dict[str, int]) -> bool:
+    return any(code in LOW_CODES for code in types.values())
+
+
+def emulated(proto: onnx.ModelProto, types: dict[str, int]) -> onnx.ModelProto:
+    """A float32 copy of ``proto`` that rounds every low-precision value (module docstring).
+    ``types`` maps value names to their element type in ``proto`` (graph I/O, initializers and
+    what type inference finds)."""
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    graph = model.graph
+    del graph.value_info[:]
+    for init in graph.initializer:
+        if init.data_type in LOW_CODES:  # exact: every low value is a float32 value
+            init.CopyFrom(
+                numpy_helper.from_array(numpy_helper.to_array(init).astype("float32"), init.name)
+            )
+    nodes: list[onnx.NodeProto] = []
+    rounded_inputs: dict[str, str] = {}  # a low graph input, fed as float32, rounded first
+    for value in graph.input:
+        code = value.type.tensor_type.elem_type
+        if code in LOW_CODES:
+            value.type.tensor_type.elem_type = F32
+            rounded_inputs[value.name] = f"{value.name}__emulated"
+            nodes += _round_trip(value.name, rounded_inputs[value.name], code)
+    for node in graph.node:
+        _float32_attributes(node)
+        for index, name in enumerate(node.input):
+            node.input[index] = rounded_inputs.get(name, name)
+        if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+            to = next(a for a in node.attribute if a.name == "to")
+            if to.i in LOW_CODES:  # keep the rounding, then widen
+                output = node.output[0]
+                node.output[0] = f"{output}__emulated_low"
+                nodes.append(node)
+                nodes.append(helper.make_node("Cast", [node.output[0]], [output], to=F32))
+                continue
+        low_outputs = [(i, o) for i, o in enumerate(node.output) if o and types.get(o) in LOW_CODES]
+        for index, output in low_outputs:
+            node.output[index] = f"{output}__emulated_raw"
+        nodes.append(node)
+        for index, output in low_outputs:
+            nodes += _round_trip(node.output[index], output, types[output])
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for value in graph.output:
+        if value.type.tensor_type.elem_type in LOW_CODES:
+            value.type.tensor_type.elem_type = F32
+    return model
+
+
+def _round_trip(source: str, output: str, code: int) -> list[onnx.NodeProto]:
+    low = f"{output}__emulated_low"
+    return [
+        helper.make_node("Cast", [source], [low], to=code),
+        helper.make_node("Cast", [low], [output], to=F32),
+    ]
+
+
+def _float32_attributes(node: onnx.NodeProto) -> None:
+    """Tensor attributes of a low type (Constant, ConstantOfShape) held as float32."""
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in LOW_CODES:
+            values = numpy_helper.to_array(attr.t).astype("float32")
+            attr.t.CopyFrom(numpy_helper.from_array(values, attr.t.name))
