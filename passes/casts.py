@@ -105,6 +105,7 @@ def plan_casts(
         slots = [(n, s) for n, s in readers.get(tensor, []) if not reads_any_type(n, s)]
         return bool(slots) and all(required(n, s, tensor) == dtype for n, s in slots)
 
+    caches = cache_pairs(graph)
     for name in graph.graph_inputs:
         tensor = graph.tensors[name]
         if (
@@ -114,6 +115,8 @@ def plan_casts(
             and not tensor.is_constant
             and not tensor.is_graph_output
             and all_readers_want(name, low)
+            # a KV cache's past input takes the type its present output will have
+            and has.get(caches.get(name, ""), low) == low
         ):
             has[name] = low
             edits.retype[name] = low
@@ -194,7 +197,7 @@ def plan_casts(
 
     _plan_weights(graph, weight_readers, readers, has, edits, taken, weights)
     kept = _kept_weights(graph, decisions, weights)
-    _plan_output_casts(graph, policy, has, edits, taken)
+    _plan_output_casts(graph, policy, has, edits, taken, caches)
     log.info(
         "%d casts inserted, %d retargeted, %d removed, %d weights converted",
         len(edits.casts) + len(edits.output_casts),
@@ -203,6 +206,28 @@ def plan_casts(
         len(edits.weights),
     )
     return edits, kept
+
+
+def cache_pairs(graph: OpGraph) -> dict[str, str]:
+    """A decoder's KV cache: past input -> the present output it pairs with, matched by name
+    (``past_key_values.0.key`` / ``present.0.key``, ``past_key_0`` / ``present_key_0``)."""
+
+    def key(name: str, *prefixes: str) -> str:
+        lowered = name.lower()
+        for prefix in prefixes:
+            lowered = lowered.replace(prefix, "")
+        return "".join(ch for ch in lowered if ch.isalnum())
+
+    presents = {
+        key(name, "present"): name for name in graph.graph_outputs if "present" in name.lower()
+    }
+    pairs = {}
+    for name in graph.graph_inputs:
+        if name.lower().startswith("past"):
+            present = presents.get(key(name, "past_key_values", "past"))
+            if present is not None:
+                pairs[name] = present
+    return pairs
 
 
 def reads_any_type(node: OpNode, slot: int) -> bool:
@@ -310,12 +335,23 @@ def _kept_weights(
 
 
 def _plan_output_casts(
-    graph: OpGraph, policy: Policy, has: dict[str, str], edits: EditScript, taken: set[str]
+    graph: OpGraph,
+    policy: Policy,
+    has: dict[str, str],
+    edits: EditScript,
+    taken: set[str],
+    caches: dict[str, str],
 ) -> None:
-    """Kept graph outputs computed in low precision get a Cast back under their own name."""
+    """Kept graph outputs computed in low precision get a Cast back under their own name, and
+    so does a KV cache's present output whose past input stays in its original type (a
+    generation loop feeds present back as past)."""
+    past_of = {present: past for past, present in caches.items()}
     for name in graph.graph_outputs:
         original = graph.tensors[name].dtype
-        if has[name] == original or not policy.keeps_io(name) or has[name] not in LOW_TYPES:
+        if has[name] == original or has[name] not in LOW_TYPES:
+            continue
+        past = past_of.get(name)
+        if not policy.keeps_io(name) and (past is None or has[past] == has[name]):
             continue
         renamed = unique_name(f"{name}__{has[name]}", taken)
         edits.output_casts.append(

@@ -62,6 +62,12 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
         "deciding again; refused, naming the first difference, when the model no longer "
         "matches it",
     )
+    parser.add_argument(
+        "--no-runtime-check",
+        action="store_true",
+        help="skip the check that onnxruntime loads the output whenever it loads the input "
+        "(done below 512 MiB; a refusal is exit 3 and nothing is written)",
+    )
     add_verify_arguments(parser, flag=True)
 
 
@@ -94,6 +100,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     # nothing: an error leaves no output. Over tolerance (exit 1) the model is kept.
     with staged(target) as path:
         dialect.save(result.model, path)
+        if not args.no_runtime_check:
+            for warning in dialect.check_runtime(source, path):
+                print(f"graphamp: warning: {warning}", file=sys.stderr)
         print_summary(console, result.plan, time.perf_counter() - start, source, target)
         note = nothing_converted(result.plan)
         if note:

@@ -65,6 +65,13 @@ class Dialect(abc.ABC):
     def save(self, model: Any, path: Path) -> None:
         """Write ``model`` to ``path`` atomically (nothing is left on error)."""
 
+    def check_runtime(self, original: Path, converted: Path) -> list[str]:
+        """Before a converted file is put in place: raise :class:`InternalError` when the
+        runtime refuses the converted model but accepts the original (graphamp produced
+        something invalid); return warnings worth a line (a provider with no kernel for the
+        low type, say). Default: nothing to check."""
+        return []
+
     def check_target(self, path: Path) -> None:  # noqa: B027 (optional: most accept any path)
         """Refuse, before any work, an output path this dialect cannot write."""
 

@@ -45,6 +45,9 @@ class OnnxDialect(Dialect):
     def save(self, model: ir.Model, path: Path) -> None:
         files.save(model, path)
 
+    def check_runtime(self, original: Path, converted: Path) -> list[str]:
+        return runtime.check_loads(Path(original), Path(converted))
+
     def input_specs(self, model: Any) -> list[InputSpec]:
         return runtime.input_specs(_proto(model, with_data=False))
 

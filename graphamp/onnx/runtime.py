@@ -3,12 +3,14 @@ provider has no kernel (most bfloat16 ops), since that evaluator computes in the
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 
 from graphamp import dtypes
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, InternalError
 from graphamp.inputs import InputSpec
 from graphamp.onnx.emulate import LOW_CODES, emulated, has_low_values
 from graphamp.onnx.files import inferred_types
@@ -104,6 +106,39 @@ def run(
         )
     outputs = session.run(names, typed)
     return dict(zip(names, outputs, strict=True)), f"onnxruntime {used}{emulation}"
+
+
+RUNTIME_CHECK_MAX_BYTES = 512 * 1024 * 1024
+
+
+def _session_error(path: Path) -> BaseException | None:
+    """Why onnxruntime's CPU provider refuses the model at ``path`` (None when it loads it)."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    ort.set_default_logger_severity(4)
+    try:
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime's own error types, one per status
+        return exc
+    return None
+
+
+def check_loads(original: Path, converted: Path) -> list[str]:
+    """The converted model must load wherever the original does (CPU provider; models over
+    512 MiB are not checked, to keep conversion at disk speed). A missing kernel for the low
+    type is a warning, since the model is valid and runs on a provider that has one."""
+    size = sum(p.stat().st_size for p in converted.parent.glob(f"{converted.name}*"))
+    if size > RUNTIME_CHECK_MAX_BYTES or _session_error(original) is not None:
+        return []
+    error = _session_error(converted)
+    if error is None:
+        return []
+    if isinstance(error, NotImplementedByOrt):
+        return [
+            "onnxruntime's CPU provider has no kernel for part of the converted model "
+            f"({_first_line(error)}): it runs on a provider that has one (CUDA)"
+        ]
+    raise InternalError(f"onnxruntime refuses the converted model: {_first_line(error)}")
 
 
 def _typed_feeds(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
