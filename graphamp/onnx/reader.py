@@ -179,6 +179,9 @@ def _read_node(
         ):
             follow_in.add(slot)
     op_node.follow_inputs = frozenset(follow_in)
+    # A slot that carries the computation type follows the node even where its type variable
+    # is its own (Attention's V: T2): kernels and function bodies bind it with the others.
+    op_node.any_type_inputs -= op_node.follow_inputs
     op_node.follow_outputs = frozenset(
         slot
         for slot in range(len(outputs))

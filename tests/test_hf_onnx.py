@@ -1,0 +1,90 @@
+"""Graphs nobody here wrote: small Hugging Face models (random weights, built from configs)
+exported by torch.onnx's dynamo exporter at opset 18 and 23 (opset 23 brings Attention and
+RMSNormalization). Each converts into a model onnxruntime loads, whose MatMuls read float16,
+within tolerance of float32 under the faithful evaluator, and converting it again changes no
+byte."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import transformers
+
+import graphamp.onnx as gonnx
+from graphamp import verify
+from graphamp.onnx.runtime import check_loads
+
+SMALL = {"vocab_size": 96, "max_position_embeddings": 32}
+
+
+def build(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if name == "llama":
+        config = transformers.LlamaConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,  # grouped-query attention
+            intermediate_size=128,
+            use_cache=False,
+            **SMALL,
+        )
+        return transformers.LlamaForCausalLM(config).eval()
+    if name == "gpt2":
+        config = transformers.GPT2Config(
+            n_embd=64, n_layer=2, n_head=4, n_positions=32, vocab_size=96, use_cache=False
+        )
+        return transformers.GPT2LMHeadModel(config).eval()
+    config = transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, **SMALL
+    )
+    return transformers.BertModel(config).eval()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):  # type: ignore[no-untyped-def]
+    folder = tmp_path_factory.mktemp("hf")
+    cache: dict[tuple[str, int], object] = {}
+
+    def get(name: str, opset: int):  # type: ignore[no-untyped-def]
+        if (name, opset) not in cache:
+            ids = torch.randint(1, 96, (1, 8), generator=torch.Generator().manual_seed(0))
+            path = folder / f"{name}{opset}.onnx"
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")
+                program = torch.onnx.export(
+                    build(name), (ids,), dynamo=True, opset_version=opset, verbose=False
+                )
+            program.save(str(path))
+            cache[(name, opset)] = path
+        return cache[(name, opset)]
+
+    return get
+
+
+@pytest.mark.parametrize("opset", [18, 23])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
+def test_hf_export_converts_runs_and_is_a_fixed_point(exported, tmp_path, name, opset):
+    source = exported(name, opset)
+    result = gonnx.convert(source)
+    target = tmp_path / "out.onnx"
+    gonnx.save(result.model, target)
+    assert check_loads(source, target) == []  # onnxruntime loads it: no refusal, no warning
+    out = onnx.load(str(target))
+    matmuls = [n for n, d in result.plan.nodes.items() if d.op == "MatMul"]
+    assert matmuls and all(result.plan.nodes[n].precision == "float16" for n in matmuls)
+    original = onnx.load(str(source))
+    feeds = verify.random_inputs(original, seed=1)
+    report = verify.verify(original, out, feeds, rtol=1e-2)
+    assert report.ok, [(o.name, o.max_rel_error, o.nan_inf) for o in report.outputs]
+    assert "rounding emulated" in report.provider
+    again = gonnx.convert(out).to_proto().SerializeToString()
+    assert again == result.to_proto().SerializeToString()
+    if opset == 23 and name == "llama":
+        ops = {node.op_type for node in original.graph.node}
+        assert {"Attention", "RMSNormalization"} <= ops, "opset 23 exports the fused ops"
+    assert np.isfinite(report.outputs[0].max_abs_error)
