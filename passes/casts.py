@@ -92,6 +92,7 @@ def plan_casts(
     has = dict(original)
     for node in graph:
         if runs_low(node):
+            edits.low_nodes[node.name] = low
             for slot in node.follow_outputs:
                 if node.outputs[slot]:
                     has[node.outputs[slot]] = low

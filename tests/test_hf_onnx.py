@@ -87,4 +87,10 @@ def test_hf_export_converts_runs_and_is_a_fixed_point(exported, tmp_path, name, 
     if opset == 23 and name == "llama":
         ops = {node.op_type for node in original.graph.node}
         assert {"Attention", "RMSNormalization"} <= ops, "opset 23 exports the fused ops"
+        attention = [n for n in out.graph.node if n.op_type == "Attention"]
+        assert attention and all(
+            result.plan.nodes[n.name].precision == "float16" for n in attention
+        )
+        for node in attention:  # the fused softmax stays float32, as a Softmax op would
+            assert onnx.helper.get_node_attr_value(node, "softmax_precision") == 1
     assert np.isfinite(report.outputs[0].max_abs_error)

@@ -168,6 +168,12 @@ def _read_node(
         return op_node  # computes on no float type
 
     op_node.allowed_types = schemas.float_types(found, primary)
+    needs = (
+        schemas.FLOAT32_WHEN_OUTPUT.get(node.op_type) if node.domain in _DEFAULT_DOMAINS else None
+    )
+    if needs is not None and len(outputs) > needs[0] and outputs[needs[0]]:
+        op_node.allowed_types -= dtypes.LOW_TYPES
+        op_node.schema_source += f" with {needs[1]}"
     keep_float32 = schemas.FLOAT32_INPUTS.get(node.op_type, frozenset())
     follow_in = set()
     for slot, name in enumerate(inputs):
@@ -182,10 +188,13 @@ def _read_node(
     # A slot that carries the computation type follows the node even where its type variable
     # is its own (Attention's V: T2): kernels and function bodies bind it with the others.
     op_node.any_type_inputs -= op_node.follow_inputs
+    # An output follows when its type variable is one a following input binds (Attention's
+    # present_value is T2, as V is).
+    following = {primary} | {found.input_param(slot) for slot in follow_in}
     op_node.follow_outputs = frozenset(
         slot
         for slot in range(len(outputs))
-        if outputs[slot] and found.output_param(slot) == primary
+        if outputs[slot] and found.output_param(slot) in following
     )
     if op_node.op in ("MatMul", "Gemm", "Conv", "ConvTranspose"):
         op_node.flops = _matrix_flops(op_node, tensors, node)

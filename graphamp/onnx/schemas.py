@@ -24,6 +24,14 @@ FLOAT32_INPUTS: dict[str, frozenset[int]] = {
 }
 
 
+# Outputs whose presence keeps an op in float32: Attention's qk_matmul_output exposes the
+# masked scores, whose masked entries hold float32's lowest value (a float16 cannot hold it),
+# and its type follows the softmax precision in the op's function body.
+FLOAT32_WHEN_OUTPUT: dict[str, tuple[int, str]] = {
+    "Attention": (3, "its qk_matmul_output requested (masked scores need float32's range)"),
+}
+
+
 @dataclass(frozen=True)
 class Schema:
     """The parts of an op schema the reader uses."""

@@ -16,6 +16,14 @@ from graphamp.onnx.reader import OnnxHandles, subgraph_nodes
 from graphamp.onnx.types import ir_type
 from graphamp.passes.numerics import convert_values
 
+# Attributes an op needs when it runs in a low type: in float16 the fused Attention of opset
+# 23 keeps its softmax in float32, as a separate Softmax would be kept (torch's
+# scaled_dot_product_attention under autocast does the same). Not in bfloat16, which has
+# float32's range: there the op's function body would add a bfloat16 mask to float32 scores.
+LOW_PRECISION_ATTRIBUTES: dict[tuple[str, str, str], dict[str, str]] = {
+    ("", "Attention", "float16"): {"softmax_precision": "float32"},
+}
+
 
 def apply(read: ReadGraph, script: EditScript) -> ir.Model:
     """Apply ``script`` to ``read.model`` (modified in place and returned)."""
@@ -61,6 +69,12 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
         else:
             old = values[op_graph.nodes[node_name].implicit_inputs[-1 - slot]]
             _rewire_inside(node, old, values[tensor])
+
+    for node_name, low in script.low_nodes.items():
+        node = nodes[node_name]
+        needs = LOW_PRECISION_ATTRIBUTES.get((node.domain, node.op_type, low), {})
+        for name, dtype in needs.items():
+            node.attributes[name] = ir.AttrInt64(name, ir_type(dtype))
 
     for node_name, dtype in script.retarget_casts.items():
         nodes[node_name].attributes["to"] = ir.AttrInt64("to", ir_type(dtype))
