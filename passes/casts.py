@@ -182,7 +182,16 @@ def plan_casts(
             removed.add(node.name)
 
     taken = set(graph.tensors) | set(graph.nodes)
+    cast_back = _outputs_cast_back(graph, policy, has, caches)
+    shared: dict[str, list[str]] = defaultdict(list)  # output -> readers of its cast back
     for (source, want), slots in cast_readers.items():
+        if cast_back.get(source) == want:
+            # A kept output is cast back under its own name anyway: its float32 readers read
+            # that Cast instead of a second, identical one.
+            shared[source].extend(n for n, _ in slots)
+            for slot_key in slots:
+                edits.rewire[slot_key] = source
+            continue
         output = unique_name(f"{source}__{want}", taken)
         edits.casts.append(
             CastRecord(
@@ -198,7 +207,7 @@ def plan_casts(
 
     _plan_weights(graph, weight_readers, readers, has, edits, taken, weights)
     kept = _kept_weights(graph, decisions, weights)
-    _plan_output_casts(graph, policy, has, edits, taken, caches)
+    _plan_output_casts(graph, has, edits, taken, cast_back, shared)
     log.info(
         "%d casts inserted, %d retargeted, %d removed, %d weights converted",
         len(edits.casts) + len(edits.output_casts),
@@ -335,33 +344,44 @@ def _kept_weights(
     return kept
 
 
-def _plan_output_casts(
-    graph: OpGraph,
-    policy: Policy,
-    has: dict[str, str],
-    edits: EditScript,
-    taken: set[str],
-    caches: dict[str, str],
-) -> None:
-    """Kept graph outputs computed in low precision get a Cast back under their own name, and
-    so does a KV cache's present output whose past input stays in its original type (a
-    generation loop feeds present back as past)."""
+def _outputs_cast_back(
+    graph: OpGraph, policy: Policy, has: dict[str, str], caches: dict[str, str]
+) -> dict[str, str]:
+    """Graph outputs computed in low precision that are cast back to their original type
+    under their own name (output -> that type): the kept ones, and a KV cache's present output
+    whose past input stays in its original type (a generation loop feeds present back)."""
     past_of = {present: past for past, present in caches.items()}
+    cast_back = {}
     for name in graph.graph_outputs:
         original = graph.tensors[name].dtype
         if has[name] == original or has[name] not in LOW_TYPES:
             continue
         past = past_of.get(name)
-        if not policy.keeps_io(name) and (past is None or has[past] == has[name]):
+        if policy.keeps_io(name) or (past is not None and has[past] != has[name]):
+            cast_back[name] = original
+    return cast_back
+
+
+def _plan_output_casts(
+    graph: OpGraph,
+    has: dict[str, str],
+    edits: EditScript,
+    taken: set[str],
+    cast_back: dict[str, str],
+    shared: dict[str, list[str]],
+) -> None:
+    """The Casts back of :func:`_outputs_cast_back`, read by the graph and by ``shared``."""
+    for name in graph.graph_outputs:
+        if name not in cast_back:
             continue
         renamed = unique_name(f"{name}__{has[name]}", taken)
         edits.output_casts.append(
             CastRecord(
                 tensor=renamed,
                 src=has[name],
-                dst=original,
+                dst=cast_back[name],
                 output=name,
-                consumers=[],
+                consumers=sorted(set(shared.get(name, []))),
                 purpose="graph output kept in its original type",
             )
         )

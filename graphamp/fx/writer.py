@@ -67,6 +67,18 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
     for name in script.new_nodes:
         lowering.build(graph, read.graph.nodes[name], values)
 
+    # Kept outputs: the low value cast back for the caller, right after it, so that a float32
+    # reader of the output (rewired below) reads the same Cast.
+    output = next(n for n in graph.nodes if n.op == "output")
+    for record in script.output_casts:
+        source = values[record.output]
+        with after(source):
+            cast = graph.call_function(
+                torch.ops.aten._to_copy.default, (source,), {"dtype": torch_dtype(record.dst)}
+            )
+        output.replace_input_with(source, cast)
+        values[record.tensor], values[record.output] = source, cast
+
     op_nodes = read.graph.nodes
     for (node_name, slot), tensor in script.rewire.items():
         old = op_nodes[node_name].inputs[slot]
@@ -80,14 +92,6 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
         node.replace_all_uses_with(node.args[0])  # type: ignore[arg-type]
         graph.erase_node(node)
 
-    output = next(n for n in graph.nodes if n.op == "output")
-    for record in script.output_casts:  # kept outputs: the low value cast back for the caller
-        source = values[record.output]
-        with graph.inserting_before(output):
-            cast = graph.call_function(
-                torch.ops.aten._to_copy.default, (source,), {"dtype": torch_dtype(record.dst)}
-            )
-        output.replace_input_with(source, cast)
     for old, new in script.replace_outputs.items():
         output.replace_input_with(values[old], values[new])
     if script.new_outputs:

@@ -62,6 +62,15 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
     for record in script.casts:
         _insert_cast(graph, values, record.tensor, record.dst, record.output)
 
+    # Output casts before rewiring: a float32 reader of a kept output reads its Cast back.
+    for record in script.output_casts:
+        low_value = values[record.output]
+        low_value.name = record.tensor
+        values[record.tensor] = low_value
+        cast_out = _insert_cast(graph, values, record.tensor, record.dst, record.output)
+        for index, output in enumerate(graph.outputs):
+            if output is low_value:
+                graph.outputs[index] = cast_out
     for (node_name, slot), tensor in script.rewire.items():
         node = nodes[node_name]
         if slot >= 0:
@@ -82,14 +91,6 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
     if script.remove_nodes:
         graph.remove([nodes[name] for name in script.remove_nodes], safe=True)
 
-    for record in script.output_casts:
-        low_value = values[record.output]
-        low_value.name = record.tensor
-        values[record.tensor] = low_value
-        cast_out = _insert_cast(graph, values, record.tensor, record.dst, record.output)
-        for index, output in enumerate(graph.outputs):
-            if output is low_value:
-                graph.outputs[index] = cast_out
     if script.new_nodes or script.new_inputs:
         raise InternalError("the ONNX dialect adds no training nodes")
     return model
