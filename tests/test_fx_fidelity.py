@@ -9,40 +9,11 @@ import warnings
 
 import pytest
 import torch
-import transformers
 
 import graphamp.fx as gfx
 from graphamp.vocab import Precision
+from tests.hf_models import hf_model
 from tests.test_fx import matrix_dtypes
-
-
-def hf_model(name: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    small = {"vocab_size": 96, "max_position_embeddings": 32}
-    if name == "bert":
-        config = transformers.BertConfig(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=128,
-            **small,
-        )
-        return transformers.BertModel(config).eval()
-    if name == "gpt2":
-        config = transformers.GPT2Config(
-            n_embd=64, n_layer=2, n_head=4, n_positions=32, vocab_size=96, use_cache=False
-        )
-        return transformers.GPT2Model(config).eval()
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        use_cache=False,
-        **small,
-    )
-    return transformers.LlamaModel(config).eval()
 
 
 def hidden(output) -> torch.Tensor:  # type: ignore[no-untyped-def]

@@ -12,37 +12,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
-import transformers
 
 import graphamp.onnx as gonnx
 from graphamp import verify
 from graphamp.onnx.runtime import check_loads
-
-SMALL = {"vocab_size": 96, "max_position_embeddings": 32}
-
-
-def build(name: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    if name == "llama":
-        config = transformers.LlamaConfig(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,  # grouped-query attention
-            intermediate_size=128,
-            use_cache=False,
-            **SMALL,
-        )
-        return transformers.LlamaForCausalLM(config).eval()
-    if name == "gpt2":
-        config = transformers.GPT2Config(
-            n_embd=64, n_layer=2, n_head=4, n_positions=32, vocab_size=96, use_cache=False
-        )
-        return transformers.GPT2LMHeadModel(config).eval()
-    config = transformers.BertConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, **SMALL
-    )
-    return transformers.BertModel(config).eval()
+from tests.hf_models import hf_model
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +31,11 @@ def exported(tmp_path_factory):  # type: ignore[no-untyped-def]
             with warnings.catch_warnings(), torch.no_grad():
                 warnings.simplefilter("ignore")
                 program = torch.onnx.export(
-                    build(name), (ids,), dynamo=True, opset_version=opset, verbose=False
+                    hf_model(name, lm_head=True),
+                    (ids,),
+                    dynamo=True,
+                    opset_version=opset,
+                    verbose=False,
                 )
             program.save(str(path))
             cache[(name, opset)] = path
