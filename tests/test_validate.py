@@ -109,13 +109,17 @@ def test_external_data_missing_outside_or_behind_a_symlink_is_refused(tmp_path):
     assert not out.exists()
 
 
-def test_a_name_that_is_not_utf8_is_refused(tmp_path):
-    proto = chain(["MatMul"])
+@pytest.mark.parametrize("field", ["producer", "tensor"])
+def test_a_name_that_is_not_utf8_is_refused(tmp_path, field):
+    proto = chain(["MatMul", "Relu"])
     proto.producer_name = "PRODUCERX"
-    data = proto.SerializeToString().replace(b"PRODUCERX", b"\xff\xfeRODUCER")
+    proto.graph.node[0].output[0] = proto.graph.node[1].input[0] = "TENSORXXX"
+    placeholder = {"producer": b"PRODUCERX", "tensor": b"TENSORXXX"}[field]
+    data = proto.SerializeToString().replace(placeholder, b"\xff\xfe" + placeholder[2:])
     result, out = converted(tmp_path, save_bytes(tmp_path / "bad.onnx", data))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+    assert "not valid UTF-8" in result.stderr
     assert not out.exists()
 
 

@@ -17,6 +17,11 @@ deny_names and deny_tensors rules, keep_io_types, float16 or bfloat16). On every
 
     python tools/fuzz.py --n 10000          # the benchmark: violations and time
     python tools/fuzz.py --n 200 --seed 7   # what the test suite runs
+    python tools/fuzz.py --cli --n 2000     # damaged files through the command line
+
+``--cli`` mutates valid model files (truncation, flipped bytes, bytes deleted or repeated) and
+runs ``graphamp convert`` on each: the command must exit 0 or 2, never 3 (an internal error)
+and never with a traceback, and must write no output when it fails.
 """
 
 from __future__ import annotations
@@ -220,16 +225,66 @@ def check(case: Case) -> list[str]:
     return problems
 
 
+def mutated(seed: int) -> bytes:
+    """A valid model's bytes, damaged at random."""
+    rng = np.random.default_rng(seed)
+    data = bytearray(random_case(seed).model.SerializeToString())
+    kind = int(rng.integers(4))
+    at = int(rng.integers(len(data)))
+    if kind == 0:
+        return bytes(data[:at])  # truncated
+    if kind == 1:
+        for _ in range(int(rng.integers(1, 8))):
+            data[int(rng.integers(len(data)))] ^= 1 << int(rng.integers(8))
+        return bytes(data)
+    if kind == 2:
+        return bytes(data[:at] + data[at + int(rng.integers(1, 16)) :])  # bytes deleted
+    return bytes(data[:at] + data[at : at + 16] + data[at:])  # bytes repeated
+
+
+def check_cli(seed: int, folder: Path) -> list[str]:
+    """``graphamp convert`` on a damaged file: exit 0 or 2, no traceback, no partial output."""
+    import contextlib
+    import io
+
+    from graphamp.cli import main as cli
+
+    source, target = folder / f"m{seed}.onnx", folder / f"o{seed}.onnx"
+    source.write_bytes(mutated(seed))
+    err = io.StringIO()
+    with (
+        contextlib.redirect_stderr(err),
+        contextlib.redirect_stdout(io.StringIO()),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore")
+        status = cli(["convert", str(source), "-o", str(target)])
+    problems = []
+    if status not in (0, 2):
+        problems.append(f"exit {status}: {err.getvalue().strip()[:300]}")
+    if "Traceback" in err.getvalue():
+        problems.append("a traceback")
+    if status != 0 and target.exists():
+        problems.append("an output after a failure")
+    source.unlink()
+    target.unlink(missing_ok=True)
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--n", type=int, default=1000, help="graphs to generate")
     parser.add_argument("--seed", type=int, default=0, help="first seed")
+    parser.add_argument("--cli", action="store_true", help="damaged files through the CLI")
     args = parser.parse_args(argv)
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="graphamp-fuzz-"))
     start, violations = time.perf_counter(), 0
     for seed in range(args.seed, args.seed + args.n):
-        problems = check(random_case(seed))
+        problems = check_cli(seed, folder) if args.cli else check(random_case(seed))
         if problems:
             violations += 1
             print(f"seed {seed}: {'; '.join(problems)}")

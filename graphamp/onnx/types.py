@@ -16,8 +16,11 @@ def dtype_name(dtype: ir.DataType | None) -> str:
 
 
 def ir_type(name: str) -> ir.DataType:
-    """The ONNX element type of an engine dtype name."""
-    return ir.DataType(dtypes.BY_NAME[name].onnx)
+    """The ONNX element type of an engine dtype name (or of one outside the table, by the
+    name :func:`dtype_name` gave it: ``float8e4m3fn``)."""
+    if name in dtypes.BY_NAME:
+        return ir.DataType(dtypes.BY_NAME[name].onnx)
+    return ir.DataType[name.upper()]
 
 
 def type_str_dtype(type_str: str) -> str:

@@ -82,9 +82,14 @@ def _check_header(proto: onnx.ModelProto, where: str) -> None:
     functions = {function.domain for function in proto.functions}
     for name in (proto.producer_name, proto.producer_version, proto.domain, proto.graph.name):
         _utf8(name, where)
-    for node in proto.graph.node:
-        _utf8(node.name, where)
-        _utf8(node.op_type, where)
+    graph = proto.graph
+    for value in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
+        _utf8(value.name, where)
+    for node in graph.node:
+        for text in (node.name, node.op_type, node.domain, *node.input, *node.output):
+            _utf8(text, where)
+        for attr in node.attribute:
+            _utf8(attr.name, where)
         if node.domain not in _DEFAULT_DOMAINS and node.domain not in opsets | dict.fromkeys(
             functions
         ):
