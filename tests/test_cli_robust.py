@@ -143,3 +143,41 @@ def test_bfloat16_before_opset_22_says_which_ops_stay_float32(tmp_path):
     result = run_cli("convert", str(path), "-o", str(tmp_path / "o.onnx"), "--dtype", "bfloat16")
     assert result.returncode == 0
     assert "its schema does not admit the type (schema)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["convert", "{bad}", "-o", "{tmp}/o.onnx"],
+        ["plan", "{bad}"],
+        ["explain", "{bad}", "node"],
+        ["diff", "{bad}", "{bad}"],
+        ["check", "{bad}", "--baseline", "{tmp}/b.json"],
+        ["lists", "--config", "{bad}"],
+        ["convert", "{good}", "-o", "{tmp}/o.onnx", "--config", "{bad}"],
+        ["convert", "{good}", "-o", "{tmp}/o.onnx", "--from-plan", "{bad}"],
+    ],
+)
+def test_every_subcommand_answers_a_broken_file_in_one_line(small, tmp_path, command):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(small.read_bytes()[:57])  # truncated
+    args = [a.format(bad=bad, good=small, tmp=tmp_path) for a in command]
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_a_model_onnxruntime_cannot_load_is_a_user_error_under_verify(tmp_path):
+    from onnx import helper
+
+    # an attribute Relu does not have: graphamp passes it through, onnxruntime refuses it
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu")]
+    proto = model(nodes)
+    proto.graph.node[0].attribute.add(name="bogus", type=onnx.AttributeProto.INT, i=1)
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, str(path))
+    result = run_cli("convert", str(path), "-o", str(tmp_path / "o.onnx"), "--verify")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "o.onnx").exists()

@@ -97,6 +97,10 @@ def run(
         evaluator = ReferenceEvaluator(model)
         names = [o.name for o in model.graph.output]
         return dict(zip(names, evaluator.run(names, typed), strict=True)), "onnx.reference"
+    except Exception as exc:  # onnxruntime's own error types: the model cannot be verified
+        raise GraphampError(
+            f"onnxruntime cannot load the model to verify it: {_first_line(exc)}"
+        ) from None
     names = [o.name for o in session.get_outputs()]
     used = session.get_providers()[0].replace("ExecutionProvider", "").lower()
     if provider == "cuda" and used != "cuda":
