@@ -1,8 +1,8 @@
 """More damaged models, each refused in one line through ``graphamp.cli.main`` (exit status
 2, nothing written): typed tensor data of the wrong length, dims that overflow, element types
 that are none, graph inputs without a name or type or declared twice, nodes that break their op
-schema, strings that are not UTF-8 in doc strings and metadata, broken subgraphs and opset_import
-entries twice. Each of these once
+schema, strings that are not UTF-8 in doc strings and metadata, broken subgraphs, opset_import
+entries twice, and two inputs of one type variable with different types. Each of these once
 ended in an internal error (exit 3) or in an invalid model written with exit 0."""
 
 from __future__ import annotations
@@ -195,6 +195,13 @@ CASES: dict[str, tuple[Callable[[], onnx.ModelProto], str]] = {
     "subgraph weight with short raw_data": (
         short_subgraph_weight,
         "initializer 'wi': raw_data holds 7 bytes; dims [4, 4] of FLOAT need 64",
+    ),
+    "int32 weight into a float32 MatMul": (
+        lambda: model(
+            [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+            initializers=[numpy_helper.from_array(np.ones((4, 4), np.int32), "w")],
+        ),
+        "node 'mm' (MatMul): input 'w' is int32 but 'x' is float32; MatMul takes one type",
     ),
 }
 

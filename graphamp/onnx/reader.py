@@ -204,18 +204,28 @@ def _read_node(
 def _check_input_types(
     node: ir.Node, found: schemas.Schema, inputs: list[str], tensors: dict[str, TensorInfo]
 ) -> None:
-    """Refuse an input whose type the op's schema does not admit (a string into MatMul): a
-    Cast to the low type would be inserted in front of it otherwise."""
+    """Refuse an input whose type the op's schema does not admit (a string into MatMul), or
+    two inputs of one type variable with different types (an int32 weight into a float32
+    MatMul): a Cast to the low type would be inserted in front of it otherwise."""
+    bound: dict[str, tuple[str, str]] = {}  # type variable -> (dtype, input name)
     for slot, name in enumerate(inputs):
         param = found.input_param(slot)
         dtype = tensors[name].dtype if name else UNKNOWN
         # only tensor type variables: a sequence's element type says nothing here
         admitted_types = found.allowed.get(param, frozenset()) & set(dtypes.BY_NAME)  # type: ignore[arg-type]
-        if admitted_types and dtype in dtypes.BY_NAME and dtype not in admitted_types:
+        if not admitted_types or dtype not in dtypes.BY_NAME:
+            continue
+        if dtype not in admitted_types:
             admitted = ", ".join(sorted(admitted_types))
             raise GraphampError(
                 f"node {node.name!r} ({node.op_type}): input {slot} {name!r} is {dtype}, which "
                 f"{node.op_type} does not take (it takes {admitted})"
+            )
+        first = bound.setdefault(param, (dtype, name))  # type: ignore[arg-type]
+        if first[0] != dtype and param not in found.heterogeneous:
+            raise GraphampError(
+                f"node {node.name!r} ({node.op_type}): input {name!r} is {dtype} but "
+                f"{first[1]!r} is {first[0]}; {node.op_type} takes one type for both ({param})"
             )
 
 
