@@ -169,12 +169,15 @@ def plan_casts(
                 cast_readers[(source, want)].append((node.name, slot))
                 still_read.add(source)
 
-    # Casts already in the model that the rerouting above left with no reader.
+    # Casts already in the model that the rerouting above left with no reader (one that had
+    # none in the model is left as it is: removing it would leave its own input Cast readerless
+    # for the next conversion, which would then remove that one too).
     for node in graph:
         if (
             node.kind is NodeKind.CAST
             and node.name not in removed
             and node.outputs[0] not in still_read
+            and readers.get(node.outputs[0])
             and not graph.tensors[node.outputs[0]].is_graph_output
         ):
             edits.remove_nodes.append(node.name)
