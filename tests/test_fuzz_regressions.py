@@ -4,6 +4,8 @@ it: converting must be a fixed point, valid, and add no Cast that one already in
 
 from __future__ import annotations
 
+import contextlib
+
 from onnx import TensorProto, helper
 
 from tests.helpers import assert_valid, convert, model, weight
@@ -28,3 +30,38 @@ def test_a_dead_cast_chain_in_the_model_is_left_as_it_is():
     assert_fixed_point(proto)
     first, _ = convert(proto)
     assert {n.name for n in first.graph.node} >= {"down", "up"}
+
+
+def clip_model(opset: int):  # type: ignore[no-untyped-def]
+    import numpy as np
+    from onnx import numpy_helper
+
+    bounds = [
+        numpy_helper.from_array(np.array(v, np.float32), n) for n, v in [("lo", -1), ("hi", 1)]
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Clip", ["m", "lo", "hi"], ["y"], name="clip"),
+    ]
+    return model(nodes, initializers=[weight("w"), *bounds], opset=opset)
+
+
+def test_clip_stays_float32_in_bfloat16_before_opset_16_so_onnxruntime_loads_it():
+    """Clip's schema admits bfloat16 from opset 13, but onnxruntime (no kernel) expands its
+    function body, whose Where takes bfloat16 only from opset 16: the output was refused
+    (INVALID_GRAPH), an internal error for the user (fuzz seed 180)."""
+    import onnxruntime as ort
+
+    for opset, clip_precision in ((15, "float32"), (16, "bfloat16")):
+        out, plan = convert(clip_model(opset), dtype="bfloat16", allow=["Clip"])
+        assert plan.nodes["clip"].precision == clip_precision
+        assert_valid(out)
+        options = ort.SessionOptions()
+        options.log_severity_level = 4
+        # no bfloat16 kernel on the CPU provider is fine (a valid model, run elsewhere)
+        with contextlib.suppress(ort.capi.onnxruntime_pybind11_state.NotImplemented):
+            ort.InferenceSession(
+                out.SerializeToString(), options, providers=["CPUExecutionProvider"]
+            )
+        if opset == 15:
+            assert "onnxruntime loads Clip in bfloat16 from 16" in plan.nodes["clip"].reason

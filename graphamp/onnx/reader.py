@@ -174,6 +174,10 @@ def _read_node(
     if needs is not None and len(outputs) > needs[0] and outputs[needs[0]]:
         op_node.allowed_types -= dtypes.LOW_TYPES
         op_node.schema_source += f" with {needs[1]}"
+    since = schemas.RUNTIME_TYPE_SINCE.get((node.op_type, target))
+    if node.domain in _DEFAULT_DOMAINS and since is not None and opsets.get("", 0) < since:
+        op_node.allowed_types -= {target}
+        op_node.schema_source += f" (onnxruntime loads {node.op_type} in {target} from {since})"
     keep_float32 = schemas.FLOAT32_INPUTS.get(node.op_type, frozenset())
     follow_in = set()
     for slot, name in enumerate(inputs):

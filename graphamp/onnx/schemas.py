@@ -32,6 +32,14 @@ FLOAT32_WHEN_OUTPUT: dict[str, tuple[int, str]] = {
 }
 
 
+# Low types an op's schema admits before onnxruntime can load the op in them: with no kernel
+# it expands the op's function body, whose ops do not admit the type at that opset yet (Clip's
+# body uses Where, which takes bfloat16 from opset 16). (op, type) -> first opset that loads.
+RUNTIME_TYPE_SINCE: dict[tuple[str, str], int] = {
+    ("Clip", "bfloat16"): 16,
+}
+
+
 @dataclass(frozen=True)
 class Schema:
     """The parts of an op schema the reader uses."""
