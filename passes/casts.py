@@ -160,7 +160,7 @@ def plan_casts(
                 still_read.add(source)
             elif tensor.is_constant and not tensor.is_graph_input:
                 weight_readers[(source, want)].append((node.name, slot))
-            elif (widened := _lossless_cast_source(graph, source, has)) is not None and has[
+            elif (widened := _lossless_cast_source(graph, source, has, alias)) is not None and has[
                 widened
             ] == want:
                 edits.rewire[(node.name, slot)] = widened
@@ -265,15 +265,18 @@ def _resolve(alias: dict[str, str], name: str) -> str:
     return name
 
 
-def _lossless_cast_source(graph: OpGraph, tensor: str, has: dict[str, str]) -> str | None:
-    """The input of the Cast producing ``tensor`` if that Cast only widened its input."""
+def _lossless_cast_source(
+    graph: OpGraph, tensor: str, has: dict[str, str], alias: dict[str, str]
+) -> str | None:
+    """The input of the Cast producing ``tensor`` if that Cast only widened its input (read
+    through Casts removed as no-ops: their outputs are gone)."""
     producer = graph.tensors[tensor].producer
     if producer is None:
         return None
     node = graph.nodes[producer]
     if node.kind is not NodeKind.CAST or not node.inputs or not node.inputs[0]:
         return None
-    source = node.inputs[0]
+    source = _resolve(alias, node.inputs[0])
     return source if (has[source], has[tensor]) in LOSSLESS_WIDENING else None
 
 

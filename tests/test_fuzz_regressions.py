@@ -65,3 +65,23 @@ def test_clip_stays_float32_in_bfloat16_before_opset_16_so_onnxruntime_loads_it(
             )
         if opset == 15:
             assert "onnxruntime loads Clip in bfloat16 from 16" in plan.nodes["clip"].reason
+
+
+def test_a_widening_cast_whose_input_cast_was_removed_is_read_through_to_its_source():
+    """m (now float16) -> Cast(float16) (a no-op, removed) -> Cast(float32) read by a float32
+    node and by a float16 Concat: the Concat was rewired to the removed Cast's output, and
+    writing the model failed (an internal error; fuzz seed 206)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Cast", ["m"], ["m_low"], name="down", to=TensorProto.FLOAT16),
+        helper.make_node("Cast", ["m_low"], ["m_back"], name="up", to=TensorProto.FLOAT),
+        helper.make_node("Concat", ["m", "m_back"], ["cat"], name="cat", axis=1),
+        helper.make_node("MatMul", ["cat", "w2"], ["y"], name="mm2"),
+        helper.make_node("Relu", ["m_back"], ["z"], name="kept"),
+    ]
+    proto = model(nodes, outputs=("y", "z"), initializers=[weight("w"), weight("w2", (8, 4))])
+    out, plan = convert(proto, deny_names=["kept"])
+    assert plan.nodes["cat"].precision == "float16"
+    cat = next(n for n in out.graph.node if n.name == "cat")
+    assert list(cat.input) == ["m", "m"]  # both read the float16 m itself
+    assert_fixed_point(proto, deny_names=["kept"])
