@@ -32,6 +32,7 @@ from graphamp.edits import EditScript
 from graphamp.graph import NodeKind, OpGraph, OpNode, unique_name
 from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
 from graphamp.passes.classify import stored_float32_inputs
+from graphamp.passes.model_casts import share_model_casts
 from graphamp.passes.weights import WeightRanges
 from graphamp.policy import Policy
 from graphamp.records import CastRecord, NodeDecision, WeightRecord
@@ -168,6 +169,8 @@ def plan_casts(
             else:
                 cast_readers[(source, want)].append((node.name, slot))
                 still_read.add(source)
+
+    share_model_casts(graph, cast_readers, alias, removed, has, edits, still_read)
 
     # Casts already in the model that the rerouting above left with no reader (one that had
     # none in the model is left as it is: removing it would leave its own input Cast readerless

@@ -85,3 +85,38 @@ def test_a_widening_cast_whose_input_cast_was_removed_is_read_through_to_its_sou
     cat = next(n for n in out.graph.node if n.name == "cat")
     assert list(cat.input) == ["m", "m"]  # both read the float16 m itself
     assert_fixed_point(proto, deny_names=["kept"])
+
+
+def casts_of(proto, tensor: str, to: int) -> list[str]:  # type: ignore[no-untyped-def]
+    return [
+        n.name
+        for n in proto.graph.node
+        if n.op_type == "Cast" and n.input[0] == tensor and n.attribute[0].i == to
+    ]
+
+
+def island_model(cast_first: bool):  # type: ignore[no-untyped-def]
+    """x feeds a MatMul (float16 after conversion) and the model's own float16 island
+    Cast(x -> float16) -> Tanh -> Cast(float32), the island before or after the MatMul."""
+    island = [
+        helper.make_node("Cast", ["x"], ["x_half"], name="own_cast", to=TensorProto.FLOAT16),
+        helper.make_node("Tanh", ["x_half"], ["t_half"], name="tanh"),
+        helper.make_node("Cast", ["t_half"], ["t"], name="own_back", to=TensorProto.FLOAT),
+    ]
+    matmul = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm")]
+    tail = [helper.make_node("Add", ["m", "t"], ["y"], name="add")]
+    nodes = (island + matmul if cast_first else matmul + island) + tail
+    return model(nodes, initializers=[weight("w")])
+
+
+def test_a_cast_the_model_already_has_is_shared_not_doubled():
+    """The model's Cast(x -> float16) and the one the MatMul needs were two Casts of the same
+    (tensor, dtype) (fuzz seeds 9, 79): now one, wherever the model's Cast sits."""
+    for cast_first in (True, False):
+        proto = island_model(cast_first)
+        out, plan = convert(proto, keep_io_types=True)
+        assert plan.nodes["mm"].precision == "float16"
+        assert len(casts_of(out, "x", TensorProto.FLOAT16)) == 1, cast_first
+        assert_fixed_point(proto, keep_io_types=True)
+    first, _ = convert(island_model(cast_first=True), keep_io_types=True)
+    assert casts_of(first, "x", TensorProto.FLOAT16) == ["own_cast"]
