@@ -167,6 +167,9 @@ def plan_casts(
                 edits.rewire[(node.name, slot)] = widened
                 still_read.add(widened)
             else:
+                # cast from before a lossless widening: no Cast of a Cast that could be one
+                if widened is not None and not graph.tensors[widened].is_constant:
+                    source = widened
                 cast_readers[(source, want)].append((node.name, slot))
                 still_read.add(source)
 

@@ -120,3 +120,21 @@ def test_a_cast_the_model_already_has_is_shared_not_doubled():
         assert_fixed_point(proto, keep_io_types=True)
     first, _ = convert(island_model(cast_first=True), keep_io_types=True)
     assert casts_of(first, "x", TensorProto.FLOAT16) == ["own_cast"]
+
+
+def test_a_cast_reads_from_before_the_models_widening_cast():
+    """x -> Cast(bfloat16) -> Cast(float32), read by a float32 Relu and by a MatMul in
+    float16: the MatMul's Cast to float16 read the widening Cast's output, a pair that one Cast
+    does (bfloat16 -> float16; fuzz seed 27)."""
+    nodes = [
+        helper.make_node("Cast", ["x"], ["x_bf"], name="down", to=TensorProto.BFLOAT16),
+        helper.make_node("Cast", ["x_bf"], ["x_back"], name="up", to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["x_back", "w"], ["y"], name="mm"),
+        helper.make_node("Relu", ["x_back"], ["z"], name="kept"),
+    ]
+    proto = model(nodes, outputs=("y", "z"), initializers=[weight("w")])
+    out, plan = convert(proto, deny_names=["kept"])
+    assert plan.nodes["mm"].precision == "float16"
+    assert casts_of(out, "x_bf", TensorProto.FLOAT16) == ["x_bf__float16"]
+    assert not casts_of(out, "x_back", TensorProto.FLOAT16)
+    assert_fixed_point(proto, deny_names=["kept"])
