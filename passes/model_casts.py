@@ -28,10 +28,12 @@ def share_model_casts(
     has: dict[str, str],
     edits: EditScript,
     still_read: set[str],
+    cast_back: dict[str, str],
 ) -> None:
     """Rewire ``cast_readers`` (slots that would get a new Cast, by (tensor, dtype)) to a Cast
     of the model that gives the same, or hand that Cast's readers to the new one (module
-    docstring). ``alias``/``removed``: Casts the casts pass already removed as no-ops."""
+    docstring). ``alias``/``removed``: Casts the casts pass already removed as no-ops;
+    ``cast_back``: graph outputs cast back to their type, whose float32 readers share that."""
     order = {node.name: index for index, node in enumerate(graph)}
     existing: dict[tuple[str, str], OpNode] = {}
     for node in graph:
@@ -39,7 +41,7 @@ def share_model_casts(
             existing.setdefault((_resolve(alias, node.inputs[0]), has[node.outputs[0]]), node)
     for key, slots in list(cast_readers.items()):
         cast = existing.get(key)
-        if cast is None:
+        if cast is None or cast_back.get(key[0]) == key[1]:  # the output's own Cast back
             continue
         if all(order[reader] > order[cast.name] for reader, _ in slots):
             for slot_key in slots:

@@ -138,3 +138,40 @@ def test_a_cast_reads_from_before_the_models_widening_cast():
     assert casts_of(out, "x_bf", TensorProto.FLOAT16) == ["x_bf__float16"]
     assert not casts_of(out, "x_back", TensorProto.FLOAT16)
     assert_fixed_point(proto, deny_names=["kept"])
+
+
+def test_a_float16_reader_through_a_removed_cast_of_a_kept_output_reads_float16():
+    """m is a kept output (cast back to float32 under its name); the model's Cast(m -> float16)
+    became a no-op and was removed, and its float16 reader was rewired to the name m, which
+    is the float32 Cast back: a float16 MatMul read float32 (an invalid model; fuzz seed 78)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Cast", ["m"], ["m_half"], name="c", to=TensorProto.FLOAT16),
+        helper.make_node("Cast", ["m_half"], ["m_back"], name="c2", to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["m_back", "w2"], ["y"], name="mm2"),
+    ]
+    proto = model(nodes, outputs=("m", "y"), initializers=[weight("w"), weight("w2")])
+    out, plan = convert(proto, keep_io_types=["m"])
+    assert plan.nodes["mm2"].precision == "float16"
+    mm2 = next(n for n in out.graph.node if n.name == "mm2")
+    assert mm2.input[0] == "m__float16"
+    assert_fixed_point(proto, keep_io_types=["m"])
+
+
+def test_a_model_cast_of_a_kept_output_to_its_own_type_goes():
+    """The model's bfloat16 round trip of an output kept float32 (Cast(m -> bfloat16) ->
+    Cast(float32)) read the float32 Cast back after the conversion: a Cast to the type its
+    input has, removed only by a second conversion (fuzz seed 78)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Cast", ["m"], ["m_bf"], name="down", to=TensorProto.BFLOAT16),
+        helper.make_node("Cast", ["m_bf"], ["m_back"], name="up", to=TensorProto.FLOAT),
+        helper.make_node("Relu", ["m_back"], ["y"], name="kept"),
+    ]
+    proto = model(nodes, outputs=("m", "y"), initializers=[weight("w")])
+    policy = {"dtype": "bfloat16", "keep_io_types": True, "deny_names": ["kept"]}
+    out, _ = convert(proto, **policy)
+    assert [n.op_type for n in out.graph.node] == ["Cast", "MatMul", "Cast", "Relu"]
+    relu = next(n for n in out.graph.node if n.name == "kept")
+    assert relu.input[0] == "m"  # the Cast back
+    assert_fixed_point(proto, **policy)
