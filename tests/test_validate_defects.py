@@ -288,3 +288,17 @@ def test_valid_typed_fields_and_packed_types_are_accepted():
     check_tensor(packed_raw, "p", None)
     half = helper.make_tensor("h", T.FLOAT16, [3], np.ones(3, np.float16))
     check_tensor(half, "h", None)
+
+
+def test_two_nodes_of_one_name_are_told_apart(tmp_path, capsys):
+    """ONNX allows two nodes one name; the OpGraph refused it (an internal error; found by the
+    command-line fuzzer). The second is renamed name_1, in the plan and the output alike."""
+    proto = chain(["MatMul", "Relu", "MatMul"])
+    proto.graph.node[2].name = proto.graph.node[0].name
+    source, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    source.write_bytes(proto.SerializeToString())
+    assert main(["convert", str(source), "-o", str(out), "--plan", str(tmp_path / "p.json")]) == 0
+    names = [n.name for n in onnx.load(str(out)).graph.node]
+    assert names == ["matmul0", "relu1", "matmul0_1"]
+    plan = (tmp_path / "p.json").read_text()
+    assert '"matmul0_1": ' in plan

@@ -73,11 +73,17 @@ def read(model: ir.Model, target: str) -> ReadGraph:
 
 
 def _name_nodes(graph: ir.Graph) -> None:
+    """Unnamed nodes get ``<op>__<first output>``; a name a node shares with an earlier one
+    (ONNX allows it) gets a suffix, ``<name>_1``: the plan names each node once."""
     taken = {node.name for node in graph if node.name}
+    seen: set[str] = set()
     for node in graph:
         if not node.name:
             first = next((v.name for v in node.outputs if v.name), "")
             node.name = unique_name(f"{node.op_type}__{first}" if first else node.op_type, taken)
+        elif node.name in seen:
+            node.name = unique_name(node.name, taken)
+        seen.add(node.name)
 
 
 def _add_value(
