@@ -54,7 +54,7 @@ def _flag(value: object, path: str) -> None:
 
 def _one_of(kind: str, allowed: frozenset[str]) -> Check:
     def check(value: object, path: str) -> None:
-        if value not in allowed:
+        if not isinstance(value, str) or value not in allowed:
             _fail(path, f"{kind} ({', '.join(sorted(allowed))})", value)
 
     return check

@@ -73,6 +73,10 @@ CASES = {
         setter("policy", "lists", "deny", value="Exp"),
         "policy.lists.deny must be a list of strings",
     ),
+    "a precision that is an object": (
+        setter("nodes", "matmul0", "precision", value={"a": 1}),
+        "nodes['matmul0'].precision must be a precision",
+    ),
     "a dtype that is no low type": (
         setter("dtype", value="int8"),
         "dtype must be a low-precision type (bfloat16, float16), not 'int8'",
