@@ -130,6 +130,10 @@ CASES: dict[str, tuple[Callable[[], onnx.ModelProto], str]] = {
         ),
         "value 'x' has no ONNX element type (UNDEFINED)",
     ),
+    "a required input left empty": (
+        lambda: edit(chain(["MatMul"]), lambda m: m.graph.node[0].input.__setitem__(1, "")),
+        "input 1 (B) is required but its name is empty",
+    ),
     "graph input declared twice": (
         lambda: edit(chain(["MatMul"]), lambda m: m.graph.input.append(m.graph.input[0])),
         "graph input 'x' is declared twice",

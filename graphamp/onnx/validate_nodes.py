@@ -53,6 +53,7 @@ def check_node(node: onnx.NodeProto, opsets: dict[str, int], where: str) -> None
         raise GraphampError(f"{label}: {node.op_type} is deprecated at opset {version}")
     _check_count(label, "inputs", len(node.input), schema.min_input, schema.max_input)
     _check_count(label, "outputs", len(node.output), schema.min_output, schema.max_output)
+    _check_empty_inputs(node, schema, label)
     present = set()
     for attr in node.attribute:
         present.add(attr.name)
@@ -67,6 +68,20 @@ def check_node(node: onnx.NodeProto, opsets: dict[str, int], where: str) -> None
     for name, spec in schema.attributes.items():
         if spec.required and name not in present:
             raise GraphampError(f"{label}: required attribute {name!r} is missing")
+
+
+def _check_empty_inputs(node: onnx.NodeProto, schema: onnx.defs.OpSchema, label: str) -> None:
+    """An empty input name means "not given": only an optional input may be left out."""
+    formals = schema.inputs
+    optional = onnx.defs.OpSchema.FormalParameterOption.Optional
+    for index, name in enumerate(node.input):
+        if name or not formals:
+            continue
+        formal = formals[min(index, len(formals) - 1)]
+        if formal.option != optional:
+            raise GraphampError(
+                f"{label}: input {index} ({formal.name}) is required but its name is empty"
+            )
 
 
 def _check_count(label: str, what: str, count: int, least: int, most: int) -> None:
