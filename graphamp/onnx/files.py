@@ -6,15 +6,21 @@ hundreds of megabytes costs no copies of its weights.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
+import signal
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
+from graphamp import progress
 from graphamp.errors import GraphampError
 from graphamp.onnx.validate import validate
 
@@ -128,23 +134,119 @@ def _copy_field(message, descriptor, value) -> None:  # type: ignore[no-untyped-
 
 def save(model: ir.Model, path: str | os.PathLike[str]) -> None:
     """Write ``model`` atomically; weights go to ``<name>.data`` beside it when over 2 GB
-    or when the input kept them there."""
+    or when the input kept them there.
+
+    Weights are written one at a time (a converted one a chunk at a time, see
+    :mod:`graphamp.onnx.stream`), so memory stays small whatever the model's size. The model
+    and its data are written under temporary names in a hidden folder beside ``path`` and
+    renamed into place together when both are complete: an error, an interrupt or a full disk
+    leaves neither. A disk without room for the weights is refused before anything is written.
+    """
     path = Path(path)
     external = (
         _weight_bytes(model) > EXTERNAL_DATA_THRESHOLD
         or _has_external(model)
         or bool(model.meta.get(EXTERNAL_DATA_KEY))
     )
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
-        tmp_path = Path(tmp) / path.name
-        data_name = f"{path.name}.data"
-        if external:
-            ir.save(model, tmp_path, external_data=data_name, size_threshold_bytes=1024)
-        else:
-            ir.save(model, tmp_path)
-        if external:
-            os.replace(Path(tmp) / data_name, path.parent / data_name)
-        os.replace(tmp_path, path)
+    data_name = f"{path.name}.data"
+    outside = _external_tensors(model) if external else []
+    needed = sum(tensor.nbytes for tensor in outside)
+    _check_room(path, needed)
+    try:
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+            tmp_path = Path(tmp) / path.name
+            if external:
+                with _reporting_writes(outside, needed) as callback:
+                    ir.save(
+                        model,
+                        tmp_path,
+                        external_data=data_name,
+                        size_threshold_bytes=EXTERNAL_MIN_BYTES,
+                        callback=callback,
+                    )
+                replace_together([(Path(tmp) / data_name, path.parent / data_name)], tmp_path, path)
+            else:
+                ir.save(model, tmp_path)
+                replace_together([], tmp_path, path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise GraphampError(
+                f"{path}: {exc.strerror.lower() if exc.strerror else 'disk full'} while writing "
+                f"{_size(needed)} of weights; nothing was written"
+            ) from None
+        raise
+
+
+EXTERNAL_MIN_BYTES = 1024  # tensors up to this size stay inside the model file
+
+
+def _external_tensors(model: ir.Model) -> list[ir.TensorProtocol]:
+    """The tensors saving with external data writes to the data file (as onnx_ir picks them)."""
+    return [
+        value.const_value
+        for graph in model.graphs()
+        for value in graph.initializers.values()
+        if value.const_value is not None and value.const_value.nbytes > EXTERNAL_MIN_BYTES
+    ]
+
+
+def _check_room(path: Path, needed: int) -> None:
+    free = shutil.disk_usage(path.parent).free
+    if needed > free:
+        raise GraphampError(
+            f"{path}: the weights need {_size(needed)} and its disk has {_size(free)} free; "
+            "nothing was written"
+        )
+
+
+@contextmanager
+def _reporting_writes(
+    tensors: list[ir.TensorProtocol], total: int
+) -> Iterator[Callable[[ir.TensorProtocol, object], None]]:
+    """A callback for ``ir.save`` that reports each tensor written to the progress reporter
+    (onnx_ir calls it before writing a tensor: the previous one is then done)."""
+    reporter = progress.current()
+    reporter.begin("writing weights", total, len(tensors))
+    pending = [0]
+
+    def written(tensor: ir.TensorProtocol, info: object) -> None:
+        reporter.advance(pending[0], 1 if pending[0] else 0)
+        pending[0] = tensor.nbytes
+
+    yield written
+    reporter.advance(pending[0], 1 if pending[0] else 0)
+    reporter.end()
+
+
+def replace_together(data: list[tuple[Path, Path]], model_tmp: Path, model_path: Path) -> None:
+    """Rename the data files, then the model, into place, with SIGINT and SIGTERM held back
+    until all are done: an interrupt never leaves a model beside data of another conversion."""
+    with _signals_held():
+        for source, target in data:
+            os.replace(source, target)
+        os.replace(model_tmp, model_path)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    held = {signal.SIGINT, signal.SIGTERM}
+    try:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, OSError, ValueError):  # no signal masks here (Windows)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count} B"
 
 
 def _weight_bytes(model: ir.Model) -> int:

@@ -21,7 +21,7 @@ from graphamp.dialects.base import ReadGraph
 from graphamp.dtypes import FLOAT_TYPES, UNKNOWN
 from graphamp.errors import GraphampError
 from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
-from graphamp.onnx import schemas
+from graphamp.onnx import schemas, stream
 from graphamp.onnx.types import dtype_name, ir_type, type_str_dtype
 
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
@@ -93,7 +93,7 @@ def _add_value(
     )
     if value.const_value is not None:
         const = value.const_value
-        tensor.load_value = const.numpy
+        tensor.load_value = stream.loader(const)  # external data stays on disk until scanned
         if tensor.dtype == UNKNOWN:
             tensor.dtype = dtype_name(const.dtype)
         if tensor.shape is None:

@@ -1,0 +1,192 @@
+"""Weights that stay on disk: read lazily, converted a chunk at a time, written as they go.
+
+A model of tens of gigabytes of external data converts in memory bounded by its graph and a few
+megabytes of chunks:
+
+* :func:`loader` gives the passes a weight's values as a fresh read-only memory map of the
+  data file, dropped (mapping and resident pages) as soon as the range scan lets go of it;
+* :class:`ConvertedTensor` is a weight rounded to its new type *when its bytes are asked for*:
+  ``tofile`` (what ``onnx_ir.save`` calls for external data) reads, rounds and writes one chunk
+  at a time; ``numpy``/``tobytes`` (an in-memory model, ``to_proto``) round the same chunks into
+  one array, so both paths give the same bytes.
+
+Rounding float32 to float16 is done by onnxruntime's Cast kernel (F16C instructions) when the
+chunk holds no NaN: numpy rounds in software at about 1 GB/s, slower than the disk. The two agree
+bit for bit on every one of the 2**32 float32 values except NaN payloads, so NaN chunks and all
+other conversions go through numpy (bfloat16 through ml_dtypes, which is fast).
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from graphamp import dtypes
+from graphamp.errors import InternalError
+from graphamp.passes.numerics import convert_values, overflow_threshold
+
+CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32 per read: large enough for the disk, fits a cache
+FAST_CAST_MIN = 1 << 16  # below this many elements numpy's own cast is as quick
+
+
+def loader(tensor: ir.TensorProtocol) -> Callable[[], np.ndarray]:
+    """A function returning ``tensor``'s values without keeping them: external data comes as a
+    new read-only memory map on each call (nothing is read until it is touched, and the pages go
+    with the array), anything else as the tensor's own array."""
+    if isinstance(tensor, ir.ExternalTensor) and _plain_numpy(tensor.dtype) and tensor.size:
+        return functools.partial(
+            _map, tensor.path, tensor.offset or 0, tensor.dtype.numpy(), tuple(tensor.shape)
+        )
+    return tensor.numpy
+
+
+def _plain_numpy(dtype: ir.DataType) -> bool:
+    """Types stored one whole byte-aligned element at a time (not 2/4/6-bit packed)."""
+    return dtype.bitwidth % 8 == 0 and dtype not in (ir.DataType.STRING, ir.DataType.UNDEFINED)
+
+
+def _map(path: str, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    count = int(np.prod(shape, dtype=np.int64))
+    length = count * np.dtype(dtype).itemsize
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY  # mmap offsets must be aligned
+    with open(path, "rb") as file:
+        mapped = mmap.mmap(
+            file.fileno(), offset - start + length, access=mmap.ACCESS_READ, offset=start
+        )
+    # The array holds the only reference to the map: dropping it unmaps the file.
+    values = np.frombuffer(mapped, np.dtype(dtype).newbyteorder("<"), count, offset - start)
+    return values.reshape(shape)
+
+
+def chunks(tensor: ir.TensorProtocol, size: int = CHUNK_ELEMENTS) -> Iterator[np.ndarray]:
+    """``tensor``'s values flattened, ``size`` elements at a time. External data is read with
+    ``pread`` into one reused buffer: no chunk outlives the next call, nothing is mapped."""
+    if isinstance(tensor, ir.ExternalTensor) and _plain_numpy(tensor.dtype):
+        yield from _read_chunks(tensor, size)
+        return
+    flat = np.asarray(tensor.numpy()).reshape(-1)
+    for start in range(0, flat.size, size):
+        yield flat[start : start + size]
+
+
+def _read_chunks(tensor: ir.ExternalTensor, size: int) -> Iterator[np.ndarray]:
+    dtype = np.dtype(tensor.dtype.numpy()).newbyteorder("<")
+    total = tensor.size
+    buffer = np.empty(min(size, total), dtype)
+    view = memoryview(buffer).cast("B")
+    offset = tensor.offset or 0
+    fd = os.open(tensor.path, os.O_RDONLY)
+    try:
+        for start in range(0, total, size):
+            count = min(size, total - start)
+            wanted = count * dtype.itemsize
+            got = 0
+            while got < wanted:  # pread may return less than asked (signals, large reads)
+                n = os.preadv(fd, [view[got:wanted]], offset + start * dtype.itemsize + got)
+                if n == 0:
+                    raise OSError(f"{tensor.path}: external data ends before the tensor does")
+                got += n
+            yield buffer[:count]
+    finally:
+        os.close(fd)
+
+
+def convert_chunk(values: np.ndarray, dst: str, name: str) -> np.ndarray:
+    """``values`` rounded to ``dst``; an overflow is a bug (classify keeps such weights'
+    readers float32) and raises InternalError rather than clamp silently."""
+    fast = _fast_cast() if dst == "float16" and values.dtype == np.float32 else None
+    if fast is not None and values.size >= FAST_CAST_MIN:
+        largest = max(float(values.max()), -float(values.min()))
+        if np.isfinite(largest):  # no NaN (whose payload Cast rounds differently), no inf
+            if largest >= overflow_threshold(dst):
+                raise InternalError(f"weight {name!r} would overflow {dst}")
+            return fast(values)
+    converted = convert_values(values, dst)
+    if converted.overflowed:
+        raise InternalError(f"weight {name!r} would overflow {dst}")
+    return converted.values
+
+
+@functools.cache
+def _fast_cast() -> Callable[[np.ndarray], np.ndarray] | None:
+    """onnxruntime's float32 -> float16 Cast on one thread, or None without onnxruntime."""
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+    except ImportError:  # pragma: no cover - onnxruntime is a dependency
+        return None
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT16)],
+        "cast",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["n"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(
+            model.SerializeToString(),
+            options,
+            providers=["CPUExecutionProvider"],
+        )
+    except Exception:  # pragma: no cover - a broken onnxruntime install: numpy still works
+        return None
+    return lambda values: session.run(None, {"x": values})[0]
+
+
+class ConvertedTensor(ir.LazyTensor):
+    """``source`` rounded to ``dst`` (an engine dtype name), computed when read.
+
+    ``tofile`` streams chunk by chunk (what saving with external data calls); ``numpy`` and
+    ``tobytes`` build the whole array from the same chunks. Nothing is cached.
+    """
+
+    __slots__ = ("_dst", "_source")
+
+    def __init__(self, source: ir.TensorProtocol, dst: str, name: str) -> None:
+        shape = ir.Shape(tuple(source.shape))
+        dtype = ir.DataType(dtypes.BY_NAME[dst].onnx)
+        super().__init__(lambda: ir.Tensor(self.numpy()), dtype, shape, name=name)
+        self._source = source
+        self._dst = dst
+
+    @property
+    def source(self) -> ir.TensorProtocol:
+        """The tensor this one is converted from."""
+        return self._source
+
+    def _converted(self) -> Iterator[np.ndarray]:
+        for chunk in chunks(self._source):
+            yield convert_chunk(chunk, self._dst, str(self.name))
+
+    def numpy(self) -> np.ndarray:
+        out = np.empty(self.size, dtypes.numpy_type(self._dst))
+        start = 0
+        for converted in self._converted():
+            out[start : start + converted.size] = converted
+            start += converted.size
+        return out.reshape(self.shape.numpy())
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        values = self.numpy()
+        return values if dtype is None else values.astype(dtype)
+
+    def tobytes(self) -> bytes:
+        return self.numpy().tobytes()
+
+    def tofile(self, file: Any) -> None:
+        for converted in self._converted():
+            file.write(memoryview(converted).cast("B"))
+
+    def __repr__(self) -> str:
+        return f"{self._repr_base()}(name={self.name!r}, source={self._source!r})"
