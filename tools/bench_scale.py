@@ -103,7 +103,8 @@ def run_tool(tool: str, model: Path, out: Path) -> None:
     import onnx
 
     proto = onnx.load(str(model))  # with its external data: these tools work in memory
-    big = proto.ByteSize() > 2_000_000_000  # shape inference refuses protos over 2 GB
+    # ONNX shape inference refuses a proto over 2 GB: the tools must be told to skip it.
+    big = sum(len(t.raw_data) for t in proto.graph.initializer) > 2_000_000_000
     if tool == "onnxconverter-common":
         from onnxconverter_common import float16
 

@@ -12,7 +12,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,6 +22,8 @@ import onnx_ir as ir
 
 from graphamp import progress
 from graphamp.errors import GraphampError
+from graphamp.onnx import stream
+from graphamp.onnx.datafile import DataFileWriter
 from graphamp.onnx.validate import validate
 
 log = logging.getLogger(__name__)
@@ -136,11 +138,12 @@ def save(model: ir.Model, path: str | os.PathLike[str]) -> None:
     """Write ``model`` atomically; weights go to ``<name>.data`` beside it when over 2 GB
     or when the input kept them there.
 
-    Weights are written one at a time (a converted one a chunk at a time, see
-    :mod:`graphamp.onnx.stream`), so memory stays small whatever the model's size. The model
-    and its data are written under temporary names in a hidden folder beside ``path`` and
-    renamed into place together when both are complete: an error, an interrupt or a full disk
-    leaves neither. A disk without room for the weights is refused before anything is written.
+    The data file is written a tensor at a time (a converted weight a chunk at a time, see
+    :mod:`graphamp.onnx.stream` and :mod:`graphamp.onnx.datafile`), so memory stays small
+    whatever the model's size. The model and its data are written under temporary names in a
+    hidden folder beside ``path`` and renamed into place together when both are complete: an
+    error, an interrupt or a full disk leaves neither. A disk without room for the weights is
+    refused before anything is written; one that fills up anyway is the same one-line error.
     """
     path = Path(path)
     external = (
@@ -149,21 +152,14 @@ def save(model: ir.Model, path: str | os.PathLike[str]) -> None:
         or bool(model.meta.get(EXTERNAL_DATA_KEY))
     )
     data_name = f"{path.name}.data"
-    outside = _external_tensors(model) if external else []
-    needed = sum(tensor.nbytes for tensor in outside)
+    outside = _outside_values(model) if external else []
+    needed = sum(value.const_value.nbytes for value in outside)  # type: ignore[union-attr]
     _check_room(path, needed)
     try:
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
             tmp_path = Path(tmp) / path.name
             if external:
-                with _reporting_writes(outside, needed) as callback:
-                    ir.save(
-                        model,
-                        tmp_path,
-                        external_data=data_name,
-                        size_threshold_bytes=EXTERNAL_MIN_BYTES,
-                        callback=callback,
-                    )
+                _save_external(model, outside, tmp_path, data_name, needed)
                 replace_together([(Path(tmp) / data_name, path.parent / data_name)], tmp_path, path)
             else:
                 ir.save(model, tmp_path)
@@ -171,7 +167,7 @@ def save(model: ir.Model, path: str | os.PathLike[str]) -> None:
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise GraphampError(
-                f"{path}: {exc.strerror.lower() if exc.strerror else 'disk full'} while writing "
+                f"{path}: {(exc.strerror or 'disk full').lower()} while writing "
                 f"{_size(needed)} of weights; nothing was written"
             ) from None
         raise
@@ -180,13 +176,69 @@ def save(model: ir.Model, path: str | os.PathLike[str]) -> None:
 EXTERNAL_MIN_BYTES = 1024  # tensors up to this size stay inside the model file
 
 
-def _external_tensors(model: ir.Model) -> list[ir.TensorProtocol]:
-    """The tensors saving with external data writes to the data file (as onnx_ir picks them)."""
+def _outside_values(model: ir.Model) -> list[ir.Value]:
+    """The initializers whose data goes to the data file, in the order it is written (every
+    graph's, in declaration order: one layer's weights stay adjacent on disk)."""
     return [
-        value.const_value
+        value
         for graph in model.graphs()
         for value in graph.initializers.values()
         if value.const_value is not None and value.const_value.nbytes > EXTERNAL_MIN_BYTES
+    ]
+
+
+def _save_external(
+    model: ir.Model, outside: list[ir.Value], model_path: Path, data_name: str, total: int
+) -> None:
+    """Write the data file tensor by tensor, then the model pointing into it. The model object
+    is left as it was (its tensors are swapped for the written ones only while serialising)."""
+    placed: list[ir.ExternalTensor] = []
+    reporter = progress.current()
+    reporter.begin("writing weights", total, len(outside))
+    writer = DataFileWriter(model_path.parent / data_name)
+    try:
+        for value in outside:
+            tensor = value.const_value
+            offset = writer.length
+            writer.write_all(stream.stored_bytes(tensor))  # type: ignore[arg-type]
+            placed.append(
+                ir.ExternalTensor(
+                    data_name,
+                    offset,
+                    writer.length - offset,
+                    tensor.dtype,  # type: ignore[union-attr]
+                    shape=ir.Shape(tuple(tensor.shape)),  # type: ignore[union-attr]
+                    name=value.name,
+                    base_dir=model_path.parent,
+                )
+            )
+            reporter.advance(writer.length - offset)
+        writer.close()
+    except BaseException:
+        writer.abandon()
+        raise
+    finally:
+        reporter.end()
+    swapped = [*outside, *_small_external_values(model)]
+    originals = [value.const_value for value in swapped]
+    try:
+        for value, tensor in zip(outside, placed, strict=True):
+            value.const_value = tensor
+        for value in swapped[len(outside) :]:  # small data the input kept outside comes inside
+            value.const_value = ir.Tensor(value.const_value.numpy().copy(), name=value.name)  # type: ignore[union-attr]
+        ir.save(model, model_path)
+    finally:
+        for value, tensor in zip(swapped, originals, strict=True):
+            value.const_value = tensor
+
+
+def _small_external_values(model: ir.Model) -> list[ir.Value]:
+    return [
+        value
+        for graph in model.graphs()
+        for value in graph.initializers.values()
+        if isinstance(value.const_value, ir.ExternalTensor)
+        and value.const_value.nbytes <= EXTERNAL_MIN_BYTES
     ]
 
 
@@ -197,25 +249,6 @@ def _check_room(path: Path, needed: int) -> None:
             f"{path}: the weights need {_size(needed)} and its disk has {_size(free)} free; "
             "nothing was written"
         )
-
-
-@contextmanager
-def _reporting_writes(
-    tensors: list[ir.TensorProtocol], total: int
-) -> Iterator[Callable[[ir.TensorProtocol, object], None]]:
-    """A callback for ``ir.save`` that reports each tensor written to the progress reporter
-    (onnx_ir calls it before writing a tensor: the previous one is then done)."""
-    reporter = progress.current()
-    reporter.begin("writing weights", total, len(tensors))
-    pending = [0]
-
-    def written(tensor: ir.TensorProtocol, info: object) -> None:
-        reporter.advance(pending[0], 1 if pending[0] else 0)
-        pending[0] = tensor.nbytes
-
-    yield written
-    reporter.advance(pending[0], 1 if pending[0] else 0)
-    reporter.end()
 
 
 def replace_together(data: list[tuple[Path, Path]], model_tmp: Path, model_path: Path) -> None:

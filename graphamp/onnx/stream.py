@@ -59,6 +59,9 @@ def _map(path: str, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.
         mapped = mmap.mmap(
             file.fileno(), offset - start + length, access=mmap.ACCESS_READ, offset=start
         )
+    # Read once, front to back: a large readahead window, pages not kept as recently used.
+    if hasattr(mapped, "madvise"):
+        mapped.madvise(mmap.MADV_SEQUENTIAL)
     # The array holds the only reference to the map: dropping it unmaps the file.
     values = np.frombuffer(mapped, np.dtype(dtype).newbyteorder("<"), count, offset - start)
     return values.reshape(shape)
@@ -95,6 +98,19 @@ def _read_chunks(tensor: ir.ExternalTensor, size: int) -> Iterator[np.ndarray]:
             yield buffer[:count]
     finally:
         os.close(fd)
+
+
+def stored_bytes(tensor: ir.TensorProtocol) -> Iterator[memoryview | bytes]:
+    """``tensor``'s bytes as stored in a data file, a chunk at a time where it can be: a
+    converted weight rounds chunk by chunk, external data is read chunk by chunk."""
+    if isinstance(tensor, ConvertedTensor):
+        for converted in tensor.converted_chunks():
+            yield memoryview(converted).cast("B")
+    elif isinstance(tensor, ir.ExternalTensor) and _plain_numpy(tensor.dtype):
+        for chunk in _read_chunks(tensor, CHUNK_ELEMENTS):
+            yield memoryview(chunk).cast("B")
+    else:
+        yield tensor.tobytes()
 
 
 def convert_chunk(values: np.ndarray, dst: str, name: str) -> np.ndarray:
@@ -165,14 +181,15 @@ class ConvertedTensor(ir.LazyTensor):
         """The tensor this one is converted from."""
         return self._source
 
-    def _converted(self) -> Iterator[np.ndarray]:
+    def converted_chunks(self) -> Iterator[np.ndarray]:
+        """The converted values, flattened, a chunk at a time (each valid until the next)."""
         for chunk in chunks(self._source):
             yield convert_chunk(chunk, self._dst, str(self.name))
 
     def numpy(self) -> np.ndarray:
         out = np.empty(self.size, dtypes.numpy_type(self._dst))
         start = 0
-        for converted in self._converted():
+        for converted in self.converted_chunks():
             out[start : start + converted.size] = converted
             start += converted.size
         return out.reshape(self.shape.numpy())
@@ -185,7 +202,7 @@ class ConvertedTensor(ir.LazyTensor):
         return self.numpy().tobytes()
 
     def tofile(self, file: Any) -> None:
-        for converted in self._converted():
+        for converted in self.converted_chunks():
             file.write(memoryview(converted).cast("B"))
 
     def __repr__(self) -> str:
