@@ -49,11 +49,12 @@ def read(model: ir.Model, target: str) -> ReadGraph:
     _name_nodes(graph)
 
     initializer_names = set(graph.initializers)
+    budget = stream.CacheBudget()
     for value in graph.inputs:
-        _add_value(op_graph, handles, value, graph_input=True)
+        _add_value(op_graph, handles, value, graph_input=True, budget=budget)
     for name, value in graph.initializers.items():
         if name not in handles.values:
-            _add_value(op_graph, handles, value)
+            _add_value(op_graph, handles, value, budget=budget)
     for node in graph:
         handles.nodes[node.name] = node
         for value in node.outputs:
@@ -81,7 +82,12 @@ def _name_nodes(graph: ir.Graph) -> None:
 
 
 def _add_value(
-    op_graph: OpGraph, handles: OnnxHandles, value: ir.Value, *, graph_input: bool = False
+    op_graph: OpGraph,
+    handles: OnnxHandles,
+    value: ir.Value,
+    *,
+    graph_input: bool = False,
+    budget: stream.CacheBudget | None = None,
 ) -> None:
     shape = None
     if value.shape is not None:
@@ -93,7 +99,7 @@ def _add_value(
     )
     if value.const_value is not None:
         const = value.const_value
-        tensor.load_value = stream.loader(const)  # external data stays on disk until scanned
+        tensor.load_value = stream.loader(const, budget)  # on disk until scanned
         if tensor.dtype == UNKNOWN:
             tensor.dtype = dtype_name(const.dtype)
         if tensor.shape is None:

@@ -35,13 +35,70 @@ CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32 per read: large enough for the disk
 FAST_CAST_MIN = 1 << 16  # below this many elements numpy's own cast is as quick
 
 
-def loader(tensor: ir.TensorProtocol) -> Callable[[], np.ndarray]:
+class CacheBudget:
+    """How much of the scanned external data stays in the page cache for the conversion to
+    read again: the first ``limit`` bytes scanned (three quarters of the memory available
+    when it is made). Each weight scanned beyond that is dropped from the cache once the scan has moved
+    on, so it cannot push out the weights that come first: a model larger than memory is then
+    read twice only in its part beyond ``limit`` (reading front to back through an LRU cache
+    smaller than the file would otherwise find none of it cached). The conversion drops each
+    weight once it has read it (:func:`chunks`)."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = _most_of_available() if limit is None else limit
+        self.kept = 0
+        self._drop: list[tuple[str, int, int]] = []
+
+    def scanning(self, path: str, offset: int, length: int) -> None:
+        """A weight is about to be scanned (the previous scan is over)."""
+        for earlier in self._drop:
+            drop_cached(*earlier)
+        self._drop.clear()
+        if self.kept + length <= self.limit:
+            self.kept += length
+        else:
+            self._drop.append((path, offset, length))
+
+
+def _most_of_available() -> int:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 * 3 // 4
+    except OSError:
+        pass
+    return 1 << 62  # unknown: keep everything, as the kernel would
+
+
+def drop_cached(path: str, offset: int, length: int) -> None:
+    """Ask the kernel to drop a range of a file from the page cache (clean pages only)."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def loader(
+    tensor: ir.TensorProtocol, budget: CacheBudget | None = None
+) -> Callable[[], np.ndarray]:
     """A function returning ``tensor``'s values without keeping them: external data comes as a
     new read-only memory map on each call (nothing is read until it is touched, and the pages go
     with the array), anything else as the tensor's own array."""
     if isinstance(tensor, ir.ExternalTensor) and _plain_numpy(tensor.dtype) and tensor.size:
         return functools.partial(
-            _map, tensor.path, tensor.offset or 0, tensor.dtype.numpy(), tuple(tensor.shape)
+            _map,
+            tensor.path,
+            tensor.offset or 0,
+            tensor.dtype.numpy(),
+            tuple(tensor.shape),
+            budget or CacheBudget(1 << 62),
         )
     return tensor.numpy
 
@@ -51,9 +108,12 @@ def _plain_numpy(dtype: ir.DataType) -> bool:
     return dtype.bitwidth % 8 == 0 and dtype not in (ir.DataType.STRING, ir.DataType.UNDEFINED)
 
 
-def _map(path: str, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+def _map(
+    path: str, offset: int, dtype: np.dtype, shape: tuple[int, ...], budget: CacheBudget
+) -> np.ndarray:
     count = int(np.prod(shape, dtype=np.int64))
     length = count * np.dtype(dtype).itemsize
+    budget.scanning(path, offset, length)
     start = offset - offset % mmap.ALLOCATIONGRANULARITY  # mmap offsets must be aligned
     with open(path, "rb") as file:
         mapped = mmap.mmap(
@@ -98,6 +158,9 @@ def _read_chunks(tensor: ir.ExternalTensor, size: int) -> Iterator[np.ndarray]:
             yield buffer[:count]
     finally:
         os.close(fd)
+        # Read for the last time (the conversion reads each weight once): leave the cache
+        # to what is still to come.
+        drop_cached(tensor.path, offset, total * dtype.itemsize)
 
 
 def stored_bytes(tensor: ir.TensorProtocol) -> Iterator[memoryview | bytes]:
