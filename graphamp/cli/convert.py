@@ -105,7 +105,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
         # Written beside OUT and moved into place only when saving (and verifying) raised
         # nothing: an error leaves no output. Over tolerance (exit 1) the model is kept.
         with staged(target) as path:
-            dialect.save(result.model, path)
+            try:
+                dialect.save(result.model, path)
+            except GraphampError as exc:  # name OUT, not the folder it is staged in
+                raise GraphampError(str(exc).replace(str(path), str(target))) from None
             if not args.no_runtime_check:
                 for warning in dialect.check_runtime(source, path):
                     print(f"graphamp: warning: {warning}", file=sys.stderr)

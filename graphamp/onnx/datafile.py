@@ -77,7 +77,7 @@ class DataFileWriter:
                 if self._error is None:
                     self._write_buffer(index, nbytes)
             except BaseException as exc:  # handed to the caller by _raise_error
-                self._error = exc
+                self._error = exc.with_traceback(None)  # no frame keeps a buffer view alive
             finally:
                 self._free.put(index)
 
@@ -114,6 +114,4 @@ class DataFileWriter:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        for buffer in self._buffers:
-            buffer.close()
-        self._buffers = []
+        self._buffers = []  # unmapped when the last view of them goes

@@ -37,12 +37,12 @@ FAST_CAST_MIN = 1 << 16  # below this many elements numpy's own cast is as quick
 
 class CacheBudget:
     """How much of the scanned external data stays in the page cache for the conversion to
-    read again: the first ``limit`` bytes scanned (three quarters of the memory available
-    when it is made). Each weight scanned beyond that is dropped from the cache once the scan has moved
-    on, so it cannot push out the weights that come first: a model larger than memory is then
-    read twice only in its part beyond ``limit`` (reading front to back through an LRU cache
-    smaller than the file would otherwise find none of it cached). The conversion drops each
-    weight once it has read it (:func:`chunks`)."""
+    read again: the first ``limit`` bytes scanned (three quarters of the memory available when
+    it is made). Each weight scanned beyond that is dropped from the cache once the scan has
+    moved on, so it cannot push out the weights that come first: a model larger than memory is
+    then read twice only in its part beyond ``limit`` (reading front to back through an LRU
+    cache smaller than the file would otherwise find none of it cached). The conversion drops
+    each weight once it has read it (:func:`chunks`)."""
 
     def __init__(self, limit: int | None = None) -> None:
         self.limit = _most_of_available() if limit is None else limit
@@ -142,7 +142,7 @@ def _read_chunks(tensor: ir.ExternalTensor, size: int) -> Iterator[np.ndarray]:
     dtype = np.dtype(tensor.dtype.numpy()).newbyteorder("<")
     total = tensor.size
     buffer = np.empty(min(size, total), dtype)
-    view = memoryview(buffer).cast("B")
+    view = _bytes_of(buffer)
     offset = tensor.offset or 0
     fd = os.open(tensor.path, os.O_RDONLY)
     try:
@@ -163,15 +163,20 @@ def _read_chunks(tensor: ir.ExternalTensor, size: int) -> Iterator[np.ndarray]:
         drop_cached(tensor.path, offset, total * dtype.itemsize)
 
 
+def _bytes_of(values: np.ndarray) -> memoryview:
+    """The bytes of a contiguous array as a buffer (bfloat16 has no buffer format of its own)."""
+    return memoryview(values.reshape(-1).view(np.uint8))
+
+
 def stored_bytes(tensor: ir.TensorProtocol) -> Iterator[memoryview | bytes]:
     """``tensor``'s bytes as stored in a data file, a chunk at a time where it can be: a
     converted weight rounds chunk by chunk, external data is read chunk by chunk."""
     if isinstance(tensor, ConvertedTensor):
         for converted in tensor.converted_chunks():
-            yield memoryview(converted).cast("B")
+            yield _bytes_of(converted)
     elif isinstance(tensor, ir.ExternalTensor) and _plain_numpy(tensor.dtype):
         for chunk in _read_chunks(tensor, CHUNK_ELEMENTS):
-            yield memoryview(chunk).cast("B")
+            yield _bytes_of(chunk)
     else:
         yield tensor.tobytes()
 
@@ -266,7 +271,7 @@ class ConvertedTensor(ir.LazyTensor):
 
     def tofile(self, file: Any) -> None:
         for converted in self.converted_chunks():
-            file.write(memoryview(converted).cast("B"))
+            file.write(_bytes_of(converted))
 
     def __repr__(self) -> str:
         return f"{self._repr_base()}(name={self.name!r}, source={self._source!r})"
