@@ -77,14 +77,28 @@ def _apply_inferred_types(model: ir.Model, proto: onnx.ModelProto, where: str) -
     for node in model.graph:
         for value in node.outputs:
             values[value.name] = value
+    # Values share few distinct types (a chain of 50,000 nodes may have one): each distinct
+    # TypeProto is deserialised once. Every value gets its own type (a retype changes it in
+    # place) and shares a frozen shape (nothing changes a shape; onnx_ir refuses if tried).
+    known: dict[bytes, tuple[ir.TypeProtocol, ir.Shape | None]] = {}
     for info in [*inferred.graph.value_info, *inferred.graph.output]:
         value = values.get(info.name)
-        if value is None or not info.type.HasField("tensor_type"):
+        if value is None or (value.type is not None and value.shape is not None):
             continue
+        if not info.type.HasField("tensor_type"):
+            continue
+        key = info.type.SerializeToString(deterministic=True)
+        if key not in known:
+            shape = None
+            if info.type.tensor_type.HasField("shape"):
+                shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+                shape.freeze()  # type: ignore[union-attr]
+            known[key] = (ir.serde.deserialize_type_proto_for_type(info.type), shape)
+        type_, shape = known[key]
         if value.type is None:
-            value.type = ir.serde.deserialize_type_proto_for_type(info.type)
-        if value.shape is None and info.type.tensor_type.HasField("shape"):
-            value.shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+            value.type = ir.TensorType(type_.dtype, denotation=type_.denotation)
+        if value.shape is None and shape is not None:
+            value.shape = shape
 
 
 def inferred_types(proto: onnx.ModelProto) -> dict[str, int]:
