@@ -27,6 +27,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -166,8 +167,12 @@ def bench(args: argparse.Namespace) -> dict[str, object]:
     config = with_overrides(PRESETS[args.params], layers=args.layers, kv_heads=args.kv_heads)
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
-    check_room(folder, config)
     model, out, copy = folder / "decoder.onnx", folder / "decoder.fp16.onnx", folder / "copy.bin"
+    reuse = args.reuse and data_of(model).is_file()
+    if reuse and data_of(model).stat().st_size != config.data_bytes():
+        raise SystemExit(f"{model} is not a model of these settings: leave out --reuse")
+    if not reuse:
+        check_room(folder, config)
     result: dict[str, object] = {
         "date": date.today().isoformat(),
         "machine": machine(),
@@ -177,74 +182,94 @@ def bench(args: argparse.Namespace) -> dict[str, object]:
         "data_bytes": config.data_bytes(),
         "load_before": os.getloadavg(),
     }
+    rounds: list[dict[str, dict[str, float]]] = []
     try:
-        start = time.perf_counter()
-        write_decoder(model, config)
-        result["generate_s"] = time.perf_counter() - start
-        print(f"... generated in {result['generate_s']:.1f} s", file=sys.stderr)
-        steps: dict[str, dict[str, float]] = {}
+        if not reuse:
+            start = time.perf_counter()
+            write_decoder(model, config)
+            result["generate_s"] = time.perf_counter() - start
+            print(f"... generated in {result['generate_s']:.1f} s", file=sys.stderr)
         for repeat in range(args.repeats):
-            drop_cache(data_of(model))
-            add(
-                steps,
-                "plain copy",
-                run_child(["cp", "--reflink=never", str(data_of(model)), str(copy)]),
-            )
-            copy.unlink()
-            drop_cache(data_of(model))
-            add(steps, "read input", run_child(["cat", str(data_of(model))]))
-            tools = TOOLS if args.compare else TOOLS[:1]
-            for tool in tools:
-                drop_cache(data_of(model))
-                add(steps, tool, run_child(tool_command(tool, model, out)))
-                steps[tool]["out_bytes"] = data_of(out).stat().st_size + out.stat().st_size
-                if tool == "graphamp" and repeat == 0:
-                    result["spot_check_mismatches"] = spot_check(
-                        model, out, ["layers.0.q_proj", "lm_head"]
-                    )
-                remove(out)
-            blocks = math.ceil(steps["graphamp"]["out_bytes"] / (16 << 20))
-            drop_cache()
-            add(
-                steps,
-                "write output",
-                run_child(["dd", "if=/dev/zero", f"of={copy}", "bs=16M", f"count={blocks}"]),
-            )
-            copy.unlink()
+            rounds.append(one_round(args, model, out, copy, result, first=repeat == 0))
             print(f"... round {repeat + 1} done", file=sys.stderr)
-        result["steps"] = steps
     finally:
         if not args.keep:
             remove(model)
-            remove(out)
-            copy.unlink(missing_ok=True)
+        remove(out)
+        copy.unlink(missing_ok=True)
+    result["rounds"] = rounds
     result["load_after"] = os.getloadavg()
     return result
 
 
-def add(steps: dict[str, dict[str, float]], name: str, run: dict[str, float]) -> None:
-    """Keep the best (smallest) time of the rounds, and the largest peak memory."""
-    seen = steps.setdefault(name, {"seconds": math.inf, "peak_rss": 0})
-    seen["seconds"] = min(seen["seconds"], run["seconds"])
-    seen["peak_rss"] = max(seen["peak_rss"], run["peak_rss"])
-    print(f"    {name}: {run['seconds']:.1f} s, {run['peak_rss'] / 2**20:.0f} MiB", file=sys.stderr)
+def one_round(
+    args: argparse.Namespace,
+    model: Path,
+    out: Path,
+    copy: Path,
+    result: dict[str, object],
+    first: bool,
+) -> dict[str, dict[str, float]]:
+    """Every step once, each from a cold cache: the disk's speed drifts (it is shared), so
+    the steps are compared within a round."""
+    data = data_of(model)
+    steps: dict[str, dict[str, float]] = {}
+
+    def step(name: str, command: list[str]) -> None:
+        drop_cache(data)
+        steps[name] = run_child(command)
+        print(
+            f"    {name}: {steps[name]['seconds']:.1f} s, "
+            f"{steps[name]['peak_rss'] / 2**20:.0f} MiB",
+            file=sys.stderr,
+        )
+
+    step("read input (cat)", ["cat", str(data)])
+    step("read input (O_DIRECT)", ["dd", f"if={data}", "of=/dev/null", "bs=16M", "iflag=direct"])
+    for tool in TOOLS if args.compare else TOOLS[:1]:
+        step(tool, tool_command(tool, model, out))
+        steps[tool]["out_bytes"] = data_of(out).stat().st_size + out.stat().st_size
+        if tool == "graphamp" and first:
+            result["spot_check_mismatches"] = spot_check(model, out, ["layers.0.q_proj", "lm_head"])
+        remove(out)
+    blocks = math.ceil(steps["graphamp"]["out_bytes"] / (16 << 20))
+    write = ["dd", "if=/dev/zero", f"of={copy}", "bs=16M", f"count={blocks}", "oflag=direct"]
+    step("write output (O_DIRECT)", write)
+    copy.unlink()
+    step("plain copy (cp)", ["cp", "--reflink=never", str(data), str(copy)])
+    copy.unlink()
+    return steps
 
 
 def markdown(result: dict[str, object]) -> str:
-    steps: dict[str, dict[str, float]] = result["steps"]  # type: ignore[assignment]
+    """Median time and largest peak memory of each step over the rounds; the ratios are
+    medians of each round's ratio."""
+    rounds: list[dict[str, dict[str, float]]] = result["rounds"]  # type: ignore[assignment]
     data = int(result["data_bytes"])  # type: ignore[arg-type]
-    copy_s = steps["plain copy"]["seconds"]
-    disk_s = steps["read input"]["seconds"] + steps["write output"]["seconds"]
+
+    def disk(steps: dict[str, dict[str, float]]) -> float:
+        """The fastest read of the input plus a write of the output, at the disk's speed."""
+        read = min(steps["read input (cat)"]["seconds"], steps["read input (O_DIRECT)"]["seconds"])
+        return read + steps["write output (O_DIRECT)"]["seconds"]
+
     lines = [
         "| step | time s | peak RSS MiB | GB/s of input | vs plain copy | vs read + write |",
         "|---|---|---|---|---|---|",
     ]
-    for name, step in steps.items():
-        seconds = step["seconds"]
+    for name in rounds[0]:
+        seconds = statistics.median(r[name]["seconds"] for r in rounds)
+        rss = max(r[name]["peak_rss"] for r in rounds)
+        speed = statistics.median(
+            r["plain copy (cp)"]["seconds"] / r[name]["seconds"] for r in rounds
+        )
+        bound = (
+            f"{statistics.median(r[name]['seconds'] / disk(r) for r in rounds):.2f}x"
+            if name in TOOLS
+            else "-"
+        )
         lines.append(
-            f"| {name} | {seconds:.1f} | {step['peak_rss'] / 2**20:.0f} | "
-            f"{data / seconds / 1e9:.2f} | {copy_s / seconds:.2f}x | "
-            + (f"{seconds / disk_s:.2f}x |" if name in TOOLS else "- |")
+            f"| {name} | {seconds:.1f} | {rss / 2**20:.0f} | {data / seconds / 1e9:.2f} | "
+            f"{speed:.2f}x | {bound} |"
         )
     return "\n".join(lines)
 
@@ -265,8 +290,11 @@ def main() -> int:
     parser.add_argument("--kv-heads", type=int, help="key/value heads (default: the preset's)")
     parser.add_argument("--dir", default="bench-out/scale", help="where the files go")
     parser.add_argument("--compare", action="store_true", help="also time the other tools")
-    parser.add_argument("--repeats", type=int, default=1, help="rounds; the best time is kept")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds (medians are reported)")
     parser.add_argument("--keep", action="store_true", help="keep the generated model")
+    parser.add_argument(
+        "--reuse", action="store_true", help="use the model a --keep run left in --dir"
+    )
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument(
         "--run-tool", nargs=3, metavar=("TOOL", "IN", "OUT"), help=argparse.SUPPRESS
