@@ -220,6 +220,55 @@ def test_search_reveals_a_hidden_node(browser, analyses, tmp_path):
     loaded.close()
 
 
+def test_clicks_open_groups_and_select_nodes_and_the_view_zooms_and_pans(
+    browser, analyses, tmp_path
+):
+    analysis = analyses("bert")
+    loaded = plan_page(browser, analyses, tmp_path, "bert")
+    page = loaded.page
+    page.click('g.group[data-group="layers"]')
+    page.click('g.group[data-group="layers/layers.0"]')
+    page.click('g.group[data-group="layers/layers.0/attention"]')
+    assert loaded.state()["group"] == "layers/layers.0/attention"
+    node = "/layers.0/attention/Div"
+    page.click(f'g.node[data-name="{node}"]')
+    assert loaded.state()["selected"] == node
+    assert page.inner_text("#explain") == explain(analysis.plan, node, analysis.graph)
+    # the wheel zooms about the pointer: the drawing point under it stays under it
+    before = loaded.state()
+    canvas = page.eval_on_selector("#graph", "e => e.getBoundingClientRect().toJSON()")
+    x, y = 400.0, 500.0
+    page.mouse.move(x, y)
+    page.mouse.wheel(0, -300)
+    after = loaded.state()
+    assert after["scale"] > before["scale"] * 1.3
+
+    def drawing_point(view: dict) -> tuple[float, float]:
+        """The point of the drawing under the pointer in ``view``."""
+        return (
+            (x - canvas["left"] - view["tx"]) / view["scale"],
+            (y - canvas["top"] - view["ty"]) / view["scale"],
+        )
+
+    assert drawing_point(after) == pytest.approx(drawing_point(before), abs=0.5)
+    # a drag pans, and is no click
+    page.mouse.move(300, 300)
+    page.mouse.down()
+    page.mouse.move(380, 340, steps=4)
+    page.mouse.up()
+    panned = loaded.state()
+    assert (panned["tx"] - after["tx"], panned["ty"] - after["ty"]) == pytest.approx((80, 40))
+    assert panned["group"] == "layers/layers.0/attention" and panned["selected"] == node
+    page.click("#fit")
+    assert loaded.state()["scale"] == pytest.approx(before["scale"])
+    # breadcrumbs and Backspace go back up
+    page.click('#crumbs a:text-is("layers")')
+    assert loaded.state()["group"] == "layers"
+    page.keyboard.press("Backspace")
+    assert loaded.state()["group"] == ""
+    loaded.close()
+
+
 def test_precision_and_rule_filters_hide_what_they_should(browser, analyses, tmp_path):
     loaded = plan_page(browser, analyses, tmp_path, "bert")
     loaded.open("layers/layers.0/attention")
@@ -343,4 +392,14 @@ def test_names_that_look_like_markup_stay_text(browser, tmp_path):
     drawn = {n for names in loaded.every_view().values() for n in names}
     assert drawn == set(graph.nodes)
     assert loaded.page.evaluate("document.querySelectorAll('b, i').length") == 0
+    loaded.close()
+
+
+def test_an_empty_plan_still_loads(browser, tmp_path):
+    from tests.test_viewer_layout import toy_plan
+
+    plan, graph = toy_plan([], constant=False)
+    loaded = Loaded(browser, viewer.plan_page(plan, graph), tmp_path, "empty")
+    assert loaded.drawn("g.node", "data-name") == []
+    assert loaded.page.inner_text("#status").startswith("0 nodes")
     loaded.close()

@@ -12,7 +12,13 @@ from graphamp import viewer
 from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo
 from graphamp.plan import Plan
 from graphamp.records import CastRecord, NodeDecision
-from graphamp.viewer.hierarchy import MAX_CHILDREN, build_hierarchy, plumbing, scope_path
+from graphamp.viewer.hierarchy import (
+    MAX_CHILDREN,
+    build_hierarchy,
+    node_path,
+    plumbing,
+    scope_path,
+)
 from graphamp.viewer.layout import layered_layout
 
 
@@ -61,6 +67,21 @@ def toy_plan(names: list[str], constant: bool = True) -> tuple[Plan, OpGraph]:
 )
 def test_scope_paths_of_onnx_and_fx_names(name, path):
     assert scope_path(name) == path
+
+
+def test_a_name_without_a_path_falls_back_on_the_module_path_of_its_scope():
+    assert node_path("node_MatMul_3", "encoder.layers.1.self_attn") == (
+        "encoder",
+        "layers",
+        "layers.1",
+        "self_attn",
+    )
+    assert node_path("node_MatMul_3", "node_MatMul_3") == ()  # an ONNX scope is the name
+    assert node_path("layers.0.attention/matmul", "layers.0.attention") == (
+        "layers",
+        "layers.0",
+        "attention",
+    )
 
 
 def test_groups_follow_module_paths_and_single_node_groups_fold_away():

@@ -15,7 +15,13 @@ from graphamp.graph import OpGraph
 from graphamp.plan import Plan
 from graphamp.plandiff import PlanDiff
 from graphamp.records import BOUNDARY, CastRecord, NodeDecision
-from graphamp.viewer.hierarchy import Hierarchy, build_hierarchy, leaf_label, plumbing
+from graphamp.viewer.hierarchy import (
+    Hierarchy,
+    build_hierarchy,
+    leaf_label,
+    node_path,
+    plumbing,
+)
 from graphamp.viewer.views import View, build_views, flows
 
 KINDS = {"n": 0, "g": 1, "i": 2, "o": 3}
@@ -63,7 +69,8 @@ def page_data(source: PageInput) -> dict[str, object]:
     tensor_names = list(graph.tensors)
     tensor_index = {name: i for i, name in enumerate(tensor_names)}
     casts, cast_status = _casts(source)
-    hierarchy = build_hierarchy(list(graph.nodes))
+    paths = {node.name: node_path(node.name, getattr(node, "scope", "")) for node in graph}
+    hierarchy = build_hierarchy(list(graph.nodes), paths=paths)
     hidden = plumbing(plan, graph) - set(status)
     views = _all_views(graph, hierarchy, hidden, casts)
     group_ids = list(hierarchy.groups)

@@ -41,6 +41,15 @@ def scope_path(name: str) -> tuple[str, ...]:
     return tuple(segments)
 
 
+def node_path(name: str, scope: str = "") -> tuple[str, ...]:
+    """The group path of a node: from its name, or where the name carries none (the dynamo
+    exporter's ``node_MatMul_3``) from the module path a reader put in its ``scope``."""
+    path = scope_path(name)
+    if path or not scope or scope == name:
+        return path
+    return scope_path(f"{scope}/-")
+
+
 def leaf_label(name: str) -> str:
     """The last part of a node name, what its box shows under the op type."""
     parts = [part for part in name.split("/") if part]
@@ -87,13 +96,19 @@ class Hierarchy:
             stack.extend(current.children)
 
 
-def build_hierarchy(names: list[str], max_children: int = MAX_CHILDREN) -> Hierarchy:
-    """Fold node ``names`` (in graph order) into groups by their module paths."""
+def build_hierarchy(
+    names: list[str],
+    max_children: int = MAX_CHILDREN,
+    paths: dict[str, tuple[str, ...]] | None = None,
+) -> Hierarchy:
+    """Fold node ``names`` (in graph order) into groups by their module paths (``paths``, by
+    default read from the names)."""
+    paths = paths or {}
     groups: dict[str, Group] = {ROOT: Group(ROOT, "model", None, 0)}
     group_of: dict[str, str] = {}
     for index, name in enumerate(names):
         parent = ROOT
-        for segment in scope_path(name):
+        for segment in paths.get(name) or scope_path(name):
             gid = f"{parent}{SEPARATOR}{segment}" if parent else segment
             if gid not in groups:
                 groups[gid] = Group(gid, segment, parent, index)
@@ -105,7 +120,8 @@ def build_hierarchy(names: list[str], max_children: int = MAX_CHILDREN) -> Hiera
     _dissolve_single_nodes(hierarchy)
     for name, gid in group_of.items():
         depth = sum(1 for part in gid.split(SEPARATOR) if part) if gid else 0
-        hierarchy.labels[name] = SEPARATOR.join((*scope_path(name)[depth:], leaf_label(name)))
+        path = paths.get(name) or scope_path(name)
+        hierarchy.labels[name] = SEPARATOR.join((*path[depth:], leaf_label(name)))
     order = {name: index for index, name in enumerate(names)}
     for gid in list(groups):
         _split(hierarchy, gid, order, max_children)

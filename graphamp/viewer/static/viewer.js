@@ -521,7 +521,7 @@
     select: (name) => selectNode(nameIndex.get(name)),
     groups: () => G.id.filter((_, g) => viewOf(g) !== null),
     state: () => ({ group: G.id[state.group], selected: state.selected >= 0 ? N.name[state.selected] : null,
-      scale: state.scale, showPlumbing: state.showPlumbing }),
+      scale: state.scale, tx: state.tx, ty: state.ty, showPlumbing: state.showPlumbing }),
   };
   document.body.dataset.ready = "1";
 })();
