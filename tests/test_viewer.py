@@ -6,6 +6,7 @@ to each test's tmp_path."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -403,3 +404,35 @@ def test_an_empty_plan_still_loads(browser, tmp_path):
     assert loaded.drawn("g.node", "data-name") == []
     assert loaded.page.inner_text("#status").startswith("0 nodes")
     loaded.close()
+
+
+def test_the_command_line_writes_the_viewer_pages(browser, tmp_path, capsys):
+    """``graphamp plan --format html`` and ``graphamp diff A B --format html`` write these
+    pages; the diff page counts the nodes the text diff lists; two plan files cannot be drawn."""
+    import onnx
+
+    from graphamp.cli import main
+    from tests.helpers import chain
+
+    path = tmp_path / "m.onnx"
+    onnx.save(chain(["MatMul", "Exp", "Add", "Relu"]), str(path))
+    plan_html, diff_html = tmp_path / "plan.html", tmp_path / "diff.html"
+    assert main(["plan", str(path), "--format", "html", "-o", str(plan_html)]) == 0
+    loaded = Loaded(browser, plan_html.read_text(), tmp_path, "cli-plan")
+    assert len(loaded.drawn("g.node", "data-name")) == 4
+    loaded.close()
+    old_json, new_json = tmp_path / "old.json", tmp_path / "new.json"
+    assert main(["plan", str(path), "--format", "json", "-o", str(old_json)]) == 0
+    assert (
+        main(["plan", str(path), "--deny", "MatMul", "--format", "json", "-o", str(new_json)]) == 0
+    )
+    assert main(["diff", str(old_json), str(path), "--deny", "MatMul", "--format", "json"]) == 0
+    listed = {entry["node"] for entry in json.loads(capsys.readouterr().out)["nodes_changed"]}
+    args = ["diff", str(old_json), str(path), "--deny", "MatMul", "--format", "html"]
+    assert main([*args, "-o", str(diff_html)]) == 0
+    loaded = Loaded(browser, diff_html.read_text(), tmp_path, "cli-diff")
+    changed = loaded.drawn("g.node.changed", "data-name")
+    assert set(changed) == listed and len(listed) == int(loaded.page.inner_text("#diff-count"))
+    loaded.close()
+    assert main(["diff", str(old_json), str(new_json), "--format", "html"]) == 2
+    assert "needs a model" in capsys.readouterr().err

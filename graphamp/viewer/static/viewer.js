@@ -12,7 +12,7 @@
   const STATUS = ["unchanged", "precision changed", "added", "removed"];
   const STATUS_COLOURS = ["#e5e7eb", "#f97316", "#16a34a", "#dc2626"];
   const CAST_STATUS = ["same", "added", "removed"];
-  const GRAPH_INPUT = 1, STORED = 4;
+  const GRAPH_INPUT = 1;
   const diffMode = D.mode === "diff";
   const nNodes = N.name.length, nGroups = G.id.length;
   const ROOT = G.id.indexOf("");
@@ -23,8 +23,6 @@
   const short = { float32: "f32", float16: "f16", bfloat16: "bf16", float64: "f64" };
   const abbrev = (t) => short[t] || t;
 
-  const children = Array.from({ length: nGroups }, () => []);
-  G.parent.forEach((p, g) => { if (p >= 0) children[p].push(g); });
   const nameIndex = new Map(N.name.map((n, i) => [n, i]));
   const consumers = Array.from({ length: T.name.length }, () => []);
   N.inputs.forEach((ins, i) => ins.forEach((t) => {
