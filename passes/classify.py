@@ -40,7 +40,7 @@ _KEPT_KINDS = {
         Rule.CONTROL_FLOW,
         "{op} owns subgraphs: kept float32, bodies left as they are",
     ),
-    NodeKind.OPAQUE: (Rule.OPAQUE, "no schema for {domain}::{op}: kept as it is"),
+    NodeKind.OPAQUE: (Rule.OPAQUE, "no schema for {op}: kept as it is"),
 }
 
 

@@ -17,7 +17,27 @@ from pathlib import Path
 from graphamp.dialects.base import Dialect
 from graphamp.errors import GraphampError
 
-ONNX_MATRIX_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
+ONNX_MATRIX_OPS = frozenset(
+    {
+        "MatMul",
+        "Gemm",
+        "Conv",
+        "ConvTranspose",
+        "Einsum",
+        "Attention",
+        # onnxruntime's fused ops that hold the matrix products of a transformer
+        "com.microsoft.Attention",
+        "com.microsoft.MultiHeadAttention",
+        "com.microsoft.GroupQueryAttention",
+        "com.microsoft.PackedAttention",
+        "com.microsoft.PackedMultiHeadAttention",
+        "com.microsoft.DecoderMaskedMultiHeadAttention",
+        "com.microsoft.FusedMatMul",
+        "com.microsoft.GemmFastGelu",
+        "com.microsoft.MatMulNBits",
+        "com.microsoft.FusedConv",
+    }
+)
 # The aten ops of PyTorch graphs that do matrix work (capture keeps linear/matmul/conv whole).
 ATEN_MATRIX_OPS = frozenset(
     {

@@ -151,7 +151,8 @@ def _read_node(
     outputs = [v.name for v in node.outputs]
     op_node = OpNode(
         name=node.name,
-        op=node.op_type,
+        # an op of another domain is named with it (com.microsoft.Attention is not Attention)
+        op=node.op_type if node.domain in _DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}",
         inputs=inputs,
         outputs=outputs,
         domain=node.domain,

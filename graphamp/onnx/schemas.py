@@ -57,9 +57,16 @@ class Schema:
         return _formal(self.outputs, slot)
 
 
+# Domains whose schemas onnxruntime registers (its contrib and fused ops), not onnx.
+RUNTIME_DOMAINS = frozenset({"com.microsoft", "com.microsoft.nchwc", "com.ms.internal.nhwc"})
+
+
 @cache
 def schema(op: str, opset: int, domain: str) -> Schema | None:
-    """The schema of ``domain::op`` at ``opset``, or None when onnx knows none."""
+    """The schema of ``domain::op`` at ``opset``: from onnx for ONNX domains, from
+    onnxruntime's registrations for its own (``com.microsoft``); None when neither knows it."""
+    if domain in RUNTIME_DOMAINS:
+        return _runtime_schemas().get((domain, op, opset)) or _newest_before(domain, op, opset)
     try:
         found = onnx.defs.get_schema(op, opset, domain)
     except onnx.defs.SchemaError:
@@ -78,6 +85,39 @@ def schema(op: str, opset: int, domain: str) -> Schema | None:
             if p.option == variadic and not p.is_homogeneous
         ),
     )
+
+
+@cache
+def _runtime_schemas() -> dict[tuple[str, str, int], Schema]:
+    """onnxruntime's registered schemas of its own domains, by (domain, op, since_version).
+    They come with the installed onnxruntime (``get_all_operator_schema``) on any machine."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import get_all_operator_schema
+
+    table: dict[tuple[str, str, int], Schema] = {}
+    for found in get_all_operator_schema():
+        if found.domain not in RUNTIME_DOMAINS:
+            continue
+        variadic = found.FormalParameterOption.Variadic
+        table[(found.domain, found.name, found.since_version)] = Schema(
+            inputs=tuple((p.typeStr, p.option == variadic) for p in found.inputs),
+            outputs=tuple((p.typeStr, p.option == variadic) for p in found.outputs),
+            allowed={
+                c.type_param_str: frozenset(type_str_dtype(t) for t in c.allowed_type_strs)
+                for c in found.type_constraints
+            },
+            heterogeneous=frozenset(
+                p.typeStr
+                for p in (*found.inputs, *found.outputs)
+                if p.option == variadic and not p.isHomogeneous
+            ),
+        )
+    return table
+
+
+def _newest_before(domain: str, op: str, opset: int) -> Schema | None:
+    """The schema in force at ``opset``: the newest registered at or before it."""
+    versions = [v for d, o, v in _runtime_schemas() if d == domain and o == op and v <= opset]
+    return _runtime_schemas()[(domain, op, max(versions))] if versions else None
 
 
 def _formal(params: tuple[tuple[str, bool], ...], index: int) -> str | None:
