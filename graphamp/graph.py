@@ -109,6 +109,8 @@ class OpNode:
     allowed_types: frozenset[str] = frozenset()
     # Which schema the slots came from, for reasons ("opset 22", "aten").
     schema_source: str = ""
+    # why the target runtime has no kernel for this op in the low type ("" when it has one)
+    no_kernel: str = ""
     # The dtype the computation type has in the input model ("float32" for a float32 op).
     compute_type: str | None = None
     # Values read from an enclosing scope by the node's subgraphs (control flow only).

@@ -130,6 +130,7 @@ def _policy(value: object, path: str) -> None:
     _record(value, path, {"dtype": _DTYPE, "dialect": _string}, optional={
         "lists": lambda v, p: _record(v, p, lists, optional={}),
         "spread": _string,
+        "target": _one_of("a target", frozenset({"cuda", "cpu", "any"})),
         "deny_names": _strings,
         "deny_tensors": _strings,
         "keep_io_types": _keep_io_types,

@@ -9,6 +9,7 @@ A policy file looks like::
 
     [graphamp]
     dtype = "float16"
+    target = "cuda"                 # ONNX: the provider whose kernels decide (cuda, cpu, any)
     keep_io_types = true            # or a list of input/output names
     allow = ["Einsum"]
     deny = ["Softmax"]
@@ -35,7 +36,12 @@ LISTS = tuple(ListName)
 SPREADS = ("tensorflow", "autocast")
 ALIASES = {"white": "allow", "gray": "infer", "grey": "infer", "black": "deny"}
 DTYPES = TARGET_TYPES
-POLICY_KEYS = frozenset({"dtype", "keep_io_types", "deny_names", "deny_tensors", *LISTS, *ALIASES})
+POLICY_KEYS = frozenset(
+    {"dtype", "target", "keep_io_types", "deny_names", "deny_tensors", *LISTS, *ALIASES}
+)
+# Runtimes an ONNX model is converted for: an op goes low only where the provider has a kernel
+# for the low type (rule no_kernel); "any" checks no kernels.
+TARGETS = ("cuda", "cpu", "any")
 # Keys of the [graphamp] table that are not policy: [[graphamp.check]] entries for CI.
 OTHER_KEYS = frozenset({"check"})
 
@@ -101,6 +107,7 @@ class Policy:
     source: str = "defaults"
     spread: str = "tensorflow"  # see SPREADS
     moved_ops: tuple[str, ...] = ()  # op types the user named in a list (file or flags)
+    target: str = "cuda"  # see TARGETS (ONNX models)
 
     @classmethod
     def create(
@@ -115,6 +122,7 @@ class Policy:
         deny_names: Iterable[str] = (),
         deny_tensors: Iterable[str] = (),
         keep_io_types: bool | Iterable[str] = False,
+        target: str = "cuda",
         where: str = "policy",
         later_moves: Mapping[str, Iterable[str]] | None = None,
         later_where: str = "command line",
@@ -137,6 +145,8 @@ class Policy:
                 raise GraphampError(f"{where}: unknown option {alias!r}")
             moves[_canonical_list(alias)].extend(ops)
         _check_disjoint(moves, where)
+        if target not in TARGETS:
+            raise GraphampError(f"{where}: target {target!r} is not one of {', '.join(TARGETS)}")
         lists = load_default_lists(dialect, dtype)
         _move(lists, moves, where)
         if later_moves:
@@ -157,6 +167,7 @@ class Policy:
             deny_tensors=frozenset(deny_tensors),
             keep_io_types=keep,
             source=where,
+            target=target,
         )
 
     @classmethod
@@ -182,8 +193,8 @@ class Policy:
         file_moves: dict[str, list[str]] = {}
         kwargs: dict[str, object] = {}
         for key, value in table.items():
-            if key == "dtype" and not isinstance(value, str):
-                raise GraphampError(f"{where}: 'dtype' must be a string")
+            if key in ("dtype", "target") and not isinstance(value, str):
+                raise GraphampError(f"{where}: {key!r} must be a string")
             if key == "keep_io_types" and not (
                 isinstance(value, bool)
                 or (isinstance(value, list) and all(isinstance(item, str) for item in value))
@@ -191,7 +202,7 @@ class Policy:
                 raise GraphampError(
                     f"{where}: 'keep_io_types' must be true, false or a list of strings"
                 )
-            if key not in ("dtype", "keep_io_types") and not (
+            if key not in ("dtype", "target", "keep_io_types") and not (
                 isinstance(value, list) and all(isinstance(item, str) for item in value)
             ):
                 raise GraphampError(f"{where}: {key!r} must be a list of strings")
@@ -241,6 +252,8 @@ class Policy:
                 deny_tensors=frozenset(record.get("deny_tensors", ())),  # type: ignore[arg-type]
                 keep_io_types=keep if isinstance(keep, bool) else tuple(keep),  # type: ignore[arg-type]
                 source=where,
+                # plans written before targets existed checked no kernels
+                target=str(record.get("target", "any")),
             )
         except (KeyError, TypeError) as exc:
             raise GraphampError(f"{where}: malformed policy in the plan ({exc})") from None
@@ -274,6 +287,8 @@ class Policy:
         record: dict[str, object] = {"dtype": self.dtype, "dialect": self.dialect}
         if self.spread != "tensorflow":
             record["spread"] = self.spread
+        if self.dialect == "onnx":
+            record["target"] = self.target
         record.update(
             lists={name: sorted(self.lists.get(name, {})) for name in LISTS},
             deny_names=list(self.deny_names),

@@ -45,6 +45,7 @@ class Rule(enum.StrEnum):
     DENY_TENSOR = "deny_tensor"
     # what the graph itself says
     SCHEMA = "schema"
+    NO_KERNEL = "no_kernel"
     WEIGHT_RANGE = "weight_range"
     CONTROL_FLOW = "control_flow"
     OPAQUE = "opaque"

@@ -117,6 +117,8 @@ def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDe
             Rule.SCHEMA,
             f"{node.op} at {node.schema_source} does not admit {low}: kept float32",
         )
+    if node.no_kernel:
+        return decide(Precision.FLOAT32, Rule.NO_KERNEL, f"{node.no_kernel}: kept float32")
     too_large = _overflowing_weight(node, weights)
     if too_large is not None:
         name, value = too_large

@@ -323,4 +323,6 @@ def random_policy(rng, nodes, values, outputs) -> dict[str, object]:  # type: ig
         policy["keep_io_types"] = True
     elif keep < 0.4:
         policy["keep_io_types"] = [str(rng.choice(["x0", "x1", *outputs]))]
+    if rng.random() < 0.3:  # drawn last: the draws above stay those of earlier seeds
+        policy["target"] = str(rng.choice(["cpu", "any"]))
     return policy

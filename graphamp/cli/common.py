@@ -23,6 +23,7 @@ from graphamp.policy import DTYPES, LISTS, Policy
 
 POLICY_FLAGS = (
     "dtype",
+    "target",
     "keep_io_types",
     "keep_io",
     *LISTS,
@@ -74,6 +75,13 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         choices=DTYPES,
         help="target type (default float16; bfloat16 for .pt2 programs; or the config's)",
+    )
+    group.add_argument(
+        "--target",
+        choices=("cuda", "cpu", "any"),
+        help="ONNX: the onnxruntime provider the model is for (default cuda). An op goes low "
+        "only where that provider has a kernel for the low type (otherwise rule no_kernel: "
+        "a missing kernel is a silent fallback with copies); any: no kernel check",
     )
     group.add_argument(
         "--keep-io-types",
@@ -175,6 +183,8 @@ def policy_from_args(args: argparse.Namespace, dialect: Dialect) -> Policy:
     overrides: dict[str, object] = {"dialect": dialect.lists}
     if args.dtype:
         overrides["dtype"] = args.dtype
+    if getattr(args, "target", None):
+        overrides["target"] = args.target
     if args.keep_io_types and args.keep_io:
         raise GraphampError("--keep-io-types keeps every input and output: drop --keep-io")
     if args.keep_io_types:

@@ -37,7 +37,7 @@ class OnnxDialect(Dialect):
         raise GraphampError(f"expected a path or an ONNX model, got {type(source).__name__}")
 
     def read(self, model: ir.Model, policy: Policy) -> ReadGraph:
-        return reader.read(model, policy.dtype)
+        return reader.read(model, policy.dtype, policy.target)
 
     def apply(self, read: ReadGraph, script: EditScript) -> ir.Model:
         return writer.apply(read, script)

@@ -21,7 +21,7 @@ from graphamp.dialects.base import ReadGraph
 from graphamp.dtypes import FLOAT_TYPES, UNKNOWN
 from graphamp.errors import GraphampError
 from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
-from graphamp.onnx import schemas, stream
+from graphamp.onnx import kernels, schemas, stream
 from graphamp.onnx.types import dtype_name, ir_type, type_str_dtype
 
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
@@ -36,8 +36,8 @@ class OnnxHandles:
     values: dict[str, ir.Value] = field(default_factory=dict)
 
 
-def read(model: ir.Model, target: str) -> ReadGraph:
-    """The OpGraph of ``model``'s main graph, for conversion to ``target``.
+def read(model: ir.Model, target: str, provider: str = "any") -> ReadGraph:
+    """The OpGraph of ``model``'s main graph, for ``target`` on ``provider`` (kernels.TARGETS).
 
     Unnamed nodes get a name derived from their op and first output, in the model itself, so
     that the plan and the output model agree on it.
@@ -63,6 +63,10 @@ def read(model: ir.Model, target: str) -> ReadGraph:
         for value in node.outputs:
             _add_value(op_graph, handles, value)
         op_node = _read_node(op_graph, model, node, opsets, target, signatures)
+        if op_node.kind is NodeKind.OP and op_node.follow_inputs | op_node.follow_outputs:
+            op_node.no_kernel = kernels.missing_kernel(
+                provider, node.domain, node.op_type, _opset(opsets, node.domain), target
+            )
         op_graph.add_node(op_node)
         _fill_output_types(op_graph, node, op_node, opsets)
     for value in graph.outputs:
