@@ -27,6 +27,9 @@ class EditScript:
     weights: list[WeightRecord] = field(default_factory=list)
     retarget_casts: dict[str, str] = field(default_factory=dict)  # Cast node -> new target
     remove_nodes: list[str] = field(default_factory=list)  # pre-existing Casts made redundant
+    # Casts of the model moved right after the producer of their input (after rewiring), so
+    # that earlier readers can share them: one Cast per (tensor, dtype).
+    hoist_casts: list[str] = field(default_factory=list)
     # Nodes the conversion runs in low precision, and in which type: a dialect sets what such
     # an op needs there (ONNX Attention's softmax_precision, say).
     low_nodes: dict[str, str] = field(default_factory=dict)

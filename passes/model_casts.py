@@ -6,8 +6,11 @@ holds for the model's own Casts as well:
 
 * when the model's Cast comes before every slot that needs it, those slots read it;
 * otherwise the inserted Cast (placed right after the producer of ``x``) takes the model
-  Cast's readers too and the model Cast is removed, unless its output is a graph output or is
-  read in any other way than as it is (then both stay).
+  Cast's readers too and the model Cast is removed;
+* unless the model Cast's output is a graph output or is read in any other way than as it is:
+  then the model Cast moves up, right after the producer of ``x``, and every slot reads it;
+* two Casts of the model that the conversion made equal (``Cast(Cast(x -> float16) ->
+  float32)`` and ``Cast(x -> float32)`` once ``x`` is float16) become one where they can.
 
 Used by :mod:`casts`; a helper, not a pass.
 """
@@ -38,7 +41,11 @@ def share_model_casts(
     existing: dict[tuple[str, str], OpNode] = {}
     for node in graph:
         if node.kind is NodeKind.CAST and node.name not in removed and node.inputs[0]:
-            existing.setdefault((_resolve(alias, node.inputs[0]), has[node.outputs[0]]), node)
+            # what it reads after the casts pass (rerouted before a lossless widening, say)
+            source = _resolve(alias, edits.rewire.get((node.name, 0), node.inputs[0]))
+            first = existing.setdefault((source, has[node.outputs[0]]), node)
+            if first is not node:  # two Casts of the model that now give the same value
+                _merge_into(graph, node, first, cast_readers, alias, removed, edits, still_read)
     for key, slots in list(cast_readers.items()):
         cast = existing.get(key)
         if cast is None or cast_back.get(key[0]) == key[1]:  # the output's own Cast back
@@ -53,6 +60,36 @@ def share_model_casts(
             edits.remove_nodes.append(cast.name)
             edits.retarget_casts.pop(cast.name, None)
             removed.add(cast.name)
+        else:  # the model's Cast must stay: it moves up to where the new one would go
+            for slot_key in slots:
+                edits.rewire[slot_key] = cast.outputs[0]
+            edits.hoist_casts.append(cast.name)
+            still_read.add(cast.outputs[0])
+            del cast_readers[key]
+
+
+def _merge_into(
+    graph: OpGraph,
+    cast: OpNode,
+    first: OpNode,
+    cast_readers: dict[tuple[str, str], list[Slot]],
+    alias: dict[str, str],
+    removed: set[str],
+    edits: EditScript,
+    still_read: set[str],
+) -> None:
+    """Let ``cast``'s readers read the earlier ``first`` and remove ``cast`` (a model's
+    ``Cast(Cast(x -> float16) -> float32)`` and ``Cast(x -> float32)`` once ``x`` is float16),
+    unless its output is a graph output or read another way."""
+    readers = _plain_readers(graph, cast, cast_readers, alias, edits)
+    if readers is None:
+        return
+    for slot_key in readers:
+        edits.rewire[slot_key] = first.outputs[0]
+    still_read.add(first.outputs[0])
+    edits.remove_nodes.append(cast.name)
+    edits.retarget_casts.pop(cast.name, None)
+    removed.add(cast.name)
 
 
 def _plain_readers(

@@ -102,13 +102,17 @@ def cast_problems(original: onnx.ModelProto, converted: onnx.ModelProto) -> list
     widening: a narrowing then a widening is the model's own rounding)."""
     own_casts = {n.name: n for n in original.graph.node if n.op_type == "Cast"}
     own_names = {n.name for n in original.graph.node}
+    outputs = {o.name for o in original.graph.output}
     before, after = gonnx.inferred_types(original), gonnx.inferred_types(converted)
     producer = {out: node for node in converted.graph.node for out in node.output}
     problems = []
     count_before = Counter((n.input[0], _to(n)) for n in own_casts.values())
     count_after: Counter[tuple[str, int]] = Counter()
     for node in (n for n in converted.graph.node if n.op_type == "Cast"):
-        count_after[(node.input[0], _to(node))] += 1
+        # a model Cast that writes a graph output stays, even where its input's other Cast to
+        # the same type gives the same value: each output needs a value of its own
+        if node.output[0] not in outputs or node.name not in own_casts:
+            count_after[(node.input[0], _to(node))] += 1
         was_noop = node.name in own_casts and before.get(node.input[0]) == _to(own_casts[node.name])
         if after.get(node.input[0]) == _to(node) and not was_noop:
             problems.append(f"Cast {node.name} to the type {node.input[0]!r} already has")

@@ -84,6 +84,12 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
         old = op_nodes[node_name].inputs[slot]
         values[node_name].replace_input_with(values[old], values[tensor])
 
+    for node_name in script.hoist_casts:  # right after the producer of its (rewired) input
+        node, source = values[node_name], values[node_name].args[0]
+        if source.op == "placeholder":  # type: ignore[union-attr]
+            source = [n for n in graph.nodes if n.op == "placeholder"][-1]
+        source.append(node)  # type: ignore[union-attr]
+
     for node_name, dtype in script.retarget_casts.items():
         node = values[node_name]
         node.kwargs = {**node.kwargs, "dtype": torch_dtype(dtype)}

@@ -80,6 +80,15 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
             old = values[op_graph.nodes[node_name].implicit_inputs[-1 - slot]]
             _rewire_inside(node, old, values[tensor])
 
+    for node_name in script.hoist_casts:  # right after the producer of its (rewired) input
+        node = nodes[node_name]
+        graph.remove(node)
+        producer = node.inputs[0].producer() if node.inputs[0] is not None else None
+        if producer is not None and producer.graph is graph:
+            graph.insert_after(producer, node)
+        else:
+            graph.insert_before(next(iter(graph)), node)
+
     for node_name, low in script.low_nodes.items():
         node = nodes[node_name]
         needs = LOW_PRECISION_ATTRIBUTES.get((node.domain, node.op_type, low), {})
