@@ -112,6 +112,10 @@ CASES: dict[str, tuple[Callable[[], onnx.ModelProto], str]] = {
         lambda: with_initializer(set_dims(2**20, 2**20)),
         "float_data holds 0 value(s); dims [1048576, 1048576] of FLOAT need 1099511627776",
     ),
+    "a tensor of 65 dimensions": (
+        lambda: with_initializer(set_dims(*[1] * 49, 4, 4, *[1] * 14)),
+        "initializer 'w0': 65 dimensions (at most 64)",
+    ),
     "initializer of type UNDEFINED": (
         lambda: with_initializer(lambda t: setattr(t, "data_type", 0)),
         "initializer 'w0': has no ONNX element type (UNDEFINED)",
@@ -263,6 +267,21 @@ def test_an_external_location_that_is_no_path_is_refused(tmp_path, capsys):
     status, lines, written = convert_in_process(tmp_path, proto.SerializeToString(), capsys)
     assert status == 2 and len(lines) == 1
     assert "external data location 'a\\x00b' is no usable path" in lines[0]
+    assert not written
+
+
+def test_an_external_location_through_a_missing_folder_is_refused(tmp_path, capsys):
+    """'sub/../w.bin' normalises to a file that exists, but the runtime opens it through 'sub',
+    which does not (command-line fuzz seed 4540: an internal error at save time)."""
+    proto = chain(["MatMul", "Relu"])
+    tensor = proto.graph.initializer[0]
+    (tmp_path / "w.bin").write_bytes(tensor.raw_data)
+    tensor.ClearField("raw_data")
+    tensor.data_location = T.EXTERNAL
+    tensor.external_data.add(key="location", value="sub/../w.bin")
+    status, lines, written = convert_in_process(tmp_path, proto.SerializeToString(), capsys)
+    assert status == 2 and len(lines) == 1
+    assert "external data file 'sub/../w.bin' is missing" in lines[0]
     assert not written
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import onnx
 
 from graphamp.errors import GraphampError
-from graphamp.onnx.validate_data import KNOWN_TYPES, check_tensor, type_name
+from graphamp.onnx.validate_data import KNOWN_TYPES, MAX_RANK, check_tensor, type_name
 from graphamp.onnx.validate_nodes import DEFAULT_DOMAINS, check_node, check_strings
 
 _ATTR = onnx.AttributeProto
@@ -118,6 +118,9 @@ def _check_graph_io(graph: onnx.GraphProto, where: str, ir_version: int) -> None
 def _check_elem_type(value: onnx.ValueInfoProto, where: str, *, required: bool) -> None:
     if not value.type.HasField("tensor_type"):
         return  # sequences, maps, optionals: the runtime's to judge
+    rank = len(value.type.tensor_type.shape.dim)
+    if rank > MAX_RANK:
+        raise GraphampError(f"{where}: value {value.name!r} has {rank} dimensions (at most 64)")
     code = value.type.tensor_type.elem_type
     if code in KNOWN_TYPES or (code == onnx.TensorProto.UNDEFINED and not required):
         return

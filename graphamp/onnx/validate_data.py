@@ -45,12 +45,18 @@ def type_name(code: int) -> str:
     return T.DataType.Name(code) if code in T.DataType.values() else f"type code {code}"
 
 
+# numpy (and so every runtime here) holds at most 64 dimensions
+MAX_RANK = 64
+
+
 def check_tensor(tensor: onnx.TensorProto, where: str, base_dir: Path | None) -> None:
     """Data as long as dims and type need, in one place; external data inside ``base_dir``."""
     if tensor.data_type not in KNOWN_TYPES:
         raise GraphampError(f"{where}: has no ONNX element type ({type_name(tensor.data_type)})")
     if any(d < 0 for d in tensor.dims):
         raise GraphampError(f"{where}: negative dimension in {list(tensor.dims)}")
+    if len(tensor.dims) > MAX_RANK:
+        raise GraphampError(f"{where}: {len(tensor.dims)} dimensions (at most {MAX_RANK})")
     elements = math.prod(tensor.dims)  # Python integers: no overflow
     if elements > _MAX_ELEMENTS:
         raise GraphampError(f"{where}: dims {list(tensor.dims)} hold {elements} elements")
@@ -106,7 +112,9 @@ def _check_external(
         folder = Path(os.path.realpath(base_dir))
         path = Path(os.path.realpath(folder / location))
         inside = folder == path or folder in path.parents
-        size = path.stat().st_size if inside and path.is_file() else None
+        # the path as the runtime opens it, too: "sub/../w.bin" needs a folder "sub"
+        opened = os.path.isfile(os.path.join(base_dir, location))
+        size = path.stat().st_size if inside and opened and path.is_file() else None
     except (OSError, ValueError):  # a NUL byte, a name too long, a symlink loop
         raise GraphampError(
             f"{where}: external data location {location!r} is no usable path"
