@@ -11,9 +11,32 @@ VOCAB = SMALL["vocab_size"]
 
 
 def hf_model(name: str, *, lm_head: bool = False) -> torch.nn.Module:
-    """``bert``, ``gpt2`` or ``llama`` (grouped-query attention), 2 layers of width 64, in
-    eval mode; with ``lm_head`` the decoders carry their language-model head."""
+    """``bert``, ``gpt2``, ``llama`` or ``qwen2`` (grouped-query attention) or ``vit``, 2
+    layers of width 64, in eval mode; with ``lm_head`` the decoders carry their language-model
+    head."""
     torch.manual_seed(0)
+    if name == "vit":
+        config = transformers.ViTConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            image_size=32,
+            patch_size=8,
+        )
+        return transformers.ViTModel(config, add_pooling_layer=False).eval()
+    if name == "qwen2":
+        config = transformers.Qwen2Config(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            use_cache=False,
+            **SMALL,
+        )
+        cls = transformers.Qwen2ForCausalLM if lm_head else transformers.Qwen2Model
+        return cls(config).eval()
     if name == "bert":
         config = transformers.BertConfig(
             hidden_size=64,

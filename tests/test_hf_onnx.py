@@ -1,5 +1,6 @@
 """Graphs nobody here wrote: small Hugging Face models (random weights, built from configs)
-exported by torch.onnx's dynamo exporter at opset 18 and 23 (opset 23 brings Attention and
+(LLaMA and Qwen2 with grouped-query attention, GPT-2, BERT, ViT) exported by torch.onnx's
+dynamo exporter at opset 18 and 23 (opset 23 brings Attention and
 RMSNormalization). Each converts into a model onnxruntime loads, whose MatMuls read float16,
 within tolerance of float32 under the faithful evaluator, and converting it again changes no
 byte."""
@@ -26,12 +27,17 @@ def exported(tmp_path_factory):  # type: ignore[no-untyped-def]
 
     def get(name: str, opset: int):  # type: ignore[no-untyped-def]
         if (name, opset) not in cache:
-            ids = torch.randint(1, 96, (1, 8), generator=torch.Generator().manual_seed(0))
+            generator = torch.Generator().manual_seed(0)
+            ids = (
+                torch.randn(1, 3, 32, 32, generator=generator)
+                if name == "vit"
+                else torch.randint(1, 96, (1, 8), generator=generator)
+            )
             path = folder / f"{name}{opset}.onnx"
             with warnings.catch_warnings(), torch.no_grad():
                 warnings.simplefilter("ignore")
                 program = torch.onnx.export(
-                    hf_model(name, lm_head=True),
+                    hf_model(name, lm_head=name != "vit"),
                     (ids,),
                     dynamo=True,
                     opset_version=opset,
@@ -45,7 +51,7 @@ def exported(tmp_path_factory):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("opset", [18, 23])
-@pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2", "bert", "vit"])
 def test_hf_export_converts_runs_and_is_a_fixed_point(exported, tmp_path, name, opset):
     source = exported(name, opset)
     result = gonnx.convert(source)

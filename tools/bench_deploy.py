@@ -4,9 +4,10 @@
 
 Models (small, random weights, built in code): the zoo's BERT and GPT and Hugging Face BERT
 (TorchScript and dynamo exports) through onnxruntime's transformer optimizer (com.microsoft
-fused ops); Hugging Face LLaMA (grouped-query attention) and GPT-2 exported by torch.onnx at
-opset 18 and 23. Tools: graphamp (``keep_io_types``, target cuda), onnxruntime's float16 tool
-(``OnnxModel.convert_float_to_float16(keep_io_types=True)``) and onnxconverter-common
+fused ops); Hugging Face LLaMA and Qwen2 (grouped-query attention), GPT-2 and ViT exported by
+torch.onnx at opset 18 and 23. Tools: graphamp (``keep_io_types``, target cuda),
+onnxruntime's float16 tool (``OnnxModel.convert_float_to_float16(keep_io_types=True)``) and
+onnxconverter-common
 (``convert_float_to_float16(keep_io_types=True)``). Per model and tool: Casts, the matrix ops
 (MatMul, Gemm, attention) reading float16, the error against float32 under the faithful
 evaluator (max error relative to max |y|, NaN/Inf count), whether onnxruntime loads the
@@ -74,13 +75,15 @@ def build_models(folder: Path) -> dict[str, Path]:
 
     models = {case: optimized(case, folder) for case in CASES}
     ids = torch.randint(1, 96, (1, 8), generator=torch.Generator().manual_seed(0))
-    for name in ("llama", "gpt2"):
+    pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    for name in ("llama", "qwen2", "gpt2", "vit"):
         for opset in (18, 23):
             path = folder / f"hf-{name}-opset{opset}.onnx"
+            model = hf_model(name, lm_head=name != "vit")
             with warnings.catch_warnings(), torch.no_grad():
                 warnings.simplefilter("ignore")
                 torch.onnx.export(
-                    hf_model(name, lm_head=True), (ids,), dynamo=True, opset_version=opset
+                    model, (pixels if name == "vit" else ids,), dynamo=True, opset_version=opset
                 ).save(str(path))
             models[path.stem] = path
     return models
