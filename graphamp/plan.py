@@ -18,6 +18,7 @@ from pathlib import Path
 from graphamp.dialects.registry import matrix_ops_for
 from graphamp.errors import GraphampError
 from graphamp.io import write_atomic
+from graphamp.plan_check import check_plan_data
 from graphamp.plandiff import PlanDiff
 from graphamp.records import BOUNDARY, CastRecord, NodeDecision, WeightRecord, decision_dict
 from graphamp.vocab import Precision, Rule
@@ -152,6 +153,7 @@ class Plan:
                 f"{where}: plan version {data.get('version')} is not supported "
                 f"(this graphamp reads version {PLAN_VERSION})"
             )
+        check_plan_data(data, where)
         try:
             nodes = {name: _decision(d) for name, d in data["nodes"].items()}
             casts = [CastRecord.from_dict(c) for c in data["casts"]]

@@ -184,8 +184,13 @@ class Policy:
         for key, value in table.items():
             if key == "dtype" and not isinstance(value, str):
                 raise GraphampError(f"{where}: 'dtype' must be a string")
-            if key == "keep_io_types" and not isinstance(value, bool | list):
-                raise GraphampError(f"{where}: 'keep_io_types' must be true, false or a list")
+            if key == "keep_io_types" and not (
+                isinstance(value, bool)
+                or (isinstance(value, list) and all(isinstance(item, str) for item in value))
+            ):
+                raise GraphampError(
+                    f"{where}: 'keep_io_types' must be true, false or a list of strings"
+                )
             if key not in ("dtype", "keep_io_types") and not (
                 isinstance(value, list) and all(isinstance(item, str) for item in value)
             ):

@@ -27,11 +27,18 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
-from graphamp.dtypes import LOW_TYPES, itemsize
+from graphamp.dtypes import itemsize
 from graphamp.edits import EditScript
 from graphamp.graph import NodeKind, OpGraph, OpNode, unique_name
 from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
 from graphamp.passes.classify import stored_float32_inputs
+from graphamp.passes.model_casts import share_model_casts
+from graphamp.passes.output_casts import (
+    cache_pairs,
+    outputs_cast_back,
+    plan_output_casts,
+    read_low_values,
+)
 from graphamp.passes.weights import WeightRanges
 from graphamp.policy import Policy
 from graphamp.records import CastRecord, NodeDecision, WeightRecord
@@ -122,7 +129,9 @@ def plan_casts(
             has[name] = low
             edits.retype[name] = low
 
-    # Casts already in the model: retarget, then find the ones that became no-ops.
+    cast_back = outputs_cast_back(graph, policy, has, caches)
+    # Casts already in the model: retarget, then find the ones that became no-ops (reading an
+    # output cast back, a Cast to that output's original type is one too).
     alias: dict[str, str] = {}
     for node in graph:
         if node.kind is not NodeKind.CAST or not node.inputs or not node.inputs[0]:
@@ -137,7 +146,10 @@ def plan_casts(
             has[out] = low
             edits.retype[out] = low
         source = _resolve(alias, node.inputs[0])
-        if has[source] == has[out] and not graph.tensors[out].is_graph_output:
+        if (
+            has[out] in (has[source], cast_back.get(source))
+            and not graph.tensors[out].is_graph_output
+        ):
             alias[out] = source
             edits.remove_nodes.append(node.name)
             edits.retarget_casts.pop(node.name, None)
@@ -147,6 +159,7 @@ def plan_casts(
     weight_readers: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
     removed = set(edits.remove_nodes)
     still_read: set[str] = set()
+    as_is: list[tuple[str, int]] = []  # slots rewired to a value they read in the type it has
     for node in graph:
         if node.name in removed:
             continue
@@ -158,23 +171,33 @@ def plan_casts(
             tensor = graph.tensors[source]
             if has[source] == want:
                 still_read.add(source)
+                as_is.append((node.name, slot))
             elif tensor.is_constant and not tensor.is_graph_input:
                 weight_readers[(source, want)].append((node.name, slot))
-            elif (widened := _lossless_cast_source(graph, source, has)) is not None and has[
+            elif (widened := _lossless_cast_source(graph, source, has, alias)) is not None and has[
                 widened
             ] == want:
                 edits.rewire[(node.name, slot)] = widened
                 still_read.add(widened)
+                as_is.append((node.name, slot))
             else:
+                # cast from before a lossless widening: no Cast of a Cast that could be one
+                if widened is not None and not graph.tensors[widened].is_constant:
+                    source = widened
                 cast_readers[(source, want)].append((node.name, slot))
                 still_read.add(source)
 
-    # Casts already in the model that the rerouting above left with no reader.
+    share_model_casts(graph, cast_readers, alias, removed, has, edits, still_read, cast_back)
+
+    # Casts already in the model that the rerouting above left with no reader (one that had
+    # none in the model is left as it is: removing it would leave its own input Cast readerless
+    # for the next conversion, which would then remove that one too).
     for node in graph:
         if (
             node.kind is NodeKind.CAST
             and node.name not in removed
             and node.outputs[0] not in still_read
+            and readers.get(node.outputs[0])
             and not graph.tensors[node.outputs[0]].is_graph_output
         ):
             edits.remove_nodes.append(node.name)
@@ -182,7 +205,6 @@ def plan_casts(
             removed.add(node.name)
 
     taken = set(graph.tensors) | set(graph.nodes)
-    cast_back = _outputs_cast_back(graph, policy, has, caches)
     shared: dict[str, list[str]] = defaultdict(list)  # output -> readers of its cast back
     for (source, want), slots in cast_readers.items():
         if cast_back.get(source) == want:
@@ -207,7 +229,8 @@ def plan_casts(
 
     _plan_weights(graph, weight_readers, readers, has, edits, taken, weights)
     kept = _kept_weights(graph, decisions, weights)
-    _plan_output_casts(graph, has, edits, taken, cast_back, shared)
+    plan_output_casts(graph, has, edits, taken, cast_back, shared)
+    read_low_values(edits, as_is)
     log.info(
         "%d casts inserted, %d retargeted, %d removed, %d weights converted",
         len(edits.casts) + len(edits.output_casts),
@@ -216,28 +239,6 @@ def plan_casts(
         len(edits.weights),
     )
     return edits, kept
-
-
-def cache_pairs(graph: OpGraph) -> dict[str, str]:
-    """A decoder's KV cache: past input -> the present output it pairs with, matched by name
-    (``past_key_values.0.key`` / ``present.0.key``, ``past_key_0`` / ``present_key_0``)."""
-
-    def key(name: str, *prefixes: str) -> str:
-        lowered = name.lower()
-        for prefix in prefixes:
-            lowered = lowered.replace(prefix, "")
-        return "".join(ch for ch in lowered if ch.isalnum())
-
-    presents = {
-        key(name, "present"): name for name in graph.graph_outputs if "present" in name.lower()
-    }
-    pairs = {}
-    for name in graph.graph_inputs:
-        if name.lower().startswith("past"):
-            present = presents.get(key(name, "past_key_values", "past"))
-            if present is not None:
-                pairs[name] = present
-    return pairs
 
 
 def reads_any_type(node: OpNode, slot: int) -> bool:
@@ -262,15 +263,18 @@ def _resolve(alias: dict[str, str], name: str) -> str:
     return name
 
 
-def _lossless_cast_source(graph: OpGraph, tensor: str, has: dict[str, str]) -> str | None:
-    """The input of the Cast producing ``tensor`` if that Cast only widened its input."""
+def _lossless_cast_source(
+    graph: OpGraph, tensor: str, has: dict[str, str], alias: dict[str, str]
+) -> str | None:
+    """The input of the Cast producing ``tensor`` if that Cast only widened its input (read
+    through Casts removed as no-ops: their outputs are gone)."""
     producer = graph.tensors[tensor].producer
     if producer is None:
         return None
     node = graph.nodes[producer]
     if node.kind is not NodeKind.CAST or not node.inputs or not node.inputs[0]:
         return None
-    source = node.inputs[0]
+    source = _resolve(alias, node.inputs[0])
     return source if (has[source], has[tensor]) in LOSSLESS_WIDENING else None
 
 
@@ -342,46 +346,3 @@ def _kept_weights(
                 )
             )
     return kept
-
-
-def _outputs_cast_back(
-    graph: OpGraph, policy: Policy, has: dict[str, str], caches: dict[str, str]
-) -> dict[str, str]:
-    """Graph outputs computed in low precision that are cast back to their original type
-    under their own name (output -> that type): the kept ones, and a KV cache's present output
-    whose past input stays in its original type (a generation loop feeds present back)."""
-    past_of = {present: past for past, present in caches.items()}
-    cast_back = {}
-    for name in graph.graph_outputs:
-        original = graph.tensors[name].dtype
-        if has[name] == original or has[name] not in LOW_TYPES:
-            continue
-        past = past_of.get(name)
-        if policy.keeps_io(name) or (past is not None and has[past] != has[name]):
-            cast_back[name] = original
-    return cast_back
-
-
-def _plan_output_casts(
-    graph: OpGraph,
-    has: dict[str, str],
-    edits: EditScript,
-    taken: set[str],
-    cast_back: dict[str, str],
-    shared: dict[str, list[str]],
-) -> None:
-    """The Casts back of :func:`_outputs_cast_back`, read by the graph and by ``shared``."""
-    for name in graph.graph_outputs:
-        if name not in cast_back:
-            continue
-        renamed = unique_name(f"{name}__{has[name]}", taken)
-        edits.output_casts.append(
-            CastRecord(
-                tensor=renamed,
-                src=has[name],
-                dst=cast_back[name],
-                output=name,
-                consumers=sorted(set(shared.get(name, []))),
-                purpose="graph output kept in its original type",
-            )
-        )

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
 
-from graphamp import engine
+from graphamp import engine, progress
 from graphamp.cli.common import (
     add_policy_arguments,
     add_verify_arguments,
@@ -94,23 +97,48 @@ def run(args: argparse.Namespace, console: Console) -> int:
     # Inputs are checked before any work, so a bad --inputs file writes nothing.
     feeds = verification_inputs(dialect, source, args) if args.verify else None
     start = time.perf_counter()
-    result = engine.convert(source, policy, dialect=dialect, reviewed=reviewed, options=options)
-    status = 0
-    # Written beside OUT and moved into place only when saving (and verifying) raised
-    # nothing: an error leaves no output. Over tolerance (exit 1) the model is kept.
-    with staged(target) as path:
-        dialect.save(result.model, path)
-        if not args.no_runtime_check:
-            for warning in dialect.check_runtime(source, path):
-                print(f"graphamp: warning: {warning}", file=sys.stderr)
-        print_summary(console, result.plan, time.perf_counter() - start, source, target)
-        note = nothing_converted(result.plan)
-        if note:
-            print(f"graphamp: warning: {note}", file=sys.stderr)
-        if feeds is not None:
-            status = report_verification(
-                console, dialect, source, path, args, policy.dtype, feeds=feeds
-            )
+    # A progress bar for the long parts (scanning and writing weights) when stderr is a
+    # terminal; SIGTERM unwinds like Ctrl-C, so the staged files are removed either way.
+    with progress.reporting(progress.for_terminal()), _terminate_as_interrupt():
+        result = engine.convert(source, policy, dialect=dialect, reviewed=reviewed, options=options)
+        status = 0
+        # Written beside OUT and moved into place only when saving (and verifying) raised
+        # nothing: an error leaves no output. Over tolerance (exit 1) the model is kept.
+        with staged(target) as path:
+            try:
+                dialect.save(result.model, path)
+            except GraphampError as exc:  # name OUT, not the folder it is staged in
+                raise GraphampError(str(exc).replace(str(path), str(target))) from None
+            if not args.no_runtime_check:
+                for warning in dialect.check_runtime(source, path):
+                    print(f"graphamp: warning: {warning}", file=sys.stderr)
+            print_summary(console, result.plan, time.perf_counter() - start, source, target)
+            note = nothing_converted(result.plan)
+            if note:
+                print(f"graphamp: warning: {note}", file=sys.stderr)
+            if feeds is not None:
+                status = report_verification(
+                    console, dialect, source, path, args, policy.dtype, feeds=feeds
+                )
     if args.plan:
         result.plan.save(args.plan)
     return status
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt for the block (in the main thread), so that a killed
+    conversion cleans up its temporary files as an interrupted one does."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

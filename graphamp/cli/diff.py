@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from rich.console import Console
 
-from graphamp.cli.common import add_policy_arguments, plan_of
+from graphamp import viewer
+from graphamp.cli.common import add_policy_arguments, check_writable, emit, plan_of
+from graphamp.errors import GraphampError
 
 HELP = "compare the plans of two models or plan files"
 
@@ -19,13 +20,18 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
         help=HELP,
         description="Show nodes whose precision changed, casts added and removed, weights whose "
         "storage changed and the summary delta between A and B, like a unified diff. A and B "
-        "are models (planned with the policy flags) or plan JSON files.",
+        "are models (planned with the policy flags) or plan JSON files. --format html draws one "
+        "graph coloured by what changed (at least one of A and B must be a model).",
     )
     parser.add_argument("old", metavar="A", help="model or plan file")
     parser.add_argument("new", metavar="B", help="model or plan file")
     parser.add_argument(
-        "--format", choices=("text", "json"), default="text", help="output format (default text)"
+        "--format",
+        choices=("text", "json", "html"),
+        default="text",
+        help="output format (default text)",
     )
+    parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     parser.add_argument(
         "--exit-code",
         action="store_true",
@@ -35,12 +41,21 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    _, old = plan_of(args.old, args)
-    _, new = plan_of(args.new, args)
+    if args.output:
+        check_writable(args.output, "diff")
+    old_graph, old = plan_of(args.old, args)
+    new_graph, new = plan_of(args.new, args)
     old.model, new.model = str(args.old), str(args.new)
     difference = old.diff(new)
-    if args.format == "json":
-        sys.stdout.write(json.dumps(difference.to_dict(), indent=1) + "\n")
-    elif not difference.empty:
-        sys.stdout.write(difference.to_text())
+    if args.format == "html":
+        graph = new_graph or old_graph
+        if graph is None:
+            raise GraphampError(
+                f"{args.new}: --format html needs a model as A or B to draw, not two plan files"
+            )
+        emit(viewer.diff_page(old, new, graph), args.output)
+    elif args.format == "json":
+        emit(json.dumps(difference.to_dict(), indent=1) + "\n", args.output)
+    elif not difference.empty or args.output:
+        emit(difference.to_text(), args.output)
     return 1 if args.exit_code and not difference.empty else 0

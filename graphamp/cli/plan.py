@@ -6,7 +6,7 @@ import argparse
 
 from rich.console import Console
 
-from graphamp import report
+from graphamp import report, viewer
 from graphamp.cli.common import add_policy_arguments, check_writable, emit, plan_of
 from graphamp.errors import GraphampError
 
@@ -18,8 +18,9 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
         "plan",
         help=HELP,
         description="Decide precisions for MODEL and print the plan: a text table grouped by "
-        "precision, the JSON plan (what CI diffs), or an HTML page of the graph coloured by "
-        "precision with each node's reason on hover.",
+        "precision, the JSON plan (what CI diffs), or one self-contained HTML page: the graph "
+        "folded by module path, laid out in layers, with search, precision and rule filters, "
+        "zoom and pan, and each node's reason chain in a side panel.",
     )
     parser.add_argument("model", metavar="MODEL", help="a model file (.onnx, .pt2)")
     parser.add_argument(
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     elif args.format == "html":
         if graph is None:
             raise GraphampError(f"{args.model}: --format html needs a model, not a plan file")
-        text = report.html_page(plan, graph)
+        text = viewer.plan_page(plan, graph)
     else:
         text = report.text_table(plan)
     emit(text, args.output)

@@ -6,16 +6,24 @@ hundreds of megabytes costs no copies of its weights.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
+import signal
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
+from graphamp import progress
 from graphamp.errors import GraphampError
+from graphamp.onnx import stream
+from graphamp.onnx.datafile import DataFileWriter
 from graphamp.onnx.validate import validate
 
 log = logging.getLogger(__name__)
@@ -69,14 +77,28 @@ def _apply_inferred_types(model: ir.Model, proto: onnx.ModelProto, where: str) -
     for node in model.graph:
         for value in node.outputs:
             values[value.name] = value
+    # Values share few distinct types (a chain of 50,000 nodes may have one): each distinct
+    # TypeProto is deserialised once. Every value gets its own type (a retype changes it in
+    # place) and shares a frozen shape (nothing changes a shape; onnx_ir refuses if tried).
+    known: dict[bytes, tuple[ir.TypeProtocol, ir.Shape | None]] = {}
     for info in [*inferred.graph.value_info, *inferred.graph.output]:
         value = values.get(info.name)
-        if value is None or not info.type.HasField("tensor_type"):
+        if value is None or (value.type is not None and value.shape is not None):
             continue
+        if not info.type.HasField("tensor_type"):
+            continue
+        key = info.type.SerializeToString(deterministic=True)
+        if key not in known:
+            shape = None
+            if info.type.tensor_type.HasField("shape"):
+                shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+                shape.freeze()  # type: ignore[union-attr]
+            known[key] = (ir.serde.deserialize_type_proto_for_type(info.type), shape)
+        type_, shape = known[key]
         if value.type is None:
-            value.type = ir.serde.deserialize_type_proto_for_type(info.type)
-        if value.shape is None and info.type.tensor_type.HasField("shape"):
-            value.shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+            value.type = ir.TensorType(type_.dtype, denotation=type_.denotation)
+        if value.shape is None and shape is not None:
+            value.shape = shape
 
 
 def inferred_types(proto: onnx.ModelProto) -> dict[str, int]:
@@ -128,23 +150,150 @@ def _copy_field(message, descriptor, value) -> None:  # type: ignore[no-untyped-
 
 def save(model: ir.Model, path: str | os.PathLike[str]) -> None:
     """Write ``model`` atomically; weights go to ``<name>.data`` beside it when over 2 GB
-    or when the input kept them there."""
+    or when the input kept them there.
+
+    The data file is written a tensor at a time (a converted weight a chunk at a time, see
+    :mod:`graphamp.onnx.stream` and :mod:`graphamp.onnx.datafile`), so memory stays small
+    whatever the model's size. The model and its data are written under temporary names in a
+    hidden folder beside ``path`` and renamed into place together when both are complete: an
+    error, an interrupt or a full disk leaves neither. A disk without room for the weights is
+    refused before anything is written; one that fills up anyway is the same one-line error.
+    """
     path = Path(path)
     external = (
         _weight_bytes(model) > EXTERNAL_DATA_THRESHOLD
         or _has_external(model)
         or bool(model.meta.get(EXTERNAL_DATA_KEY))
     )
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
-        tmp_path = Path(tmp) / path.name
-        data_name = f"{path.name}.data"
-        if external:
-            ir.save(model, tmp_path, external_data=data_name, size_threshold_bytes=1024)
-        else:
-            ir.save(model, tmp_path)
-        if external:
-            os.replace(Path(tmp) / data_name, path.parent / data_name)
-        os.replace(tmp_path, path)
+    data_name = f"{path.name}.data"
+    outside = _outside_values(model) if external else []
+    needed = sum(value.const_value.nbytes for value in outside)  # type: ignore[union-attr]
+    _check_room(path, needed)
+    try:
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+            tmp_path = Path(tmp) / path.name
+            if external:
+                _save_external(model, outside, tmp_path, data_name, needed)
+                replace_together([(Path(tmp) / data_name, path.parent / data_name)], tmp_path, path)
+            else:
+                ir.save(model, tmp_path)
+                replace_together([], tmp_path, path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise GraphampError(
+                f"{path}: {(exc.strerror or 'disk full').lower()} while writing "
+                f"{_size(needed)} of weights; nothing was written"
+            ) from None
+        raise
+
+
+EXTERNAL_MIN_BYTES = 1024  # tensors up to this size stay inside the model file
+
+
+def _outside_values(model: ir.Model) -> list[ir.Value]:
+    """The initializers whose data goes to the data file, in the order it is written (every
+    graph's, in declaration order: one layer's weights stay adjacent on disk)."""
+    return [
+        value
+        for graph in model.graphs()
+        for value in graph.initializers.values()
+        if value.const_value is not None and value.const_value.nbytes > EXTERNAL_MIN_BYTES
+    ]
+
+
+def _save_external(
+    model: ir.Model, outside: list[ir.Value], model_path: Path, data_name: str, total: int
+) -> None:
+    """Write the data file tensor by tensor, then the model pointing into it. The model object
+    is left as it was (its tensors are swapped for the written ones only while serialising)."""
+    placed: list[ir.ExternalTensor] = []
+    reporter = progress.current()
+    reporter.begin("writing weights", total, len(outside))
+    writer = DataFileWriter(model_path.parent / data_name)
+    try:
+        for value in outside:
+            tensor = value.const_value
+            offset = writer.length
+            writer.write_all(stream.stored_bytes(tensor))  # type: ignore[arg-type]
+            placed.append(
+                ir.ExternalTensor(
+                    data_name,
+                    offset,
+                    writer.length - offset,
+                    tensor.dtype,  # type: ignore[union-attr]
+                    shape=ir.Shape(tuple(tensor.shape)),  # type: ignore[union-attr]
+                    name=value.name,
+                    base_dir=model_path.parent,
+                )
+            )
+            reporter.advance(writer.length - offset)
+        writer.close()
+    except BaseException:
+        writer.abandon()
+        raise
+    finally:
+        reporter.end()
+    swapped = [*outside, *_small_external_values(model)]
+    originals = [value.const_value for value in swapped]
+    try:
+        for value, tensor in zip(outside, placed, strict=True):
+            value.const_value = tensor
+        for value in swapped[len(outside) :]:  # small data the input kept outside comes inside
+            value.const_value = ir.Tensor(value.const_value.numpy().copy(), name=value.name)  # type: ignore[union-attr]
+        ir.save(model, model_path)
+    finally:
+        for value, tensor in zip(swapped, originals, strict=True):
+            value.const_value = tensor
+
+
+def _small_external_values(model: ir.Model) -> list[ir.Value]:
+    return [
+        value
+        for graph in model.graphs()
+        for value in graph.initializers.values()
+        if isinstance(value.const_value, ir.ExternalTensor)
+        and value.const_value.nbytes <= EXTERNAL_MIN_BYTES
+    ]
+
+
+def _check_room(path: Path, needed: int) -> None:
+    free = shutil.disk_usage(path.parent).free
+    if needed > free:
+        raise GraphampError(
+            f"{path}: the weights need {_size(needed)} and its disk has {_size(free)} free; "
+            "nothing was written"
+        )
+
+
+def replace_together(data: list[tuple[Path, Path]], model_tmp: Path, model_path: Path) -> None:
+    """Rename the data files, then the model, into place, with SIGINT and SIGTERM held back
+    until all are done: an interrupt never leaves a model beside data of another conversion."""
+    with _signals_held():
+        for source, target in data:
+            os.replace(source, target)
+        os.replace(model_tmp, model_path)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    held = {signal.SIGINT, signal.SIGTERM}
+    try:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, OSError, ValueError):  # no signal masks here (Windows)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count} B"
 
 
 def _weight_bytes(model: ir.Model) -> int:

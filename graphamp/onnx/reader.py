@@ -21,7 +21,7 @@ from graphamp.dialects.base import ReadGraph
 from graphamp.dtypes import FLOAT_TYPES, UNKNOWN
 from graphamp.errors import GraphampError
 from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
-from graphamp.onnx import schemas
+from graphamp.onnx import schemas, stream
 from graphamp.onnx.types import dtype_name, ir_type, type_str_dtype
 
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
@@ -49,16 +49,20 @@ def read(model: ir.Model, target: str) -> ReadGraph:
     _name_nodes(graph)
 
     initializer_names = set(graph.initializers)
+    budget = stream.CacheBudget()
     for value in graph.inputs:
-        _add_value(op_graph, handles, value, graph_input=True)
+        _add_value(op_graph, handles, value, graph_input=True, budget=budget)
     for name, value in graph.initializers.items():
         if name not in handles.values:
-            _add_value(op_graph, handles, value)
+            _add_value(op_graph, handles, value, budget=budget)
+    # Nodes of one op with the same types get the same slots: the schema work is done once
+    # per signature (a graph of 50,000 nodes may have a dozen).
+    signatures: dict[tuple[object, ...], _Slots] = {}
     for node in graph:
         handles.nodes[node.name] = node
         for value in node.outputs:
             _add_value(op_graph, handles, value)
-        op_node = _read_node(op_graph, model, node, opsets, target)
+        op_node = _read_node(op_graph, model, node, opsets, target, signatures)
         op_graph.add_node(op_node)
         _fill_output_types(op_graph, node, op_node, opsets)
     for value in graph.outputs:
@@ -73,15 +77,26 @@ def read(model: ir.Model, target: str) -> ReadGraph:
 
 
 def _name_nodes(graph: ir.Graph) -> None:
+    """Unnamed nodes get ``<op>__<first output>``; a name a node shares with an earlier one
+    (ONNX allows it) gets a suffix, ``<name>_1``: the plan names each node once."""
     taken = {node.name for node in graph if node.name}
+    seen: set[str] = set()
     for node in graph:
         if not node.name:
             first = next((v.name for v in node.outputs if v.name), "")
             node.name = unique_name(f"{node.op_type}__{first}" if first else node.op_type, taken)
+        elif node.name in seen:
+            node.name = unique_name(node.name, taken)
+        seen.add(node.name)
 
 
 def _add_value(
-    op_graph: OpGraph, handles: OnnxHandles, value: ir.Value, *, graph_input: bool = False
+    op_graph: OpGraph,
+    handles: OnnxHandles,
+    value: ir.Value,
+    *,
+    graph_input: bool = False,
+    budget: stream.CacheBudget | None = None,
 ) -> None:
     shape = None
     if value.shape is not None:
@@ -93,7 +108,7 @@ def _add_value(
     )
     if value.const_value is not None:
         const = value.const_value
-        tensor.load_value = const.numpy
+        tensor.load_value = stream.loader(const, budget)  # on disk until scanned
         if tensor.dtype == UNKNOWN:
             tensor.dtype = dtype_name(const.dtype)
         if tensor.shape is None:
@@ -106,8 +121,31 @@ def _opset(opsets: dict[str, int], domain: str) -> int:
     return opsets.get(domain, opsets.get("", 1))
 
 
+@dataclass(frozen=True)
+class _Slots:
+    """What an op's schema says of the nodes of one signature (op, opset, input and output
+    types, which optional slots are given)."""
+
+    kind: NodeKind
+    computes: bool = False  # on a float type: the fields below are set
+    compute_type: str | None = None
+    any_type_inputs: frozenset[int] = frozenset()
+    allowed_types: frozenset[str] = frozenset()
+    follow_inputs: frozenset[int] = frozenset()
+    follow_outputs: frozenset[int] = frozenset()
+    schema_note: str = ""
+
+
+_SUBGRAPH_ATTRIBUTES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+
+
 def _read_node(
-    op_graph: OpGraph, model: ir.Model, node: ir.Node, opsets: dict[str, int], target: str
+    op_graph: OpGraph,
+    model: ir.Model,
+    node: ir.Node,
+    opsets: dict[str, int],
+    target: str,
+    signatures: dict[tuple[object, ...], _Slots],
 ) -> OpNode:
     inputs = [v.name if v is not None else "" for v in node.inputs]
     outputs = [v.name for v in node.outputs]
@@ -121,59 +159,101 @@ def _read_node(
         schema_source=f"opset {opsets.get('', 0)}",
     )
     tensors = op_graph.tensors
-    if node.domain in _DEFAULT_DOMAINS and node.op_type == "Cast":
+    default_domain = node.domain in _DEFAULT_DOMAINS
+    if default_domain and node.op_type == "Cast":
         op_node.kind = NodeKind.CAST
         op_node.cast_to = dtype_name(ir.DataType(node.attributes["to"].value))
         return op_node
-    if node.domain in _DEFAULT_DOMAINS and node.op_type == "Constant":
+    if default_domain and node.op_type == "Constant":
         op_node.kind = NodeKind.CONSTANT
         _attach_constant(op_graph, node)
         return op_node
-    if node.op_type in CONTROL_FLOW_OPS or any(
-        a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-        for a in node.attributes.values()
+    attributes = node.attributes.data  # the plain dict: its views are much quicker
+    if node.op_type in CONTROL_FLOW_OPS or (
+        attributes and any(a.type in _SUBGRAPH_ATTRIBUTES for a in attributes.values())
     ):
         op_node.kind = NodeKind.CONTROL_FLOW
         op_node.implicit_inputs = _outer_scope_reads(node, model.graph)
         return op_node
-    found = schemas.schema(node.op_type, _opset(opsets, node.domain), node.domain)
+    input_types = tuple(tensors[name].dtype if name else "" for name in inputs)
+    output_types = tuple(dtype_name(v.dtype) for v in node.outputs)
+    opset = _opset(opsets, node.domain)
+    key = (node.domain, node.op_type, opset, input_types, output_types, tuple(map(bool, outputs)))
+    slots = signatures.get(key)
+    if slots is None:
+        slots = _op_slots(
+            node, opset, opsets.get("", 0), inputs, outputs, input_types, output_types, target
+        )
+        signatures[key] = slots
+    op_node.kind = slots.kind
+    op_node.any_type_inputs = slots.any_type_inputs
+    if not slots.computes:
+        return op_node  # no schema (a custom domain), or computes on no float type
+    op_node.compute_type = slots.compute_type
+    op_node.allowed_types = slots.allowed_types
+    op_node.schema_source += slots.schema_note
+    op_node.follow_inputs = slots.follow_inputs
+    op_node.follow_outputs = slots.follow_outputs
+    if op_node.op in ("MatMul", "Gemm", "Conv", "ConvTranspose"):
+        op_node.flops = _matrix_flops(op_node, tensors, node)
+    return op_node
+
+
+def _op_slots(
+    node: ir.Node,
+    opset: int,
+    default_opset: int,
+    inputs: list[str],
+    outputs: list[str],
+    input_types: tuple[str, ...],
+    output_types: tuple[str, ...],
+    target: str,
+) -> _Slots:
+    """The slots of ``node`` from its op's schema (the same for every node of its signature;
+    errors name the first node of it)."""
+    found = schemas.schema(node.op_type, opset, node.domain)
     if found is None:
         if node.domain in _DEFAULT_DOMAINS:
             raise GraphampError(
-                f"node {node.name!r}: unknown op {node.op_type!r} at opset {opsets.get('', 0)}"
+                f"node {node.name!r}: unknown op {node.op_type!r} at opset {default_opset}"
             )
-        op_node.kind = NodeKind.OPAQUE
-        return op_node
+        return _Slots(NodeKind.OPAQUE)
 
-    _check_input_types(node, found, inputs, tensors)
-    op_node.any_type_inputs = schemas.any_type_inputs(found, inputs, len(outputs))
+    _check_input_types(node, found, inputs, input_types)
+    any_type_inputs = schemas.any_type_inputs(found, inputs, len(outputs))
     # The computation type: the type variable of the first float (or unknown) input.
     primary: str | None = None
+    compute_type: str | None = None
     for slot, name in enumerate(inputs):
         param = found.input_param(slot)
-        if not name or param not in found.allowed or slot in op_node.any_type_inputs:
+        if not name or param not in found.allowed or slot in any_type_inputs:
             continue
-        dtype = tensors[name].dtype
+        dtype = input_types[slot]
         if dtype in FLOAT_TYPES or (dtype == UNKNOWN and "float32" in found.allowed[param]):
-            primary, op_node.compute_type = param, dtype
+            primary, compute_type = param, dtype
             if dtype != UNKNOWN:
                 break
     if primary is None:
-        for slot, value in enumerate(node.outputs):
+        for slot, dtype in enumerate(output_types):
             param = found.output_param(slot)
-            if param in found.allowed and dtype_name(value.dtype) in FLOAT_TYPES:
-                primary, op_node.compute_type = param, dtype_name(value.dtype)
+            if param in found.allowed and dtype in FLOAT_TYPES:
+                primary, compute_type = param, dtype
                 break
     if primary is None:
-        return op_node  # computes on no float type
+        return _Slots(NodeKind.OP, any_type_inputs=any_type_inputs)  # no float type
 
-    op_node.allowed_types = schemas.float_types(found, primary)
+    allowed_types = schemas.float_types(found, primary)
+    note = ""
     needs = (
         schemas.FLOAT32_WHEN_OUTPUT.get(node.op_type) if node.domain in _DEFAULT_DOMAINS else None
     )
     if needs is not None and len(outputs) > needs[0] and outputs[needs[0]]:
-        op_node.allowed_types -= dtypes.LOW_TYPES
-        op_node.schema_source += f" with {needs[1]}"
+        allowed_types -= dtypes.LOW_TYPES
+        note = f" with {needs[1]}"
+    since = schemas.RUNTIME_TYPE_SINCE.get((node.op_type, target))
+    if node.domain in _DEFAULT_DOMAINS and since is not None and default_opset < since:
+        allowed_types -= {target}
+        note += f" (onnxruntime loads {node.op_type} in {target} from {since})"
     keep_float32 = schemas.FLOAT32_INPUTS.get(node.op_type, frozenset())
     follow_in = set()
     for slot, name in enumerate(inputs):
@@ -181,41 +261,58 @@ def _read_node(
         if not name or param not in found.allowed or slot in keep_float32:
             continue
         if param == primary or (
-            target in found.allowed[param] and tensors[name].dtype == op_node.compute_type
+            target in found.allowed[param] and input_types[slot] == compute_type
         ):
             follow_in.add(slot)
-    op_node.follow_inputs = frozenset(follow_in)
+    follow_inputs = frozenset(follow_in)
     # A slot that carries the computation type follows the node even where its type variable
     # is its own (Attention's V: T2): kernels and function bodies bind it with the others.
-    op_node.any_type_inputs -= op_node.follow_inputs
+    any_type_inputs -= follow_inputs
     # An output follows when its type variable is one a following input binds (Attention's
     # present_value is T2, as V is).
     following = {primary} | {found.input_param(slot) for slot in follow_in}
-    op_node.follow_outputs = frozenset(
+    follow_outputs = frozenset(
         slot
         for slot in range(len(outputs))
         if outputs[slot] and found.output_param(slot) in following
     )
-    if op_node.op in ("MatMul", "Gemm", "Conv", "ConvTranspose"):
-        op_node.flops = _matrix_flops(op_node, tensors, node)
-    return op_node
+    return _Slots(
+        NodeKind.OP,
+        computes=True,
+        compute_type=compute_type,
+        any_type_inputs=any_type_inputs,
+        allowed_types=allowed_types,
+        follow_inputs=follow_inputs,
+        follow_outputs=follow_outputs,
+        schema_note=note,
+    )
 
 
 def _check_input_types(
-    node: ir.Node, found: schemas.Schema, inputs: list[str], tensors: dict[str, TensorInfo]
+    node: ir.Node, found: schemas.Schema, inputs: list[str], input_types: tuple[str, ...]
 ) -> None:
-    """Refuse an input whose type the op's schema does not admit (a string into MatMul): a
-    Cast to the low type would be inserted in front of it otherwise."""
+    """Refuse an input whose type the op's schema does not admit (a string into MatMul), or
+    two inputs of one type variable with different types (an int32 weight into a float32
+    MatMul): a Cast to the low type would be inserted in front of it otherwise."""
+    bound: dict[str, tuple[str, str]] = {}  # type variable -> (dtype, input name)
     for slot, name in enumerate(inputs):
         param = found.input_param(slot)
-        dtype = tensors[name].dtype if name else UNKNOWN
+        dtype = input_types[slot] if name else UNKNOWN
         # only tensor type variables: a sequence's element type says nothing here
         admitted_types = found.allowed.get(param, frozenset()) & set(dtypes.BY_NAME)  # type: ignore[arg-type]
-        if admitted_types and dtype in dtypes.BY_NAME and dtype not in admitted_types:
+        if not admitted_types or dtype not in dtypes.BY_NAME:
+            continue
+        if dtype not in admitted_types:
             admitted = ", ".join(sorted(admitted_types))
             raise GraphampError(
                 f"node {node.name!r} ({node.op_type}): input {slot} {name!r} is {dtype}, which "
                 f"{node.op_type} does not take (it takes {admitted})"
+            )
+        first = bound.setdefault(param, (dtype, name))  # type: ignore[arg-type]
+        if first[0] != dtype and param not in found.heterogeneous:
+            raise GraphampError(
+                f"node {node.name!r} ({node.op_type}): input {name!r} is {dtype} but "
+                f"{first[1]!r} is {first[0]}; {node.op_type} takes one type for both ({param})"
             )
 
 

@@ -32,6 +32,14 @@ FLOAT32_WHEN_OUTPUT: dict[str, tuple[int, str]] = {
 }
 
 
+# Low types an op's schema admits before onnxruntime can load the op in them: with no kernel
+# it expands the op's function body, whose ops do not admit the type at that opset yet (Clip's
+# body uses Where, which takes bfloat16 from opset 16). (op, type) -> first opset that loads.
+RUNTIME_TYPE_SINCE: dict[tuple[str, str], int] = {
+    ("Clip", "bfloat16"): 16,
+}
+
+
 @dataclass(frozen=True)
 class Schema:
     """The parts of an op schema the reader uses."""
@@ -39,6 +47,8 @@ class Schema:
     inputs: tuple[tuple[str, bool], ...]  # (type string, variadic) per formal input
     outputs: tuple[tuple[str, bool], ...]
     allowed: dict[str, frozenset[str]]  # type variable -> dtype names it admits
+    # type variables of a variadic slot whose values may differ in type (Adam's T3)
+    heterogeneous: frozenset[str] = frozenset()
 
     def input_param(self, slot: int) -> str | None:
         return _formal(self.inputs, slot)
@@ -62,6 +72,11 @@ def schema(op: str, opset: int, domain: str) -> Schema | None:
             c.type_param_str: frozenset(type_str_dtype(t) for t in c.allowed_type_strs)
             for c in found.type_constraints
         },
+        heterogeneous=frozenset(
+            p.type_str
+            for p in (*found.inputs, *found.outputs)
+            if p.option == variadic and not p.is_homogeneous
+        ),
     )
 
 

@@ -3,75 +3,78 @@
 Model files are data: a malformed one gets one line naming the problem (a GraphampError, exit
 status 2), never a traceback or an invalid output. ``onnx.checker`` is not run on the input as a
 whole: it refuses models with onnxruntime's own operators (``com.microsoft``), which graphamp
-converts. What it checks here, on the protobuf and without reading weights:
+converts, and it reads every weight. What is checked here, on the protobuf and without reading
+weights:
 
-* the header: an IR version this onnx knows, an opset for the default domain, every node's
-  domain imported (or a function of the model), names that are valid UTF-8;
-* the graph's structure: every value produced once, every input of a node produced by an
-  earlier node or a graph input or initializer (a node that reads a value nothing produces, a
-  cycle, a node reading its own output, an order that is not topological are named), every
-  graph output produced, every attribute typed;
-* stored tensors: raw data as long as the dims and type need; external data present, inside
-  the model's folder (symlinks resolved: nothing outside it is ever read) and long enough.
+* the header: an IR version this onnx knows, an opset for the default domain, each domain
+  imported once at a positive version, every node's domain imported (or a function of the
+  model), every string valid UTF-8 (doc strings and metadata too: :mod:`.validate_nodes`);
+* the graph's structure, subgraphs included: every value produced once (a subgraph may not
+  reuse a name of an enclosing graph), every input of a node produced by an earlier node, a
+  graph input or initializer (or, in a subgraph, an enclosing graph's value defined before it):
+  a node that reads a value nothing produces, a cycle, a node reading its own output, an order
+  that is not topological are named; every graph output produced; graph inputs named, typed
+  and declared once; every attribute typed;
+* each node of a domain onnx defines against its op schema (arity, attributes and their types;
+  :mod:`.validate_nodes`);
+* stored tensors: data exactly as long as dims and type need, in raw_data, a typed field or an
+  external file inside the model's folder (symlinks resolved: nothing outside it is ever read;
+  :mod:`.validate_data`).
 
-Type rules (a float op fed a string) are the reader's: it knows each op's type constraints.
+Type rules (a float op fed a string) are the reader's: it knows each value's inferred type.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from graphamp.errors import GraphampError
+from graphamp.onnx.validate_data import KNOWN_TYPES, check_tensor, type_name
+from graphamp.onnx.validate_nodes import DEFAULT_DOMAINS, check_node, check_strings
 
-_DEFAULT_DOMAINS = ("", "ai.onnx")
-_ITEM_BYTES = {
-    onnx.TensorProto.FLOAT: 4,
-    onnx.TensorProto.FLOAT16: 2,
-    onnx.TensorProto.BFLOAT16: 2,
-    onnx.TensorProto.DOUBLE: 8,
-    onnx.TensorProto.INT8: 1,
-    onnx.TensorProto.UINT8: 1,
-    onnx.TensorProto.INT16: 2,
-    onnx.TensorProto.UINT16: 2,
-    onnx.TensorProto.INT32: 4,
-    onnx.TensorProto.UINT32: 4,
-    onnx.TensorProto.INT64: 8,
-    onnx.TensorProto.UINT64: 8,
-    onnx.TensorProto.BOOL: 1,
-    onnx.TensorProto.COMPLEX64: 8,
-    onnx.TensorProto.COMPLEX128: 16,
-}
+_ATTR = onnx.AttributeProto
+_GRAPH_ATTRIBUTES = frozenset({_ATTR.GRAPH, _ATTR.GRAPHS})
+_DATA_ATTRIBUTES = frozenset(
+    {_ATTR.TENSOR, _ATTR.TENSORS, _ATTR.SPARSE_TENSOR, _ATTR.SPARSE_TENSORS}
+)
 
 
 def validate(proto: onnx.ModelProto, *, where: str, base_dir: Path | None) -> None:
     """Raise a GraphampError naming the first problem of ``proto`` (see the module docstring)."""
-    _check_header(proto, where)
-    _check_structure(proto.graph, where)
-    for tensor in proto.graph.initializer:
-        check_tensor(tensor, f"{where}: initializer {tensor.name!r}", base_dir)
-    for node in proto.graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                check_tensor(
-                    attr.t, f"{where}: node {node.name!r} attribute {attr.name!r}", base_dir
-                )
+    opsets = _check_header(proto, where)
+    check_strings(proto, where)
+    functions = {(function.domain, function.name) for function in proto.functions}
+    graph = proto.graph
+    _check_graph_io(graph, where, proto.ir_version)
+    if graph.sparse_initializer:
+        raise GraphampError(
+            f"{where}: sparse initializer {graph.sparse_initializer[0].values.name!r}: sparse "
+            "initializers are not supported (store it dense)"
+        )
+    _GraphCheck(where, opsets, functions, base_dir).run(graph, outer=set())
 
 
-def _check_header(proto: onnx.ModelProto, where: str) -> None:
+def _check_header(proto: onnx.ModelProto, where: str) -> dict[str, int]:
     if not 0 < proto.ir_version <= onnx.IR_VERSION:
         raise GraphampError(
             f"{where}: ir_version {proto.ir_version} is not an ONNX IR version this onnx reads "
             f"(1 to {onnx.IR_VERSION})"
         )
-    opsets = {entry.domain: entry.version for entry in proto.opset_import}
+    opsets: dict[str, int] = {}
+    for entry in proto.opset_import:
+        if entry.domain in opsets:
+            raise GraphampError(f"{where}: opset_import names domain {entry.domain!r} twice")
+        if entry.version <= 0:
+            raise GraphampError(
+                f"{where}: opset_import gives domain {entry.domain!r} version {entry.version}"
+            )
+        opsets[entry.domain] = entry.version
     if not opsets:
         raise GraphampError(f"{where}: the model imports no opset (opset_import is empty)")
     default = opsets.get("", opsets.get("ai.onnx"))
-    uses_default = any(node.domain in _DEFAULT_DOMAINS for node in proto.graph.node)
+    uses_default = any(node.domain in DEFAULT_DOMAINS for node in proto.graph.node)
     if default is None and uses_default:
         raise GraphampError(f"{where}: no opset_import for the default ONNX domain")
     newest = onnx.defs.onnx_opset_version()
@@ -79,127 +82,142 @@ def _check_header(proto: onnx.ModelProto, where: str) -> None:
         raise GraphampError(
             f"{where}: default-domain opset {default} is not one this onnx knows (1 to {newest})"
         )
-    functions = {function.domain for function in proto.functions}
-    for name in (proto.producer_name, proto.producer_version, proto.domain, proto.graph.name):
-        _utf8(name, where)
-    graph = proto.graph
-    for value in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
-        _utf8(value.name, where)
-    for node in graph.node:
-        for text in (node.name, node.op_type, node.domain, *node.input, *node.output):
-            _utf8(text, where)
-        for attr in node.attribute:
-            _utf8(attr.name, where)
-        if node.domain not in _DEFAULT_DOMAINS and node.domain not in opsets | dict.fromkeys(
-            functions
+    return opsets
+
+
+def _check_graph_io(graph: onnx.GraphProto, where: str, ir_version: int) -> None:
+    """Graph inputs named, declared once and typed; outputs named; initializers unique."""
+    declared: set[str] = set()
+    for value in graph.input:
+        if not value.name:
+            raise GraphampError(f"{where}: a graph input has no name")
+        if value.name in declared:
+            raise GraphampError(f"{where}: graph input {value.name!r} is declared twice")
+        declared.add(value.name)
+        if not value.HasField("type"):
+            raise GraphampError(f"{where}: graph input {value.name!r} has no type")
+        _check_elem_type(value, where, required=True)
+    for value in (*graph.output, *graph.value_info):
+        if not value.name:
+            raise GraphampError(f"{where}: a graph output or value_info entry has no name")
+        _check_elem_type(value, where, required=False)
+    stored: set[str] = set()
+    for tensor in graph.initializer:
+        if not tensor.name:
+            raise GraphampError(f"{where}: an initializer has no name")
+        if tensor.name in stored:
+            raise GraphampError(f"{where}: initializer {tensor.name!r} is stored twice")
+        stored.add(tensor.name)
+        if ir_version < 4 and tensor.name not in declared:
+            raise GraphampError(
+                f"{where}: initializer {tensor.name!r} is no graph input, which ir_version "
+                f"{ir_version} requires (IR 4 and later do not)"
+            )
+
+
+def _check_elem_type(value: onnx.ValueInfoProto, where: str, *, required: bool) -> None:
+    if not value.type.HasField("tensor_type"):
+        return  # sequences, maps, optionals: the runtime's to judge
+    code = value.type.tensor_type.elem_type
+    if code in KNOWN_TYPES or (code == onnx.TensorProto.UNDEFINED and not required):
+        return
+    raise GraphampError(
+        f"{where}: value {value.name!r} has no ONNX element type ({type_name(code)})"
+    )
+
+
+class _GraphCheck:
+    """Structure, node schemas and stored tensors of a graph and its subgraphs."""
+
+    def __init__(
+        self,
+        where: str,
+        opsets: dict[str, int],
+        functions: set[tuple[str, str]],
+        base_dir: Path | None,
+    ) -> None:
+        self.where, self.opsets, self.functions, self.base_dir = where, opsets, functions, base_dir
+        self.function_domains = {domain for domain, _ in functions}
+
+    def run(self, graph: onnx.GraphProto, outer: set[str]) -> None:
+        """Check ``graph``; ``outer`` holds the enclosing graphs' values visible to it."""
+        where = self.where
+        local = {value.name for value in graph.input} | {t.name for t in graph.initializer}
+        for tensor in graph.initializer:
+            check_tensor(tensor, f"{where}: initializer {tensor.name!r}", self.base_dir)
+        producer = self._producers(graph, local | outer)
+        seen = local | outer
+        for node in graph.node:
+            self._check_node(node, seen)
+            for name in node.input:
+                if name and name not in seen:
+                    self._unavailable(node, name, producer)
+            seen.update(output for output in node.output if output)
+        for output in graph.output:
+            if output.name not in seen:
+                raise GraphampError(f"{where}: graph output {output.name!r} is produced by nothing")
+
+    def _producers(self, graph: onnx.GraphProto, taken: set[str]) -> dict[str, str]:
+        producer: dict[str, str] = {}
+        for node in graph.node:
+            for output in node.output:
+                if not output:
+                    continue
+                if output in producer or output in taken:
+                    raise GraphampError(
+                        f"{self.where}: value {output!r} is produced twice (by node "
+                        f"{node.name!r} too)"
+                    )
+                producer[output] = node.name
+        return producer
+
+    def _check_node(self, node: onnx.NodeProto, seen: set[str]) -> None:
+        where = self.where
+        if (
+            node.domain not in DEFAULT_DOMAINS
+            and node.domain not in self.opsets
+            and node.domain not in self.function_domains
         ):
             raise GraphampError(
                 f"{where}: node {node.name!r} ({node.op_type}) is in domain {node.domain!r}, "
                 "which the model does not import"
             )
-
-
-def _utf8(text: str | bytes, where: str) -> None:
-    """protobuf hands a string field that is not UTF-8 over as bytes (or with surrogates)."""
-    if isinstance(text, bytes):
-        raise GraphampError(f"{where}: a name or string is not valid UTF-8: {text!r}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise GraphampError(f"{where}: a name or string is not valid UTF-8: {text!r}") from None
-
-
-def _check_structure(graph: onnx.GraphProto, where: str) -> None:
-    available = {value.name for value in graph.input} | {t.name for t in graph.initializer}
-    producer: dict[str, str] = {}
-    for node in graph.node:
-        for output in node.output:
-            if not output:
-                continue
-            if output in producer or output in available:
-                raise GraphampError(
-                    f"{where}: value {output!r} is produced twice (by node {node.name!r} too)"
-                )
-            producer[output] = node.name
-    seen = set(available)
-    for node in graph.node:
         for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.UNDEFINED:
+            kind = attr.type
+            if kind == _ATTR.UNDEFINED:
                 raise GraphampError(
                     f"{where}: node {node.name!r} attribute {attr.name!r} has no type"
                 )
-        for name in node.input:
-            if not name or name in seen:
-                continue
-            if name not in producer:
-                raise GraphampError(
-                    f"{where}: node {node.name!r} reads {name!r}, which no node produces and "
-                    "which is no graph input or initializer"
-                )
-            if producer[name] == node.name:
-                raise GraphampError(f"{where}: node {node.name!r} reads its own output {name!r}")
+            if kind in _DATA_ATTRIBUTES:
+                label = f"{where}: node {node.name!r} attribute {attr.name!r}"
+                for tensor in _attribute_tensors(attr):
+                    check_tensor(tensor, label, self.base_dir)
+            elif kind in _GRAPH_ATTRIBUTES:
+                for subgraph in (attr.g,) if kind == _ATTR.GRAPH else attr.graphs:
+                    self.run(subgraph, outer=set(seen))
+        if (node.domain, node.op_type) not in self.functions:
+            check_node(node, self.opsets, where)
+
+    def _unavailable(self, node: onnx.NodeProto, name: str, producer: dict[str, str]) -> None:
+        where = self.where
+        if name not in producer:
             raise GraphampError(
-                f"{where}: node {node.name!r} reads {name!r} before node {producer[name]!r} "
-                "produces it (a cycle, or nodes not in topological order)"
+                f"{where}: node {node.name!r} reads {name!r}, which no node produces and "
+                "which is no graph input or initializer"
             )
-        seen.update(output for output in node.output if output)
-    for output in graph.output:
-        if output.name not in seen:
-            raise GraphampError(f"{where}: graph output {output.name!r} is produced by nothing")
-
-
-def check_tensor(tensor: onnx.TensorProto, where: str, base_dir: Path | None) -> None:
-    """Stored data as long as the dims need; external data inside ``base_dir``."""
-    if any(d < 0 for d in tensor.dims):
-        raise GraphampError(f"{where}: negative dimension in {list(tensor.dims)}")
-    elements = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
-    itemsize = _ITEM_BYTES.get(tensor.data_type)
-    if tensor.data_location == onnx.TensorProto.EXTERNAL:
-        _check_external(tensor, where, base_dir, elements * (itemsize or 0))
-    elif (
-        tensor.HasField("raw_data")
-        and itemsize is not None
-        and len(tensor.raw_data) != elements * itemsize
-    ):
+        if producer[name] == node.name:
+            raise GraphampError(f"{where}: node {node.name!r} reads its own output {name!r}")
         raise GraphampError(
-            f"{where}: raw_data holds {len(tensor.raw_data)} bytes; dims "
-            f"{list(tensor.dims)} of {onnx.TensorProto.DataType.Name(tensor.data_type)} "
-            f"need {elements * itemsize}"
+            f"{where}: node {node.name!r} reads {name!r} before node {producer[name]!r} "
+            "produces it (a cycle, or nodes not in topological order)"
         )
 
 
-def _check_external(
-    tensor: onnx.TensorProto, where: str, base_dir: Path | None, needed: int
-) -> None:
-    info = {entry.key: entry.value for entry in tensor.external_data}
-    location = info.get("location")
-    if not location:
-        raise GraphampError(f"{where}: external data without a location")
-    if base_dir is None:
-        raise GraphampError(
-            f"{where}: external data {location!r} but no folder to read it from (load the model "
-            "from its file)"
-        )
-    folder = Path(os.path.realpath(base_dir))
-    path = Path(os.path.realpath(folder / location))
-    if folder != path and folder not in path.parents:
-        raise GraphampError(
-            f"{where}: external data {location!r} points outside the model's folder; "
-            "graphamp reads nothing there"
-        )
-    if not path.is_file():
-        raise GraphampError(f"{where}: external data file {location!r} is missing")
-    try:
-        offset = int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else needed
-    except ValueError:
-        raise GraphampError(f"{where}: external data offset or length is not a number") from None
-    if offset < 0 or length < 0 or offset + length > path.stat().st_size:
-        raise GraphampError(
-            f"{where}: external data {location!r} is {path.stat().st_size} bytes; the tensor "
-            f"needs bytes {offset} to {offset + length}"
-        )
-    if needed and length != needed:
-        raise GraphampError(
-            f"{where}: external data holds {length} bytes; the tensor's dims need {needed}"
-        )
+def _attribute_tensors(attr: onnx.AttributeProto) -> list[onnx.TensorProto]:
+    """The stored tensors of a tensor attribute (a sparse one's values and indices)."""
+    if attr.type == _ATTR.TENSOR:
+        return [attr.t]
+    if attr.type == _ATTR.TENSORS:
+        return list(attr.tensors)
+    sparse = [attr.sparse_tensor] if attr.type == _ATTR.SPARSE_TENSOR else attr.sparse_tensors
+    return [part for tensor in sparse for part in (tensor.values, tensor.indices)]

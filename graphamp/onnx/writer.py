@@ -3,18 +3,21 @@
 Inserted Casts go right after their producer (or first, for graph inputs and initializers), so
 the node order stays topological without a re-sort. Weights are converted, never cast at run
 time, and a conversion that would overflow is refused: classify keeps such readers float32.
+A converted weight is a :class:`~graphamp.onnx.stream.ConvertedTensor`: nothing is read or
+rounded until the model is saved (a chunk at a time) or turned into a proto.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 from graphamp.dialects.base import ReadGraph
 from graphamp.edits import EditScript
 from graphamp.errors import InternalError
 from graphamp.onnx.reader import OnnxHandles, subgraph_nodes
+from graphamp.onnx.stream import ConvertedTensor
 from graphamp.onnx.types import ir_type
-from graphamp.passes.numerics import convert_values
 
 # Attributes an op needs when it runs in a low type: in float16 the fused Attention of opset
 # 23 keeps its softmax in float32, as a separate Softmax would be kept (torch's
@@ -33,13 +36,11 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
     values, nodes, op_graph = handles.values, handles.nodes, read.graph
 
     for record in script.weights:
-        converted = convert_values(op_graph.tensors[record.name].load_value(), record.dst)  # type: ignore[misc]
-        if converted.overflowed:
-            # classify keeps the readers of such weights float32: reaching here is a bug, and
-            # clamping silently is the one thing graphamp must never do.
-            raise InternalError(f"weight {record.name!r} would overflow {record.dst}")
-        tensor = ir.Tensor(converted.values, name=record.stored_as)
         source = values[record.name]
+        # Converted when its bytes are needed; an overflow then raises InternalError: classify
+        # keeps the readers of such weights float32, and clamping silently is the one thing
+        # graphamp must never do.
+        tensor = ConvertedTensor(_stored(source), record.dst, record.stored_as)
         if not record.in_place:
             copy = ir.Value(
                 name=record.stored_as,
@@ -94,6 +95,20 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
     if script.new_nodes or script.new_inputs:
         raise InternalError("the ONNX dialect adds no training nodes")
     return model
+
+
+def _stored(value: ir.Value) -> ir.TensorProtocol:
+    """The stored tensor behind ``value``: an initializer's, or its Constant node's."""
+    if value.const_value is not None:
+        return value.const_value
+    producer = value.producer()
+    attr = producer.attributes.get("value") if producer is not None else None
+    if attr is not None and attr.type is ir.AttributeType.TENSOR:
+        return attr.value
+    for key in ("value_float", "value_floats"):
+        if producer is not None and key in producer.attributes:
+            return ir.tensor(np.array(producer.attributes[key].value, np.float32))
+    raise InternalError(f"weight {value.name!r} has no stored value")
 
 
 def _insert_cast(

@@ -1,0 +1,277 @@
+"""Weights that stay on disk: read lazily, converted a chunk at a time, written as they go.
+
+A model of tens of gigabytes of external data converts in memory bounded by its graph and a few
+megabytes of chunks:
+
+* :func:`loader` gives the passes a weight's values as a fresh read-only memory map of the
+  data file, dropped (mapping and resident pages) as soon as the range scan lets go of it;
+* :class:`ConvertedTensor` is a weight rounded to its new type *when its bytes are asked for*:
+  ``tofile`` (what ``onnx_ir.save`` calls for external data) reads, rounds and writes one chunk
+  at a time; ``numpy``/``tobytes`` (an in-memory model, ``to_proto``) round the same chunks into
+  one array, so both paths give the same bytes.
+
+Rounding float32 to float16 is done by onnxruntime's Cast kernel (F16C instructions) when the
+chunk holds no NaN: numpy rounds in software at about 1 GB/s, slower than the disk. The two agree
+bit for bit on every one of the 2**32 float32 values except NaN payloads, so NaN chunks and all
+other conversions go through numpy (bfloat16 through ml_dtypes, which is fast).
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from graphamp import dtypes
+from graphamp.errors import InternalError
+from graphamp.passes.numerics import convert_values, overflow_threshold
+
+CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32 per read: large enough for the disk, fits a cache
+FAST_CAST_MIN = 1 << 16  # below this many elements numpy's own cast is as quick
+
+
+class CacheBudget:
+    """How much of the scanned external data stays in the page cache for the conversion to
+    read again: the first ``limit`` bytes scanned (three quarters of the memory available when
+    it is made). Each weight scanned beyond that is dropped from the cache once the scan has
+    moved on, so it cannot push out the weights that come first: a model larger than memory is
+    then read twice only in its part beyond ``limit`` (reading front to back through an LRU
+    cache smaller than the file would otherwise find none of it cached). The conversion drops
+    each weight once it has read it (:func:`chunks`)."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = _most_of_available() if limit is None else limit
+        self.kept = 0
+        self._drop: list[tuple[str, int, int]] = []
+
+    def scanning(self, path: str, offset: int, length: int) -> None:
+        """A weight is about to be scanned (the previous scan is over)."""
+        for earlier in self._drop:
+            drop_cached(*earlier)
+        self._drop.clear()
+        if self.kept + length <= self.limit:
+            self.kept += length
+        else:
+            self._drop.append((path, offset, length))
+
+
+def _most_of_available() -> int:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 * 3 // 4
+    except OSError:
+        pass
+    return 1 << 62  # unknown: keep everything, as the kernel would
+
+
+def drop_cached(path: str, offset: int, length: int) -> None:
+    """Ask the kernel to drop a range of a file from the page cache (clean pages only)."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def loader(
+    tensor: ir.TensorProtocol, budget: CacheBudget | None = None
+) -> Callable[[], np.ndarray]:
+    """A function returning ``tensor``'s values without keeping them: external data comes as a
+    new read-only memory map on each call (nothing is read until it is touched, and the pages go
+    with the array), anything else as the tensor's own array."""
+    if isinstance(tensor, ir.ExternalTensor) and _plain_numpy(tensor.dtype) and tensor.size:
+        return functools.partial(
+            _map,
+            tensor.path,
+            tensor.offset or 0,
+            tensor.dtype.numpy(),
+            tuple(tensor.shape),
+            budget or CacheBudget(1 << 62),
+        )
+    return tensor.numpy
+
+
+def _plain_numpy(dtype: ir.DataType) -> bool:
+    """Types stored one whole byte-aligned element at a time (not 2/4/6-bit packed)."""
+    return dtype.bitwidth % 8 == 0 and dtype not in (ir.DataType.STRING, ir.DataType.UNDEFINED)
+
+
+def _map(
+    path: str, offset: int, dtype: np.dtype, shape: tuple[int, ...], budget: CacheBudget
+) -> np.ndarray:
+    count = int(np.prod(shape, dtype=np.int64))
+    length = count * np.dtype(dtype).itemsize
+    budget.scanning(path, offset, length)
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY  # mmap offsets must be aligned
+    with open(path, "rb") as file:
+        mapped = mmap.mmap(
+            file.fileno(), offset - start + length, access=mmap.ACCESS_READ, offset=start
+        )
+    # Read once, front to back: a large readahead window, pages not kept as recently used.
+    if hasattr(mapped, "madvise"):
+        mapped.madvise(mmap.MADV_SEQUENTIAL)
+    # The array holds the only reference to the map: dropping it unmaps the file.
+    values = np.frombuffer(mapped, np.dtype(dtype).newbyteorder("<"), count, offset - start)
+    return values.reshape(shape)
+
+
+def chunks(tensor: ir.TensorProtocol, size: int = CHUNK_ELEMENTS) -> Iterator[np.ndarray]:
+    """``tensor``'s values flattened, ``size`` elements at a time. External data is read with
+    ``pread`` into one reused buffer: no chunk outlives the next call, nothing is mapped."""
+    if isinstance(tensor, ir.ExternalTensor) and _plain_numpy(tensor.dtype):
+        yield from _read_chunks(tensor, size)
+        return
+    flat = np.asarray(tensor.numpy()).reshape(-1)
+    for start in range(0, flat.size, size):
+        yield flat[start : start + size]
+
+
+def _read_chunks(tensor: ir.ExternalTensor, size: int) -> Iterator[np.ndarray]:
+    dtype = np.dtype(tensor.dtype.numpy()).newbyteorder("<")
+    total = tensor.size
+    buffer = np.empty(min(size, total), dtype)
+    view = _bytes_of(buffer)
+    offset = tensor.offset or 0
+    fd = os.open(tensor.path, os.O_RDONLY)
+    try:
+        for start in range(0, total, size):
+            count = min(size, total - start)
+            wanted = count * dtype.itemsize
+            got = 0
+            while got < wanted:  # pread may return less than asked (signals, large reads)
+                n = os.preadv(fd, [view[got:wanted]], offset + start * dtype.itemsize + got)
+                if n == 0:
+                    raise OSError(f"{tensor.path}: external data ends before the tensor does")
+                got += n
+            yield buffer[:count]
+    finally:
+        os.close(fd)
+        # Read for the last time (the conversion reads each weight once): leave the cache
+        # to what is still to come.
+        drop_cached(tensor.path, offset, total * dtype.itemsize)
+
+
+def _bytes_of(values: np.ndarray) -> memoryview:
+    """The bytes of a contiguous array as a buffer (bfloat16 has no buffer format of its own)."""
+    return memoryview(values.reshape(-1).view(np.uint8))
+
+
+def stored_bytes(tensor: ir.TensorProtocol) -> Iterator[memoryview | bytes]:
+    """``tensor``'s bytes as stored in a data file, a chunk at a time where it can be: a
+    converted weight rounds chunk by chunk, external data is read chunk by chunk."""
+    if isinstance(tensor, ConvertedTensor):
+        for converted in tensor.converted_chunks():
+            yield _bytes_of(converted)
+    elif isinstance(tensor, ir.ExternalTensor) and _plain_numpy(tensor.dtype):
+        for chunk in _read_chunks(tensor, CHUNK_ELEMENTS):
+            yield _bytes_of(chunk)
+    else:
+        yield tensor.tobytes()
+
+
+def convert_chunk(values: np.ndarray, dst: str, name: str) -> np.ndarray:
+    """``values`` rounded to ``dst``; an overflow is a bug (classify keeps such weights'
+    readers float32) and raises InternalError rather than clamp silently."""
+    fast = _fast_cast() if dst == "float16" and values.dtype == np.float32 else None
+    if fast is not None and values.size >= FAST_CAST_MIN:
+        largest = max(float(values.max()), -float(values.min()))
+        if np.isfinite(largest):  # no NaN (whose payload Cast rounds differently), no inf
+            if largest >= overflow_threshold(dst):
+                raise InternalError(f"weight {name!r} would overflow {dst}")
+            return fast(values)
+    converted = convert_values(values, dst)
+    if converted.overflowed:
+        raise InternalError(f"weight {name!r} would overflow {dst}")
+    return converted.values
+
+
+@functools.cache
+def _fast_cast() -> Callable[[np.ndarray], np.ndarray] | None:
+    """onnxruntime's float32 -> float16 Cast on one thread, or None without onnxruntime."""
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+    except ImportError:  # pragma: no cover - onnxruntime is a dependency
+        return None
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT16)],
+        "cast",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["n"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(
+            model.SerializeToString(),
+            options,
+            providers=["CPUExecutionProvider"],
+        )
+    except Exception:  # pragma: no cover - a broken onnxruntime install: numpy still works
+        return None
+    return lambda values: session.run(None, {"x": values})[0]
+
+
+class ConvertedTensor(ir.LazyTensor):
+    """``source`` rounded to ``dst`` (an engine dtype name), computed when read.
+
+    ``tofile`` streams chunk by chunk (what saving with external data calls); ``numpy`` and
+    ``tobytes`` build the whole array from the same chunks. Nothing is cached.
+    """
+
+    __slots__ = ("_dst", "_source")
+
+    def __init__(self, source: ir.TensorProtocol, dst: str, name: str) -> None:
+        shape = ir.Shape(tuple(source.shape))
+        dtype = ir.DataType(dtypes.BY_NAME[dst].onnx)
+        super().__init__(lambda: ir.Tensor(self.numpy()), dtype, shape, name=name)
+        self._source = source
+        self._dst = dst
+
+    @property
+    def source(self) -> ir.TensorProtocol:
+        """The tensor this one is converted from."""
+        return self._source
+
+    def converted_chunks(self) -> Iterator[np.ndarray]:
+        """The converted values, flattened, a chunk at a time (each valid until the next)."""
+        for chunk in chunks(self._source):
+            yield convert_chunk(chunk, self._dst, str(self.name))
+
+    def numpy(self) -> np.ndarray:
+        out = np.empty(self.size, dtypes.numpy_type(self._dst))
+        start = 0
+        for converted in self.converted_chunks():
+            out[start : start + converted.size] = converted
+            start += converted.size
+        return out.reshape(self.shape.numpy())
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        values = self.numpy()
+        return values if dtype is None else values.astype(dtype)
+
+    def tobytes(self) -> bytes:
+        return self.numpy().tobytes()
+
+    def tofile(self, file: Any) -> None:
+        for converted in self.converted_chunks():
+            file.write(_bytes_of(converted))
+
+    def __repr__(self) -> str:
+        return f"{self._repr_base()}(name={self.name!r}, source={self._source!r})"
