@@ -173,6 +173,4 @@ def _check_type(file: Path, spec: InputSpec, dtype: np.dtype) -> None:
     floats = spec.dtype in dtypes.FLOAT_TYPES
     kind = dtype.kind
     if (floats and kind not in "fiu") or (not floats and spec.dtype != "bool" and kind not in "iu"):
-        raise GraphampError(
-            f"{file}: input {spec.name!r} is {spec.dtype}, the array holds {dtype}"
-        )
+        raise GraphampError(f"{file}: input {spec.name!r} is {spec.dtype}, the array holds {dtype}")

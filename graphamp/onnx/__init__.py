@@ -22,12 +22,16 @@ from graphamp.onnx.dialect import OnnxDialect
 from graphamp.onnx.files import from_proto, inferred_types, load, save
 from graphamp.plan import Plan
 from graphamp.policy import Policy
+from graphamp.ranges import Ranges
 
 __all__ = [
     "Conversion",
     "OnnxDialect",
+    "Ranges",
     "analyse",
+    "calibrate",
     "convert",
+    "debug",
     "from_proto",
     "inferred_types",
     "load",
@@ -35,6 +39,22 @@ __all__ = [
 ]
 
 Model = str | os.PathLike[str] | onnx.ModelProto | ir.Model
+
+
+def calibrate(model: Model, data: object) -> Ranges:
+    """The ranges of ``model``'s float32 values on ``data`` (a DATA path, a dict of arrays or
+    an iterable of them): see :mod:`graphamp.onnx.calibration`."""
+    from graphamp.onnx.calibration import calibrate as run
+
+    return run(model, data)  # type: ignore[arg-type]
+
+
+def debug(original: Model, converted: Model, data: object, *, plan: Plan | None = None):  # type: ignore[no-untyped-def]
+    """Where ``converted`` departs from ``original`` on ``data``, node by node: see
+    :mod:`graphamp.onnx.debugging`."""
+    from graphamp.onnx.debugging import debug as run
+
+    return run(original, converted, data, plan=plan)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -59,16 +79,30 @@ def _policy(policy: Policy | None, overrides: dict[str, object], reviewed: Plan 
 
 
 def analyse(
-    model: Model, policy: Policy | None = None, *, reviewed: Plan | None = None, **overrides: object
+    model: Model,
+    policy: Policy | None = None,
+    *,
+    reviewed: Plan | None = None,
+    ranges: Ranges | None = None,
+    **overrides: object,
 ) -> engine.Analysis:
     """Read ``model`` and run the passes: its graph, plan and edit script; nothing converted."""
     return engine.analyse(
-        model, _policy(policy, overrides, reviewed), dialect=OnnxDialect(), reviewed=reviewed
+        model,
+        _policy(policy, overrides, reviewed),
+        dialect=OnnxDialect(),
+        reviewed=reviewed,
+        options=engine.range_options(ranges),
     )
 
 
 def convert(
-    model: Model, policy: Policy | None = None, *, reviewed: Plan | None = None, **overrides: object
+    model: Model,
+    policy: Policy | None = None,
+    *,
+    reviewed: Plan | None = None,
+    ranges: Ranges | None = None,
+    **overrides: object,
 ) -> Conversion:
     """Convert a float32 ONNX model to mixed precision.
 
@@ -76,7 +110,8 @@ def convert(
     converted in place). ``policy`` defaults to the float16 defaults; keyword ``overrides``
     (``dtype``, ``allow``, ``deny_names``, ``keep_io_types``, ...) go to :meth:`Policy.create`.
     ``reviewed`` applies that plan's decisions instead (and refuses a model that no longer
-    matches it); its own policy is used.
+    matches it); its own policy is used. ``ranges`` (from :func:`calibrate`) keeps float32,
+    with rule ``range``, every op whose values leave the target type's range on that data.
     """
-    result = engine.apply(analyse(model, policy, reviewed=reviewed, **overrides))
+    result = engine.apply(analyse(model, policy, reviewed=reviewed, ranges=ranges, **overrides))
     return Conversion(result.model, result.plan, result.seconds, result.graph)

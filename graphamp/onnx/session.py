@@ -72,9 +72,7 @@ class Session:
 
 def _input_types(proto: onnx.ModelProto) -> dict[str, int]:
     stored = {init.name for init in proto.graph.initializer}
-    return {
-        v.name: v.type.tensor_type.elem_type for v in proto.graph.input if v.name not in stored
-    }
+    return {v.name: v.type.tensor_type.elem_type for v in proto.graph.input if v.name not in stored}
 
 
 def _first_line(exc: BaseException) -> str:

@@ -54,9 +54,7 @@ class Switchable:
         ]
         stored = {init.name for init in proto.graph.initializer}
         self.inputs = [
-            v.name
-            for v in proto.graph.input
-            if v.name not in stored and types.get(v.name) == F32
+            v.name for v in proto.graph.input if v.name not in stored and types.get(v.name) == F32
         ]
         self.proto = self._build(proto, types)
 
@@ -72,7 +70,9 @@ class Switchable:
         return flags
 
     def low_nodes(self, plan: Plan) -> frozenset[str]:
-        return frozenset(n for n in self.switched if plan.nodes[n].precision == Precision(self.dtype))
+        return frozenset(
+            n for n in self.switched if plan.nodes[n].precision == Precision(self.dtype)
+        )
 
     # -- building ------------------------------------------------------------------------------
 

@@ -152,7 +152,9 @@ def compare(
                 value = float(values[stat_name(tensor, stat)])
                 known = found.get(stat)
                 found[stat] = value if known is None else _COMBINE[combine](known, value)
-    outputs = {o.name: relative_error(stats[o.name]) for o in reference.graph.output if o.name in stats}
+    outputs = {
+        o.name: relative_error(stats[o.name]) for o in reference.graph.output if o.name in stats
+    }
     return stats, outputs
 
 
@@ -177,7 +179,9 @@ def report(
     errors = {tensor: relative_error(stat) for tensor, stat in stats.items()}
     ranked: list[tuple[float, int, NodeError]] = []
     first_nonfinite = None
-    for index, (name, node) in enumerate(zip(node_names(reference.graph), reference.graph.node, strict=True)):
+    for index, (name, node) in enumerate(
+        zip(node_names(reference.graph), reference.graph.node, strict=True)
+    ):
         measured = [errors[o] for o in node.output if o in errors]
         if not measured:
             continue
@@ -185,7 +189,9 @@ def report(
         input_error = max((errors[i] for i in node.input if i in errors), default=0.0)
         if math.isinf(output_error):
             added = 0.0 if math.isinf(input_error) else math.inf
-            if first_nonfinite is None and any(stats[o]["new_nonfinite"] > 0 for o in node.output if o in stats):
+            if first_nonfinite is None and any(
+                stats[o]["new_nonfinite"] > 0 for o in node.output if o in stats
+            ):
                 first_nonfinite = name
         else:
             added = output_error - (0.0 if math.isinf(input_error) else input_error)
