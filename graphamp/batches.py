@@ -139,17 +139,14 @@ def _check_file(
     if total == 0:
         raise GraphampError(f"{file}: the arrays hold no rows")
     batch = _fixed_batch(specs)
-    if batch is None or batch == total:
+    if batch is not None and total != batch and total % batch == 0:
+        # more rows than the model's fixed batch: split, each batch checked for its shape
         for spec in specs:
-            _check_shape(file, spec, headers[spec.name][0])
-        return _File(file, total, 0)
-    if total % batch:
-        raise GraphampError(
-            f"{file}: {total} rows do not split into batches of the model's fixed size {batch}"
-        )
+            _check_shape(file, spec, (batch, *headers[spec.name][0][1:]))
+        return _File(file, total, batch)
     for spec in specs:
-        _check_shape(file, spec, (batch, *headers[spec.name][0][1:]))
-    return _File(file, total, batch)
+        _check_shape(file, spec, headers[spec.name][0])
+    return _File(file, total, 0)
 
 
 def _fixed_batch(specs: list[InputSpec]) -> int | None:

@@ -36,6 +36,7 @@ __all__ = [
     "inferred_types",
     "load",
     "save",
+    "tune",
 ]
 
 Model = str | os.PathLike[str] | onnx.ModelProto | ir.Model
@@ -66,6 +67,14 @@ class Conversion(engine.Conversion):
 
     def to_proto(self) -> onnx.ModelProto:
         return ir.to_proto(self.model)
+
+
+def tune(model: Model, data: object, *, rtol: float, atol: float = 0.0, **keywords: object):  # type: ignore[no-untyped-def]
+    """The fewest nodes to keep float32 so the conversion meets ``rtol``/``atol`` on ``data``,
+    and that conversion: see :mod:`graphamp.onnx.tune` (keywords: ``policy``, ``ranges``)."""
+    from graphamp.onnx.tune import tune as run
+
+    return run(model, data, rtol=rtol, atol=atol, **keywords)  # type: ignore[arg-type]
 
 
 def _policy(policy: Policy | None, overrides: dict[str, object], reviewed: Plan | None) -> Policy:

@@ -9,8 +9,9 @@ original is compared with the same value of the converted model inside the graph
   finite in float32 (``first_nonfinite``), and
 * every node ranked by the error it adds: the error of its output (max |y - y32| over max
   |y32|, as ``--verify`` measures outputs) less the largest error already in the inputs it
-  computes from (stored weights count as the node's own). A node whose output turns inf/NaN
-  from finite inputs adds an infinite error; one whose inputs already were adds none.
+  computes from (stored weights count as the node's own), never below zero. A node whose
+  output turns inf/NaN from finite inputs adds an infinite error; one whose inputs already
+  were adds none.
 """
 
 from __future__ import annotations
@@ -194,7 +195,8 @@ def report(
             ):
                 first_nonfinite = name
         else:
-            added = output_error - (0.0 if math.isinf(input_error) else input_error)
+            # a node whose output is closer than its inputs adds none (not a negative error)
+            added = max(0.0, output_error - (0.0 if math.isinf(input_error) else input_error))
         decision = plan.nodes.get(name) if plan is not None else None
         entry = NodeError(
             name,

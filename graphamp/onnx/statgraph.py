@@ -38,16 +38,30 @@ def stat_name(tensor: str, stat: str) -> str:
 
 def node_names(graph: onnx.GraphProto) -> list[str]:
     """The names of ``graph``'s nodes as graphamp's reader names them (an unnamed node is
-    ``Op__firstoutput``), so that they are the plan's and ``deny_names``' names."""
+    ``Op__firstoutput``, a name shared with an earlier node gets ``_1``), so that they are the
+    plan's and ``deny_names``' names."""
     taken = {node.name for node in graph.node if node.name}
+    seen: set[str] = set()
     names = []
     for node in graph.node:
-        if node.name:
-            names.append(node.name)
-            continue
-        first = next((o for o in node.output if o), "")
-        names.append(unique_name(f"{node.op_type}__{first}" if first else node.op_type, taken))
+        name = node.name
+        if not name:
+            first = next((o for o in node.output if o), "")
+            name = unique_name(f"{node.op_type}__{first}" if first else node.op_type, taken)
+        elif name in seen:
+            name = unique_name(name, taken)
+        seen.add(name)
+        names.append(name)
     return names
+
+
+def named(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``proto`` whose main-graph nodes carry the names the reader gives them."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for node, name in zip(copy.graph.node, node_names(copy.graph), strict=True):
+        node.name = name
+    return copy
 
 
 def float32_values(proto: onnx.ModelProto, types: dict[str, int] | None = None) -> list[str]:

@@ -1,24 +1,28 @@
 """A faithful evaluator whose precision decisions are inputs: one session for many plans.
 
-Searching for the nodes that must stay float32 evaluates dozens of plans. Converting,
-emulating and loading each costs seconds on a BERT-base, several times its run time. The
-switchable model is built once from the float32 model: every op that a plan can make low has a
-boolean input (its *flag*); when the flag is set, the values in the op's computation-type slots
-are rounded to the low type (a round trip Cast float32 -> low -> float32, inside an ``If`` so
-that an op left float32 costs no rounding). That is what the faithful evaluator
-(:mod:`graphamp.onnx.emulate`) does to the converted model, where every low value is rounded
-where it is made and a float32 op reads low values through a Cast:
+Searching for the nodes that must stay float32 (``graphamp tune``) evaluates dozens of plans.
+Converting, emulating and loading each would cost more than running it. The switchable model is
+built once from the float32 model: every op that a plan can make low has a boolean input (its
+*flag*); when the flag is set, the values in the op's computation-type slots are rounded to the
+low type (a round trip Cast float32 -> low -> float32, inside an ``If`` so that an op left
+float32 costs no rounding). That is what the faithful evaluator (:mod:`graphamp.onnx.emulate`)
+does to the converted model, where every low value is rounded where it is made and a float32
+op reads low values through an exact Cast:
 
-* a low op reads its inputs rounded (a float32 producer's value through a Cast to low; a low
-  producer's value already rounded) and its outputs are rounded;
-* a graph input that the conversion retypes to low is rounded for every reader.
+* a low op's outputs are rounded;
+* a low op reads its float32 inputs rounded (in the converted model, through a Cast to low);
+  a value a low op produced is rounded already and not rounded again. A graph input or a weight
+  the conversion makes low is one all of whose readers are low, so rounding it at each reader
+  is the same.
 
-It differs from the converted model only where a plan's casts or weight storage make a
-float32 op read a rounded value (a weight converted in place that a float32 op also reads);
-:func:`graphamp.onnx.tune.tune` checks its result on the real conversion.
+So it differs from the converted model only where the conversion's own edits round a value a
+float32 op reads (none that graphamp makes today); :func:`graphamp.onnx.tune.tune` checks its
+result on the real conversion all the same.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import numpy as np
 import onnx
@@ -27,24 +31,22 @@ from onnx import helper
 from graphamp import dtypes
 from graphamp.graph import NodeKind, OpGraph
 from graphamp.onnx.files import inferred_types
-from graphamp.onnx.statgraph import model_shell
-from graphamp.plan import Plan
-from graphamp.policy import Policy
-from graphamp.vocab import Precision
+from graphamp.onnx.session import Session
+from graphamp.onnx.statgraph import model_shell, named
 
 F32 = onnx.TensorProto.FLOAT
 FLAG = "graphamp.low/"
 
 
 class Switchable:
-    """The switchable model of a float32 ``proto`` (its nodes named as the reader names
-    them: see :func:`graphamp.onnx.statgraph.name_nodes`) read as ``graph``."""
+    """The switchable model of the float32 ``proto``, read by graphamp as ``graph``; ``run``
+    evaluates it with a given set of nodes low."""
 
     def __init__(self, proto: onnx.ModelProto, graph: OpGraph, dtype: str) -> None:
         self.graph = graph
         self.dtype = dtype
         self.low_code = dtypes.BY_NAME[dtype].onnx
-        types = inferred_types(proto)
+        # Every op a plan may put low: float32 ops with computation-type slots.
         self.switched = [
             node.name
             for node in graph
@@ -52,27 +54,22 @@ class Switchable:
             and node.compute_type == "float32"
             and (node.follow_inputs or node.follow_outputs)
         ]
-        stored = {init.name for init in proto.graph.initializer}
-        self.inputs = [
-            v.name for v in proto.graph.input if v.name not in stored and types.get(v.name) == F32
-        ]
-        self.proto = self._build(proto, types)
+        proto = named(proto)
+        self.proto = self._build(proto, inferred_types(proto))
+        self._session: Session | None = None
 
-    def feeds(self, plan: Plan, policy: Policy) -> dict[str, np.ndarray]:
-        """The flag inputs that make the model compute as ``plan`` decides."""
-        low = {name for name in self.switched if plan.nodes[name].precision == self.dtype}
-        flags = {f"{FLAG}{name}": np.array(name in low) for name in self.switched}
-        for name in self.inputs:
-            # the conversion retypes an input to low when a low op reads it (keep_io aside)
-            readers = [n for n, _ in self.graph.consumers(name)]
-            retyped = not policy.keeps_io(name) and any(n in low for n in readers)
-            flags[f"{FLAG}input:{name}"] = np.array(retyped)
-        return flags
+    def flags(self, low: Iterable[str]) -> dict[str, np.ndarray]:
+        """The flag inputs that make the model compute with the nodes ``low`` in low precision
+        (names that are not switched are ignored: they have nothing to round)."""
+        low = set(low)
+        return {f"{FLAG}{name}": np.array(name in low) for name in self.switched}
 
-    def low_nodes(self, plan: Plan) -> frozenset[str]:
-        return frozenset(
-            n for n in self.switched if plan.nodes[n].precision == Precision(self.dtype)
-        )
+    def run(self, feeds: dict[str, np.ndarray], low: Iterable[str]) -> dict[str, np.ndarray]:
+        """The graph outputs on ``feeds`` with the nodes ``low`` rounding as low ops."""
+        if self._session is None:
+            self._session = Session(self.proto, what="the switchable model")
+        outputs = [o.name for o in self.proto.graph.output]
+        return self._session.run({**feeds, **self.flags(low)}, outputs)
 
     # -- building ------------------------------------------------------------------------------
 
@@ -82,47 +79,51 @@ class Switchable:
         graph.input.extend(proto.graph.input)
         graph.output.extend(proto.graph.output)
         switched = set(self.switched)
-        producer = {out: node.name for node in self.graph for out in node.outputs if out}
+        # the values a switched op rounds when low: its computation-type outputs
+        producer = {
+            node.outputs[slot]: node.name
+            for node in self.graph
+            for slot in node.follow_outputs
+            if slot < len(node.outputs) and node.outputs[slot]
+        }
         nodes: list[onnx.NodeProto] = []
-        renamed_inputs: dict[str, str] = {}
-        for name in self.inputs:
-            flag = f"{FLAG}input:{name}"
-            graph.input.append(helper.make_tensor_value_info(flag, onnx.TensorProto.BOOL, []))
-            renamed_inputs[name] = f"{name}|switched"
-            nodes.append(self._if(flag, name, renamed_inputs[name], f"input:{name}"))
+        for name in self.switched:
+            graph.input.append(
+                helper.make_tensor_value_info(f"{FLAG}{name}", onnx.TensorProto.BOOL, [])
+            )
         for index, original in enumerate(proto.graph.node):
+            op = self.graph.nodes.get(original.name)
+            if op is None or original.name not in switched:
+                nodes.append(original)
+                continue
             node = onnx.NodeProto()
             node.CopyFrom(original)
-            node.input[:] = [renamed_inputs.get(n, n) for n in node.input]
-            op = self.graph.nodes.get(node.name)
-            if op is None or node.name not in switched:
-                nodes.append(node)
-                continue
             flag = f"{FLAG}{node.name}"
-            graph.input.append(helper.make_tensor_value_info(flag, onnx.TensorProto.BOOL, []))
             for slot in sorted(op.follow_inputs):
                 source = node.input[slot] if slot < len(node.input) else ""
-                if not source or types.get(op.inputs[slot]) != F32:
+                if not source or types.get(source) != F32:
                     continue
                 cond = flag
-                upstream = producer.get(op.inputs[slot])
+                upstream = producer.get(source)
                 if upstream in switched:  # a low producer's value is rounded already
-                    cond = f"{FLAG}{node.name}|{slot}"
+                    cond = f"{FLAG}{index}.in{slot}|cond"
                     nodes.append(helper.make_node("Not", [f"{FLAG}{upstream}"], [f"{cond}|not"]))
                     nodes.append(helper.make_node("And", [flag, f"{cond}|not"], [cond]))
-                rounded = f"{source}|read@{index}.{slot}"
+                rounded = f"{FLAG}{index}.in{slot}|read"
                 nodes.append(self._if(cond, source, rounded, f"{index}.in{slot}"))
                 node.input[slot] = rounded
             outputs = []
             for slot in sorted(op.follow_outputs):
                 output = node.output[slot] if slot < len(node.output) else ""
                 if output and types.get(output) == F32:
-                    node.output[slot] = f"{output}|raw"
-                    outputs.append(self._if(flag, f"{output}|raw", output, f"{index}.out{slot}"))
+                    raw = f"{FLAG}{index}.out{slot}|raw"
+                    node.output[slot] = raw
+                    outputs.append(self._if(flag, raw, output, f"{index}.out{slot}"))
             nodes.append(node)
             nodes.extend(outputs)
         graph.node.extend(nodes)
         graph.initializer.extend(proto.graph.initializer)
+        graph.sparse_initializer.extend(proto.graph.sparse_initializer)
         return model
 
     def _if(self, cond: str, source: str, output: str, tag: str) -> onnx.NodeProto:
