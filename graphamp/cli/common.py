@@ -39,7 +39,7 @@ NOTABLE_RULES = {
     "type_unknown": "input type unknown",
     "opaque": "no schema (custom op)",
     "control_flow": "owns subgraphs",
-    "range": "a value leaves the type's range on the data",
+    "range": "values out of range on data",
     "tuned": "graphamp tune kept it",
 }
 

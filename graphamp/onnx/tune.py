@@ -86,7 +86,7 @@ def tune(
     analysis = engine.analyse(
         proto, policy, dialect=OnnxDialect(), options={**extra, **engine.range_options(ranges)}
     )
-    decide = _Decider(analysis, policy, ranges)
+    decide = Decider(analysis, policy, ranges)
     switch = Switchable(proto, analysis.graph, policy.dtype)
     answers: dict[frozenset[str], bool] = {}
 
@@ -133,7 +133,7 @@ def tune(
     )
 
 
-class _Decider:
+class Decider:
     """The low nodes of a plan with a set of nodes kept float32 (rule ``tuned``), from the
     deciding passes over the graph already read."""
 
