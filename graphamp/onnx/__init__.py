@@ -11,13 +11,13 @@ the policy from keyword overrides and returns ONNX types.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import onnx
 import onnx_ir as ir
 
 from graphamp import engine
 from graphamp.errors import GraphampError
+from graphamp.onnx.conversion import Conversion
 from graphamp.onnx.dialect import OnnxDialect
 from graphamp.onnx.files import from_proto, inferred_types, load, save
 from graphamp.plan import Plan
@@ -56,17 +56,6 @@ def debug(original: Model, converted: Model, data: object, *, plan: Plan | None 
     from graphamp.onnx.debugging import debug as run
 
     return run(original, converted, data, plan=plan)  # type: ignore[arg-type]
-
-
-@dataclass
-class Conversion(engine.Conversion):
-    """What :func:`convert` returns: the converted onnx_ir model, its plan, timings and the
-    input's dataflow view."""
-
-    model: ir.Model
-
-    def to_proto(self) -> onnx.ModelProto:
-        return ir.to_proto(self.model)
 
 
 def tune(model: Model, data: object, *, rtol: float, atol: float = 0.0, **keywords: object):  # type: ignore[no-untyped-def]

@@ -25,7 +25,7 @@ import onnx
 
 from graphamp import engine, verify
 from graphamp.batches import DataSource, as_batches
-from graphamp.onnx import Conversion
+from graphamp.onnx.conversion import Conversion
 from graphamp.onnx.debugging import debug
 from graphamp.onnx.dialect import OnnxDialect
 from graphamp.onnx.emulate import emulated, has_low_values
