@@ -89,11 +89,23 @@ def test_tune_fixes_a_cancellation_and_leaves_the_healthy_branch_low():
     assert {n: d.precision for n, d in again.items()} == {n: d.precision for n, d in nodes.items()}
 
 
+def test_tune_keeps_each_node_that_overflows_round_after_round():
+    """An inf hides what follows it: each attribution round finds the next overflowing node
+    (hidden; then relu, which reads hidden's float32 output in float16; then down)."""
+    model, data = planted.overflowing_hidden_layer(), planted.batches()
+    result = tune(model, data, rtol=1e-2)
+    assert result.met and result.kept == ("hidden", "relu", "down")
+    assert result.rounds == 4 and result.evaluations == 4  # no search needed after them
+    assert result.conversion.plan.nodes["side"].precision == Precision.FLOAT16
+    assert max_rel_error(model, result.conversion.to_proto(), data) < 1e-2
+
+
 def test_tune_on_a_model_that_already_meets_the_tolerance_keeps_nothing():
     model, data = planted.cancellation_beside_a_healthy_branch(), planted.batches()
     result = tune(model, data, rtol=10.0)
     assert result.met and result.kept == ()
-    assert result.evaluations == 0 and result.real_evaluations == 1  # the baseline, checked
+    # one attribution run of the baseline, and the real conversion checked
+    assert result.evaluations == result.rounds == result.real_evaluations == 1
     assert result.snippet() == "deny_names = []"
 
 

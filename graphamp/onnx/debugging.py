@@ -32,6 +32,7 @@ from graphamp.onnx.runtime import input_specs
 from graphamp.onnx.session import Session, as_proto
 from graphamp.onnx.statgraph import (
     COMPARE_STATS,
+    REF,
     comparison,
     float32_values,
     node_names,
@@ -139,24 +140,49 @@ def compare(
     other: onnx.ModelProto,
     tensors: list[str],
     batches,  # type: ignore[no-untyped-def]
-    feeds_extra: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[Stats, dict[str, float]]:
     """The comparison statistics of ``tensors`` over ``batches`` (one session, one run per
-    batch) and each graph output's error; ``feeds_extra`` feeds other inputs of ``other``."""
-    session = Session(comparison(reference, other, tensors), what="the comparison model")
-    stats: Stats = {}
-    for feeds in batches:
-        values = session.run({**feeds, **(feeds_extra or {})})
-        for tensor in tensors:
-            found = stats.setdefault(tensor, {})
-            for stat, combine in COMPARE_STATS.items():
-                value = float(values[stat_name(tensor, stat)])
-                known = found.get(stat)
-                found[stat] = value if known is None else _COMBINE[combine](known, value)
-    outputs = {
-        o.name: relative_error(stats[o.name]) for o in reference.graph.output if o.name in stats
-    }
-    return stats, outputs
+    batch) and each graph output's error."""
+    return Comparison(reference, other, tensors).run(batches)
+
+
+class Comparison:
+    """One session running ``reference`` beside ``other`` (see
+    :func:`graphamp.onnx.statgraph.comparison`), for as many runs as needed."""
+
+    def __init__(self, reference: onnx.ModelProto, other: onnx.ModelProto, tensors: list[str]):
+        self.reference = reference
+        self.tensors = tensors
+        self.outputs = [o.name for o in reference.graph.output]
+        inputs = {v.name for v in reference.graph.input}  # a comparison keeps their names
+        self._reference_names = {n: n if n in inputs else f"{REF}{n}" for n in self.outputs}
+        self.session = Session(comparison(reference, other, tensors), what="the comparison model")
+
+    def run(
+        self,
+        batches,  # type: ignore[no-untyped-def]
+        feeds_extra: Mapping[str, np.ndarray] | None = None,
+        on_batch: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], None] | None = None,
+    ) -> tuple[Stats, dict[str, float]]:
+        """The statistics over ``batches`` and each graph output's error; ``feeds_extra``
+        feeds other inputs of ``other``; ``on_batch(expected, got)`` sees each batch's graph
+        outputs, float32 and other."""
+        stats: Stats = {}
+        for feeds in batches:
+            values = self.session.run({**feeds, **(feeds_extra or {})})
+            if on_batch is not None:
+                on_batch(
+                    {name: values[self._reference_names[name]] for name in self.outputs},
+                    {name: values[name] for name in self.outputs},
+                )
+            for tensor in self.tensors:
+                found = stats.setdefault(tensor, {})
+                for stat, combine in COMPARE_STATS.items():
+                    value = float(values[stat_name(tensor, stat)])
+                    known = found.get(stat)
+                    found[stat] = value if known is None else _COMBINE[combine](known, value)
+        outputs = {name: relative_error(stats[name]) for name in self.outputs if name in stats}
+        return stats, outputs
 
 
 def relative_error(stat: Mapping[str, float]) -> float:

@@ -1,22 +1,27 @@
 """``tune``: the fewest nodes to keep float32 so that a converted model meets a tolerance.
 
-1. Convert under the policy (and calibrated ranges, when given): the baseline.
-2. Evaluate plans with the switchable model (:mod:`graphamp.onnx.switchable`): one onnxruntime
-   session that rounds like any plan's conversion, so an evaluation is one run per batch. A
-   plan meets the tolerance when every output, on every batch, has no inf/NaN the float32
-   model lacks and max |y - y32| / max |y32| <= rtol (or max |y - y32| <= atol), as
-   ``--verify`` measures.
-3. When the baseline misses it: rank its low nodes by the error each adds
-   (:mod:`graphamp.onnx.debugging`), and search (:mod:`graphamp.search`): the shortest ranked
-   prefix that meets the tolerance, reduced by delta debugging to a 1-minimal set. A node kept
-   float32 counts as a ``deny_names`` rule (deny spreads from it).
-4. Convert with that set (rule ``tuned``) and check the real conversion, run by the faithful
-   evaluator; should it miss the tolerance where the switchable model met it, the search runs
-   again on real conversions.
+Plans are evaluated with the switchable model (:mod:`graphamp.onnx.switchable`): one
+onnxruntime session that rounds like any plan's conversion under the faithful evaluator, so an
+evaluation is one run per batch. A plan meets the tolerance when every output, on every batch,
+has no inf/NaN the float32 model lacks and max |y - y32| / max |y32| <= rtol (or
+max |y - y32| <= atol), as ``--verify`` measures.
+
+1. Attribution: the float32 model runs beside the switchable one in one session, intermediate
+   by intermediate (:class:`Attribution`, debug's ranking): the error each low node adds, and
+   whether the plan meets the tolerance.
+2. While a node turns finite values into inf/NaN (overflow), it must stay float32: keep every
+   such node and attribute again (an inf hides every fault behind it, so each round can
+   reveal the next).
+3. When only finite errors remain over the tolerance: the shortest prefix of the ranking that
+   meets it, reduced by delta debugging to a 1-minimal set (:mod:`graphamp.search`).
+4. Convert with the nodes kept (rule ``tuned``: a deny seed, as the ``deny_names`` snippet
+   printed) and check the real conversion with the faithful evaluator; should it miss the
+   tolerance where the switchable model met it, the search runs again on real conversions.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -26,12 +31,14 @@ import onnx
 from graphamp import engine, verify
 from graphamp.batches import DataSource, as_batches
 from graphamp.onnx.conversion import Conversion
-from graphamp.onnx.debugging import debug
+from graphamp.onnx.debugging import Comparison, DebugReport
+from graphamp.onnx.debugging import report as debug_report
 from graphamp.onnx.dialect import OnnxDialect
 from graphamp.onnx.emulate import emulated, has_low_values
 from graphamp.onnx.files import inferred_types
 from graphamp.onnx.runtime import input_specs
 from graphamp.onnx.session import Session, as_proto
+from graphamp.onnx.statgraph import float32_values
 from graphamp.onnx.switchable import Switchable
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.base import registered
@@ -56,6 +63,7 @@ class TuneResult:
     errors: dict[str, float]  # per graph output of the final conversion: max rel error
     baseline_errors: dict[str, float] = field(default_factory=dict)
     candidates: int = 0  # low nodes of the baseline the search could keep float32
+    rounds: int = 0  # attribution runs (debug's ranking on the switchable model)
 
     def snippet(self) -> str:
         """The found set as a policy snippet (TOML)."""
@@ -80,15 +88,17 @@ def tune(
     proto = as_proto(model)
     policy = policy or Policy.create()
     batches = as_batches(data, input_specs(proto))
-    reference = Session(proto, what="the float32 model")
-    expected = [reference.run(feeds) for feeds in batches]
     extra = dict(options or {})
     analysis = engine.analyse(
         proto, policy, dialect=OnnxDialect(), options={**extra, **engine.range_options(ranges)}
     )
     decide = Decider(analysis, policy, ranges)
     switch = Switchable(proto, analysis.graph, policy.dtype)
-    answers: dict[frozenset[str], bool] = {}
+    candidates = [n for n in switch.switched if n in decide(frozenset())]
+    attribute = Attribution(proto, switch, rtol, atol)
+    report, met, baseline_errors = attribute(batches, decide(frozenset()))
+    expected = attribute.expected  # the float32 outputs, from the reference copy
+    answers: dict[frozenset[str], bool] = {frozenset(): met}
 
     def meets(kept: frozenset[str]) -> bool:
         if kept not in answers:
@@ -99,38 +109,97 @@ def tune(
             )
         return answers[kept]
 
-    baseline = engine.apply(analysis)
-    met, baseline_errors = _check(baseline, batches, expected, rtol, atol)
-    candidates = [n for n in switch.switched if n in decide(frozenset())]
-    final, errors, kept, real = baseline, baseline_errors, (), 1
-    if not met:
-        ranked = _ranked(proto, baseline, batches, candidates)
-        kept = find_kept(ranked, meets).kept
-        final = _convert(proto, policy, ranges, kept)
-        met, errors = _check(final, batches, expected, rtol, atol)
-        real += 1
-        if not met:  # the switchable model disagreed: search again on real conversions
+    kept: list[str] = []
+    while not met:
+        # Nodes that turn finite values into inf/NaN: each must stay float32, and what they
+        # break hides every fault behind them: keep them, and look again.
+        breaking = [
+            n.name
+            for n in report.nodes
+            if math.isinf(n.error) and n.name in set(candidates) - set(kept)
+        ]
+        if not breaking:
+            break
+        kept += breaking
+        report, met, _ = attribute(batches, decide(frozenset(kept)))
+        answers[frozenset(kept)] = met
+    if not met:  # finite errors only: search along the ranking
+        pending = [n for n in candidates if n not in set(kept)]
+        adding = [n.name for n in report.nodes if n.error > 0 and n.name in set(pending)]
+        ranked = adding + [n for n in pending if n not in set(adding)]
+        fixed = frozenset(kept)
+        found = find_kept(ranked, lambda more: meets(fixed | more))
+        kept += found.kept
+        met = found.met
+    final = _convert(proto, policy, ranges, tuple(kept))
+    real_met, errors = _check(final, batches, expected, rtol, atol)
+    real = 1
+    if met and not real_met:  # the switchable model disagreed: search again on real conversions
 
-            def meets_real(candidate: frozenset[str]) -> bool:
-                conversion = _convert(proto, policy, ranges, tuple(sorted(candidate)))
-                return _check(conversion, batches, expected, rtol, atol)[0]
+        def meets_real(candidate: frozenset[str]) -> bool:
+            conversion = _convert(proto, policy, ranges, tuple(sorted(candidate)))
+            return _check(conversion, batches, expected, rtol, atol)[0]
 
-            found = find_kept(ranked, meets_real)
-            real += found.evaluations
-            kept = found.kept
-            final = _convert(proto, policy, ranges, kept)
-            met, errors = _check(final, batches, expected, rtol, atol)
+        found = find_kept(kept + [n for n in candidates if n not in set(kept)], meets_real)
+        real += found.evaluations
+        kept = list(found.kept)
+        final = _convert(proto, policy, ranges, tuple(kept))
+        real_met, errors = _check(final, batches, expected, rtol, atol)
     return TuneResult(
         Conversion(final.model, final.plan, final.seconds, final.graph),
-        kept,
-        met,
-        len(answers),
+        tuple(kept),
+        real_met,
+        len(answers),  # distinct plans evaluated, the attribution runs' among them
         real,
         time.perf_counter() - start,
         errors,
         baseline_errors,
         len(candidates),
+        attribute.runs,
     )
+
+
+class Attribution:
+    """One run of the float32 model beside the switchable one, intermediate by intermediate:
+    debug's ranking of the nodes by the error they add, and whether the outputs meet the
+    tolerance, for any set of low nodes."""
+
+    def __init__(self, proto: onnx.ModelProto, switch: Switchable, rtol: float, atol: float):
+        self.switch, self.rtol, self.atol = switch, rtol, atol
+        produced = {out for node in switch.proto.graph.node for out in node.output}
+        tensors = [t for t in float32_values(proto) if t in produced]
+        self.comparison = Comparison(proto, switch.proto, tensors)
+        self.expected: list[dict[str, np.ndarray]] = []
+        self.runs = 0
+
+    def __call__(self, batches, low: frozenset[str]) -> tuple[DebugReport, bool, dict[str, float]]:  # type: ignore[no-untyped-def]
+        """(the ranking, whether every batch meets the tolerance, each output's worst error)."""
+        verdicts: list[bool] = []
+        worst: dict[str, float] = {}
+        first = not self.expected
+
+        def on_batch(expected: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> None:
+            if first:
+                self.expected.append(expected)
+            report = verify.compare(expected, got, rtol=self.rtol, atol=self.atol, provider="")
+            verdicts.append(report.ok)
+            for output in report.outputs:
+                error = math.inf if output.nan_inf else output.max_rel_error
+                worst[output.name] = max(worst.get(output.name, 0.0), error)
+
+        stats, outputs = self.comparison.run(batches, self.switch.flags(low), on_batch)
+        self.runs += 1
+        dtype = self.switch.dtype
+        report = debug_report(
+            self.comparison.reference,
+            stats,
+            outputs,
+            lambda name: dtype if name in low else "float32",
+            None,
+            f"switchable model, {dtype} rounding emulated",
+            len(verdicts),
+        )
+        return report, all(verdicts), worst
 
 
 class Decider:
@@ -153,17 +222,6 @@ class Decider:
         PassManager(self.passes, check=False).run(context)
         low = self.policy.dtype
         return frozenset(n for n, d in context.decisions.items() if d.precision == low)
-
-
-def _ranked(
-    proto: onnx.ModelProto, baseline: engine.Conversion, batches, candidates: list[str]
-) -> list[str]:  # type: ignore[no-untyped-def]
-    """``candidates`` ranked by the error each adds in the baseline, worst first; those that
-    add none follow in graph order."""
-    report = debug(proto, _proto(baseline), batches, plan=baseline.plan)
-    allowed = set(candidates)
-    ranked = [n.name for n in report.nodes if n.name in allowed and n.error > 0]
-    return ranked + [n for n in candidates if n not in set(ranked)]
 
 
 def _convert(
