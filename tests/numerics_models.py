@@ -100,3 +100,25 @@ def softmax_over_large_logits(scale: float = 1.0, offset: float = 2000.0) -> onn
         helper.make_node("MatMul", ["p", "V"], ["y"], name="mix"),
     ]
     return _model(nodes, weights, 16)
+
+
+def ratio_of_tiny_values() -> onnx.ModelProto:
+    """h = x @ W0; a = h * 1e-8 and b = (|h| + 1) * 1e-8 flush to zero in float16, and a / b
+    (within (-1, 1) in float32) is 0 / 0 = NaN: no value overflows, yet the model breaks."""
+    rng = np.random.default_rng(0)
+    weights = {
+        "tiny": np.full((16,), 1e-8, np.float32),
+        "one": np.ones((16,), np.float32),
+        "W0": _weight(rng, (16, 16), 0.5),
+        "W": _weight(rng, (16, 8), 0.5),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "W0"], ["h"], name="embed"),
+        helper.make_node("Mul", ["h", "tiny"], ["a"], name="scale_a"),
+        helper.make_node("Abs", ["h"], ["m"], name="magnitude"),
+        helper.make_node("Add", ["m", "one"], ["m1"], name="plus_one"),
+        helper.make_node("Mul", ["m1", "tiny"], ["b"], name="scale_b"),
+        helper.make_node("Div", ["a", "b"], ["r"], name="ratio"),
+        helper.make_node("MatMul", ["r", "W"], ["y"], name="project"),
+    ]
+    return _model(nodes, weights, 16)

@@ -176,13 +176,27 @@ class Comparison:
                     {name: values[name] for name in self.outputs},
                 )
             for tensor in self.tensors:
-                found = stats.setdefault(tensor, {})
-                for stat, combine in COMPARE_STATS.items():
-                    value = float(values[stat_name(tensor, stat)])
-                    known = found.get(stat)
-                    found[stat] = value if known is None else _COMBINE[combine](known, value)
+                _fold(stats, tensor, {stat: float(values[stat_name(tensor, stat)])
+                                      for stat in COMPARE_STATS})  # fmt: skip
+        for tensor in [t for t, stat in stats.items() if stat.get("unmeasured")]:
+            del stats[tensor]
         outputs = {name: relative_error(stats[name]) for name in self.outputs if name in stats}
         return stats, outputs
+
+
+def _fold(stats: Stats, tensor: str, batch: dict[str, float]) -> None:
+    """Fold one batch's statistics of ``tensor`` into ``stats``: the largest |y32| and
+    |y - y32|, and how many batches turned a finite value inf/NaN. A tensor already inf/NaN in
+    float32 (a -inf attention mask) is not measured: it is dropped after the last batch."""
+    found = stats.setdefault(tensor, {"max_abs": 0.0, "max_diff": 0.0, "new_nonfinite": 0.0})
+    if not math.isfinite(batch["ref_sum"]):
+        found["unmeasured"] = 1.0
+        return
+    found["max_abs"] = max(found["max_abs"], batch["max_abs"])
+    if not math.isfinite(batch["sum"]):
+        found["new_nonfinite"] += 1
+    else:
+        found["max_diff"] = max(found["max_diff"], batch["max_diff"])
 
 
 def relative_error(stat: Mapping[str, float]) -> float:
@@ -250,9 +264,6 @@ def _precisions(
         kinds = [dtypes.from_onnx(types.get(o, 0)) for o in node.output if o]
         found[name] = next((k for k in kinds if k in dtypes.FLOAT_TYPES), None) or "none"
     return lambda name: found.get(name, "?")
-
-
-_COMBINE = {"max": max, "min": min, "sum": lambda a, b: a + b}
 
 
 def _number(value: float) -> float | str:

@@ -23,7 +23,13 @@ SERIALIZE_LIMIT = 1_900_000_000
 class Session:
     """One onnxruntime CPU session over ``proto``; ``run`` casts feeds to the declared types."""
 
-    def __init__(self, proto: onnx.ModelProto, *, what: str = "the model") -> None:
+    def __init__(
+        self,
+        proto: onnx.ModelProto,
+        *,
+        what: str = "the model",
+        level: ort.GraphOptimizationLevel | None = None,
+    ) -> None:
         self.what = what
         self.input_types = _input_types(proto)
         options = ort.SessionOptions()
@@ -34,6 +40,8 @@ class Session:
         # against 1 GB without them), at no gain in speed.
         options.enable_mem_pattern = False
         options.enable_cpu_mem_arena = False
+        if level is not None:
+            options.graph_optimization_level = level
         ort.set_default_logger_severity(4)
         try:
             if proto.ByteSize() < SERIALIZE_LIMIT:

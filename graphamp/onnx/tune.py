@@ -9,9 +9,11 @@ max |y - y32| <= atol), as ``--verify`` measures.
 1. Attribution: the float32 model runs beside the switchable one in one session, intermediate
    by intermediate (:class:`Attribution`, debug's ranking): the error each low node adds, and
    whether the plan meets the tolerance.
-2. While a node turns finite values into inf/NaN (overflow), it must stay float32: keep every
-   such node and attribute again (an inf hides every fault behind it, so each round can
-   reveal the next).
+2. Overflow first, with no model run: a low op that reads or writes a value the float32 model
+   holds beyond the type's range (the range rule, no margin) overflows; the first such op in
+   graph order is kept, the plan decided again (deny spreads from it), and so on. Then, while
+   a node still turns finite values into inf/NaN, keep every such node and attribute again (an
+   inf hides every fault behind it, so each round can reveal the next).
 3. When only finite errors remain over the tolerance: the shortest prefix of the ranking that
    meets it, reduced by delta debugging to a 1-minimal set (:mod:`graphamp.search`).
 4. Convert with the nodes kept (rule ``tuned``: a deny seed, as the ``deny_names`` snippet
@@ -30,6 +32,7 @@ import onnx
 
 from graphamp import engine, verify
 from graphamp.batches import DataSource, as_batches
+from graphamp.graph import OpGraph
 from graphamp.onnx.conversion import Conversion
 from graphamp.onnx.debugging import Comparison, DebugReport
 from graphamp.onnx.debugging import report as debug_report
@@ -43,7 +46,7 @@ from graphamp.onnx.switchable import Switchable
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.base import registered
 from graphamp.policy import Policy
-from graphamp.ranges import Ranges
+from graphamp.ranges import Ranges, TensorRange, range_decisions
 from graphamp.search import find_kept
 
 # The passes that decide precisions (the casts pass is not needed to evaluate a plan).
@@ -110,6 +113,11 @@ def tune(
         return answers[kept]
 
     kept: list[str] = []
+    if not met:  # values the float32 model holds beyond the type's range overflow: keep them
+        kept = _overflowing(attribute.ranges(), analysis.graph, policy.dtype, decide)
+        if kept:
+            report, met, _ = attribute(batches, decide(frozenset(kept)))
+            answers[frozenset(kept)] = met
     while not met:
         # Nodes that turn finite values into inf/NaN: each must stay float32, and what they
         # break hides every fault behind them: keep them, and look again.
@@ -171,6 +179,13 @@ class Attribution:
         self.comparison = Comparison(proto, switch.proto, tensors)
         self.expected: list[dict[str, np.ndarray]] = []
         self.runs = 0
+        self.stats: dict[str, dict[str, float]] = {}
+
+    def ranges(self) -> Ranges:
+        """The float32 model's largest magnitudes, from the last run's reference copy."""
+        return Ranges(
+            {t: TensorRange(stat["max_abs"], None) for t, stat in self.stats.items()}, batches=1
+        )
 
     def __call__(self, batches, low: frozenset[str]) -> tuple[DebugReport, bool, dict[str, float]]:  # type: ignore[no-untyped-def]
         """(the ranking, whether every batch meets the tolerance, each output's worst error)."""
@@ -188,6 +203,7 @@ class Attribution:
                 worst[output.name] = max(worst.get(output.name, 0.0), error)
 
         stats, outputs = self.comparison.run(batches, self.switch.flags(low), on_batch)
+        self.stats = stats
         self.runs += 1
         dtype = self.switch.dtype
         report = debug_report(
@@ -222,6 +238,21 @@ class Decider:
         PassManager(self.passes, check=False).run(context)
         low = self.policy.dtype
         return frozenset(n for n, d in context.decisions.items() if d.precision == low)
+
+
+def _overflowing(ranges: Ranges, graph: OpGraph, dtype: str, decide: Decider) -> list[str]:
+    """Nodes to keep so that no low op reads or writes a value that overflows ``dtype`` (the
+    range rule with no margin), fewest first: the first such low node in graph order is kept,
+    the plan decided again (deny spreads from it, which may settle its followers), and so on."""
+    overflowing = set(range_decisions(ranges, graph, dtype, margin=1.0))
+    order = [name for name in graph.nodes if name in overflowing]
+    kept: list[str] = []
+    while True:
+        low = decide(frozenset(kept))
+        first = next((name for name in order if name in low and name not in kept), None)
+        if first is None:
+            return kept
+        kept.append(first)
 
 
 def _convert(
