@@ -101,8 +101,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return 1
     console.print(
         f"kept float32: {len(result.kept)} of {result.candidates} low nodes; "
-        f"{result.evaluations} evaluations (+{result.real_evaluations} real conversions "
-        f"checked) in {seconds:.2f} s; max rel error {errors}"
+        f"{result.evaluations} evaluations ({result.rounds} with attribution) and "
+        f"{result.real_evaluations} real conversion(s) checked in {seconds:.2f} s; "
+        f"max rel error {errors}"
     )
     print(result.snippet(), flush=True)
     with staged(target) as path:
