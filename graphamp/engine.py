@@ -129,6 +129,17 @@ def apply(analysis: Analysis) -> Conversion:
     return Conversion(converted, analysis.plan, seconds, analysis.graph)
 
 
+def range_options(ranges: object | None, tuned: object | None = None) -> dict[str, Any]:
+    """The pass options for calibrated ranges (the ``range`` pass) and a tuned set of nodes
+    kept float32 (the ``tuned`` pass); empty when neither is given."""
+    options: dict[str, Any] = {}
+    if ranges is not None:
+        options["ranges"] = ranges
+    if tuned:
+        options["tuned"] = frozenset(tuned)  # type: ignore[arg-type]
+    return options
+
+
 def reviewed_policy(plan: Plan, where: str) -> Policy:
     """The policy a reviewed plan was made under (what applying it needs)."""
     if plan.dtype != plan.policy.get("dtype"):

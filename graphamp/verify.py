@@ -8,6 +8,7 @@ gives an ``.npz``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +46,31 @@ class Report:
     @property
     def ok(self) -> bool:
         return all(self.passed(output) for output in self.outputs)
+
+
+def worst(reports: Iterable[Report]) -> Report:
+    """One report of several batches' reports: per output, the largest errors and the NaN/Inf
+    counts summed."""
+    merged: dict[str, OutputReport] = {}
+    first: Report | None = None
+    for report in reports:
+        first = first or report
+        for output in report.outputs:
+            known = merged.get(output.name)
+            merged[output.name] = (
+                output
+                if known is None
+                else OutputReport(
+                    output.name,
+                    max(known.max_abs_error, output.max_abs_error),
+                    max(known.max_rel_error, output.max_rel_error),
+                    known.nan_inf + output.nan_inf,
+                    known.reference_nan_inf + output.reference_nan_inf,
+                )
+            )
+    if first is None:
+        raise ValueError("no reports to merge")
+    return Report(list(merged.values()), first.rtol, first.atol, first.provider)
 
 
 def random_inputs(model: object, *, seed: int = 0, dialect: Dialect | None = None):  # type: ignore[no-untyped-def]

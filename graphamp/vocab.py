@@ -47,6 +47,8 @@ class Rule(enum.StrEnum):
     SCHEMA = "schema"
     NO_KERNEL = "no_kernel"
     WEIGHT_RANGE = "weight_range"
+    RANGE = "range"  # a value beyond the target's range on calibration data
+    TUNED = "tuned"  # kept float32 by graphamp tune's search
     CONTROL_FLOW = "control_flow"
     OPAQUE = "opaque"
     TYPE_UNKNOWN = "type_unknown"
@@ -63,5 +65,9 @@ class Rule(enum.StrEnum):
     SKIP_COUNT = "skip_count"
 
 
-DENY_SEEDS = frozenset({Rule.DENY, Rule.DENY_NAME, Rule.DENY_TENSOR})
-"""Rules that start a deny spread (and must never end low)."""
+DENY_SEEDS = frozenset({Rule.DENY, Rule.DENY_NAME, Rule.DENY_TENSOR, Rule.TUNED})
+"""Rules that start a deny spread (and must never end low). ``tuned`` is one: tune prints its
+set as ``deny_names``, which must give the same precisions."""
+
+KEPT_FLOAT32 = DENY_SEEDS | {Rule.RANGE}
+"""Rules whose nodes must never end low (checked between passes)."""

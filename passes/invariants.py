@@ -2,7 +2,7 @@
 
 * the graph's node order is topological;
 * once decided, every node has a decision, and no deny seed (deny list, deny_names,
-  deny_tensors) runs in low precision;
+  deny_tensors, tuned) or ``range`` node runs in low precision;
 * once the edits exist, there is one cast per (tensor, dtype), no cast to the type its input
   already has, and no cast of a value another inserted cast produced.
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from graphamp.dtypes import LOW_TYPES
 from graphamp.errors import InternalError
 from graphamp.passes.facts import Fact
-from graphamp.vocab import DENY_SEEDS
+from graphamp.vocab import DENY_SEEDS, KEPT_FLOAT32
 
 if TYPE_CHECKING:
     from graphamp.passes.base import PassContext
@@ -32,8 +32,9 @@ def check_invariants(context: PassContext, *, after: str) -> None:
             decision = context.decisions.get(name)
             if decision is None:
                 _fail(after, f"node {name!r} has no decision")
-            elif decision.rule in DENY_SEEDS and decision.precision in LOW_TYPES:
-                _fail(after, f"deny seed {name!r} ({decision.rule}) runs in {decision.precision}")
+            elif decision.rule in KEPT_FLOAT32 and decision.precision in LOW_TYPES:
+                kind = "deny seed" if decision.rule in DENY_SEEDS else "float32 rule"
+                _fail(after, f"{kind} {name!r} ({decision.rule}) runs in {decision.precision}")
     if Fact.EDITS in context.facts:
         _check_casts(context, after)
 

@@ -17,7 +17,7 @@ from types import ModuleType
 
 from rich.console import Console
 
-from graphamp.cli import check, convert, demo, diff, explain, lists, plan
+from graphamp.cli import check, convert, debug, demo, diff, explain, lists, plan, tune
 from graphamp.cli.common import Parser
 from graphamp.errors import GraphampError, PolicyWarning, SlowPrecisionWarning
 
@@ -29,6 +29,8 @@ COMMANDS: dict[str, ModuleType] = {
     "diff": diff,
     "check": check,
     "lists": lists,
+    "debug": debug,
+    "tune": tune,
 }
 
 EXAMPLES = """\
@@ -43,6 +45,9 @@ examples:
   graphamp convert model.onnx -o out.onnx --deny Softmax --deny-name '/layers.11/*' --plan plan.json
   graphamp convert model.onnx -o out.onnx --from-plan reviewed.plan.json
   graphamp convert model.onnx -o out.onnx --config amp.toml --verify --inputs batch.npz
+  graphamp convert model.onnx -o out.onnx --calibrate data/ --verify --inputs data/
+  graphamp debug model.onnx model.fp16.onnx --inputs batch.npz
+  graphamp tune model.onnx -o model.tuned.onnx --inputs data/ --rtol 0.01
   graphamp lists --dtype bfloat16
 
 exit status: 0 success; 1 --verify over tolerance, or diff --exit-code / check found a change;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -12,11 +13,12 @@ from rich.console import Console
 from rich.table import Table
 
 from graphamp import engine, verify
+from graphamp.batches import load_input_batches
 from graphamp.dialects.base import Dialect
 from graphamp.dialects.registry import for_file
 from graphamp.errors import GraphampError
 from graphamp.graph import OpGraph
-from graphamp.inputs import check_feeds, load_npz, random_inputs
+from graphamp.inputs import random_inputs
 from graphamp.io import write_atomic
 from graphamp.plan import Plan, is_plan_file
 from graphamp.policy import DTYPES, LISTS, Policy
@@ -38,6 +40,8 @@ NOTABLE_RULES = {
     "type_unknown": "input type unknown",
     "opaque": "no schema (custom op)",
     "control_flow": "owns subgraphs",
+    "range": "values out of range on data",
+    "tuned": "graphamp tune kept it",
 }
 
 
@@ -144,8 +148,9 @@ def add_verify_arguments(parser: argparse.ArgumentParser, *, flag: bool) -> None
         group.add_argument("--verify", action="store_true", help="verify after converting")
     group.add_argument(
         "--inputs",
-        metavar="FILE.npz",
-        help="input arrays by name (default: random, never zeros, seed 0)",
+        metavar="DATA",
+        help="an .npz with one array per graph input, the batch along the first axis, or a "
+        "folder of them (default: random, never zeros, seed 0)",
     )
     group.add_argument(
         "--rtol",
@@ -210,10 +215,17 @@ def plan_of(path: str | Path, args: argparse.Namespace) -> tuple[OpGraph | None,
     ``args``) or of a plan file."""
     path = Path(path)
     if is_plan_file(path):
+        if getattr(args, "calibrate", None):
+            raise GraphampError(f"{path}: --calibrate needs a model, not a plan file")
         return None, Plan.load(path)
     dialect = for_file(path)
+    options = policy_options(args)
+    if getattr(args, "calibrate", None):  # plan --calibrate DATA
+        options["ranges"] = dialect.calibrate(
+            path, load_input_batches(args.calibrate, dialect.input_specs(path))
+        )
     analysis = engine.analyse(
-        path, policy_from_args(args, dialect), dialect=dialect, options=policy_options(args)
+        path, policy_from_args(args, dialect), dialect=dialect, options=options
     )
     return analysis.graph, analysis.plan
 
@@ -270,15 +282,13 @@ def print_summary(console: Console, plan: Plan, seconds: float, source: Path, ta
 
 def verification_inputs(
     dialect: Dialect, original: object, args: argparse.Namespace
-) -> dict[str, np.ndarray]:
-    """The inputs to verify on: ``--inputs`` checked against the model's inputs (before
-    anything is converted or written), else random ones."""
+) -> Iterable[dict[str, np.ndarray]]:
+    """The batches to verify on: ``--inputs`` (an .npz or a folder of them) checked against
+    the model's inputs (before anything is converted or written), else one random batch."""
     specs = dialect.input_specs(original)
     if not args.inputs:
-        return random_inputs(specs)
-    feeds = load_npz(args.inputs)
-    check_feeds(specs, feeds, args.inputs)
-    return feeds
+        return [random_inputs(specs)]
+    return load_input_batches(args.inputs, specs)
 
 
 def report_verification(
@@ -288,21 +298,24 @@ def report_verification(
     converted: object,
     args: argparse.Namespace,
     dtype: str,
-    feeds: dict[str, np.ndarray] | None = None,
+    feeds: Iterable[dict[str, np.ndarray]] | None = None,
 ) -> int:
-    """Run both models (objects or saved files) through ``dialect`` and print the table;
-    1 when an output is over tolerance."""
+    """Run both models (objects or saved files) through ``dialect`` on each batch and print
+    the table (each output's worst batch); 1 when an output is over tolerance."""
     if feeds is None:
         feeds = verification_inputs(dialect, original, args)
     rtol = args.rtol if args.rtol is not None else verify.DEFAULT_RTOL[dtype]
-    report = verify.verify(
-        original,
-        converted,
-        feeds,
-        rtol=rtol,
-        atol=args.atol,
-        provider=args.provider,
-        dialect=dialect,
+    report = verify.worst(
+        verify.verify(
+            original,
+            converted,
+            batch,
+            rtol=rtol,
+            atol=args.atol,
+            provider=args.provider,
+            dialect=dialect,
+        )
+        for batch in feeds
     )
     table = Table(
         title=f"verification on {report.provider}, rtol {rtol:g}, atol {args.atol:g}",

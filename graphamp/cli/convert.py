@@ -26,6 +26,7 @@ from graphamp.cli.common import (
     report_verification,
     verification_inputs,
 )
+from graphamp.cli.numerics import add_calibrate_argument, calibrated
 from graphamp.dialects.registry import for_file
 from graphamp.errors import GraphampError
 from graphamp.io import staged
@@ -71,6 +72,7 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
         help="skip the check that onnxruntime loads the output whenever it loads the input "
         "(done below 512 MiB; a refusal is exit 3 and nothing is written)",
     )
+    add_calibrate_argument(parser)
     add_verify_arguments(parser, flag=True)
 
 
@@ -94,9 +96,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
         options["reviewed_where"] = args.from_plan
     else:
         policy = policy_from_args(args, dialect)
+    if args.calibrate and reviewed is not None:
+        raise GraphampError("--from-plan applies the plan's decisions: drop --calibrate")
     # Inputs are checked before any work, so a bad --inputs file writes nothing.
     feeds = verification_inputs(dialect, source, args) if args.verify else None
     start = time.perf_counter()
+    ranges = calibrated(dialect, source, args)
+    if ranges is not None:
+        options["ranges"] = ranges
     # A progress bar for the long parts (scanning and writing weights) when stderr is a
     # terminal; SIGTERM unwinds like Ctrl-C, so the staged files are removed either way.
     with progress.reporting(progress.for_terminal()), _terminate_as_interrupt():

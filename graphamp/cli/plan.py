@@ -8,6 +8,7 @@ from rich.console import Console
 
 from graphamp import report, viewer
 from graphamp.cli.common import add_policy_arguments, check_writable, emit, plan_of
+from graphamp.cli.numerics import add_calibrate_argument
 from graphamp.errors import GraphampError
 
 HELP = "show the precision plan of a model without converting it"
@@ -31,6 +32,7 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     )
     parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     add_policy_arguments(parser)
+    add_calibrate_argument(parser)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:

@@ -10,6 +10,7 @@ or an object. See docs/ARCHITECTURE.md for a worked example (a toy JSON graph di
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -17,9 +18,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from graphamp.edits import EditScript
+from graphamp.errors import GraphampError
 from graphamp.graph import OpGraph
 from graphamp.inputs import InputSpec
 from graphamp.policy import Policy
+from graphamp.ranges import Ranges
 
 
 @dataclass
@@ -87,6 +90,11 @@ class Dialect(abc.ABC):
         """The outputs by name of ``model`` (a model, or the path of a saved one: verification
         runs the file it wrote) on ``feeds`` (arrays by input name; float inputs come as
         float32 and are converted to the declared type), and the name of what computed them."""
+
+    def calibrate(self, model: Any, batches: Iterable[dict[str, np.ndarray]]) -> Ranges:
+        """The :class:`~graphamp.ranges.Ranges` of ``model``'s float32 values (keyed by the
+        names its OpGraph gives them) over ``batches``, for the ``range`` rule. Optional."""
+        raise GraphampError(f"calibration is not available for {self.name} models")
 
     def label(self, source: object) -> str:
         """The model's name in a plan."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -72,6 +73,7 @@ def convert(
     policy: Policy | None = None,
     device: str | None = None,
     weights: str = "master",
+    calibrate: Iterable[Any] | None = None,
     **policy_overrides: Any,
 ) -> tuple[fx.GraphModule, Plan]:
     """Convert ``model`` to a mixed-precision GraphModule; returns it and its Plan.
@@ -81,11 +83,22 @@ def convert(
     default lists ("cpu": PyTorch's CPU autocast lists, default dtype bfloat16; "cuda": its
     CUDA lists, default float16); by default the device of the model's parameters.
     ``weights`` is "master" (float32 parameters, cast at use) or "low" (stored in the target
-    type where only low-precision ops read them).
+    type where only low-precision ops read them). ``calibrate`` (batches: tuples of the
+    module's arguments, single tensors, or dicts of arrays by input name) runs the float32
+    module on each and keeps float32, with rule ``range``, every op whose values there leave
+    the target type's range (see :mod:`graphamp.ranges`).
     """
     dialect = FxDialect(weights=weights, example_inputs=example_inputs)
     policy = fx_policy(model, policy, device, policy_overrides)
-    result = engine.convert(model, policy, dialect=dialect)
+    if calibrate is None:
+        result = engine.convert(model, policy, dialect=dialect)
+        return result.model, result.plan
+    captured = dialect.load(model)
+    ranges = dialect.calibrate(captured, calibrate)
+    analysis = engine.analyse_model(
+        dialect, captured, policy, options={"ranges": ranges}, label=dialect.label(model)
+    )
+    result = engine.apply(analysis)
     return result.model, result.plan
 
 

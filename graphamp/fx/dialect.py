@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from graphamp.fx.capture import capture
 from graphamp.fx.types import dtype_name, torch_dtype
 from graphamp.inputs import InputSpec
 from graphamp.policy import Policy
+from graphamp.ranges import Ranges
 
 WEIGHT_MODES = ("master", "low")
 
@@ -61,6 +63,14 @@ class FxDialect(Dialect):
     ) -> tuple[dict[str, np.ndarray], str]:
         names = [n.name for n in model.graph.nodes if n.op == "placeholder"]
         return run_module(model, names, self.input_specs(model), feeds, provider)
+
+    def calibrate(self, model: Any, batches: Iterable[Any]) -> Ranges:
+        from graphamp.fx.calibration import calibrate
+
+        module = model if isinstance(model, fx.GraphModule) else self.load(model)
+        if not isinstance(module, fx.GraphModule):  # a .pt2 program
+            module = capture(module, None)
+        return calibrate(module, batches, label=self.label(model))
 
     def label(self, source: object) -> str:
         return type(source).__name__

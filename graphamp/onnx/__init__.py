@@ -11,41 +11,59 @@ the policy from keyword overrides and returns ONNX types.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import onnx
 import onnx_ir as ir
 
 from graphamp import engine
 from graphamp.errors import GraphampError
+from graphamp.onnx.conversion import Conversion
 from graphamp.onnx.dialect import OnnxDialect
 from graphamp.onnx.files import from_proto, inferred_types, load, save
 from graphamp.plan import Plan
 from graphamp.policy import Policy
+from graphamp.ranges import Ranges
 
 __all__ = [
     "Conversion",
     "OnnxDialect",
+    "Ranges",
     "analyse",
+    "calibrate",
     "convert",
+    "debug",
     "from_proto",
     "inferred_types",
     "load",
     "save",
+    "tune",
 ]
 
 Model = str | os.PathLike[str] | onnx.ModelProto | ir.Model
 
 
-@dataclass
-class Conversion(engine.Conversion):
-    """What :func:`convert` returns: the converted onnx_ir model, its plan, timings and the
-    input's dataflow view."""
+def calibrate(model: Model, data: object) -> Ranges:
+    """The ranges of ``model``'s float32 values on ``data`` (a DATA path, a dict of arrays or
+    an iterable of them): see :mod:`graphamp.onnx.calibration`."""
+    from graphamp.onnx.calibration import calibrate as run
 
-    model: ir.Model
+    return run(model, data)  # type: ignore[arg-type]
 
-    def to_proto(self) -> onnx.ModelProto:
-        return ir.to_proto(self.model)
+
+def debug(original: Model, converted: Model, data: object, *, plan: Plan | None = None):  # type: ignore[no-untyped-def]
+    """Where ``converted`` departs from ``original`` on ``data``, node by node: see
+    :mod:`graphamp.onnx.debugging`."""
+    from graphamp.onnx.debugging import debug as run
+
+    return run(original, converted, data, plan=plan)  # type: ignore[arg-type]
+
+
+def tune(model: Model, data: object, *, rtol: float, atol: float = 0.0, **keywords: object):  # type: ignore[no-untyped-def]
+    """The fewest nodes to keep float32 so the conversion meets ``rtol``/``atol`` on ``data``,
+    and that conversion: see :mod:`graphamp.onnx.tune` (keywords: ``policy``, ``ranges``)."""
+    from graphamp.onnx.tune import tune as run
+
+    return run(model, data, rtol=rtol, atol=atol, **keywords)  # type: ignore[arg-type]
 
 
 def _policy(policy: Policy | None, overrides: dict[str, object], reviewed: Plan | None) -> Policy:
@@ -59,16 +77,30 @@ def _policy(policy: Policy | None, overrides: dict[str, object], reviewed: Plan 
 
 
 def analyse(
-    model: Model, policy: Policy | None = None, *, reviewed: Plan | None = None, **overrides: object
+    model: Model,
+    policy: Policy | None = None,
+    *,
+    reviewed: Plan | None = None,
+    ranges: Ranges | None = None,
+    **overrides: object,
 ) -> engine.Analysis:
     """Read ``model`` and run the passes: its graph, plan and edit script; nothing converted."""
     return engine.analyse(
-        model, _policy(policy, overrides, reviewed), dialect=OnnxDialect(), reviewed=reviewed
+        model,
+        _policy(policy, overrides, reviewed),
+        dialect=OnnxDialect(),
+        reviewed=reviewed,
+        options=engine.range_options(ranges),
     )
 
 
 def convert(
-    model: Model, policy: Policy | None = None, *, reviewed: Plan | None = None, **overrides: object
+    model: Model,
+    policy: Policy | None = None,
+    *,
+    reviewed: Plan | None = None,
+    ranges: Ranges | None = None,
+    **overrides: object,
 ) -> Conversion:
     """Convert a float32 ONNX model to mixed precision.
 
@@ -76,7 +108,8 @@ def convert(
     converted in place). ``policy`` defaults to the float16 defaults; keyword ``overrides``
     (``dtype``, ``allow``, ``deny_names``, ``keep_io_types``, ...) go to :meth:`Policy.create`.
     ``reviewed`` applies that plan's decisions instead (and refuses a model that no longer
-    matches it); its own policy is used.
+    matches it); its own policy is used. ``ranges`` (from :func:`calibrate`) keeps float32,
+    with rule ``range``, every op whose values leave the target type's range on that data.
     """
-    result = engine.apply(analyse(model, policy, reviewed=reviewed, **overrides))
+    result = engine.apply(analyse(model, policy, reviewed=reviewed, ranges=ranges, **overrides))
     return Conversion(result.model, result.plan, result.seconds, result.graph)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from graphamp.errors import GraphampError
 from graphamp.inputs import InputSpec
 from graphamp.onnx import files, reader, runtime, writer
 from graphamp.policy import Policy
+from graphamp.ranges import Ranges
 
 
 class OnnxDialect(Dialect):
@@ -55,6 +57,11 @@ class OnnxDialect(Dialect):
         self, model: Any, feeds: dict[str, np.ndarray], *, provider: str = "cpu"
     ) -> tuple[dict[str, np.ndarray], str]:
         return runtime.run(_proto(model, with_data=True), feeds, provider)
+
+    def calibrate(self, model: Any, batches: Iterable[dict[str, np.ndarray]]) -> Ranges:
+        from graphamp.onnx.calibration import calibrate_proto
+
+        return calibrate_proto(_proto(model, with_data=True), batches, label=self.label(model))
 
 
 def _proto(model: Any, *, with_data: bool) -> onnx.ModelProto:

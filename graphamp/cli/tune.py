@@ -1,0 +1,113 @@
+"""``graphamp tune``: find the fewest nodes to keep float32 for a tolerance, and convert."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from graphamp.cli.common import (
+    add_policy_arguments,
+    check_output_path,
+    check_writable,
+    non_negative,
+    policy_from_args,
+    policy_options,
+)
+from graphamp.cli.numerics import (
+    add_calibrate_argument,
+    add_inputs_argument,
+    batches,
+    calibrated,
+    require_onnx,
+)
+from graphamp.dialects.registry import for_file
+from graphamp.io import staged
+
+HELP = "find a small set of nodes to keep float32 so the model meets a tolerance, and convert"
+
+
+def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
+    parser = commands.add_parser(
+        "tune",
+        help=HELP,
+        description="Convert IN, and when the result misses the tolerance on DATA, find a "
+        "small set of nodes to keep float32 so that it meets it, keeping the rest low: the "
+        "nodes are ranked by the error they add (as graphamp debug ranks them), then the "
+        "shortest ranked prefix that meets the tolerance is found by bisection and reduced by "
+        "delta debugging, each candidate evaluated in one switchable faithful model; the "
+        "result is checked on the real conversion. Writes OUT with those nodes float32 (rule "
+        "'tuned' in the plan) and prints them as a policy snippet (deny_names = [...]), the "
+        "number of evaluations and the time. Exit 1 when no set meets the tolerance.",
+    )
+    parser.add_argument("input", metavar="IN", help="the float32 ONNX model")
+    parser.add_argument("-o", "--output", metavar="OUT", required=True, help="the tuned model")
+    add_inputs_argument(parser, "the data the tolerance must hold on")
+    parser.add_argument(
+        "--rtol",
+        type=non_negative,
+        required=True,
+        metavar="R",
+        help="allowed max |y - y32| / max |y32| per output and batch",
+    )
+    parser.add_argument(
+        "--atol",
+        type=non_negative,
+        default=0.0,
+        metavar="A",
+        help="allowed max |y - y32|, passes an output on its own (default 0)",
+    )
+    parser.add_argument(
+        "--plan", metavar="PLAN.json", help="also write the plan (tuned nodes: rule 'tuned')"
+    )
+    add_calibrate_argument(parser)
+    add_policy_arguments(parser)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    from graphamp.onnx.tune import tune
+
+    source, target = Path(args.input), Path(args.output)
+    check_output_path(source, target)
+    if args.plan:
+        check_writable(args.plan, "plan")
+    dialect = for_file(source)
+    require_onnx(dialect, source, "tune")
+    dialect.check_target(target)
+    policy = policy_from_args(args, dialect)
+    data = batches(dialect, source, args.inputs)  # checked before any work
+    start = time.perf_counter()
+    ranges = calibrated(dialect, source, args)
+    result = tune(
+        source,
+        data,
+        rtol=args.rtol,
+        atol=args.atol,
+        policy=policy,
+        ranges=ranges,
+        options=policy_options(args),
+    )
+    seconds = time.perf_counter() - start
+    errors = ", ".join(f"{name} {error:.3g}" for name, error in result.errors.items())
+    baseline = ", ".join(f"{name} {e:.3g}" for name, e in result.baseline_errors.items())
+    console.print(f"baseline ({policy.dtype}, no node kept): max rel error {baseline}")
+    if not result.met:
+        console.print(
+            f"[red]no set of nodes meets rtol {args.rtol:g}[/] (with all {result.candidates} "
+            f"candidates float32: {errors}); nothing written"
+        )
+        return 1
+    console.print(
+        f"kept float32: {len(result.kept)} of {result.candidates} low nodes; "
+        f"{result.evaluations} evaluations ({result.rounds} with attribution) and "
+        f"{result.real_evaluations} real conversion(s) checked in {seconds:.2f} s; "
+        f"max rel error {errors}"
+    )
+    print(result.snippet(), flush=True)
+    with staged(target) as path:
+        dialect.save(result.conversion.model, path)
+    if args.plan:
+        result.conversion.plan.save(args.plan)
+    return 0

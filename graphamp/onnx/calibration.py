@@ -1,0 +1,48 @@
+"""``calibrate``: run the float32 model on data and record every value's range.
+
+The statistics are reduced inside the graph (:mod:`graphamp.onnx.statgraph`): one run per
+batch, and memory that of the model whatever its number of intermediates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from graphamp.batches import DataSource, as_batches
+from graphamp.onnx.runtime import input_specs
+from graphamp.onnx.session import Session, as_proto
+from graphamp.onnx.statgraph import float32_values, stat_name, with_range_stats
+from graphamp.ranges import Ranges, TensorRange
+
+
+def calibrate(model: object, data: DataSource, *, label: str = "") -> Ranges:
+    """The :class:`~graphamp.ranges.Ranges` of ``model``'s float32 values (graph inputs and
+    node outputs of the main graph) over ``data``: a DATA path (``.npz`` or a folder of them),
+    one dict of arrays, or an iterable of such dicts."""
+    proto = as_proto(model)
+    batches = as_batches(data, input_specs(proto))
+    return calibrate_proto(proto, batches, label=label or _label(model))
+
+
+def calibrate_proto(proto: onnx.ModelProto, batches, *, label: str = "") -> Ranges:  # type: ignore[no-untyped-def]
+    tensors = float32_values(proto)
+    session = Session(with_range_stats(proto, tensors), what="the calibration model")
+    ranges = Ranges(model=label)
+    for feeds in batches:
+        values = session.run(feeds)
+        ranges.update(Ranges({t: _range(values, t) for t in tensors}, batches=1))
+    return ranges
+
+
+def _range(values: dict[str, np.ndarray], tensor: str) -> TensorRange:
+    smallest = float(values[stat_name(tensor, "min_abs")])
+    return TensorRange(
+        max_abs=float(values[stat_name(tensor, "max_abs")]),
+        min_abs=smallest if np.isfinite(smallest) else None,
+        nonfinite=int(values[stat_name(tensor, "nonfinite")]),
+    )
+
+
+def _label(model: object) -> str:
+    return str(model) if not isinstance(model, onnx.ModelProto) else (model.graph.name or "")

@@ -1,0 +1,20 @@
+"""What :func:`graphamp.onnx.convert` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+import onnx_ir as ir
+
+from graphamp import engine
+
+
+@dataclass
+class Conversion(engine.Conversion):
+    """The converted onnx_ir model, its plan, timings and the input's dataflow view."""
+
+    model: ir.Model
+
+    def to_proto(self) -> onnx.ModelProto:
+        return ir.to_proto(self.model)

@@ -1,0 +1,149 @@
+"""A faithful evaluator whose precision decisions are inputs: one session for many plans.
+
+Searching for the nodes that must stay float32 (``graphamp tune``) evaluates dozens of plans.
+Converting, emulating and loading each would cost more than running it. The switchable model is
+built once from the float32 model: every op that a plan can make low has a boolean input (its
+*flag*); when the flag is set, the values in the op's computation-type slots are rounded to the
+low type (a round trip Cast float32 -> low -> float32, inside an ``If`` so that an op left
+float32 costs no rounding). That is what the faithful evaluator (:mod:`graphamp.onnx.emulate`)
+does to the converted model, where every low value is rounded where it is made and a float32
+op reads low values through an exact Cast:
+
+* a low op's outputs are rounded;
+* a low op reads its float32 inputs rounded (in the converted model, through a Cast to low);
+  a value a low op produced is rounded already and not rounded again. A graph input or a weight
+  the conversion makes low is one all of whose readers are low, so rounding it at each reader
+  is the same.
+
+So it differs from the converted model only where the conversion's own edits round a value a
+float32 op reads (none that graphamp makes today); :func:`graphamp.onnx.tune.tune` checks its
+result on the real conversion all the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from graphamp import dtypes
+from graphamp.graph import NodeKind, OpGraph
+from graphamp.onnx.files import inferred_types
+from graphamp.onnx.session import Session
+from graphamp.onnx.statgraph import model_shell, named
+
+F32 = onnx.TensorProto.FLOAT
+FLAG = "graphamp.low/"
+
+
+class Switchable:
+    """The switchable model of the float32 ``proto``, read by graphamp as ``graph``; ``run``
+    evaluates it with a given set of nodes low."""
+
+    def __init__(self, proto: onnx.ModelProto, graph: OpGraph, dtype: str) -> None:
+        self.graph = graph
+        self.dtype = dtype
+        self.low_code = dtypes.BY_NAME[dtype].onnx
+        # Every op a plan may put low: float32 ops with computation-type slots.
+        self.switched = [
+            node.name
+            for node in graph
+            if node.kind is NodeKind.OP
+            and node.compute_type == "float32"
+            and (node.follow_inputs or node.follow_outputs)
+        ]
+        proto = named(proto)
+        self.proto = self._build(proto, inferred_types(proto))
+        self._session: Session | None = None
+
+    def flags(self, low: Iterable[str]) -> dict[str, np.ndarray]:
+        """The flag inputs that make the model compute with the nodes ``low`` in low precision
+        (names that are not switched are ignored: they have nothing to round)."""
+        low = set(low)
+        return {f"{FLAG}{name}": np.array(name in low) for name in self.switched}
+
+    def run(self, feeds: dict[str, np.ndarray], low: Iterable[str]) -> dict[str, np.ndarray]:
+        """The graph outputs on ``feeds`` with the nodes ``low`` rounding as low ops."""
+        if self._session is None:
+            self._session = Session(self.proto, what="the switchable model")
+        outputs = [o.name for o in self.proto.graph.output]
+        return self._session.run({**feeds, **self.flags(low)}, outputs)
+
+    # -- building ------------------------------------------------------------------------------
+
+    def _build(self, proto: onnx.ModelProto, types: dict[str, int]) -> onnx.ModelProto:
+        model = model_shell(proto)
+        graph = model.graph
+        graph.input.extend(proto.graph.input)
+        graph.output.extend(proto.graph.output)
+        switched = set(self.switched)
+        # the values a switched op rounds when low: its computation-type outputs
+        producer = {
+            node.outputs[slot]: node.name
+            for node in self.graph
+            for slot in node.follow_outputs
+            if slot < len(node.outputs) and node.outputs[slot]
+        }
+        nodes: list[onnx.NodeProto] = []
+        for name in self.switched:
+            graph.input.append(
+                helper.make_tensor_value_info(f"{FLAG}{name}", onnx.TensorProto.BOOL, [])
+            )
+        for index, original in enumerate(proto.graph.node):
+            op = self.graph.nodes.get(original.name)
+            if op is None or original.name not in switched:
+                nodes.append(original)
+                continue
+            node = onnx.NodeProto()
+            node.CopyFrom(original)
+            flag = f"{FLAG}{node.name}"
+            for slot in sorted(op.follow_inputs):
+                source = node.input[slot] if slot < len(node.input) else ""
+                if not source or types.get(source) != F32:
+                    continue
+                cond = flag
+                upstream = producer.get(source)
+                if upstream in switched:  # a low producer's value is rounded already
+                    cond = f"{FLAG}{index}.in{slot}|cond"
+                    nodes.append(helper.make_node("Not", [f"{FLAG}{upstream}"], [f"{cond}|not"]))
+                    nodes.append(helper.make_node("And", [flag, f"{cond}|not"], [cond]))
+                rounded = f"{FLAG}{index}.in{slot}|read"
+                nodes.append(self._if(cond, source, rounded, f"{index}.in{slot}"))
+                node.input[slot] = rounded
+            outputs = []
+            for slot in sorted(op.follow_outputs):
+                output = node.output[slot] if slot < len(node.output) else ""
+                if output and types.get(output) == F32:
+                    raw = f"{FLAG}{index}.out{slot}|raw"
+                    node.output[slot] = raw
+                    outputs.append(self._if(flag, raw, output, f"{index}.out{slot}"))
+            nodes.append(node)
+            nodes.extend(outputs)
+        graph.node.extend(nodes)
+        graph.initializer.extend(proto.graph.initializer)
+        graph.sparse_initializer.extend(proto.graph.sparse_initializer)
+        return model
+
+    def _if(self, cond: str, source: str, output: str, tag: str) -> onnx.NodeProto:
+        """``output`` = ``source`` rounded to the low type when ``cond``, else ``source``."""
+        low, back = f"{FLAG}{tag}|low", f"{FLAG}{tag}|back"
+        rounded = helper.make_graph(
+            [
+                helper.make_node("Cast", [source], [low], to=self.low_code),
+                helper.make_node("Cast", [low], [back], to=F32),
+            ],
+            f"round_{tag}",
+            [],
+            [helper.make_tensor_value_info(back, F32, None)],
+        )
+        same = helper.make_graph(
+            [helper.make_node("Identity", [source], [f"{FLAG}{tag}|same"])],
+            f"keep_{tag}",
+            [],
+            [helper.make_tensor_value_info(f"{FLAG}{tag}|same", F32, None)],
+        )
+        return helper.make_node(
+            "If", [cond], [output], name=f"{FLAG}{tag}", then_branch=rounded, else_branch=same
+        )

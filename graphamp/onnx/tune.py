@@ -1,0 +1,309 @@
+"""``tune``: the fewest nodes to keep float32 so that a converted model meets a tolerance.
+
+Plans are evaluated with the switchable model (:mod:`graphamp.onnx.switchable`): one
+onnxruntime session that rounds like any plan's conversion under the faithful evaluator, so an
+evaluation is one run per batch. A plan meets the tolerance when every output, on every batch,
+has no inf/NaN the float32 model lacks and max |y - y32| / max |y32| <= rtol (or
+max |y - y32| <= atol), as ``--verify`` measures.
+
+1. Attribution: the float32 model runs beside the switchable one in one session, intermediate
+   by intermediate (:class:`Attribution`, debug's ranking): the error each low node adds, and
+   whether the plan meets the tolerance.
+2. Overflow first, with no model run: a low op that reads or writes a value the float32 model
+   holds beyond the type's range (the range rule, no margin) overflows; the first such op in
+   graph order is kept, the plan decided again (deny spreads from it), and so on. Then, while
+   a node still turns finite values into inf/NaN, keep every such node and attribute again (an
+   inf hides every fault behind it, so each round can reveal the next).
+3. When only finite errors remain over the tolerance: the shortest prefix of the ranking that
+   meets it, reduced by delta debugging to a 1-minimal set (:mod:`graphamp.search`).
+4. Convert with the nodes kept (rule ``tuned``: a deny seed, as the ``deny_names`` snippet
+   printed) and check the real conversion with the faithful evaluator; should it miss the
+   tolerance where the switchable model met it, the search runs again on real conversions.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from graphamp import engine, verify
+from graphamp.batches import DataSource, as_batches
+from graphamp.graph import OpGraph
+from graphamp.onnx.conversion import Conversion
+from graphamp.onnx.debugging import Comparison, DebugReport
+from graphamp.onnx.debugging import report as debug_report
+from graphamp.onnx.dialect import OnnxDialect
+from graphamp.onnx.emulate import emulated, has_low_values
+from graphamp.onnx.files import inferred_types
+from graphamp.onnx.runtime import input_specs
+from graphamp.onnx.session import Session, as_proto
+from graphamp.onnx.statgraph import float32_values
+from graphamp.onnx.switchable import Switchable
+from graphamp.passes import PassContext, PassManager
+from graphamp.passes.base import registered
+from graphamp.policy import Policy
+from graphamp.ranges import Ranges, TensorRange, range_decisions
+from graphamp.search import find_kept
+
+# The passes that decide precisions (the casts pass is not needed to evaluate a plan).
+_DECIDING = ("policy_check", "classify", "range", "tuned", "paint", "promote")
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` found: the conversion with the set kept float32 (rule ``tuned``)."""
+
+    conversion: Conversion
+    kept: tuple[str, ...]  # in the order of the error each node added, worst first
+    met: bool  # whether the real conversion meets the tolerance
+    evaluations: int  # plans evaluated with the switchable model
+    real_evaluations: int  # conversions checked for real (at least the final one)
+    seconds: float
+    errors: dict[str, float]  # per graph output of the final conversion: max rel error
+    baseline_errors: dict[str, float] = field(default_factory=dict)
+    candidates: int = 0  # low nodes of the baseline the search could keep float32
+    rounds: int = 0  # attribution runs (debug's ranking on the switchable model)
+
+    def snippet(self) -> str:
+        """The found set as a policy snippet (TOML)."""
+        names = ", ".join(_toml_string(_glob_escape(name)) for name in self.kept)
+        return f"deny_names = [{names}]"
+
+
+def tune(
+    model: object,
+    data: DataSource,
+    *,
+    rtol: float,
+    atol: float = 0.0,
+    policy: Policy | None = None,
+    ranges: Ranges | None = None,
+    options: dict[str, object] | None = None,
+) -> TuneResult:
+    """Find the nodes to keep float32 (module docstring). ``model`` is a path or a model;
+    ``data`` a DATA path, a dict of arrays or an iterable of them; ``options`` more pass
+    options (``strict``)."""
+    start = time.perf_counter()
+    proto = as_proto(model)
+    policy = policy or Policy.create()
+    batches = as_batches(data, input_specs(proto))
+    extra = dict(options or {})
+    analysis = engine.analyse(
+        proto, policy, dialect=OnnxDialect(), options={**extra, **engine.range_options(ranges)}
+    )
+    decide = Decider(analysis, policy, ranges)
+    switch = Switchable(proto, analysis.graph, policy.dtype)
+    candidates = [n for n in switch.switched if n in decide(frozenset())]
+    attribute = Attribution(proto, switch, rtol, atol)
+    report, met, baseline_errors = attribute(batches, decide(frozenset()))
+    expected = attribute.expected  # the float32 outputs, from the reference copy
+    answers: dict[frozenset[str], bool] = {frozenset(): met}
+
+    def meets(kept: frozenset[str]) -> bool:
+        if kept not in answers:
+            low = decide(kept)
+            answers[kept] = all(
+                _within(want, switch.run(feeds, low), rtol, atol)
+                for feeds, want in zip(batches, expected, strict=True)
+            )
+        return answers[kept]
+
+    kept: list[str] = []
+    if not met:  # values the float32 model holds beyond the type's range overflow: keep them
+        kept = _overflowing(attribute.ranges(), analysis.graph, policy.dtype, decide)
+        if kept:
+            report, met, _ = attribute(batches, decide(frozenset(kept)))
+            answers[frozenset(kept)] = met
+    while not met:
+        # Nodes that turn finite values into inf/NaN: each must stay float32, and what they
+        # break hides every fault behind them: keep them, and look again.
+        breaking = [
+            n.name
+            for n in report.nodes
+            if math.isinf(n.error) and n.name in set(candidates) - set(kept)
+        ]
+        if not breaking:
+            break
+        kept += breaking
+        report, met, _ = attribute(batches, decide(frozenset(kept)))
+        answers[frozenset(kept)] = met
+    if not met:  # finite errors only: search along the ranking
+        pending = [n for n in candidates if n not in set(kept)]
+        adding = [n.name for n in report.nodes if n.error > 0 and n.name in set(pending)]
+        ranked = adding + [n for n in pending if n not in set(adding)]
+        fixed = frozenset(kept)
+        found = find_kept(ranked, lambda more: meets(fixed | more))
+        kept += found.kept
+        met = found.met
+    final = _convert(proto, policy, ranges, tuple(kept))
+    real_met, errors = _check(final, batches, expected, rtol, atol)
+    real = 1
+    if met and not real_met:  # the switchable model disagreed: search again on real conversions
+
+        def meets_real(candidate: frozenset[str]) -> bool:
+            conversion = _convert(proto, policy, ranges, tuple(sorted(candidate)))
+            return _check(conversion, batches, expected, rtol, atol)[0]
+
+        found = find_kept(kept + [n for n in candidates if n not in set(kept)], meets_real)
+        real += found.evaluations
+        kept = list(found.kept)
+        final = _convert(proto, policy, ranges, tuple(kept))
+        real_met, errors = _check(final, batches, expected, rtol, atol)
+    return TuneResult(
+        Conversion(final.model, final.plan, final.seconds, final.graph),
+        tuple(kept),
+        real_met,
+        len(answers),  # distinct plans evaluated, the attribution runs' among them
+        real,
+        time.perf_counter() - start,
+        errors,
+        baseline_errors,
+        len(candidates),
+        attribute.runs,
+    )
+
+
+class Attribution:
+    """One run of the float32 model beside the switchable one, intermediate by intermediate:
+    debug's ranking of the nodes by the error they add, and whether the outputs meet the
+    tolerance, for any set of low nodes."""
+
+    def __init__(self, proto: onnx.ModelProto, switch: Switchable, rtol: float, atol: float):
+        self.switch, self.rtol, self.atol = switch, rtol, atol
+        produced = {out for node in switch.proto.graph.node for out in node.output}
+        tensors = [t for t in float32_values(proto) if t in produced]
+        self.comparison = Comparison(proto, switch.proto, tensors)
+        self.expected: list[dict[str, np.ndarray]] = []
+        self.runs = 0
+        self.stats: dict[str, dict[str, float]] = {}
+
+    def ranges(self) -> Ranges:
+        """The float32 model's largest magnitudes, from the last run's reference copy."""
+        return Ranges(
+            {t: TensorRange(stat["max_abs"], None) for t, stat in self.stats.items()}, batches=1
+        )
+
+    def __call__(self, batches, low: frozenset[str]) -> tuple[DebugReport, bool, dict[str, float]]:  # type: ignore[no-untyped-def]
+        """(the ranking, whether every batch meets the tolerance, each output's worst error)."""
+        verdicts: list[bool] = []
+        worst: dict[str, float] = {}
+        first = not self.expected
+
+        def on_batch(expected: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> None:
+            if first:
+                self.expected.append(expected)
+            report = verify.compare(expected, got, rtol=self.rtol, atol=self.atol, provider="")
+            verdicts.append(report.ok)
+            for output in report.outputs:
+                error = math.inf if output.nan_inf else output.max_rel_error
+                worst[output.name] = max(worst.get(output.name, 0.0), error)
+
+        stats, outputs = self.comparison.run(batches, self.switch.flags(low), on_batch)
+        self.stats = stats
+        self.runs += 1
+        dtype = self.switch.dtype
+        report = debug_report(
+            self.comparison.reference,
+            stats,
+            outputs,
+            lambda name: dtype if name in low else "float32",
+            None,
+            f"switchable model, {dtype} rounding emulated",
+            len(verdicts),
+        )
+        return report, all(verdicts), worst
+
+
+class Decider:
+    """The low nodes of a plan with a set of nodes kept float32 (rule ``tuned``), from the
+    deciding passes over the graph already read."""
+
+    def __init__(self, analysis: engine.Analysis, policy: Policy, ranges: Ranges | None) -> None:
+        self.graph = analysis.graph
+        self.policy = policy
+        self.ranges = ranges
+        self.passes = [cls for cls in registered() if cls.name in _DECIDING]
+        self.weights = None
+
+    def __call__(self, kept: frozenset[str]) -> frozenset[str]:
+        options = engine.range_options(self.ranges, kept)
+        context = PassContext(self.graph, self.policy, options)
+        if self.weights is not None:  # stored values scanned once for every plan
+            context.weights = self.weights
+        self.weights = context.weights
+        PassManager(self.passes, check=False).run(context)
+        low = self.policy.dtype
+        return frozenset(n for n, d in context.decisions.items() if d.precision == low)
+
+
+def _overflowing(ranges: Ranges, graph: OpGraph, dtype: str, decide: Decider) -> list[str]:
+    """Nodes to keep so that no low op reads or writes a value that overflows ``dtype`` (the
+    range rule with no margin), fewest first: the first such low node in graph order is kept,
+    the plan decided again (deny spreads from it, which may settle its followers), and so on."""
+    overflowing = set(range_decisions(ranges, graph, dtype, margin=1.0))
+    order = [name for name in graph.nodes if name in overflowing]
+    kept: list[str] = []
+    while True:
+        low = decide(frozenset(kept))
+        first = next((name for name in order if name in low and name not in kept), None)
+        if first is None:
+            return kept
+        kept.append(first)
+
+
+def _convert(
+    proto: onnx.ModelProto, policy: Policy, ranges: Ranges | None, kept: tuple[str, ...]
+) -> engine.Conversion:
+    options = engine.range_options(ranges, kept)
+    return engine.convert(proto, policy, dialect=OnnxDialect(), options=options)
+
+
+def _proto(conversion: engine.Conversion) -> onnx.ModelProto:
+    import onnx_ir as ir
+
+    return ir.to_proto(conversion.model)
+
+
+def _outputs(conversion: engine.Conversion, batches) -> list[dict[str, np.ndarray]]:  # type: ignore[no-untyped-def]
+    """The converted model's outputs on every batch, by the faithful evaluator."""
+    proto = _proto(conversion)
+    types = inferred_types(proto)
+    if has_low_values(proto, types):
+        proto = emulated(proto, types)
+    session = Session(proto, what="the converted model")
+    return [session.run(feeds) for feeds in batches]
+
+
+def _check(
+    conversion: engine.Conversion, batches, expected, rtol: float, atol: float
+) -> tuple[bool, dict[str, float]]:  # type: ignore[no-untyped-def]
+    """Whether ``conversion`` meets the tolerance on every batch, and per graph output the
+    worst max |y - y32| / max |y32| (inf: a value finite in float32 is inf/NaN)."""
+    met, worst = True, {}
+    for got, want in zip(_outputs(conversion, batches), expected, strict=True):
+        report = verify.compare(want, got, rtol=rtol, atol=atol, provider="")
+        met = met and report.ok
+        for output in report.outputs:
+            error = float("inf") if output.nan_inf else output.max_rel_error
+            worst[output.name] = max(worst.get(output.name, 0.0), error)
+    return met, worst
+
+
+def _within(
+    expected: dict[str, np.ndarray], got: dict[str, np.ndarray], rtol: float, atol: float
+) -> bool:
+    return verify.compare(expected, got, rtol=rtol, atol=atol, provider="").ok
+
+
+def _glob_escape(name: str) -> str:
+    """``name`` as a deny_names glob that matches only itself."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def _toml_string(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'

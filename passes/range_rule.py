@@ -1,0 +1,55 @@
+"""range: keep float32 the ops whose values leave the target type's range on calibration data.
+
+With ``options["ranges"]`` (a :class:`~graphamp.ranges.Ranges`, what
+``graphamp.onnx.calibrate`` or ``graphamp.fx.convert(..., calibrate=...)`` recorded on the
+float32 model), every op that classify would let run low (allow, infer or clear) and that reads
+or writes, in a computation-type slot, a value beyond the target's limit
+(:func:`graphamp.ranges.range_decisions`: float16 past 65504 / 2, bfloat16 past what it holds)
+stays float32 with rule ``range``; the reason names the value and its magnitude. It runs after
+classify and before paint/promote, which leave a ``range`` node float32 as they leave a
+``weight_range`` one: it does not spread deny (every op that reads the large value is caught by
+the rule itself).
+"""
+
+from __future__ import annotations
+
+from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.ranges import Ranges, range_decisions
+from graphamp.records import NodeDecision
+from graphamp.vocab import Precision, Rule
+
+# The classes the rule overrides: those that may end low. A node already float32 for a reason
+# of its own (deny lists, name rules, schema) keeps that reason.
+_LOWERABLE = frozenset({Rule.ALLOW, Rule.INFER, Rule.CLEAR})
+
+
+@register
+class RangePass(Pass):
+    """Keep float32 the ops whose calibrated values overflow the target (module docstring)."""
+
+    name = "range"
+    requires = frozenset({Fact.CLASSIFIED})
+    after = ("classify",)
+    before = ("paint", "promote")
+
+    def applies(self, context: PassContext) -> bool:
+        return context.options.get("ranges") is not None and Fact.DECIDED not in context.facts
+
+    def run(self, context: PassContext) -> PassResult:
+        ranges: Ranges = context.options["ranges"]
+        found = range_decisions(
+            ranges, context.graph, context.policy.dtype, margin=context.options.get("range_margin")
+        )
+        kept = 0
+        for name, finding in found.items():
+            decision = context.decisions.get(name)
+            if decision is None or decision.rule not in _LOWERABLE:
+                continue
+            context.decisions[name] = NodeDecision(
+                op=decision.op,
+                precision=Precision.FLOAT32,
+                rule=Rule.RANGE,
+                reason=finding.reason,
+            )
+            kept += 1
+        return PassResult(modified=False, note=f"{kept} ops kept float32 by their range")
