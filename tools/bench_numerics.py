@@ -27,6 +27,7 @@ import argparse
 import itertools
 import json
 import multiprocessing
+import os
 import sys
 import time
 from pathlib import Path
@@ -226,10 +227,12 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, object]:
     del reference
     result: dict[str, object] = {"model": name, "nodes": len(proto.graph.node)}
     result["batches"] = f"{args.batches} x {', '.join(f'{s.name} {s.shape}' for s in specs)}"
+    load = os.getloadavg()[0]
     start = time.perf_counter()
     tuned = tune(path, batches, rtol=args.rtol)
     result["tune"] = {
         "seconds": round(time.perf_counter() - start, 1),
+        "load_average": [round(load, 2), round(os.getloadavg()[0], 2)],
         "evaluations": tuned.evaluations,
         "real_conversions": tuned.real_evaluations,
         "set": list(tuned.kept),
@@ -250,9 +253,10 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, object]:
             "evaluations": evaluations,
             "seconds": round(time.perf_counter() - start, 1),
         }
-    result["onnxconverter_common"] = onnxconverter_common(
-        path, batches[0], args.rtol, args.occ_limit, work, batches, expected
-    )
+    if not args.skip_occ:
+        result["onnxconverter_common"] = onnxconverter_common(
+            path, batches[0], args.rtol, args.occ_limit, work, batches, expected
+        )
     print(json.dumps(result, indent=1), flush=True)
     return result
 
@@ -265,6 +269,7 @@ def main() -> None:
     parser.add_argument("--rtol", type=float, default=0.01)
     parser.add_argument("--occ-limit", type=float, default=300.0, help="seconds")
     parser.add_argument("--skip-minimal", action="store_true")
+    parser.add_argument("--skip-occ", action="store_true", help="skip onnxconverter-common")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     print(machine(), flush=True)

@@ -11,9 +11,10 @@ max |y - y32| <= atol), as ``--verify`` measures.
    whether the plan meets the tolerance.
 2. Overflow first, with no model run: a low op that reads or writes a value the float32 model
    holds beyond the type's range (the range rule, no margin) overflows; the first such op in
-   graph order is kept, the plan decided again (deny spreads from it), and so on. Then, while
-   a node still turns finite values into inf/NaN, keep every such node and attribute again (an
-   inf hides every fault behind it, so each round can reveal the next).
+   graph order is kept, the plan decided again (deny spreads from it), and so on; the real
+   conversion with them is checked at once (it is the last step anyway). Then, while a node
+   still turns finite values into inf/NaN, keep every such node and attribute again (an inf
+   hides every fault behind it, so each round can reveal the next).
 3. When only finite errors remain over the tolerance: the shortest prefix of the ranking that
    meets it, reduced by delta debugging to a 1-minimal set (:mod:`graphamp.search`).
 4. Convert with the nodes kept (rule ``tuned``: a deny seed, as the ``deny_names`` snippet
@@ -113,11 +114,17 @@ def tune(
         return answers[kept]
 
     kept: list[str] = []
+    checked: tuple[engine.Conversion, bool, dict[str, float]] | None = None
+    real = 0
     if not met:  # values the float32 model holds beyond the type's range overflow: keep them
         kept = _overflowing(attribute.ranges(), analysis.graph, policy.dtype, decide)
-        if kept:
-            report, met, _ = attribute(batches, decide(frozenset(kept)))
+        if kept:  # the real conversion is checked at the end anyway: check it now
+            conversion = _convert(proto, policy, ranges, tuple(kept))
+            checked = (conversion, *_check(conversion, batches, expected, rtol, atol))
+            real, met = 1, checked[1]
             answers[frozenset(kept)] = met
+            if not met:
+                report, met, _ = attribute(batches, decide(frozenset(kept)))
     while not met:
         # Nodes that turn finite values into inf/NaN: each must stay float32, and what they
         # break hides every fault behind them: keep them, and look again.
@@ -139,9 +146,12 @@ def tune(
         found = find_kept(ranked, lambda more: meets(fixed | more))
         kept += found.kept
         met = found.met
-    final = _convert(proto, policy, ranges, tuple(kept))
-    real_met, errors = _check(final, batches, expected, rtol, atol)
-    real = 1
+    if checked is not None and checked[1]:
+        final, real_met, errors = checked
+    else:
+        final = _convert(proto, policy, ranges, tuple(kept))
+        real_met, errors = _check(final, batches, expected, rtol, atol)
+        real += 1
     if met and not real_met:  # the switchable model disagreed: search again on real conversions
 
         def meets_real(candidate: frozenset[str]) -> bool:
@@ -176,7 +186,8 @@ class Attribution:
         self.switch, self.rtol, self.atol = switch, rtol, atol
         produced = {out for node in switch.proto.graph.node for out in node.output}
         tensors = [t for t in float32_values(proto) if t in produced]
-        self.comparison = Comparison(proto, switch.proto, tensors)
+        weights = frozenset(init.name for init in proto.graph.initializer)
+        self.comparison = Comparison(proto, switch.proto, tensors, shared=weights)
         self.expected: list[dict[str, np.ndarray]] = []
         self.runs = 0
         self.stats: dict[str, dict[str, float]] = {}
