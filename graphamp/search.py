@@ -8,9 +8,11 @@ result is checked all the same). The search:
 1. ``meets(∅)``: nothing to keep. ``meets(all)`` false: no set of these nodes can help.
 2. Along ``ranked`` (worst first, by the error each node adds), the shortest prefix that meets
    the tolerance: lengths 1, 2, 4, ... until one does, then bisection between the last two.
-3. That prefix reduced by delta debugging (Zeller's ddmin, complements only): drop chunks of
-   halves, quarters, ... down to single nodes while the rest still meets the tolerance. The
-   result is 1-minimal: dropping any one of its nodes misses the tolerance.
+3. That prefix reduced: its last node is needed (the prefix without it fails), so it is tried
+   alone first; otherwise the rest of the prefix is reduced, with the last node always kept,
+   by delta debugging (Zeller's ddmin, complements only): drop chunks of halves, quarters, ...
+   down to single nodes while the rest still meets the tolerance. The result is 1-minimal
+   (dropping any one of its nodes misses the tolerance) when more float32 is never worse.
 
 Each distinct set is evaluated once (answers are cached); ``evaluations`` counts them.
 """
@@ -50,8 +52,13 @@ def find_kept(ranked: Sequence[str], meets: Callable[[frozenset[str]], bool]) ->
     if not ranked or not test(ranked):
         return SearchResult(tuple(ranked), len(test.answers), False, len(ranked))
     prefix = _shortest_prefix(ranked, test)
-    kept = ddmin(ranked[:prefix], test)
-    return SearchResult(tuple(kept), len(test.answers), True, prefix)
+    # The prefix one shorter fails, so its last node is needed with the rest of the prefix:
+    # try it alone first (a single culprit is the common case), else reduce the rest with it.
+    last = ranked[prefix - 1]
+    if test([last]):
+        return SearchResult((last,), len(test.answers), True, prefix)
+    rest = ddmin(ranked[: prefix - 1], lambda kept: test([*kept, last]))
+    return SearchResult((*rest, last), len(test.answers), True, prefix)
 
 
 def _shortest_prefix(ranked: list[str], test: Callable[[Sequence[str]], bool]) -> int:

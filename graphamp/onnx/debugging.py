@@ -150,13 +150,20 @@ class Comparison:
     """One session running ``reference`` beside ``other`` (see
     :func:`graphamp.onnx.statgraph.comparison`), for as many runs as needed."""
 
-    def __init__(self, reference: onnx.ModelProto, other: onnx.ModelProto, tensors: list[str]):
+    def __init__(
+        self,
+        reference: onnx.ModelProto,
+        other: onnx.ModelProto,
+        tensors: list[str],
+        shared: frozenset[str] = frozenset(),
+    ) -> None:
         self.reference = reference
         self.tensors = tensors
         self.outputs = [o.name for o in reference.graph.output]
         inputs = {v.name for v in reference.graph.input}  # a comparison keeps their names
         self._reference_names = {n: n if n in inputs else f"{REF}{n}" for n in self.outputs}
-        self.session = Session(comparison(reference, other, tensors), what="the comparison model")
+        model = comparison(reference, other, tensors, shared)
+        self.session = Session(model, what="the comparison model")
 
     def run(
         self,

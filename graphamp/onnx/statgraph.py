@@ -91,20 +91,27 @@ def with_range_stats(proto: onnx.ModelProto, tensors: list[str]) -> onnx.ModelPr
 
 
 def comparison(
-    reference: onnx.ModelProto, other: onnx.ModelProto, tensors: list[str]
+    reference: onnx.ModelProto,
+    other: onnx.ModelProto,
+    tensors: list[str],
+    shared: frozenset[str] = frozenset(),
 ) -> onnx.ModelProto:
     """One model running ``reference`` (renamed under :data:`REF`) beside ``other`` on the same
     graph inputs, with the :data:`COMPARE_STATS` of each tensor of ``tensors`` (a float32
-    value of both) and both models' outputs (the reference's under :data:`REF`)."""
+    value of both) and both models' outputs (the reference's under :data:`REF`). ``shared``
+    names initializers both models hold with the same values (the switchable model's are the
+    float32 model's): the reference reads ``other``'s, so the weights are held once."""
     model = model_shell(other)
     inputs = {v.name for v in reference.graph.input} - {i.name for i in reference.graph.initializer}
-    rename = _renamer(inputs)
+    rename = _renamer(inputs | set(shared))
     ref_nodes = [_renamed_node(node, rename) for node in reference.graph.node]
     stats: list[onnx.NodeProto] = []
     for tensor in tensors:
         stats += _compare_nodes(rename(tensor), tensor, tensor)
     model.graph.node.extend(_interleaved([ref_nodes, list(other.graph.node), stats]))
     for init in reference.graph.initializer:
+        if init.name in shared:
+            continue
         copy = model.graph.initializer.add()
         copy.CopyFrom(init)
         copy.name = rename(init.name)

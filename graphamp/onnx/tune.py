@@ -11,11 +11,14 @@ max |y - y32| <= atol), as ``--verify`` measures.
    whether the plan meets the tolerance.
 2. Overflow first, with no model run: a low op that reads or writes a value the float32 model
    holds beyond the type's range (the range rule, no margin) overflows; the first such op in
-   graph order is kept, the plan decided again (deny spreads from it), and so on. Then, while
-   a node still turns finite values into inf/NaN, keep every such node and attribute again (an
-   inf hides every fault behind it, so each round can reveal the next).
-3. When only finite errors remain over the tolerance: the shortest prefix of the ranking that
-   meets it, reduced by delta debugging to a 1-minimal set (:mod:`graphamp.search`).
+   graph order is kept, the plan decided again (deny spreads from it), and so on; the real
+   conversion with them is checked at once (it is the last step anyway). Then, while a node
+   still turns finite values into inf/NaN, keep every such node and attribute again (an inf
+   hides every fault behind it, so each round can reveal the next).
+3. When only finite errors remain over the tolerance: the suspects (the nodes where an error
+   over rtol starts, in graph order, then the rest by the error they add), each followed by its
+   producers (a cancelling node reads rounded inputs); the shortest prefix that meets the
+   tolerance, reduced by delta debugging to a 1-minimal set (:mod:`graphamp.search`).
 4. Convert with the nodes kept (rule ``tuned``: a deny seed, as the ``deny_names`` snippet
    printed) and check the real conversion with the faithful evaluator; should it miss the
    tolerance where the switchable model met it, the search runs again on real conversions.
@@ -113,11 +116,17 @@ def tune(
         return answers[kept]
 
     kept: list[str] = []
+    checked: tuple[engine.Conversion, bool, dict[str, float]] | None = None
+    real = 0
     if not met:  # values the float32 model holds beyond the type's range overflow: keep them
         kept = _overflowing(attribute.ranges(), analysis.graph, policy.dtype, decide)
-        if kept:
-            report, met, _ = attribute(batches, decide(frozenset(kept)))
+        if kept:  # the real conversion is checked at the end anyway: check it now
+            conversion = _convert(proto, policy, ranges, tuple(kept))
+            checked = (conversion, *_check(conversion, batches, expected, rtol, atol))
+            real, met = 1, checked[1]
             answers[frozenset(kept)] = met
+            if not met:
+                report, met, _ = attribute(batches, decide(frozenset(kept)))
     while not met:
         # Nodes that turn finite values into inf/NaN: each must stay float32, and what they
         # break hides every fault behind them: keep them, and look again.
@@ -133,15 +142,19 @@ def tune(
         answers[frozenset(kept)] = met
     if not met:  # finite errors only: search along the ranking
         pending = [n for n in candidates if n not in set(kept)]
-        adding = [n.name for n in report.nodes if n.error > 0 and n.name in set(pending)]
-        ranked = adding + [n for n in pending if n not in set(adding)]
+        suspects = _suspects(report, analysis.graph, pending, rtol)
+        ranked = _with_producers(suspects, analysis.graph, set(pending))
+        ranked += [n for n in pending if n not in set(ranked)]
         fixed = frozenset(kept)
         found = find_kept(ranked, lambda more: meets(fixed | more))
         kept += found.kept
         met = found.met
-    final = _convert(proto, policy, ranges, tuple(kept))
-    real_met, errors = _check(final, batches, expected, rtol, atol)
-    real = 1
+    if checked is not None and checked[1]:
+        final, real_met, errors = checked
+    else:
+        final = _convert(proto, policy, ranges, tuple(kept))
+        real_met, errors = _check(final, batches, expected, rtol, atol)
+        real += 1
     if met and not real_met:  # the switchable model disagreed: search again on real conversions
 
         def meets_real(candidate: frozenset[str]) -> bool:
@@ -176,7 +189,8 @@ class Attribution:
         self.switch, self.rtol, self.atol = switch, rtol, atol
         produced = {out for node in switch.proto.graph.node for out in node.output}
         tensors = [t for t in float32_values(proto) if t in produced]
-        self.comparison = Comparison(proto, switch.proto, tensors)
+        weights = frozenset(init.name for init in proto.graph.initializer)
+        self.comparison = Comparison(proto, switch.proto, tensors, shared=weights)
         self.expected: list[dict[str, np.ndarray]] = []
         self.runs = 0
         self.stats: dict[str, dict[str, float]] = {}
@@ -238,6 +252,34 @@ class Decider:
         PassManager(self.passes, check=False).run(context)
         low = self.policy.dtype
         return frozenset(n for n, d in context.decisions.items() if d.precision == low)
+
+
+def _suspects(report: DebugReport, graph: OpGraph, pending: list[str], rtol: float) -> list[str]:
+    """The nodes to try first, best first: those whose output's error crosses ``rtol`` while
+    their inputs' errors do not (where an error starts; in graph order), then the others that
+    add error, by the error they add. The nodes downstream of a fault inherit its error and
+    may seem to add more (an error relative to a tensor's largest value grows where the values
+    shrink), which is why where it starts comes first."""
+    position = {name: index for index, name in enumerate(graph.nodes)}
+    crossing = sorted(  # float32 ones too: their low producers follow them
+        (n.name for n in report.nodes if n.output_error > rtol >= n.input_error),
+        key=lambda name: position.get(name, len(position)),
+    )
+    adding = [n.name for n in report.nodes if n.error > 0 and n.name in set(pending)]
+    return crossing + [name for name in adding if name not in set(crossing)]
+
+
+def _with_producers(ranked: list[str], graph: OpGraph, allowed: set[str]) -> list[str]:
+    """``ranked`` with, after each node, the producers of the values it computes from: a node
+    that cancels (a - b with a close to b) adds the error, but keeping it float32 does not help
+    while it reads a and b rounded; their producers are the next to try."""
+    flow = graph.dataflow
+    result: list[str] = []
+    for name in ranked:
+        for candidate in (name, *sorted(flow.predecessors(name))):
+            if candidate in allowed and candidate not in result:
+                result.append(candidate)
+    return result
 
 
 def _overflowing(ranges: Ranges, graph: OpGraph, dtype: str, decide: Decider) -> list[str]:
