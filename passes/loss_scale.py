@@ -201,7 +201,9 @@ class ScaleUpdatePass(Pass):
     requires = frozenset({Fact.LOSS_SCALED, Fact.FINITE_CHECKED})
 
     def applies(self, context: PassContext) -> bool:
-        return isinstance(context.options.get("loss_scaling"), DynamicLossScaling)
+        # Update steps only: an accumulating micro-step has no finite check and keeps the scale.
+        dynamic = isinstance(context.options.get("loss_scaling"), DynamicLossScaling)
+        return dynamic and Fact.FINITE_CHECKED in context.facts
 
     def run(self, context: PassContext) -> PassResult:
         scaling: DynamicLossScaling = context.options["loss_scaling"]

@@ -119,3 +119,22 @@ def test_loss_scaling_reaches_the_gradients_float16_would_flush():
     assert all(torch.equal(d, torch.zeros_like(d)) for d in unscaled.values())
     for name, delta in scaled.items():
         assert (delta - expected[name]).abs().max() <= 5e-2 * expected[name].abs().max(), name
+
+
+def test_accumulation_under_the_default_dynamic_scaling():
+    """float16's default (dynamic) scaling with accumulate=2: the accumulating micro-step
+    scales its seed but has no finite check and no scale update (it used to stop with an
+    internal error: the scale update needs the finite check)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = graphamp.fx.train_step(model, nn.functional.mse_loss, opt, dtype="float16", accumulate=2)
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    step(x, y)
+    step(x, y)
+    added = {k for k, d in step.plan.nodes.items() if str(d.rule) == "scale_update"}
+    assert added == {"scale_update"}
+    assert "scale_update" not in step.captured["accumulate"].graph.nodes
+    assert "loss_scale" in step.captured["accumulate"].graph.nodes
+    assert int(step.skipped_steps) == 0
+    assert not torch.equal(step.params["0.weight"], model[0].weight.detach())
