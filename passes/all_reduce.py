@@ -62,14 +62,12 @@ class AllReducePass(Pass):
         sizes = [(name, _elements(g) * reduce.item_bytes) for name, g in gradients.items()]
         groups = buckets(sizes, reduce.bucket_bytes)
         by_name = dict(sizes)
-        scaled = context.options.get("loss_scaling") is not None
-        halved = ", half of float32's" if reduce.dtype != "float32" else ""
-        why_scaled = (
-            f"; the scaled gradients travel (small values survive {reduce.dtype}) and are "
-            "unscaled after"
-            if scaled
-            else ""
-        )
+        low = reduce.dtype != "float32"
+        halved = " (half of float32's)" if low else ""
+        why_scaled = ""
+        if context.options.get("loss_scaling") is not None:
+            survive = f": small values survive {reduce.dtype}" if low else ""
+            why_scaled = f"; the loss-scaled gradients travel and are unscaled after{survive}"
         for index, names in enumerate(groups):
             sent = sum(by_name[name] for name in names)
             node = add_node(
@@ -78,8 +76,9 @@ class AllReducePass(Pass):
                 names,
                 [(f"{name}.reduced", gradients[name].dtype) for name in names],
                 Rule.ALL_REDUCE,
-                f"bucket {index + 1} of {len(groups)}: {len(names)} gradients averaged over "
-                f"the ranks, {sent} bytes sent as {reduce.dtype}{halved}{why_scaled}",
+                f"bucket {index + 1} of {len(groups)}: {len(names)} gradient"
+                f"{'s' if len(names) > 1 else ''} averaged over the {reduce.world_size} ranks, "
+                f"{sent} bytes sent as {reduce.dtype}{halved}{why_scaled}",
                 params={
                     "op": "mean",
                     "group": reduce.group,
