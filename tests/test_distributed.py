@@ -7,6 +7,10 @@ rounds a half batch's partial sums differently from the whole batch's, so a smal
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -27,6 +31,7 @@ SCENARIOS = {
     # several buckets: 600 bytes hold at most the 4 x 32 weight and a bias in float32
     "float32": {"bucket_bytes": 600},
     "float16": {"grad_dtype": "float16"},
+    "bfloat16": {"grad_dtype": "bfloat16"},
     "poison": {"grad_dtype": "float16", "poison": (2, 1)},  # an inf in rank 1's half, step 2
     "accumulate": {"accumulate": 2},
     "clip": {"clip": 0.05, "grad_dtype": "float16"},
@@ -83,6 +88,13 @@ def test_float16_reduction_is_bitwise_equal_across_ranks_and_close(ranks, single
         "found_inf is the largest over the ranks"
         in first["reduce_nodes"]["all_reduce.found_inf"][1]
     )
+
+
+def test_bfloat16_reduction_is_bitwise_equal_across_ranks_and_close(ranks, single):
+    first, second = ranks[0]["bfloat16"], ranks[1]["bfloat16"]
+    assert bitwise_equal(first["params"], second["params"])
+    assert relative(first["params"], single["float32"]["params"]) <= 2e-2
+    assert first["reduce_nodes"]["all_reduce.0"][0] == "bfloat16"
 
 
 def test_an_inf_on_one_rank_skips_the_step_on_both(ranks, single):
@@ -243,3 +255,26 @@ def test_clipping_follows_grad_scaler_unscale_then_clip_grad_norm():
     assert relative(step.params, expected) <= 5e-3
     unclipped = workers.train({}, None)["params"]
     assert relative(unclipped, expected) > 10 * relative(step.params, expected)
+
+
+def test_the_readme_example_runs_under_torchrun(tmp_path):
+    """The README's data-parallel script, as written, on two processes started by torchrun:
+    every rank ends with the same parameters."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Across processes") :]
+    script = section[section.index("```py\n") + 6 : section.index("```\n")]
+    (tmp_path / "train_dp.py").write_text(script)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    done = subprocess.run(
+        [*command, "--nproc-per-node", "2", "train_dp.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
+    assert [line[:6] for line in lines] == ["rank 0", "rank 1"]
+    checksums = {line.rsplit("parameters ", 1)[1] for line in lines}
+    assert len(checksums) == 1, lines
+    assert "bytes sent as float16 (half of float32's)" in done.stdout

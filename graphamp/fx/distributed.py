@@ -20,7 +20,7 @@ def gradient_reduce(
     process_group: object, grad_dtype: str | None, bucket_bytes: int | None
 ) -> GradientReduce | None:
     """The reduction over ``process_group`` (a ProcessGroup, or ``"world"`` for the default
-    group), or None without one; refuses what the backend cannot do in one line."""
+    group), or None without one."""
     if process_group is None:
         if grad_dtype is not None or bucket_bytes is not None:
             raise GraphampError("grad_dtype and bucket_bytes need a process_group")
@@ -37,9 +37,6 @@ def gradient_reduce(
     dtype = grad_dtype or "float32"
     if dtype not in GRAD_TYPES:
         raise GraphampError(f"grad_dtype: one of {', '.join(GRAD_TYPES)} or None, got {dtype!r}")
-    backend = dist.get_backend(process_group)
-    if dtype == "bfloat16" and backend == "gloo":
-        raise GraphampError("grad_dtype='bfloat16': gloo cannot reduce bfloat16 (use float16)")
     return GradientReduce(
         group=process_group.group_name,
         world_size=dist.get_world_size(process_group),
