@@ -44,6 +44,22 @@ def _replace_gradients(
         tensors[gradient].role, tensors[output].role = None, Role.GRADIENT
 
 
+def _by_readiness(context: PassContext, role: Role) -> list[TensorInfo]:
+    """The values of ``role`` in the order backward computes them (the node that makes each,
+    looking through casts), so the first buckets can travel while backward goes on."""
+    graph = context.graph
+    position = {name: index for index, name in enumerate(graph.nodes)}
+
+    def made_at(tensor: TensorInfo) -> int:
+        producer = tensor.producer
+        while producer is not None and graph.nodes[producer].kind is NodeKind.CAST:
+            source = graph.nodes[producer].inputs[0]
+            producer = graph.tensors[source].producer
+        return position.get(producer, -1) if producer is not None else -1
+
+    return sorted(graph.with_role(role), key=made_at)
+
+
 @register
 class AllReducePass(Pass):
     """Average the gradients over the process group (see the module docstring)."""
@@ -58,7 +74,7 @@ class AllReducePass(Pass):
 
     def run(self, context: PassContext) -> PassResult:
         reduce: GradientReduce = context.options["all_reduce"]
-        gradients = {g.name: g for g in context.graph.with_role(Role.GRADIENT)}
+        gradients = {g.name: g for g in _by_readiness(context, Role.GRADIENT)}
         sizes = [(name, _elements(g) * reduce.item_bytes) for name, g in gradients.items()]
         groups = buckets(sizes, reduce.bucket_bytes)
         by_name = dict(sizes)

@@ -58,3 +58,59 @@ def broadcast_from_first(reduce: GradientReduce, tensors: Iterable[torch.Tensor]
     source = dist.get_global_rank(group, 0)
     for tensor in tensors:
         dist.broadcast(tensor, src=source, group=group)
+
+
+WAIT = "_c10d_functional.wait_tensor"
+COLLECTIVE = "_c10d_functional.all_reduce"
+
+
+def overlap_communication(module: torch.fx.GraphModule) -> int:
+    """Reorder ``module``'s graph so that each collective is issued as soon as its inputs
+    exist, and every node that does not depend on a collective's result runs before every node
+    that does: the rest of backward then computes while the buckets already sent travel (the
+    collectives are asynchronous until waited on), as DistributedDataParallel overlaps them.
+    Nodes that write in place (functionalize's copies back onto buffers) stay with the later
+    part. Returns how many nodes were moved after the first wait."""
+    graph = module.graph
+    _issue_early(graph)
+    later: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if _waits_or_writes(node) or any(a in later for a in node.all_input_nodes):
+            later.add(node)
+    if not any(WAIT in str(n.target) for n in later):
+        return 0
+    output = next(n for n in graph.nodes if n.op == "output")
+    for node in [n for n in graph.nodes if n in later and n.op != "output"]:
+        output.prepend(node)  # in their order, after every earlier node
+    graph.lint()
+    module.recompile()
+    return len(later)
+
+
+def _waits_or_writes(node: torch.fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    schema = getattr(node.target, "_schema", None)
+    return WAIT in str(node.target) or (schema is not None and schema.is_mutable)
+
+
+def _issue_early(graph: torch.fx.Graph) -> None:
+    """Move every pure node a collective depends on right after the last of its inputs (in
+    graph order, so each lands after its own inputs have moved)."""
+    feeding: set[torch.fx.Node] = set()
+    for node in reversed(graph.nodes):
+        issues = node.op == "call_function" and COLLECTIVE in str(node.target)
+        if issues or any(user in feeding for user in node.users):
+            feeding.add(node)
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    for node in list(graph.nodes):
+        if node not in feeding or node.op != "call_function" or _waits_or_writes(node):
+            continue
+        inputs = node.all_input_nodes
+        if not inputs:
+            continue
+        last = max(inputs, key=order.__getitem__)
+        if last.op == "placeholder":
+            continue
+        last.append(node)
+        order = {n: index for index, n in enumerate(graph.nodes)}

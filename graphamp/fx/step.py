@@ -142,6 +142,8 @@ class TrainStep:
         }
         context = PassManager(pipeline=STEP).run(PassContext(read.graph, policy, options))
         module = writer.apply(read, context.script)
+        if self.reduce is not None:
+            distributed.overlap_communication(module)
         script, tensors = context.script, read.graph.tensors
         for name, initial in script.new_inputs.items():
             if name not in self.state:
