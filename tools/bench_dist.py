@@ -2,7 +2,7 @@
 all-reduced per step, graphamp's step graph (float32 and float16 gradients) against
 DistributedDataParallel + torch.autocast + GradScaler (without and with fp16_compress_hook).
 
-    python tools/bench_dist.py [--steps 20] [--width 512] [--batch 64]
+    python tools/bench_dist.py [--steps 20] [--width 512] [--batch 64] [--compile]
 
 Every configuration computes in float16 with dynamic loss scaling, SGD with momentum 0.9; each
 rank trains on its half of the batch with one thread (two processes on two cores). Bytes are
@@ -11,7 +11,8 @@ ranks a ring all-reduce also sends about that much): for graphamp, the buffers o
 _c10d_functional.all_reduce nodes of its graph (gradient buckets and the 4-byte found_inf);
 for DDP, the bucket buffers its communication hook is given (a counting wrapper around
 allreduce_hook / fp16_compress_hook, in a separate run so it does not touch the timings).
-Time is the median step of each rank, the slower rank reported.
+Time is the median step of each rank, the slower rank reported. ``--compile`` adds graphamp's
+steps under torch.compile (inductor schedules the collectives).
 
 Models: the zoo's SimpleNet (3 x Linear + ReLU, ``--width``) and the zoo's BERT encoder
 (``models/transformer.py``, sized by ``--bert-*``; loss on the pooled output).
@@ -42,6 +43,10 @@ CONFIGS = (
     "graphamp, float16 gradients",
     "DDP + autocast + GradScaler",
     "DDP + autocast + GradScaler + fp16_compress_hook",
+)
+COMPILED = (
+    "graphamp, float32 gradients, torch.compile",
+    "graphamp, float16 gradients, torch.compile",
 )
 
 
@@ -129,6 +134,8 @@ def measure(rank: int, name: str, config: str, args: argparse.Namespace) -> tupl
     counter: list[int] | None = None
     if config.startswith("graphamp"):
         step = graphamp_step(model, loss_fn, "float16" if "float16" in config else None)
+        if config.endswith("torch.compile"):
+            step.compile(*mine)
     else:
         step = ddp_step(model, loss_fn, "fp16" in config, None)
     for _ in range(args.warmup):
@@ -149,6 +156,10 @@ def measure(rank: int, name: str, config: str, args: argparse.Namespace) -> tupl
     return statistics.median(times), sent
 
 
+def configs(args: argparse.Namespace) -> tuple[str, ...]:
+    return CONFIGS + COMPILED if args.compile else CONFIGS
+
+
 def worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -156,7 +167,7 @@ def worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     )
     results = {}
     for name in args.models:
-        for config in CONFIGS:
+        for config in configs(args):
             seconds, sent = measure(rank, name, config, args)
             slowest = torch.tensor([seconds])
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -175,6 +186,7 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=["simplenet", "bert"])
     parser.add_argument("--width", type=int, default=512, help="SimpleNet width")
     parser.add_argument("--batch", type=int, default=64, help="SimpleNet global batch")
+    parser.add_argument("--compile", action="store_true", help="also graphamp + torch.compile")
     parser.add_argument("--bert-vocab", type=int, default=1000)
     parser.add_argument("--bert-hidden", type=int, default=128)
     parser.add_argument("--bert-layers", type=int, default=2)
@@ -204,7 +216,7 @@ def main() -> int:
             "float32": results[(name, CONFIGS[2])][0],
             "float16": results[(name, CONFIGS[3])][0],
         }
-        for config in CONFIGS:
+        for config in configs(args):
             seconds, sent = results[(name, config)]
             ratio = ""
             if config.startswith("graphamp"):
