@@ -91,7 +91,10 @@ def _waits_or_writes(node: torch.fx.Node) -> bool:
     if node.op != "call_function":
         return False
     schema = getattr(node.target, "_schema", None)
-    return WAIT in str(node.target) or (schema is not None and schema.is_mutable)
+    target = str(node.target)
+    if COLLECTIVE in target:  # all_reduce_ writes only the buffer its bucket made for it
+        return False
+    return WAIT in target or (schema is not None and schema.is_mutable)
 
 
 def _issue_early(graph: torch.fx.Graph) -> None:
@@ -114,3 +117,18 @@ def _issue_early(graph: torch.fx.Graph) -> None:
             continue
         last.append(node)
         order = {n: index for index, n in enumerate(graph.nodes)}
+
+
+def without_in_place_collectives(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``module`` with every in-place all-reduce made the functional one (a new result
+    buffer): torch.compile functionalizes its graph and refuses an op whose output aliases
+    its input; it then re-uses the buffer itself."""
+    in_place = torch.ops._c10d_functional.all_reduce_.default
+    changed = False
+    for node in module.graph.nodes:
+        if node.op == "call_function" and node.target is in_place:
+            node.target = torch.ops._c10d_functional.all_reduce.default
+            changed = True
+    if changed:
+        module.recompile()
+    return module

@@ -100,7 +100,11 @@ def _all_reduce(node: OpNode) -> Lowering:
         # One flat buffer per bucket, divided by the world size before it is narrowed (as
         # fp16_compress_hook does): the sum of the ranks' shares is the mean.
         flat = torch.cat([g.reshape(-1) for g in gradients]) * (1.0 / world)
-        summed = collectives.wait_tensor(collectives.all_reduce(flat.to(sent_as), "sum", group))
+        # Summed in place: the buffer is this node's own (cat copies), and a new result buffer
+        # per step would cost as much as the reduction on a CPU (fresh pages).
+        sent = flat.to(sent_as)
+        reduce_in_place = torch.ops._c10d_functional.all_reduce_
+        summed = collectives.wait_tensor(reduce_in_place(sent, "sum", group))
         pieces = summed.to(gradients[0].dtype).split([g.numel() for g in gradients])
         return [piece.view(g.shape) for piece, g in zip(pieces, gradients, strict=True)]
 

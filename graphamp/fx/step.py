@@ -278,6 +278,7 @@ class TrainStep:
         ``torch.compile(**options)``; returns self."""
         if self.graph is None:
             self._build(batch)
+        distributed.without_in_place_collectives(self.graph)  # type: ignore[arg-type]
         self.graph = torch.compile(self.graph, **options)  # type: ignore[assignment]
         if self.accumulate_graph is not None:
             self.accumulate_graph = torch.compile(self.accumulate_graph, **options)  # type: ignore[assignment]
