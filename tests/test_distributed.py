@@ -279,3 +279,23 @@ def test_the_readme_example_runs_under_torchrun(tmp_path):
     assert sorted(rank for rank, _ in found) == ["0", "1"], done.stdout
     assert len({checksum for _, checksum in found}) == 1, done.stdout
     assert "bytes sent as float16 (half of float32's)" in done.stdout
+
+
+def test_compile_gets_the_functional_all_reduce():
+    """torch.compile refuses an op whose output aliases its input: compile() swaps the
+    in-place bucket reduction for the functional one, arguments unchanged."""
+    from graphamp.fx.distributed import without_in_place_collectives
+
+    graph = torch.fx.Graph()
+    buffer = graph.placeholder("bucket")
+    ops = torch.ops._c10d_functional
+    reduced = graph.call_function(ops.all_reduce_.default, (buffer, "sum", "0"))
+    graph.output(graph.call_function(ops.wait_tensor.default, (reduced,)))
+    module = without_in_place_collectives(torch.fx.GraphModule(torch.nn.Module(), graph))
+    targets = [n.target for n in module.graph.nodes if n.op == "call_function"]
+    assert targets == [ops.all_reduce.default, ops.wait_tensor.default]
+    assert next(n for n in module.graph.nodes if n.target == targets[0]).args == (
+        buffer,
+        "sum",
+        "0",
+    )
