@@ -11,8 +11,9 @@ ranks a ring all-reduce also sends about that much): for graphamp, the buffers o
 _c10d_functional.all_reduce nodes of its graph (gradient buckets and the 4-byte found_inf);
 for DDP, the bucket buffers its communication hook is given (a counting wrapper around
 allreduce_hook / fp16_compress_hook, in a separate run so it does not touch the timings).
-Time is the median step of each rank, the slower rank reported. ``--compile`` adds graphamp's
-steps under torch.compile (inductor schedules the collectives).
+Time is the median step of each rank, the slower rank reported; the configurations take
+turns step by step, so the load of a shared machine falls on all of them alike.
+``--compile`` adds graphamp's steps under torch.compile (inductor schedules the collectives).
 
 Models: the zoo's SimpleNet (3 x Linear + ReLU, ``--width``) and the zoo's BERT encoder
 (``models/transformer.py``, sized by ``--bert-*``; loss on the pooled output).
@@ -126,34 +127,38 @@ def ddp_step(model: nn.Module, loss_fn: Callable, compress: bool, counter: list 
     return run
 
 
-def measure(rank: int, name: str, config: str, args: argparse.Namespace) -> tuple[float, int]:
-    """(median seconds per step on this rank, bytes all-reduced per step)."""
+def prepare(rank: int, name: str, config: str, args: argparse.Namespace) -> tuple:
+    """(a step function, this rank's half batch, bytes all-reduced per step)."""
     model, batch, loss_fn = build(name, args)
     half = len(batch[0]) // WORLD
     mine = tuple(t[rank * half : (rank + 1) * half] for t in batch)
-    counter: list[int] | None = None
     if config.startswith("graphamp"):
         step = graphamp_step(model, loss_fn, "float16" if "float16" in config else None)
         if config.endswith("torch.compile"):
             step.compile(*mine)
-    else:
-        step = ddp_step(model, loss_fn, "fp16" in config, None)
-    for _ in range(args.warmup):
-        step(*mine)
-    times = []
+        step(*mine)  # captured on the first call
+        return step, mine, graph_bytes(step)
+    counter: list[int] = []  # one counted step, on a wrapper of its own
+    ddp_step(build(name, args)[0], loss_fn, "fp16" in config, counter)(*mine)
+    return ddp_step(model, loss_fn, "fp16" in config, None), mine, sum(counter)
+
+
+def measure(rank: int, name: str, args: argparse.Namespace) -> dict[str, tuple[float, int]]:
+    """Per configuration: (median seconds per step on this rank, bytes all-reduced per
+    step). The configurations take turns, one step each per round, so a change in the load
+    of this shared machine falls on all of them alike."""
+    prepared = {config: prepare(rank, name, config, args) for config in configs(args)}
+    for step, mine, _ in prepared.values():
+        for _ in range(args.warmup):
+            step(*mine)
+    times: dict[str, list[float]] = {config: [] for config in prepared}
     for _ in range(args.steps):
-        dist.barrier()
-        start = time.perf_counter()
-        step(*mine)
-        times.append(time.perf_counter() - start)
-    if config.startswith("graphamp"):
-        sent = graph_bytes(step)
-    else:  # one counted step, on a fresh wrapper
-        counter = []
-        counted = ddp_step(build(name, args)[0], loss_fn, "fp16" in config, counter)
-        counted(*mine)
-        sent = sum(counter)
-    return statistics.median(times), sent
+        for config, (step, mine, _) in prepared.items():
+            dist.barrier()
+            start = time.perf_counter()
+            step(*mine)
+            times[config].append(time.perf_counter() - start)
+    return {c: (statistics.median(times[c]), prepared[c][2]) for c in prepared}
 
 
 def configs(args: argparse.Namespace) -> tuple[str, ...]:
@@ -167,8 +172,7 @@ def worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     )
     results = {}
     for name in args.models:
-        for config in configs(args):
-            seconds, sent = measure(rank, name, config, args)
+        for config, (seconds, sent) in measure(rank, name, args).items():
             slowest = torch.tensor([seconds])
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             results[(name, config)] = (float(slowest), sent)
