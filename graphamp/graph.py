@@ -49,6 +49,8 @@ class NodeKind(enum.Enum):
     STEP_GUARD = "step_guard"  # an updated value, or the old one when the step is skipped
     SCALE_UPDATE = "scale_update"  # the dynamic loss scale's next state
     SKIP_COUNT = "skip_count"  # the number of skipped steps, plus this one if skipped
+    ALL_REDUCE = "all_reduce"  # values reduced over a process group (mean of gradients, max)
+    CLIP_GRAD_NORM = "clip_grad_norm"  # gradients scaled down to a largest global norm
 
 
 class Role(enum.StrEnum):
@@ -120,7 +122,7 @@ class OpNode:
     # Where the node came from, for name rules: ONNX node name; FX module path.
     scope: str = ""
     # Settings of a node a pass added (the loss-scaling constants of a SCALE_UPDATE, ...).
-    params: Mapping[str, float] = field(default_factory=dict)
+    params: Mapping[str, float | str] = field(default_factory=dict)
 
 
 class OpGraph:

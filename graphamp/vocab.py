@@ -63,6 +63,8 @@ class Rule(enum.StrEnum):
     STEP_GUARD = "step_guard"
     SCALE_UPDATE = "scale_update"
     SKIP_COUNT = "skip_count"
+    ALL_REDUCE = "all_reduce"
+    CLIP_GRAD_NORM = "clip_grad_norm"
 
 
 DENY_SEEDS = frozenset({Rule.DENY, Rule.DENY_NAME, Rule.DENY_TENSOR, Rule.TUNED})

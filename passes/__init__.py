@@ -10,7 +10,9 @@ chain. The built-in ones:
 * :mod:`casts` turns the decisions into casts, weight conversions and cast clean-up,
 * :mod:`reviewed` applies a reviewed plan's decisions instead, and refuses a drifted model,
 * :mod:`loss_scale` adds loss scaling, unscaling, the finite check and the step guard to
-  training-step graphs.
+  training-step graphs,
+* :mod:`all_reduce` averages a data-parallel step's gradients over the ranks, agrees on
+  skipping, and clips gradients by their global norm.
 """
 
 from __future__ import annotations

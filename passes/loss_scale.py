@@ -47,25 +47,29 @@ def add_node(
     outputs: list[tuple[str, str]],
     rule: Rule,
     reason: str,
-    params: dict[str, float] | None = None,
+    params: dict[str, float | str] | None = None,
+    *,
+    name: str | None = None,
+    precision: Precision = Precision.FLOAT32,
 ) -> OpNode:
-    """A node of ``kind`` (named after it) reading ``inputs`` and writing ``outputs`` (name,
-    dtype), placed after its inputs, decided float32 with ``rule`` and ``reason``."""
+    """A node of ``kind`` (named ``name``, by default after its kind) reading ``inputs`` and
+    writing ``outputs`` (name, dtype), placed after its inputs, decided ``precision`` with
+    ``rule`` and ``reason``."""
     graph = context.graph
-    for name, dtype in outputs:
-        graph.add_tensor(TensorInfo(name, dtype))
+    for output, dtype in outputs:
+        graph.add_tensor(TensorInfo(output, dtype))
     node = OpNode(
-        name=kind.value,
+        name=name or kind.value,
         op=kind.value,
         inputs=inputs,
-        outputs=[name for name, _ in outputs],
+        outputs=[output for output, _ in outputs],
         kind=kind,
         params=params or {},
     )
     graph.add_node_after_inputs(node)
     context.script.new_nodes.append(node.name)
     context.decisions[node.name] = NodeDecision(
-        op=node.op, precision=Precision.FLOAT32, rule=rule, reason=reason
+        op=node.op, precision=precision, rule=rule, reason=reason
     )
     return node
 
@@ -73,10 +77,13 @@ def add_node(
 def reroute(context: PassContext, old: str, new: str, *, skip: str) -> None:
     """Every reader of ``old`` but node ``skip`` reads ``new`` instead."""
     graph: OpGraph = context.graph
+    added = set(context.script.new_nodes)
     for consumer, slot in list(graph.consumers(old)):
         if consumer != skip:
             graph.replace_input(consumer, slot, new)
-            context.script.rewire[(consumer, slot)] = new
+            # A node a pass added is built from its inputs in the graph: nothing to rewire.
+            if consumer not in added:
+                context.script.rewire[(consumer, slot)] = new
 
 
 def add_output(context: PassContext, name: str, replaces: str) -> None:
@@ -194,7 +201,9 @@ class ScaleUpdatePass(Pass):
     requires = frozenset({Fact.LOSS_SCALED, Fact.FINITE_CHECKED})
 
     def applies(self, context: PassContext) -> bool:
-        return isinstance(context.options.get("loss_scaling"), DynamicLossScaling)
+        # Update steps only: an accumulating micro-step has no finite check and keeps the scale.
+        dynamic = isinstance(context.options.get("loss_scaling"), DynamicLossScaling)
+        return dynamic and Fact.FINITE_CHECKED in context.facts
 
     def run(self, context: PassContext) -> PassResult:
         scaling: DynamicLossScaling = context.options["loss_scaling"]

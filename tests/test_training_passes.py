@@ -3,6 +3,7 @@ training step: the nodes they add are in the plan and explained like any other d
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import torch
@@ -90,3 +91,50 @@ def test_a_training_step_plan_shows_and_explains_its_training_nodes(tmp_path, ca
     plan.save(path)
     assert main(["explain", str(path), "unscale"]) == 0
     assert "1 / loss scale" in capsys.readouterr().out
+
+
+def test_loss_scaling_reaches_the_gradients_float16_would_flush():
+    """A loss so small that its float16 gradients flush to zero without scaling: with the
+    (default dynamic) loss scale the backward seed is scaled and the optimizer reads the
+    unscaled gradients, so the parameters move by the float32 step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+
+    def tiny_loss(out, target):  # type: ignore[no-untyped-def]
+        return nn.functional.mse_loss(out, target) * 1e-9
+
+    def moved(scaling):  # type: ignore[no-untyped-def]
+        net = copy.deepcopy(model)
+        opt = torch.optim.SGD(net.parameters(), lr=1e6)
+        step = graphamp.fx.train_step(net, tiny_loss, opt, dtype="float16", loss_scaling=scaling)
+        step(x, y)
+        return {n: step.params[n] - p.detach() for n, p in model.named_parameters()}
+
+    reference = copy.deepcopy(model)
+    tiny_loss(reference(x), y).backward()
+    expected = {n: -1e6 * p.grad for n, p in reference.named_parameters()}
+    scaled = moved(graphamp.DynamicLossScaling())
+    unscaled = moved(None)
+    assert all(torch.equal(d, torch.zeros_like(d)) for d in unscaled.values())
+    for name, delta in scaled.items():
+        assert (delta - expected[name]).abs().max() <= 5e-2 * expected[name].abs().max(), name
+
+
+def test_accumulation_under_the_default_dynamic_scaling():
+    """float16's default (dynamic) scaling with accumulate=2: the accumulating micro-step
+    scales its seed but has no finite check and no scale update (it used to stop with an
+    internal error: the scale update needs the finite check)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = graphamp.fx.train_step(model, nn.functional.mse_loss, opt, dtype="float16", accumulate=2)
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    step(x, y)
+    step(x, y)
+    added = {k for k, d in step.plan.nodes.items() if str(d.rule) == "scale_update"}
+    assert added == {"scale_update"}
+    assert "scale_update" not in step.captured["accumulate"].graph.nodes
+    assert "loss_scale" in step.captured["accumulate"].graph.nodes
+    assert int(step.skipped_steps) == 0
+    assert not torch.equal(step.params["0.weight"], model[0].weight.detach())

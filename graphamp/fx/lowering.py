@@ -14,6 +14,7 @@ from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphamp.errors import InternalError
+from graphamp.fx.types import torch_dtype
 from graphamp.graph import NodeKind, OpNode
 from graphamp.scaling import DynamicLossScaling
 
@@ -80,6 +81,49 @@ def _scale_update(node: OpNode) -> Lowering:
     return next_state
 
 
+def _all_reduce(node: OpNode) -> Lowering:
+    # Functional collectives trace into the graph as _c10d_functional ops on the group's name.
+    from torch.distributed import _functional_collectives as collectives
+
+    group, world = str(node.params["group"]), int(node.params["world_size"])
+    if node.params["op"] == "max":
+
+        def largest(flag: torch.Tensor) -> torch.Tensor:
+            # gloo reduces no bool: the flag travels as an int32 0 or 1.
+            sent = flag.to(torch.int32).reshape(1)
+            return collectives.wait_tensor(collectives.all_reduce(sent, "max", group))[0] > 0
+
+        return largest
+    sent_as = torch_dtype(str(node.params["dtype"]))
+
+    def mean(*gradients: torch.Tensor) -> list[torch.Tensor]:
+        # One flat buffer per bucket, divided by the world size before it is narrowed (as
+        # fp16_compress_hook does): the sum of the ranks' shares is the mean.
+        flat = torch.cat([g.reshape(-1) for g in gradients]) * (1.0 / world)
+        # Summed in place: the buffer is this node's own (cat copies), and a new result buffer
+        # per step would cost as much as the reduction on a CPU (fresh pages).
+        sent = flat.to(sent_as)
+        reduce_in_place = torch.ops._c10d_functional.all_reduce_
+        summed = collectives.wait_tensor(reduce_in_place(sent, "sum", group))
+        pieces = summed.to(gradients[0].dtype).split([g.numel() for g in gradients])
+        return [piece.view(g.shape) for piece, g in zip(pieces, gradients, strict=True)]
+
+    return mean
+
+
+def _clip_grad_norm(node: OpNode) -> Lowering:
+    max_norm, norm_type = float(node.params["max_norm"]), float(node.params["norm_type"])
+
+    def clipped(*gradients: torch.Tensor) -> list[torch.Tensor]:
+        # torch.nn.utils.clip_grad_norm_'s arithmetic: the norm of the per-tensor norms.
+        norms = torch.stack([torch.linalg.vector_norm(g, norm_type) for g in gradients])
+        total = torch.linalg.vector_norm(norms, norm_type)
+        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        return [g * coefficient for g in gradients]
+
+    return clipped
+
+
 LOWERINGS: dict[NodeKind, Callable[[OpNode], Lowering]] = {
     NodeKind.LOSS_SCALE: _loss_scale,
     NodeKind.UNSCALE: _unscale,
@@ -87,6 +131,8 @@ LOWERINGS: dict[NodeKind, Callable[[OpNode], Lowering]] = {
     NodeKind.STEP_GUARD: _step_guard,
     NodeKind.SKIP_COUNT: _skip_count,
     NodeKind.SCALE_UPDATE: _scale_update,
+    NodeKind.ALL_REDUCE: _all_reduce,
+    NodeKind.CLIP_GRAD_NORM: _clip_grad_norm,
 }
 
 

@@ -21,8 +21,9 @@ from torch import fx, nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphamp import report
+from graphamp.distributed import GradientClipping, GradientReduce
 from graphamp.errors import GraphampError
-from graphamp.fx import marks, optim, reader, writer
+from graphamp.fx import distributed, marks, optim, reader, writer
 from graphamp.fx.conversion import convert, fx_policy
 from graphamp.fx.types import torch_dtype
 from graphamp.graph import OpGraph
@@ -58,6 +59,8 @@ class TrainStep:
         loss_scaling: LossScaling | None,
         accumulate: int,
         overrides: dict[str, Any],
+        reduce: GradientReduce | None = None,
+        clipping: GradientClipping | None = None,
     ) -> None:
         if accumulate < 1:
             raise GraphampError(f"accumulate must be at least 1, got {accumulate}")
@@ -66,6 +69,7 @@ class TrainStep:
         self.groups = optim.optimizer_groups(optimizer, model)
         self.policy, self.overrides = policy, overrides
         self.loss_scaling = loss_scaling
+        self.reduce, self.clipping = reduce, clipping
         self.plan: Plan | None = None
         self.graph: fx.GraphModule | None = None  # the update step (the last micro-batch)
         self.accumulate_graph: fx.GraphModule | None = None
@@ -103,6 +107,9 @@ class TrainStep:
         # All state lives where the parameters do, so no step copies between host and device.
         self.device = next(iter(self.params.values())).device
         self.opt_state = {k: v.to(self.device) for k, v in self.opt_state.items()}
+        if self.reduce is not None:  # replicas start from the first rank's state
+            state = [*self.params.values(), *self.opt_state.values(), *self.buffers.values()]
+            distributed.broadcast_from_first(self.reduce, state)
         # Gradients are carried between calls only when micro-batches accumulate.
         carried = self.trainable if self.accumulate > 1 else []
         self.grad_acc = {n: torch.zeros_like(self.params[n]) for n in carried}
@@ -128,9 +135,15 @@ class TrainStep:
             *flat, *self._learning_rates(), *batch
         )
         read = reader.read(traced, master_weights=True, roles=marks.strip(traced))
-        options = {"loss_scaling": self.loss_scaling}
+        options = {
+            "loss_scaling": self.loss_scaling,
+            "all_reduce": self.reduce,
+            "clip_grad_norm": self.clipping,
+        }
         context = PassManager(pipeline=STEP).run(PassContext(read.graph, policy, options))
         module = writer.apply(read, context.script)
+        if self.reduce is not None:
+            distributed.overlap_communication(module)
         script, tensors = context.script, read.graph.tensors
         for name, initial in script.new_inputs.items():
             if name not in self.state:
@@ -265,6 +278,7 @@ class TrainStep:
         ``torch.compile(**options)``; returns self."""
         if self.graph is None:
             self._build(batch)
+        distributed.without_in_place_collectives(self.graph)  # type: ignore[arg-type]
         self.graph = torch.compile(self.graph, **options)  # type: ignore[assignment]
         if self.accumulate_graph is not None:
             self.accumulate_graph = torch.compile(self.accumulate_graph, **options)  # type: ignore[assignment]
@@ -317,6 +331,10 @@ def train_step(
     policy: Policy | None = None,
     loss_scaling: LossScaling | str | None = "default",
     accumulate: int = 1,
+    process_group: Any = None,
+    grad_dtype: str | None = None,
+    clip_grad_norm: float | None = None,
+    bucket_bytes: int | None = None,
     **policy_overrides: Any,
 ) -> TrainStep:
     """A training step for ``model`` as one mixed-precision graph (captured on first call).
@@ -324,6 +342,13 @@ def train_step(
     ``loss_scaling`` defaults to :class:`DynamicLossScaling` for float16 and to none for
     bfloat16 (it has float32's range). ``accumulate=k`` keeps the scale fixed over k
     micro-batches and unscales, checks and updates once per effective batch.
+
+    With ``process_group`` (a torch.distributed ProcessGroup, or ``"world"``) each rank runs
+    the step on its share of the batch and the gradients are averaged over the group inside
+    the graph, in buckets of ``bucket_bytes`` (DDP's 25 MiB by default), travelling as
+    ``grad_dtype`` ("float16", "bfloat16", or None for float32); the ranks agree on skipping a
+    non-finite step. ``clip_grad_norm=max_norm`` clips the unscaled gradients by their global
+    2-norm, as ``GradScaler.unscale_`` then ``clip_grad_norm_``.
     """
     if loss_scaling == "default":
         dtype = policy.dtype if policy is not None else policy_overrides.get("dtype", "bfloat16")
@@ -332,4 +357,16 @@ def train_step(
         loss_scaling, DynamicLossScaling | StaticLossScaling
     ):
         raise GraphampError("loss_scaling: a DynamicLossScaling, a StaticLossScaling or None")
-    return TrainStep(model, loss_fn, optimizer, policy, loss_scaling, accumulate, policy_overrides)
+    reduce = distributed.gradient_reduce(process_group, grad_dtype, bucket_bytes)
+    clipping = GradientClipping(float(clip_grad_norm)) if clip_grad_norm is not None else None
+    return TrainStep(
+        model,
+        loss_fn,
+        optimizer,
+        policy,
+        loss_scaling,
+        accumulate,
+        policy_overrides,
+        reduce=reduce,
+        clipping=clipping,
+    )

@@ -15,7 +15,7 @@ from torch import fx, nn
 from graphamp.dialects.base import ReadGraph
 from graphamp.edits import EditScript
 from graphamp.fx import lowering
-from graphamp.fx.reader import FxHandles, attribute, set_attribute
+from graphamp.fx.reader import FxHandles, attribute, flat, set_attribute
 from graphamp.fx.types import torch_dtype
 
 
@@ -79,10 +79,12 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
         output.replace_input_with(source, cast)
         values[record.tensor], values[record.output] = source, cast
 
-    op_nodes = read.graph.nodes
     for (node_name, slot), tensor in script.rewire.items():
-        old = op_nodes[node_name].inputs[slot]
-        values[node_name].replace_input_with(values[old], values[tensor])
+        # The slot-th tensor argument as traced (the reader's order): a pass that reroutes
+        # (the training passes) has already changed the OpGraph's inputs to the new value.
+        node = values[node_name]
+        old = [a for a in flat([node.args, node.kwargs]) if isinstance(a, fx.Node)][slot]
+        node.replace_input_with(old, values[tensor])  # type: ignore[arg-type]
 
     for node_name in script.hoist_casts:  # right after the producer of its (rewired) input
         node, source = values[node_name], values[node_name].args[0]

@@ -1,0 +1,177 @@
+"""Data-parallel training steps: gradients averaged over a process group, the overflow decision
+agreed, gradients clipped by their global norm, as passes of the ``step`` pipeline.
+
+* **all_reduce** (with a process group, before loss scaling): the gradients, in buckets of
+  about ``bucket_bytes`` as DistributedDataParallel sends them, averaged over the ranks in
+  ``grad_dtype`` (float16 halves the bytes). Under loss scaling the *scaled* gradients are
+  reduced, so small values survive float16, and the unscale node reads the reduced ones. With
+  accumulation the marked gradients are the effective batch's, so this reduces once per
+  effective batch.
+* **all_reduce_found_inf** (after the finite check): ``found_inf`` reduced with MAX, so one
+  rank's inf or NaN skips the step on every rank and every rank's scale moves the same way.
+* **clip_grad_norm** (with ``clip_grad_norm``): the unscaled gradients scaled by
+  min(1, max_norm / (total norm + 1e-6)) as ``torch.nn.utils.clip_grad_norm_``. After the
+  reduction every rank holds the same averaged gradients, so their norm is the global one. It
+  runs before the finite check: a non-finite gradient makes the total norm inf or NaN, the
+  clipped gradient NaN, and the step is skipped as before.
+"""
+
+from __future__ import annotations
+
+import math
+
+from graphamp.distributed import GradientClipping, GradientReduce, buckets
+from graphamp.graph import NodeKind, Role, TensorInfo
+from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.passes.loss_scale import STEP, add_node, reroute
+from graphamp.vocab import Precision, Rule
+
+FOUND_INF = "found_inf"
+
+
+def _elements(tensor: TensorInfo) -> int:
+    dims = tensor.shape or ()
+    return math.prod(d if isinstance(d, int) else 1 for d in dims)
+
+
+def _replace_gradients(
+    context: PassContext, node: str, gradients: list[str], outputs: list[str]
+) -> None:
+    """The optimizer reads ``outputs`` where it read ``gradients``; they carry the role now."""
+    tensors = context.graph.tensors
+    for gradient, output in zip(gradients, outputs, strict=True):
+        reroute(context, gradient, output, skip=node)
+        tensors[gradient].role, tensors[output].role = None, Role.GRADIENT
+
+
+def _by_readiness(context: PassContext, role: Role) -> list[TensorInfo]:
+    """The values of ``role`` in the order backward computes them (the node that makes each,
+    looking through casts), so the first buckets can travel while backward goes on."""
+    graph = context.graph
+    position = {name: index for index, name in enumerate(graph.nodes)}
+
+    def made_at(tensor: TensorInfo) -> int:
+        producer = tensor.producer
+        while producer is not None and graph.nodes[producer].kind is NodeKind.CAST:
+            source = graph.nodes[producer].inputs[0]
+            producer = graph.tensors[source].producer
+        return position.get(producer, -1) if producer is not None else -1
+
+    return sorted(graph.with_role(role), key=made_at)
+
+
+@register
+class AllReducePass(Pass):
+    """Average the gradients over the process group (see the module docstring)."""
+
+    name = "all_reduce"
+    pipeline = STEP
+    before = ("loss_scale",)
+
+    def applies(self, context: PassContext) -> bool:
+        reduce = context.options.get("all_reduce")
+        return reduce is not None and bool(context.graph.with_role(Role.GRADIENT))
+
+    def run(self, context: PassContext) -> PassResult:
+        reduce: GradientReduce = context.options["all_reduce"]
+        gradients = {g.name: g for g in _by_readiness(context, Role.GRADIENT)}
+        sizes = [(name, _elements(g) * reduce.item_bytes) for name, g in gradients.items()]
+        groups = buckets(sizes, reduce.bucket_bytes)
+        by_name = dict(sizes)
+        low = reduce.dtype != "float32"
+        halved = " (half of float32's)" if low else ""
+        why_scaled = ""
+        if context.options.get("loss_scaling") is not None:
+            survive = f": small values survive {reduce.dtype}" if low else ""
+            why_scaled = f"; the loss-scaled gradients travel and are unscaled after{survive}"
+        for index, names in enumerate(groups):
+            sent = sum(by_name[name] for name in names)
+            node = add_node(
+                context,
+                NodeKind.ALL_REDUCE,
+                names,
+                [(f"{name}.reduced", gradients[name].dtype) for name in names],
+                Rule.ALL_REDUCE,
+                f"bucket {index + 1} of {len(groups)}: {len(names)} gradient"
+                f"{'s' if len(names) > 1 else ''} averaged over the {reduce.world_size} ranks, "
+                f"{sent} bytes sent as {reduce.dtype}{halved}{why_scaled}",
+                params={
+                    "op": "mean",
+                    "group": reduce.group,
+                    "world_size": reduce.world_size,
+                    "dtype": reduce.dtype,
+                },
+                name=f"all_reduce.{index}",
+                precision=Precision(reduce.dtype),
+            )
+            _replace_gradients(context, node.name, names, node.outputs)
+        total = sum(by_name.values())
+        return PassResult(
+            modified=True, note=f"{len(groups)} buckets, {total} bytes: {reduce.describe()}"
+        )
+
+
+@register
+class AgreeFoundInfPass(Pass):
+    """Reduce the finite check's flag with MAX over the ranks (see the module docstring)."""
+
+    name = "all_reduce_found_inf"
+    pipeline = STEP
+    requires = frozenset({Fact.FINITE_CHECKED})
+    after = ("finite_check", "scale_update")
+
+    def applies(self, context: PassContext) -> bool:
+        return context.options.get("all_reduce") is not None and FOUND_INF in context.graph.tensors
+
+    def run(self, context: PassContext) -> PassResult:
+        reduce: GradientReduce = context.options["all_reduce"]
+        node = add_node(
+            context,
+            NodeKind.ALL_REDUCE,
+            [FOUND_INF],
+            [(f"{FOUND_INF}.agreed", "bool")],
+            Rule.ALL_REDUCE,
+            "found_inf is the largest over the ranks: one rank's inf or NaN skips the step on "
+            "every rank, and every rank's loss scale and skip count move the same way",
+            params={"op": "max", "group": reduce.group, "world_size": reduce.world_size},
+            name=f"all_reduce.{FOUND_INF}",
+        )
+        reroute(context, FOUND_INF, node.outputs[0], skip=node.name)
+        # Built before the nodes that now read it (the step guard, the counters).
+        added = context.script.new_nodes
+        added.remove(node.name)
+        added.insert(added.index("finite_check") + 1, node.name)
+        return PassResult(modified=True)
+
+
+@register
+class ClipGradNormPass(Pass):
+    """Clip the unscaled gradients by their global norm (see the module docstring)."""
+
+    name = "clip_grad_norm"
+    pipeline = STEP
+    after = ("all_reduce", "loss_scale")
+    before = ("finite_check",)
+
+    def applies(self, context: PassContext) -> bool:
+        clipping = context.options.get("clip_grad_norm")
+        return clipping is not None and bool(context.graph.with_role(Role.GRADIENT))
+
+    def run(self, context: PassContext) -> PassResult:
+        clipping: GradientClipping = context.options["clip_grad_norm"]
+        gradients = [g.name for g in context.graph.with_role(Role.GRADIENT)]
+        reduced = context.options.get("all_reduce") is not None
+        where = " (every rank holds the averaged gradients)" if reduced else ""
+        node = add_node(
+            context,
+            NodeKind.CLIP_GRAD_NORM,
+            gradients,
+            [(f"{name}.clipped", context.graph.tensors[name].dtype) for name in gradients],
+            Rule.CLIP_GRAD_NORM,
+            f"the {len(gradients)} unscaled gradients scaled down together when their global "
+            f"{clipping.norm_type:g}-norm{where} exceeds {clipping.max_norm:g}, as "
+            "torch.nn.utils.clip_grad_norm_",
+            params={"max_norm": clipping.max_norm, "norm_type": clipping.norm_type},
+        )
+        _replace_gradients(context, node.name, gradients, node.outputs)
+        return PassResult(modified=True, note=f"max_norm {clipping.max_norm:g}")

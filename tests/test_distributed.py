@@ -1,0 +1,301 @@
+"""Training steps across processes (issue 14): two gloo ranks on this CPU, each on half of a
+global batch, against one process on the whole batch. The workers are in tests/dist_workers.py.
+
+Parameters are compared as the model's parameter vector, ||a - b|| / ||b||: float16 backward
+rounds a half batch's partial sums differently from the whole batch's, so a small tensor (a
+4-element bias) on its own differs by float16's rounding (2e-4) whatever the reduction does."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import graphamp
+import graphamp.fx
+from graphamp.distributed import GradientClipping, GradientReduce
+from graphamp.errors import GraphampError
+from graphamp.graph import Role
+from graphamp.passes import PassContext, PassManager
+from graphamp.passes.loss_scale import STEP
+from graphamp.policy import Policy
+from graphamp.vocab import Rule
+from tests import dist_workers as workers
+from tests.opgraphs import GraphBuilder
+
+SCENARIOS = {
+    # several buckets: 600 bytes hold at most the 4 x 32 weight and a bias in float32
+    "float32": {"bucket_bytes": 600},
+    "float16": {"grad_dtype": "float16"},
+    "bfloat16": {"grad_dtype": "bfloat16"},
+    "poison": {"grad_dtype": "float16", "poison": (2, 1)},  # an inf in rank 1's half, step 2
+    "accumulate": {"accumulate": 2},
+    "clip": {"clip": 0.05, "grad_dtype": "float16"},
+}
+
+
+def relative(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    flat_a = torch.cat([a[k].flatten() for k in sorted(b)])
+    flat_b = torch.cat([b[k].flatten() for k in sorted(b)])
+    return float((flat_a - flat_b).norm() / flat_b.norm())
+
+
+def bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Every scenario trained once on two ranks (one spawn: starting processes is the cost)."""
+    return workers.spawn(workers.train_worker, tmp_path_factory.mktemp("dist"), SCENARIOS)
+
+
+@pytest.fixture(scope="module")
+def single() -> dict[str, dict]:
+    return {name: workers.train(settings, None) for name, settings in SCENARIOS.items()}
+
+
+def test_float32_reduction_equals_one_process_on_the_global_batch(ranks, single):
+    first, second = ranks[0]["float32"], ranks[1]["float32"]
+    assert bitwise_equal(first["params"], second["params"])
+    assert bitwise_equal(first["opt_state"], second["opt_state"])
+    assert relative(first["params"], single["float32"]["params"]) <= 1e-4
+    moved = relative(workers.net().state_dict(), single["float32"]["params"])
+    assert moved > 1e-2  # the comparison above is not between untrained weights
+    assert first["skipped"] == single["float32"]["skipped"] == 0
+    # three buckets: the reduce nodes are in the plan, in float32, with their bytes
+    buckets = {k: v for k, v in first["reduce_nodes"].items() if k != "all_reduce.found_inf"}
+    assert sorted(buckets) == ["all_reduce.0", "all_reduce.1", "all_reduce.2"]
+    assert {precision for precision, _ in buckets.values()} == {"float32"}
+    assert "528 bytes sent as float32" in buckets["all_reduce.0"][1]
+    assert first["graphs"]["update"].count("_c10d_functional.all_reduce") == 4
+
+
+def test_float16_reduction_is_bitwise_equal_across_ranks_and_close(ranks, single):
+    first, second = ranks[0]["float16"], ranks[1]["float16"]
+    assert bitwise_equal(first["params"], second["params"])
+    assert bitwise_equal(first["opt_state"], second["opt_state"])
+    assert relative(first["params"], single["float32"]["params"]) <= 2e-2
+    assert not bitwise_equal(first["params"], ranks[0]["float32"]["params"])  # it was float16
+    ((precision, reason),) = [v for k, v in first["reduce_nodes"].items() if k == "all_reduce.0"]
+    assert precision == "float16" and "half of float32's" in reason
+    assert "small values survive float16" in reason  # the scaled gradients travel
+    assert (
+        "found_inf is the largest over the ranks"
+        in first["reduce_nodes"]["all_reduce.found_inf"][1]
+    )
+
+
+def test_bfloat16_reduction_is_bitwise_equal_across_ranks_and_close(ranks, single):
+    first, second = ranks[0]["bfloat16"], ranks[1]["bfloat16"]
+    assert bitwise_equal(first["params"], second["params"])
+    assert relative(first["params"], single["float32"]["params"]) <= 2e-2
+    assert first["reduce_nodes"]["all_reduce.0"][0] == "bfloat16"
+
+
+def test_an_inf_on_one_rank_skips_the_step_on_both(ranks, single):
+    first, second = ranks[0]["poison"], ranks[1]["poison"]
+    assert first["skipped"] == second["skipped"] == 1
+    assert first["scale"] == second["scale"] == pytest.approx(2.0**15 * 0.8)  # both moved
+    assert bitwise_equal(first["params"], second["params"])
+    assert all(torch.isfinite(p).all() for p in first["params"].values())
+    # the skipped step changed nothing: as one process skipping the same step
+    assert single["poison"]["skipped"] == 1
+    assert relative(first["params"], single["poison"]["params"]) <= 2e-2
+
+
+def test_the_ranks_agree_on_found_inf_with_max(ranks):
+    """Only rank 1 raised its flag; the MAX all-reduce node gives both ranks true."""
+    assert ranks[0]["agreed"] is True and ranks[1]["agreed"] is True
+
+
+def test_accumulation_reduces_once_per_effective_batch(ranks, single):
+    first, second = ranks[0]["accumulate"], ranks[1]["accumulate"]
+    assert "_c10d_functional" not in first["graphs"]["accumulate"]
+    assert first["graphs"]["update"].count("_c10d_functional.all_reduce") == 2
+    assert bitwise_equal(first["params"], second["params"])
+    assert relative(first["params"], single["accumulate"]["params"]) <= 1e-4
+
+
+def test_clipping_by_the_global_norm_matches_one_process(ranks, single):
+    first, second = ranks[0]["clip"], ranks[1]["clip"]
+    assert bitwise_equal(first["params"], second["params"])
+    assert relative(first["params"], single["clip"]["params"]) <= 2e-2
+    # clipping was active: the clipped run moved less far than the unclipped one
+    start = workers.net().state_dict()
+    assert relative(single["clip"]["params"], start) < relative(single["float32"]["params"], start)
+
+
+def test_converted_module_trains_under_ddp_with_fp16_compress_hook(tmp_path):
+    ranks = workers.spawn(workers.ddp_worker, tmp_path)
+    assert bitwise_equal(ranks[0]["params"], ranks[1]["params"])
+    alone = workers.ddp_train(None)
+    assert relative(ranks[0]["params"], alone) <= 2e-2
+    assert relative(workers.net().state_dict(), alone) > 1e-2
+
+
+# ---- the passes on a step graph built in code, and clipping in one process ----------------
+
+
+def two_gradient_step():  # type: ignore[no-untyped-def]
+    """loss = f(w1, w2, x) * seed; g1, g2 from the seed; each w updated by its gradient."""
+    b = GraphBuilder()
+    w1, w2, x = (b.input(n, fixed=True) for n in ("w1", "w2", "x"))
+    loss = b.op("loss", "MatMul", [w1, x])
+    seed = b.op("seed", "ones_like", [loss])
+    b.op("scaled", "mul", [loss, seed])
+    g1 = b.op("g1", "mul", [seed, x])
+    g2 = b.op("g2", "mul", [seed, w2])
+    new1, new2 = b.op("new1", "sub", [w1, g1]), b.op("new2", "sub", [w2, g2])
+    graph = b.output(loss, new1, new2)
+    roles = {loss: Role.LOSS, seed: Role.GRAD_SEED, g1: Role.GRADIENT, g2: Role.GRADIENT}
+    for name, role in {**roles, new1: Role.UPDATE, new2: Role.UPDATE}.items():
+        graph.tensors[name].role = role
+    graph.tensors[g1].shape = graph.tensors[g2].shape = (4, 4)  # 16 values: 32 bytes in float16
+    graph.tensors[new1].replaces, graph.tensors[new2].replaces = w1, w2
+    return graph
+
+
+def run_step_passes(**options):  # type: ignore[no-untyped-def]
+    context = PassContext(two_gradient_step(), Policy.create("float16"), options)
+    return PassManager(pipeline=STEP, check=True).run(context)
+
+
+def test_reduce_nodes_sit_between_backward_and_unscaling_in_the_plan():
+    reduce = GradientReduce("7", world_size=2, dtype="float16", bucket_bytes=40)
+    context = run_step_passes(
+        loss_scaling=graphamp.DynamicLossScaling(),
+        all_reduce=reduce,
+        clip_grad_norm=GradientClipping(1.0),
+    )
+    graph, script, decisions = context.graph, context.script, context.decisions
+    assert script.new_nodes == [
+        "all_reduce.0",
+        "all_reduce.1",
+        "loss_scale",
+        "unscale",
+        "clip_grad_norm",
+        "finite_check",
+        "all_reduce.found_inf",
+        "step_guard",
+        "skip_count",
+        "scale_update",
+    ]
+    # 40 bytes hold one float16 gradient of 32 bytes: one bucket each
+    assert graph.nodes["all_reduce.0"].inputs == ["g1"]
+    assert graph.nodes["all_reduce.1"].inputs == ["g2"]
+    # the scaled gradients are reduced, then unscaled, clipped and checked
+    assert graph.nodes["unscale"].inputs[1:] == ["g1.reduced", "g2.reduced"]
+    assert graph.nodes["clip_grad_norm"].inputs == ["g1.reduced.unscaled", "g2.reduced.unscaled"]
+    clipped = ["g1.reduced.unscaled.clipped", "g2.reduced.unscaled.clipped"]
+    assert graph.nodes["finite_check"].inputs == clipped
+    assert [graph.nodes[n].inputs[1] for n in ("new1", "new2")] == clipped
+    # every rank acts on the agreed flag
+    for reader in ("step_guard", "skip_count", "scale_update"):
+        assert "found_inf.agreed" in graph.nodes[reader].inputs, reader
+        assert "found_inf" not in graph.nodes[reader].inputs, reader
+    assert decisions["all_reduce.0"].precision == "float16"
+    assert decisions["all_reduce.0"].rule == Rule.ALL_REDUCE
+    assert "32 bytes sent as float16" in decisions["all_reduce.0"].reason
+    assert decisions["clip_grad_norm"].rule == Rule.CLIP_GRAD_NORM
+    assert graph.nodes["all_reduce.found_inf"].params["op"] == "max"
+
+
+def test_without_a_process_group_no_reduce_node_is_added():
+    context = run_step_passes(loss_scaling=None, all_reduce=None, clip_grad_norm=None)
+    assert not any(name.startswith("all_reduce") for name in context.graph.nodes)
+
+
+def test_bad_distributed_options_are_refused_in_one_line():
+    model = workers.net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cases = [
+        ({"grad_dtype": "float16"}, "need a process_group"),
+        ({"process_group": "world"}, "not initialized"),
+        ({"clip_grad_norm": -1.0}, "positive"),
+    ]
+    for options, message in cases:
+        with pytest.raises(GraphampError, match=message):
+            graphamp.fx.train_step(model, nn.functional.mse_loss, opt, **options)
+    with pytest.raises(GraphampError, match="grad_dtype"):
+        GradientReduce("0", 2, dtype="float64")
+
+
+def test_clipping_follows_grad_scaler_unscale_then_clip_grad_norm():
+    """In one process: the step's clipping against autocast + GradScaler.unscale_ +
+    clip_grad_norm_, the way users write it."""
+    model, reference = workers.net(), workers.net()
+    step = graphamp.fx.train_step(
+        model,
+        nn.functional.mse_loss,
+        torch.optim.SGD(model.parameters(), lr=workers.LR, momentum=0.9),
+        dtype="float16",
+        loss_scaling=graphamp.DynamicLossScaling.torch_defaults(),
+        clip_grad_norm=0.05,
+    )
+    optimizer = torch.optim.SGD(reference.parameters(), lr=workers.LR, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu")
+    clipped_norms = []
+    for x, y in workers.batches():
+        step(x, y)
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.mse_loss(reference(x).float(), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        clipped_norms.append(float(nn.utils.clip_grad_norm_(reference.parameters(), 0.05)))
+        scaler.step(optimizer)
+        scaler.update()
+    assert min(clipped_norms) > 0.05  # every step was clipped
+    expected = {k: v.detach() for k, v in reference.named_parameters()}
+    assert relative(step.params, expected) <= 5e-3
+    unclipped = workers.train({}, None)["params"]
+    assert relative(unclipped, expected) > 10 * relative(step.params, expected)
+
+
+def test_the_readme_example_runs_under_torchrun(tmp_path):
+    """The README's data-parallel script, as written, on two processes started by torchrun:
+    every rank ends with the same parameters."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Across processes") :]
+    script = section[section.index("```py\n") + 6 : section.index("```\n")]
+    (tmp_path / "train_dp.py").write_text(script)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    done = subprocess.run(
+        [*command, "--nproc-per-node", "2", "train_dp.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # the two processes share stdout: a line's end may come after the other rank's text
+    found = re.findall(r"rank (\d): .*?parameters (-?\d+\.\d+(?:e[+-]?\d+)?)", done.stdout)
+    assert sorted(rank for rank, _ in found) == ["0", "1"], done.stdout
+    assert len({checksum for _, checksum in found}) == 1, done.stdout
+    assert "bytes sent as float16 (half of float32's)" in done.stdout
+
+
+def test_compile_gets_the_functional_all_reduce():
+    """torch.compile refuses an op whose output aliases its input: compile() swaps the
+    in-place bucket reduction for the functional one, arguments unchanged."""
+    from graphamp.fx.distributed import without_in_place_collectives
+
+    graph = torch.fx.Graph()
+    buffer = graph.placeholder("bucket")
+    ops = torch.ops._c10d_functional
+    reduced = graph.call_function(ops.all_reduce_.default, (buffer, "sum", "0"))
+    graph.output(graph.call_function(ops.wait_tensor.default, (reduced,)))
+    module = without_in_place_collectives(torch.fx.GraphModule(torch.nn.Module(), graph))
+    targets = [n.target for n in module.graph.nodes if n.op == "call_function"]
+    assert targets == [ops.all_reduce.default, ops.wait_tensor.default]
+    assert next(n for n in module.graph.nodes if n.target == targets[0]).args == (
+        buffer,
+        "sum",
+        "0",
+    )

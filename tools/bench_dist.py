@@ -1,0 +1,234 @@
+"""Data-parallel training steps on two processes (gloo, this CPU): step time and bytes
+all-reduced per step, graphamp's step graph (float32 and float16 gradients) against
+DistributedDataParallel + torch.autocast + GradScaler (without and with fp16_compress_hook).
+
+    python tools/bench_dist.py [--steps 20] [--width 512] [--batch 64] [--compile]
+
+Every configuration computes in float16 with dynamic loss scaling, SGD with momentum 0.9; each
+rank trains on its half of the batch with one thread (two processes on two cores). Bytes are
+the all-reduce payload per rank per step (what each rank hands to the collective: with two
+ranks a ring all-reduce also sends about that much): for graphamp, the buffers of the
+_c10d_functional.all_reduce nodes of its graph (gradient buckets and the 4-byte found_inf);
+for DDP, the bucket buffers its communication hook is given (a counting wrapper around
+allreduce_hook / fp16_compress_hook, in a separate run so it does not touch the timings).
+Time is the median step of each rank, the slower rank reported; the configurations take
+turns step by step, so the load of a shared machine falls on all of them alike.
+``--compile`` adds graphamp's steps under torch.compile (inductor schedules the collectives).
+
+Models: the zoo's SimpleNet (3 x Linear + ReLU, ``--width``) and the zoo's BERT encoder
+(``models/transformer.py``, sized by ``--bert-*``; loss on the pooled output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import machine
+
+WORLD = 2
+CONFIGS = (
+    "graphamp, float32 gradients",
+    "graphamp, float16 gradients",
+    "DDP + autocast + GradScaler",
+    "DDP + autocast + GradScaler + fp16_compress_hook",
+)
+COMPILED = (
+    "graphamp, float32 gradients, torch.compile",
+    "graphamp, float16 gradients, torch.compile",
+)
+
+
+def build(name: str, args: argparse.Namespace) -> tuple[nn.Module, tuple, Callable]:
+    """The model, one global batch (inputs..., target) and the loss."""
+    torch.manual_seed(0)
+    if name == "simplenet":
+        from graphamp.models.simplenet import SimpleNet
+
+        batch = (torch.randn(args.batch, args.width), torch.randn(args.batch, args.width))
+        return SimpleNet(args.width), batch, nn.functional.mse_loss
+    from graphamp.models.transformer import BertEncoder
+
+    hidden, seq, batch_size = args.bert_hidden, args.bert_seq, args.bert_batch
+    model = BertEncoder(args.bert_vocab, hidden, args.bert_layers, 4, 4 * hidden, seq)
+    ids = torch.randint(1, args.bert_vocab, (batch_size, seq))
+    types = torch.randint(0, 2, (batch_size, seq))
+
+    def pooled_loss(output: Any, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(output[1].float(), target)
+
+    return model, (ids, types, torch.randn(batch_size, hidden)), pooled_loss
+
+
+def graphamp_step(model: nn.Module, loss_fn: Callable, grad_dtype: str | None) -> Callable:
+    import graphamp.fx
+
+    return graphamp.fx.train_step(
+        model,
+        loss_fn,
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+        dtype="float16",
+        loss_scaling=graphamp.fx.DynamicLossScaling.torch_defaults(),
+        process_group="world",
+        grad_dtype=grad_dtype,
+    )
+
+
+def graph_bytes(step: Any) -> int:
+    """The payload of the all-reduce nodes of a graphamp step graph."""
+    total = 0
+    for node in step.graph.graph.nodes:
+        if node.op == "call_function" and "_c10d_functional.all_reduce" in str(node.target):
+            value = node.args[0].meta["val"]
+            total += value.numel() * value.element_size()
+    return total
+
+
+def ddp_step(model: nn.Module, loss_fn: Callable, compress: bool, counter: list | None):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    wrapped = nn.parallel.DistributedDataParallel(model)
+    hook = default_hooks.fp16_compress_hook if compress else default_hooks.allreduce_hook
+    if counter is not None:
+
+        def counting(state, bucket):  # type: ignore[no-untyped-def]  # DDP reads annotations
+            buffer = bucket.buffer()
+            # fp16_compress_hook sends the bucket as float16: half its float32 bytes
+            counter.append(buffer.numel() * (2 if compress else buffer.element_size()))
+            return hook(state, bucket)
+
+        wrapped.register_comm_hook(dist.group.WORLD, counting)
+    elif compress:
+        wrapped.register_comm_hook(dist.group.WORLD, hook)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.01, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu")
+
+    def run(*batch: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = loss_fn(wrapped(*batch[:-1]), batch[-1])
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        return loss
+
+    return run
+
+
+def prepare(rank: int, name: str, config: str, args: argparse.Namespace) -> tuple:
+    """(a step function, this rank's half batch, bytes all-reduced per step)."""
+    model, batch, loss_fn = build(name, args)
+    half = len(batch[0]) // WORLD
+    mine = tuple(t[rank * half : (rank + 1) * half] for t in batch)
+    if config.startswith("graphamp"):
+        step = graphamp_step(model, loss_fn, "float16" if "float16" in config else None)
+        if config.endswith("torch.compile"):
+            step.compile(*mine)
+        step(*mine)  # captured on the first call
+        return step, mine, graph_bytes(step)
+    counter: list[int] = []  # one counted step, on a wrapper of its own
+    ddp_step(build(name, args)[0], loss_fn, "fp16" in config, counter)(*mine)
+    return ddp_step(model, loss_fn, "fp16" in config, None), mine, sum(counter)
+
+
+def measure(rank: int, name: str, args: argparse.Namespace) -> dict[str, tuple[float, int]]:
+    """Per configuration: (median seconds per step on this rank, bytes all-reduced per
+    step). The configurations take turns, one step each per round, so a change in the load
+    of this shared machine falls on all of them alike."""
+    prepared = {config: prepare(rank, name, config, args) for config in configs(args)}
+    for step, mine, _ in prepared.values():
+        for _ in range(args.warmup):
+            step(*mine)
+    times: dict[str, list[float]] = {config: [] for config in prepared}
+    for _ in range(args.steps):
+        for config, (step, mine, _) in prepared.items():
+            dist.barrier()
+            start = time.perf_counter()
+            step(*mine)
+            times[config].append(time.perf_counter() - start)
+    return {c: (statistics.median(times[c]), prepared[c][2]) for c in prepared}
+
+
+def configs(args: argparse.Namespace) -> tuple[str, ...]:
+    return CONFIGS + COMPILED if args.compile else CONFIGS
+
+
+def worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
+    )
+    results = {}
+    for name in args.models:
+        for config, (seconds, sent) in measure(rank, name, args).items():
+            slowest = torch.tensor([seconds])
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            results[(name, config)] = (float(slowest), sent)
+    if rank == 0:
+        torch.save(results, out)
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--models", nargs="+", default=["simplenet", "bert"])
+    parser.add_argument("--width", type=int, default=512, help="SimpleNet width")
+    parser.add_argument("--batch", type=int, default=64, help="SimpleNet global batch")
+    parser.add_argument("--compile", action="store_true", help="also graphamp + torch.compile")
+    parser.add_argument("--bert-vocab", type=int, default=1000)
+    parser.add_argument("--bert-hidden", type=int, default=128)
+    parser.add_argument("--bert-layers", type=int, default=2)
+    parser.add_argument("--bert-seq", type=int, default=32)
+    parser.add_argument("--bert-batch", type=int, default=8, help="BERT global batch")
+    args = parser.parse_args()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = Path(f"/tmp/bench_dist.{port}.pt")
+    torch.multiprocessing.spawn(worker, args=(port, args, str(out)), nprocs=WORLD)
+    results = torch.load(out)
+    out.unlink()
+    print(f"machine: {machine()}; torch {torch.__version__}; 2 processes (gloo), 1 thread each")
+    print(
+        f"sizes: SimpleNet {args.width} wide, global batch {args.batch}; BERT hidden "
+        f"{args.bert_hidden}, {args.bert_layers} layers, vocab {args.bert_vocab}, seq "
+        f"{args.bert_seq}, global batch {args.bert_batch}; median of {args.steps} steps"
+    )
+    print()
+    print(
+        "| model | configuration | ms/step | bytes all-reduced/step | vs DDP, same gradient type |"
+    )
+    print("|---|---|---|---|---|")
+    for name in args.models:
+        ddp = {
+            "float32": results[(name, CONFIGS[2])][0],
+            "float16": results[(name, CONFIGS[3])][0],
+        }
+        for config in configs(args):
+            seconds, sent = results[(name, config)]
+            ratio = ""
+            if config.startswith("graphamp"):
+                same = ddp["float16" if "float16" in config else "float32"]
+                ratio = f"{same / seconds:.2f}x as fast"
+            print(f"| {name} | {config} | {seconds * 1e3:.1f} | {sent:,} | {ratio} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
