@@ -11,8 +11,12 @@ onnxconverter-common
 (``convert_float_to_float16(keep_io_types=True)``). Per model and tool: Casts, the matrix ops
 (MatMul, Gemm, attention) reading float16, the error against float32 under the faithful
 evaluator (max error relative to max |y|, NaN/Inf count), whether onnxruntime loads the
-output, and the conversion time (median of ``--runs``). With ``--gpu`` and a CUDA device, also
-onnxruntime CUDA latency of each converted model.
+output, and the conversion time (median of ``--runs``). ``--full`` adds the zoo's full-size BERT
+and GPT (batch 8 x 128 tokens) through the optimizer. With ``--gpu`` and a CUDA device, also,
+per converted model on onnxruntime's CUDA provider: the median latency, the error of the
+provider's real float16 arithmetic against the float32 model (max error relative to max |y|,
+NaN/Inf count) and how many nodes ran on the CPU instead (read from onnxruntime's profile: a
+node without a CUDA kernel falls back silently, with copies).
 """
 
 from __future__ import annotations
@@ -66,19 +70,41 @@ TOOLS: dict[str, Callable[[Path], onnx.ModelProto]] = {
 }
 
 
-def build_models(folder: Path) -> dict[str, Path]:
-    """Every model of the module docstring, written to ``folder``."""
+def optimized_full(name: str, folder: Path) -> Path:
+    """The zoo's full-size ``name`` through onnxruntime's optimizer (BERT fusions)."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    from models import export_onnx
+
+    source, target = folder / f"zoo-{name}-full.onnx", folder / f"zoo-{name}-full.opt.onnx"
+    export_onnx(name, source, "full")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optimize_model(
+            str(source), model_type="bert", num_heads=12, hidden_size=768
+        ).save_model_to_file(str(target))
+    return target
+
+
+def build_models(folder: Path, full: bool = False, only: set[str] | None = None) -> dict[str, Path]:
+    """Every model of the module docstring (those named in ``only``), written to ``folder``."""
     import torch
 
     from tests.hf_models import hf_model
     from tests.test_ort_fused import CASES, optimized
 
-    models = {case: optimized(case, folder) for case in CASES}
+    wanted = (lambda name: name in only) if only else (lambda name: True)
+    models = {case: optimized(case, folder) for case in CASES if wanted(case)}
+    if full:
+        names = [n for n in ("bert", "gpt") if wanted(f"zoo-{n}-full")]
+        models.update({f"zoo-{n}-full": optimized_full(n, folder) for n in names})
     ids = torch.randint(1, 96, (1, 8), generator=torch.Generator().manual_seed(0))
     pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     for name in ("llama", "qwen2", "gpt2", "vit"):
         for opset in (18, 23):
             path = folder / f"hf-{name}-opset{opset}.onnx"
+            if not wanted(path.stem):
+                continue
             model = hf_model(name, lm_head=name != "vit")
             with warnings.catch_warnings(), torch.no_grad():
                 warnings.simplefilter("ignore")
@@ -134,30 +160,75 @@ def measure(path: Path, tool: str, runs: int, gpu: bool) -> dict[str, object]:
         row["max_rel_error"] = max(o.max_rel_error for o in report.outputs)
         row["nan_inf"] = sum(o.nan_inf for o in report.outputs)
         if gpu:
-            row["cuda_ms"] = cuda_latency(converted, feeds)
+            row.update(cuda_run(original, converted, feeds))
     return row
 
 
-def cuda_latency(proto: onnx.ModelProto, feeds: dict[str, object]) -> float | None:
+def cuda_run(
+    original: onnx.ModelProto, proto: onnx.ModelProto, feeds: dict[str, object]
+) -> dict[str, object]:
+    """Latency, error and CPU-placed nodes of ``proto`` on onnxruntime's CUDA provider."""
+    import numpy as np
     import onnxruntime as ort
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return None
+        return {}
     from benchlib import median_time
 
     from graphamp.onnx.runtime import _typed_feeds
 
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CUDAExecutionProvider"])
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    reference = ort.InferenceSession(
+        original.SerializeToString(), providers=["CPUExecutionProvider"]
+    ).run(None, _typed_feeds(original, feeds))
     typed = _typed_feeds(proto, feeds)
-    seconds, _ = median_time(lambda: session.run(None, typed), 20, warmup=5)
-    return seconds * 1e3
+    with tempfile.TemporaryDirectory() as folder:
+        options = ort.SessionOptions()
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(folder) / "profile")
+        profiled = ort.InferenceSession(proto.SerializeToString(), options, providers=providers)
+        outputs = profiled.run(None, typed)
+        events = json.loads(Path(profiled.end_profiling()).read_text())
+    on_cpu = {
+        e["name"]
+        for e in events
+        if e.get("cat") == "Node" and e.get("args", {}).get("provider") == "CPUExecutionProvider"
+    }
+    # Inputs and outputs stay on the GPU: a model's logits copied to the host would be timed
+    # instead of its kernels (205 MB for the full GPT's, about 10 ms).
+    session = ort.InferenceSession(proto.SerializeToString(), providers=providers)
+    binding = session.io_binding()
+    for name, value in typed.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
+    for output in session.get_outputs():
+        binding.bind_output(output.name, "cuda")
+
+    def run() -> None:
+        session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+
+    seconds, _ = median_time(run, 100, warmup=20)
+    errors, bad = [], 0
+    for got, want in zip(outputs, reference, strict=True):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        bad += int((~np.isfinite(got)).sum())
+        scale = max(float(np.abs(want).max()), 1e-30)
+        finite = np.isfinite(got)
+        errors.append(float(np.abs(got - want)[finite].max(initial=0.0)) / scale)
+    return {
+        "cuda_ms": seconds * 1e3,
+        "cuda_error": max(errors),
+        "cuda_nan_inf": bad,
+        "cuda_cpu_nodes": len(on_cpu),
+    }
 
 
 def markdown(results: dict[str, dict[str, dict[str, object]]]) -> str:
+    gpu = any("cuda_ms" in row for tools in results.values() for row in tools.values())
     lines = [
         "| model | tool | Casts | matrix ops in float16 | max rel error | NaN/Inf | loads | "
-        "convert s |",
-        "|---|---|---|---|---|---|---|---|",
+        "convert s |" + (" CUDA ms | CUDA error | CUDA NaN/Inf | nodes on CPU |" if gpu else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if gpu else ""),
     ]
     for model, tools in results.items():
         for tool, row in tools.items():
@@ -169,19 +240,37 @@ def markdown(results: dict[str, dict[str, dict[str, object]]]) -> str:
                 f"| {model} | {tool} | {row['casts']} | {row['matrix_low']} | "
                 f"{'-' if error is None else f'{error:.2e}'} | {row.get('nan_inf', '-')} | "
                 f"{'yes' if row['loads'] else 'NO'} | {row['convert_s']:.2f} |"
+                + (cuda_cells(row) if gpu else "")
             )
     return "\n".join(lines)
+
+
+def cuda_cells(row: dict[str, object]) -> str:
+    if "cuda_ms" not in row:
+        return " - | - | - | - |"
+    return (
+        f" {row['cuda_ms']:.3f} | {row['cuda_error']:.2e} | {row['cuda_nan_inf']} | "
+        f"{row['cuda_cpu_nodes']} |"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="conversions timed per tool (median)")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--gpu", action="store_true", help="also time onnxruntime CUDA latency")
+    parser.add_argument(
+        "--gpu", action="store_true", help="also run each output on onnxruntime's CUDA provider"
+    )
+    parser.add_argument(
+        "--full", action="store_true", help="add the zoo's full-size BERT and GPT (optimized)"
+    )
+    parser.add_argument(
+        "--models", nargs="+", metavar="NAME", help="only these models (names as in the table)"
+    )
     args = parser.parse_args()
     print(f"# {date.today()} · {machine()}")
     with tempfile.TemporaryDirectory() as folder:
-        models = build_models(Path(folder))
+        models = build_models(Path(folder), args.full, set(args.models or ()))
         results = {
             name: {tool: measure(path, tool, args.runs, args.gpu) for tool in TOOLS}
             for name, path in models.items()

@@ -26,8 +26,8 @@ PY
 echo "## The demo, verified natively on the GPU (float16 kernels, not emulation)"
 "$py" -m graphamp.cli demo --provider cuda
 echo "## Deployed graphs: Casts, error and onnxruntime CUDA latency per tool"
-"$py" tools/bench_deploy.py --gpu --json "$out/deploy.json"
+"$py" tools/bench_deploy.py --gpu --full --runs 1 --json "$out/deploy.json"
 echo "## Whole training steps on the GPU (float16, dynamic loss scaling)"
 "$py" tools/bench_train.py --device cuda --width 4096 --batch 512
 echo "## ONNX conversion and onnxruntime latency (zoo, full size)"
-"$py" tools/bench_onnx.py --size full --chain 0 --json "$out/onnx.json"
+"$py" tools/bench_onnx.py --size full --chain 0 --json "$out/onnx.json"  # CPU-side conversion figures
