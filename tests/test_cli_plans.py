@@ -36,7 +36,8 @@ def test_plan_json_to_file_equals_the_api(bert, tmp_path):
 
 
 def test_explain_follows_the_chain_of_reasons(bert, capsys):
-    assert main(["explain", bert, "/layers.0/Add_1"]) == 0
+    # LayerNormalization runs low by default (stash_type=1); denied, it spreads to the Adds
+    assert main(["explain", bert, "/layers.0/Add_1", "--deny", "LayerNormalization"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("/layers.0/Add_1 (Add): float32, rule deny_spread")
     assert "LayerNormalization" in lines[1] and "rule deny" in lines[1]
@@ -51,7 +52,7 @@ def test_diff_exit_code(tmp_path, bert, capsys):
     plan_file = tmp_path / "b.json"
     assert main(["plan", bert, "--format", "json", "-o", str(plan_file)]) == 0
     assert main(["diff", str(plan_file), bert, "--exit-code"]) == 0
-    assert main(["diff", str(plan_file), bert, "--allow", "LayerNormalization", "--exit-code"]) == 1
+    assert main(["diff", str(plan_file), bert, "--deny", "LayerNormalization", "--exit-code"]) == 1
     out = capsys.readouterr().out
     assert out.startswith(f"--- {plan_file}\n+++ {bert}\n@@ nodes:")
     assert main(["diff", str(plan_file), bert, "--format", "json"]) == 0

@@ -103,7 +103,11 @@ def test_every_float_node_case_converts_to_a_fixed_point_that_runs(dtype):
         inputs = case.data_sets[0][0]
         try:
             session(converted)
-            reference = False
+            # onnxruntime's Python API takes no bfloat16 arrays: such inputs go to onnx.reference
+            reference = any(
+                i.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16
+                for i in converted.graph.input
+            )
         except ort.capi.onnxruntime_pybind11_state.NotImplemented:
             reference = dtype == "bfloat16"  # no bfloat16 kernel on the CPU provider
             if not reference:

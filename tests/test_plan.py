@@ -95,3 +95,40 @@ def test_loading_bad_plan_files(tmp_path):
     path.write_text(json.dumps({"format": PLAN_FORMAT, "version": 99}))
     with pytest.raises(GraphampError, match="version 99"):
         Plan.load(path)
+
+
+@pytest.mark.parametrize(
+    ("op", "opset", "stash_type", "low"),
+    [
+        ("LayerNormalization", 17, None, True),
+        ("LayerNormalization", 17, 1, True),
+        ("LayerNormalization", 17, 0, False),
+        ("RMSNormalization", 23, None, True),
+        ("RMSNormalization", 23, 0, False),
+    ],
+)
+def test_normalisations_run_low_where_their_statistics_stay_float32(op, opset, stash_type, low):
+    """stash_type=1 (the default) accumulates mean and variance in float32 inside the kernel: the
+    norm runs in float16 between the MatMuls with no Cast around it. stash_type=0 keeps the
+    statistics in the input type: the norm stays float32 and says why."""
+    attributes = {} if stash_type is None else {"stash_type": stash_type}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+        helper.make_node(op, ["h", "gamma"], ["n"], name="norm", axis=-1, **attributes),
+        helper.make_node("MatMul", ["n", "w2"], ["y"], name="mm2"),
+    ]
+    inits = [
+        weight("w1"),
+        weight("w2", seed=1),
+        numpy_helper.from_array(np.ones(4, np.float32), "gamma"),
+    ]
+    result = gonnx.convert(model(nodes, initializers=inits, opset=opset))
+    decision = result.plan.nodes["norm"]
+    casts = [n for n in result.to_proto().graph.node if n.op_type == "Cast"]
+    if low:
+        assert decision.precision == "float16" and decision.rule == "allow"
+        assert casts == []  # the model's input and output change type too
+    else:
+        assert decision.precision == "float32" and decision.rule == "schema"
+        assert "stash_type=0" in decision.reason
+        assert sorted(c.input[0] for c in casts) == ["h", "n"]  # into it and out of it

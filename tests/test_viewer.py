@@ -50,13 +50,17 @@ def browser():
 
 @pytest.fixture(scope="module")
 def analyses(tmp_path_factory: pytest.TempPathFactory):
-    """analyses(name, **policy) -> the small zoo model's analysis (graph and plan), cached."""
+    """analyses(name, **policy) -> the small zoo model's analysis (graph and plan), cached.
+    Without list moves of its own, LayerNormalization is denied: the residual stream then stays
+    float32, so a page holds nodes of both precisions, deny spreads and casts to look at."""
     from graphamp.models import export_onnx
 
     folder = tmp_path_factory.mktemp("viewer-zoo")
     cache: dict[tuple, object] = {}
 
     def get(name: str, **policy):
+        if "allow" not in policy and "deny" not in policy:
+            policy["deny"] = ["LayerNormalization"]
         key = (name, tuple(sorted((k, str(v)) for k, v in policy.items())))
         if key not in cache:
             path = folder / f"{name}.onnx"

@@ -187,6 +187,8 @@ def cuda_run(
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(folder) / "profile")
         profiled = ort.InferenceSession(proto.SerializeToString(), options, providers=providers)
+        if "CUDAExecutionProvider" not in profiled.get_providers():
+            return {}  # onnxruntime-gpu without a usable GPU falls back to the CPU
         outputs = profiled.run(None, typed)
         events = json.loads(Path(profiled.end_profiling()).read_text())
     on_cpu = {

@@ -195,8 +195,9 @@ def _read_node(
     if not slots.computes:
         return op_node  # no schema (a custom domain), or computes on no float type
     op_node.compute_type = slots.compute_type
-    op_node.allowed_types = slots.allowed_types
-    op_node.schema_source += slots.schema_note
+    kept = schemas.float32_attribute_note(node.op_type, node.domain, attributes)
+    op_node.allowed_types = slots.allowed_types - (dtypes.LOW_TYPES if kept else frozenset())
+    op_node.schema_source += slots.schema_note + kept
     op_node.follow_inputs = slots.follow_inputs
     op_node.follow_outputs = slots.follow_outputs
     if op_node.op in ("MatMul", "Gemm", "Conv", "ConvTranspose"):
@@ -248,13 +249,9 @@ def _op_slots(
         return _Slots(NodeKind.OP, any_type_inputs=any_type_inputs)  # no float type
 
     allowed_types = schemas.float_types(found, primary)
-    note = ""
-    needs = (
-        schemas.FLOAT32_WHEN_OUTPUT.get(node.op_type) if node.domain in _DEFAULT_DOMAINS else None
-    )
-    if needs is not None and len(outputs) > needs[0] and outputs[needs[0]]:
+    note = schemas.float32_output_note(node.op_type, node.domain, outputs)
+    if note:
         allowed_types -= dtypes.LOW_TYPES
-        note = f" with {needs[1]}"
     since = schemas.RUNTIME_TYPE_SINCE.get((node.op_type, target))
     if node.domain in _DEFAULT_DOMAINS and since is not None and default_opset < since:
         allowed_types -= {target}

@@ -32,6 +32,34 @@ FLOAT32_WHEN_OUTPUT: dict[str, tuple[int, str]] = {
 }
 
 
+def float32_output_note(op_type: str, domain: str, outputs: list[str]) -> str:
+    """Why an output this node writes keeps it float32 (" with ..."), or ""."""
+    needs = FLOAT32_WHEN_OUTPUT.get(op_type) if domain in ("", "ai.onnx") else None
+    if needs is None or len(outputs) <= needs[0] or not outputs[needs[0]]:
+        return ""
+    return f" with {needs[1]}"
+
+
+# Attributes whose value keeps an op in float32: op -> (attribute, its default, the value that
+# keeps it, why). LayerNormalization and RMSNormalization accumulate mean and variance in the
+# type stash_type names: float32 by default (1), the input type with stash_type=0.
+FLOAT32_WHEN_ATTRIBUTE: dict[str, tuple[str, int, int, str]] = {
+    "LayerNormalization": ("stash_type", 1, 0, "stash_type=0 (statistics in the input type)"),
+    "RMSNormalization": ("stash_type", 1, 0, "stash_type=0 (statistics in the input type)"),
+}
+
+
+def float32_attribute_note(op_type: str, domain: str, attributes: dict[str, object]) -> str:
+    """Why an attribute of this node keeps it float32 (" with ..."), or ""."""
+    rule = FLOAT32_WHEN_ATTRIBUTE.get(op_type)
+    if rule is None or domain not in ("", "ai.onnx"):
+        return ""
+    name, default, keeps, why = rule
+    attribute = attributes.get(name)
+    value = getattr(attribute, "value", default) if attribute is not None else default
+    return f" with {why}" if value == keeps else ""
+
+
 # Low types an op's schema admits before onnxruntime can load the op in them: with no kernel
 # it expands the op's function body, whose ops do not admit the type at that opset yet (Clip's
 # body uses Where, which takes bfloat16 from opset 16). (op, type) -> first opset that loads.
