@@ -5,10 +5,12 @@
 Models (small, random weights, built in code): the zoo's BERT and GPT and Hugging Face BERT
 (TorchScript and dynamo exports) through onnxruntime's transformer optimizer (com.microsoft
 fused ops); Hugging Face LLaMA and Qwen2 (grouped-query attention), GPT-2 and ViT exported by
-torch.onnx at opset 18 and 23. Tools: graphamp (``keep_io_types``, target cuda),
-onnxruntime's float16 tool (``OnnxModel.convert_float_to_float16(keep_io_types=True)``) and
-onnxconverter-common
-(``convert_float_to_float16(keep_io_types=True)``). Per model and tool: Casts, the matrix ops
+torch.onnx at opset 18 and 23. Tools: graphamp (``keep_io_types``, target cuda), onnxruntime's
+float16 tool (``OnnxModel.convert_float_to_float16(keep_io_types=True)``), onnxconverter-common
+(``convert_float_to_float16(keep_io_types=True)``) and, where it is installed, NVIDIA ModelOpt
+AutoCast (``convert_to_mixed_precision(low_precision_type="fp16", keep_io_types=True)``, its
+defaults otherwise; it pins onnx and onnxruntime versions of its own, so it may live in another
+environment: ``MODELOPT_PYTHON=/path/to/python``). Per model and tool: Casts, the matrix ops
 (MatMul, Gemm, attention) reading float16, the error against float32 under the faithful
 evaluator (max error relative to max |y|, NaN/Inf count), whether onnxruntime loads the
 output, and the conversion time (median of ``--runs``). ``--full`` adds the zoo's full-size BERT
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,11 +67,50 @@ def occ_tool(path: Path) -> onnx.ModelProto:
     return float16.convert_float_to_float16(onnx.load(str(path)), keep_io_types=True)
 
 
+# ModelOpt pins onnx and onnxruntime versions of its own, so it lives in an environment of its
+# own: MODELOPT_PYTHON names that environment's interpreter (this one if it imports modelopt).
+MODELOPT_SCRIPT = """
+import sys, warnings
+import onnx
+from modelopt.onnx.autocast import convert_to_mixed_precision
+warnings.simplefilter("ignore")
+model = convert_to_mixed_precision(sys.argv[1], low_precision_type="fp16", keep_io_types=True)
+onnx.save(model, sys.argv[2])
+"""
+
+
+def modelopt_python() -> str | None:
+    """The interpreter that runs ModelOpt AutoCast, or None where it is not installed."""
+    import importlib.util
+
+    if os.environ.get("MODELOPT_PYTHON"):
+        return os.environ["MODELOPT_PYTHON"]
+    return sys.executable if importlib.util.find_spec("modelopt") else None
+
+
+def modelopt_tool(path: Path) -> onnx.ModelProto:
+    python = modelopt_python()
+    assert python is not None
+    target = path.with_suffix(".modelopt.onnx")
+    done = subprocess.run(
+        [python, "-c", MODELOPT_SCRIPT, str(path), str(target)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        raise RuntimeError(lines[-1] if lines else f"exit {done.returncode}")
+    return onnx.load(str(target))
+
+
 TOOLS: dict[str, Callable[[Path], onnx.ModelProto]] = {
     "graphamp": graphamp_tool,
     "onnxruntime float16": ort_tool,
     "onnxconverter-common": occ_tool,
 }
+if modelopt_python() is not None:
+    TOOLS["ModelOpt AutoCast"] = modelopt_tool
 
 
 def optimized_full(name: str, folder: Path) -> Path:
