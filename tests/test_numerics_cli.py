@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
+import graphamp.onnx as gonnx
 from graphamp.cli import main
 from graphamp.plan import Plan
 from tests import numerics_models as planted
@@ -160,3 +161,23 @@ def test_option_errors(overflow, tmp_path, capsys):
     user_error(capsys, ["tune", str(overflow), "-o", out, "--inputs", "d.npz"], "--rtol")
     argv = ["convert", str(overflow), "-o", out, "--from-plan", str(plan), "--calibrate", "d"]
     user_error(capsys, argv, "drop --calibrate")
+
+
+def test_tune_says_how_to_keep_a_kept_matrix_op_float32_on_a_gpu():
+    """onnxruntime's CUDA provider computes float32 MatMul in TF32 by default (measured by
+    tools/gpu_numerics.py: tune's fix of a cancellation undone, 3e-3 -> 0.6): a kept matrix op
+    comes with the provider option that keeps it float32; for the CPU target, no note."""
+    from rich.console import Console
+
+    from graphamp.cli.tune import _warn_tf32
+    from tests.helpers import chain
+
+    plan = gonnx.convert(chain(["MatMul", "Relu", "MatMul"])).plan
+    for target, kept, said in (
+        ("cuda", ("matmul0",), True),
+        ("cpu", ("matmul0",), False),
+        ("cuda", ("relu1",), False),
+    ):
+        console = Console(record=True, width=300)
+        _warn_tf32(kept, plan, target, console)
+        assert ('"use_tf32": "0"' in console.export_text()) is said, (target, kept)

@@ -8,8 +8,10 @@ plain, with ``--calibrate`` on the same batch (the range rule) and ``tune``'s (r
 with the default policy (inputs and outputs float16 too).
 Each runs under the faithful evaluator (onnxruntime on the CPU with every float16 value
 rounded as float16 rounds it) and, where onnxruntime has the CUDA provider, on the GPU's real
-float16 kernels. Per evaluator: max |y - y32| / max |y32| against the float32 model on the
-CPU, and the NaN/Inf count. The two columns should tell the same story: the faithful
+float16 kernels, with onnxruntime's default ``use_tf32=1`` (float32 MatMul and Conv on TF32
+tensor cores, inputs rounded to a 10-bit mantissa like float16's) and with ``use_tf32=0``. Per
+evaluator: max |y - y32| / max |y32| against the float32 model on the CPU, and the NaN/Inf
+count. The two columns should tell the same story: the faithful
 evaluator is what ``--verify``, ``debug`` and ``tune`` use on a machine without a GPU.
 """
 
@@ -49,13 +51,18 @@ def score(outputs: list[np.ndarray], expected: list[np.ndarray]) -> tuple[float,
     return worst, bad
 
 
-def cuda_outputs(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray] | None:
+def cuda_outputs(
+    proto: onnx.ModelProto, feeds: dict[str, np.ndarray], tf32: bool
+) -> list[np.ndarray] | None:
+    """The outputs on onnxruntime's CUDA provider; ``tf32`` is its ``use_tf32`` option (on by
+    default: float32 MatMul and Conv then round their inputs to TF32's 10-bit mantissa)."""
     import onnxruntime as ort
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         return None
+    cuda = ("CUDAExecutionProvider", {"use_tf32": "1" if tf32 else "0"})
     session = ort.InferenceSession(
-        proto.SerializeToString(), providers=["CUDAExecutionProvider", "CPUExecutionProvider"]
+        proto.SerializeToString(), providers=[cuda, "CPUExecutionProvider"]
     )
     if "CUDAExecutionProvider" not in session.get_providers():
         return None  # onnxruntime-gpu without a usable GPU falls back to the CPU
@@ -70,9 +77,11 @@ def faithful_outputs(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> li
 
 def row(label: str, proto: onnx.ModelProto, feeds, expected) -> str:  # type: ignore[no-untyped-def]
     faithful = score(faithful_outputs(proto, feeds), expected)
-    cuda = cuda_outputs(proto, feeds)
-    gpu = "- | -" if cuda is None else "{:.2e} | {}".format(*score(cuda, expected))
-    return f"| {label} | {faithful[0]:.2e} | {faithful[1]} | {gpu} |"
+    cells = []
+    for tf32 in (True, False):
+        cuda = cuda_outputs(proto, feeds, tf32)
+        cells.append("- | -" if cuda is None else "{:.2e} | {}".format(*score(cuda, expected)))
+    return f"| {label} | {faithful[0]:.2e} | {faithful[1]} | {' | '.join(cells)} |"
 
 
 def main() -> None:
@@ -86,8 +95,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     print(f"# {machine()}")
-    print("| model, fault, conversion | faithful error | NaN/Inf | CUDA error | CUDA NaN/Inf |")
-    print("|---|---|---|---|---|")
+    print(
+        "| model, fault, conversion | faithful error | NaN/Inf | CUDA error | NaN/Inf "
+        "| CUDA, use_tf32=0 | NaN/Inf |"
+    )
+    print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
         for name in args.models:

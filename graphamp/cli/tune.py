@@ -23,8 +23,9 @@ from graphamp.cli.numerics import (
     calibrated,
     require_onnx,
 )
-from graphamp.dialects.registry import for_file
+from graphamp.dialects.registry import ONNX_MATRIX_OPS, for_file
 from graphamp.io import staged
+from graphamp.plan import Plan
 
 HELP = "find a small set of nodes to keep float32 so the model meets a tolerance, and convert"
 
@@ -106,8 +107,22 @@ def run(args: argparse.Namespace, console: Console) -> int:
         f"max rel error {errors}"
     )
     print(result.snippet(), flush=True)
+    _warn_tf32(result.kept, result.conversion.plan, policy.target, console)
     with staged(target) as path:
         dialect.save(result.conversion.model, path)
     if args.plan:
         result.conversion.plan.save(args.plan)
     return 0
+
+
+def _warn_tf32(kept: tuple[str, ...], plan: Plan, target: str, console: Console) -> None:
+    """onnxruntime's CUDA provider runs float32 matrix ops on TF32 tensor cores by default,
+    which round their inputs to float16's 10-bit mantissa: a matrix op kept float32 for its
+    precision is then not, unless the session turns TF32 off."""
+    matrix = [name for name in kept if plan.nodes[name].op in ONNX_MATRIX_OPS]
+    if matrix and target != "cpu":
+        console.print(
+            f"note: {len(matrix)} kept node(s) are matrix ops: on onnxruntime's CUDA provider "
+            'create the session with ("CUDAExecutionProvider", {"use_tf32": "0"}); its default '
+            "TF32 rounds float32 MatMul/Gemm/Conv inputs as float16 does and undoes the fix"
+        )

@@ -74,11 +74,11 @@ def run(
             emulation = f", {'/'.join(names)} rounding emulated"
             model = emulated(model, types)
     typed = _typed_feeds(model, feeds)
-    providers = (
-        ["CUDAExecutionProvider", "CPUExecutionProvider"]
-        if provider == "cuda"
-        else ["CPUExecutionProvider"]
-    )
+    # use_tf32=0: by default the CUDA provider runs float32 MatMul, Gemm and Conv on TF32
+    # tensor cores, which round their inputs to float16's 10-bit mantissa, so a node kept
+    # float32 for its precision would not be (tools/gpu_numerics.py measures it).
+    cuda = ("CUDAExecutionProvider", {"use_tf32": "0"})
+    providers = [cuda, "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
     options = ort.SessionOptions()
     options.log_severity_level = 3
     # Provider set-up failures (a CUDA provider without CUDA libraries) are reported by
@@ -109,7 +109,8 @@ def run(
             f"libraries; it would run on {used}): verify with --provider cpu"
         )
     outputs = session.run(names, typed)
-    return dict(zip(names, outputs, strict=True)), f"onnxruntime {used}{emulation}"
+    tf32 = ", use_tf32=0" if used == "cuda" else ""
+    return dict(zip(names, outputs, strict=True)), f"onnxruntime {used}{emulation}{tf32}"
 
 
 RUNTIME_CHECK_MAX_BYTES = 512 * 1024 * 1024
