@@ -27,6 +27,8 @@ echo "## The demo, verified natively on the GPU (float16 kernels, not emulation)
 "$py" -m graphamp.cli demo --provider cuda
 echo "## Deployed graphs: Casts, error and onnxruntime CUDA latency per tool"
 "$py" tools/bench_deploy.py --gpu --full --runs 1 --json "$out/deploy.json"
+echo "## The faithful evaluator against the GPU's float16 (planted faults; TF32 on and off)"
+"$py" tools/gpu_numerics.py
 echo "## Whole training steps on the GPU (float16, dynamic loss scaling)"
 "$py" tools/bench_train.py --device cuda --width 4096 --batch 512
 echo "## ONNX conversion and onnxruntime latency (zoo, full size)"
