@@ -100,9 +100,10 @@ def tune(
     )
     decide = Decider(analysis, policy, ranges)
     switch = Switchable(proto, analysis.graph, policy.dtype)
-    candidates = [n for n in switch.switched if n in decide(frozenset())]
+    baseline = decide(frozenset())
+    candidates = [n for n in switch.switched if n in baseline]
     attribute = Attribution(proto, switch, rtol, atol)
-    report, met, baseline_errors = attribute(batches, decide(frozenset()))
+    report, met, baseline_errors = attribute(batches, baseline)
     expected = attribute.expected  # the float32 outputs, from the reference copy
     answers: dict[frozenset[str], bool] = {frozenset(): met}
 
@@ -242,8 +243,14 @@ class Decider:
         self.ranges = ranges
         self.passes = [cls for cls in registered() if cls.name in _DECIDING]
         self.weights = None
+        self.known: dict[frozenset[str], frozenset[str]] = {}
 
     def __call__(self, kept: frozenset[str]) -> frozenset[str]:
+        if kept not in self.known:
+            self.known[kept] = self._decide(kept)
+        return self.known[kept]
+
+    def _decide(self, kept: frozenset[str]) -> frozenset[str]:
         options = engine.range_options(self.ranges, kept)
         context = PassContext(self.graph, self.policy, options)
         if self.weights is not None:  # stored values scanned once for every plan
