@@ -31,7 +31,7 @@ from onnx import helper
 from graphamp import dtypes
 from graphamp.graph import NodeKind, OpGraph
 from graphamp.onnx.files import inferred_types
-from graphamp.onnx.session import Session
+from graphamp.onnx.session import Session, Weights
 from graphamp.onnx.statgraph import model_shell, named
 
 F32 = onnx.TensorProto.FLOAT
@@ -42,8 +42,11 @@ class Switchable:
     """The switchable model of the float32 ``proto``, read by graphamp as ``graph``; ``run``
     evaluates it with a given set of nodes low."""
 
-    def __init__(self, proto: onnx.ModelProto, graph: OpGraph, dtype: str) -> None:
+    def __init__(
+        self, proto: onnx.ModelProto, graph: OpGraph, dtype: str, weights: Weights | None = None
+    ) -> None:
         self.graph = graph
+        self.weights = weights  # the float32 model's, shared with its comparison model
         self.dtype = dtype
         self.low_code = dtypes.BY_NAME[dtype].onnx
         # Every op a plan may put low: float32 ops with computation-type slots.
@@ -67,7 +70,7 @@ class Switchable:
     def run(self, feeds: dict[str, np.ndarray], low: Iterable[str]) -> dict[str, np.ndarray]:
         """The graph outputs on ``feeds`` with the nodes ``low`` rounding as low ops."""
         if self._session is None:
-            self._session = Session(self.proto, what="the switchable model")
+            self._session = Session(self.proto, what="the switchable model", weights=self.weights)
         outputs = [o.name for o in self.proto.graph.output]
         return self._session.run({**feeds, **self.flags(low)}, outputs)
 

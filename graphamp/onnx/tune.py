@@ -43,7 +43,7 @@ from graphamp.onnx.dialect import OnnxDialect
 from graphamp.onnx.emulate import emulated, has_low_values
 from graphamp.onnx.files import inferred_types
 from graphamp.onnx.runtime import input_specs
-from graphamp.onnx.session import Session, as_proto
+from graphamp.onnx.session import Session, Weights, as_proto
 from graphamp.onnx.statgraph import float32_values
 from graphamp.onnx.switchable import Switchable
 from graphamp.passes import PassContext, PassManager
@@ -99,7 +99,9 @@ def tune(
         proto, policy, dialect=OnnxDialect(), options={**extra, **engine.range_options(ranges)}
     )
     decide = Decider(analysis, policy, ranges)
-    switch = Switchable(proto, analysis.graph, policy.dtype)
+    # the switchable model holds the float32 weights under their names, as does the comparison
+    # model built on it: both sessions use one copy
+    switch = Switchable(proto, analysis.graph, policy.dtype, Weights())
     baseline = decide(frozenset())
     candidates = [n for n in switch.switched if n in baseline]
     attribute = Attribution(proto, switch, rtol, atol)
@@ -191,7 +193,9 @@ class Attribution:
         produced = {out for node in switch.proto.graph.node for out in node.output}
         tensors = [t for t in float32_values(proto) if t in produced]
         weights = frozenset(init.name for init in proto.graph.initializer)
-        self.comparison = Comparison(proto, switch.proto, tensors, shared=weights)
+        self.comparison = Comparison(
+            proto, switch.proto, tensors, shared=weights, weights=switch.weights
+        )
         self.expected: list[dict[str, np.ndarray]] = []
         self.runs = 0
         self.stats: dict[str, dict[str, float]] = {}
