@@ -26,7 +26,7 @@ from collections.abc import Iterable
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from graphamp import dtypes
 from graphamp.graph import NodeKind, OpGraph
@@ -90,6 +90,8 @@ class Switchable:
             if slot < len(node.outputs) and node.outputs[slot]
         }
         nodes: list[onnx.NodeProto] = []
+        stored = {init.name: init for init in proto.graph.initializer}
+        weights: dict[str, str] = {}  # a weight a switched op reads -> its rounded copy
         for name in self.switched:
             graph.input.append(
                 helper.make_tensor_value_info(f"{FLAG}{name}", onnx.TensorProto.BOOL, [])
@@ -113,7 +115,12 @@ class Switchable:
                     nodes.append(helper.make_node("Not", [f"{FLAG}{upstream}"], [f"{cond}|not"]))
                     nodes.append(helper.make_node("And", [flag, f"{cond}|not"], [cond]))
                 rounded = f"{FLAG}{index}.in{slot}|read"
-                nodes.append(self._if(cond, source, rounded, f"{index}.in{slot}"))
+                tag = f"{index}.in{slot}"
+                if source in stored:  # a weight: rounded once, here, not in every session
+                    low = weights.setdefault(source, f"{FLAG}{source}|{self.dtype}")
+                    nodes.append(self._choose(cond, low, source, rounded, tag))
+                else:
+                    nodes.append(self._if(cond, source, rounded, tag))
                 node.input[slot] = rounded
             outputs = []
             for slot in sorted(op.follow_outputs):
@@ -126,8 +133,55 @@ class Switchable:
             nodes.extend(outputs)
         graph.node.extend(nodes)
         graph.initializer.extend(proto.graph.initializer)
+        graph.initializer.extend(self._rounded(model, [stored[w] for w in weights], weights))
         graph.sparse_initializer.extend(proto.graph.sparse_initializer)
         return model
+
+    def _rounded(
+        self, shell: onnx.ModelProto, weights: list[onnx.TensorProto], names: dict[str, str]
+    ) -> list[onnx.TensorProto]:
+        """``weights`` rounded to the low type and back (named as ``names`` says), by
+        onnxruntime's own Cast, as it would round them in the switched ops (and as its
+        constant folding did when the model rounded them itself, at every session's start)."""
+        if not weights:
+            return []
+        model = model_shell(shell)
+        del model.graph.input[:], model.graph.output[:]
+        model.graph.node.extend(
+            [
+                helper.make_node("Cast", ["x"], ["low"], to=self.low_code),
+                helper.make_node("Cast", ["low"], ["y"], to=F32),
+            ]
+        )
+        model.graph.input.append(helper.make_tensor_value_info("x", F32, None))
+        model.graph.output.append(helper.make_tensor_value_info("y", F32, None))
+        session = Session(model, what="the rounding model")
+        return [
+            numpy_helper.from_array(
+                session.run({"x": numpy_helper.to_array(init)})["y"], names[init.name]
+            )
+            for init in weights
+        ]
+
+    def _choose(self, cond: str, low: str, source: str, output: str, tag: str) -> onnx.NodeProto:
+        """``output`` = ``low`` (``source`` rounded already) when ``cond``, else ``source``."""
+        branches = [
+            helper.make_graph(
+                [helper.make_node("Identity", [value], [f"{FLAG}{tag}|{kind}"])],
+                f"{kind}_{tag}",
+                [],
+                [helper.make_tensor_value_info(f"{FLAG}{tag}|{kind}", F32, None)],
+            )
+            for value, kind in ((low, "low"), (source, "same"))
+        ]
+        return helper.make_node(
+            "If",
+            [cond],
+            [output],
+            name=f"{FLAG}{tag}",
+            then_branch=branches[0],
+            else_branch=branches[1],
+        )
 
     def _if(self, cond: str, source: str, output: str, tag: str) -> onnx.NodeProto:
         """``output`` = ``source`` rounded to the low type when ``cond``, else ``source``."""
