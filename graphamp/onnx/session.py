@@ -35,19 +35,52 @@ _STUB_LOCATION = "graphamp-session-weight"  # never read: the value is given as 
 class Weights:
     """Large initializers as onnxruntime values, each converted once. One store may serve the
     sessions of several models only when an initializer name means the same values in all of
-    them (the switchable model and its comparison model hold the float32 model's weights)."""
+    them (the switchable model and its comparison model hold the float32 model's weights).
+
+    A model built for sessions may hold *stubs* instead of its large initializers (data-less,
+    :meth:`stub`): their values are in the store, and only a session given the store runs it."""
 
     def __init__(self) -> None:
         self._values: dict[str, tuple[np.ndarray, ort.OrtValue]] = {}
 
     def value(self, init: onnx.TensorProto) -> ort.OrtValue:
         known = self._values.get(init.name)
+        if _is_stub(init):
+            if known is None:
+                raise GraphampError(f"internal error: no value for the weight {init.name!r}")
+            return known[1]
         dtype = helper.tensor_dtype_to_np_dtype(init.data_type)
         if known is not None and known[0].shape == tuple(init.dims) and known[0].dtype == dtype:
             return known[1]
-        array = np.ascontiguousarray(numpy_helper.to_array(init))
-        self._values[init.name] = (array, ort.OrtValue.ortvalue_from_numpy(array))
-        return self._values[init.name][1]
+        return self._add(init.name, numpy_helper.to_array(init))
+
+    def array(self, init: onnx.TensorProto) -> np.ndarray:
+        """The value of ``init`` (a stub's, from the store)."""
+        self.value(init)
+        return self._values[init.name][0]
+
+    def stub(self, name: str, array: np.ndarray) -> onnx.TensorProto:
+        """A stub initializer ``name`` whose value, ``array``, the store holds."""
+        self._add(name, array)
+        stub = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype))
+        stub.dims.extend(array.shape)
+        stub.data_location = _T.EXTERNAL
+        stub.external_data.add(key="location", value=_STUB_LOCATION)
+        return stub
+
+    def stubbed(self, proto: onnx.ModelProto) -> onnx.ModelProto:
+        """A copy of ``proto`` whose large initializers are stubs of values put in the store:
+        the weights are converted once, and the copy costs none of their bytes."""
+        light, names = _without_weights(proto)
+        for init in proto.graph.initializer:
+            if init.name in names:
+                self.value(init)
+        return light
+
+    def _add(self, name: str, array: np.ndarray) -> ort.OrtValue:
+        array = np.ascontiguousarray(array)
+        self._values[name] = (array, ort.OrtValue.ortvalue_from_numpy(array))
+        return self._values[name][1]
 
 
 class Session:
@@ -122,9 +155,12 @@ def _without_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str,
     names = {
         init.name: None
         for init in proto.graph.initializer
-        if init.data_type in _ARRAY_TYPES
-        and init.data_location != _T.EXTERNAL
-        and int(np.prod(init.dims)) > _INLINE_ELEMENTS
+        if _is_stub(init)
+        or (
+            init.data_type in _ARRAY_TYPES
+            and init.data_location != _T.EXTERNAL
+            and int(np.prod(init.dims)) > _INLINE_ELEMENTS
+        )
     }
     if not names:
         return proto, names
@@ -136,7 +172,7 @@ def _without_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str,
         if descriptor.name != "initializer":
             _copy_field(light.graph, descriptor, value)
     for init in proto.graph.initializer:
-        if init.name not in names:
+        if init.name not in names or _is_stub(init):
             light.graph.initializer.append(init)
             continue
         stub = light.graph.initializer.add(name=init.name, data_type=init.data_type)
@@ -144,6 +180,12 @@ def _without_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str,
         stub.data_location = _T.EXTERNAL
         stub.external_data.add(key="location", value=_STUB_LOCATION)
     return light, names
+
+
+def _is_stub(init: onnx.TensorProto) -> bool:
+    return init.data_location == _T.EXTERNAL and any(
+        entry.key == "location" and entry.value == _STUB_LOCATION for entry in init.external_data
+    )
 
 
 def _copy_field(message, descriptor, value) -> None:  # type: ignore[no-untyped-def]

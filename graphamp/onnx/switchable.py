@@ -26,7 +26,7 @@ from collections.abc import Iterable
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from graphamp import dtypes
 from graphamp.graph import NodeKind, OpGraph
@@ -46,7 +46,9 @@ class Switchable:
         self, proto: onnx.ModelProto, graph: OpGraph, dtype: str, weights: Weights | None = None
     ) -> None:
         self.graph = graph
-        self.weights = weights  # the float32 model's, shared with its comparison model
+        # its large weights, the float32 model's and their rounded copies: the model holds
+        # stubs (run it with a Session given this store), and its comparison model shares them
+        self.weights = weights if weights is not None else Weights()
         self.dtype = dtype
         self.low_code = dtypes.BY_NAME[dtype].onnx
         # Every op a plan may put low: float32 ops with computation-type slots.
@@ -57,7 +59,7 @@ class Switchable:
             and node.compute_type == "float32"
             and (node.follow_inputs or node.follow_outputs)
         ]
-        proto = named(proto)
+        proto = named(self.weights.stubbed(proto))
         self.proto = self._build(proto, inferred_types(proto))
         self._session: Session | None = None
 
@@ -157,9 +159,7 @@ class Switchable:
         model.graph.output.append(helper.make_tensor_value_info("y", F32, None))
         session = Session(model, what="the rounding model")
         return [
-            numpy_helper.from_array(
-                session.run({"x": numpy_helper.to_array(init)})["y"], names[init.name]
-            )
+            self.weights.stub(names[init.name], session.run({"x": self.weights.array(init)})["y"])
             for init in weights
         ]
 
