@@ -157,6 +157,7 @@ class Comparison:
         tensors: list[str],
         shared: frozenset[str] = frozenset(),
         weights: Weights | None = None,
+        fold: bool = True,
     ) -> None:
         self.reference = reference
         self.tensors = tensors
@@ -164,7 +165,7 @@ class Comparison:
         inputs = {v.name for v in reference.graph.input}  # a comparison keeps their names
         self._reference_names = {n: n if n in inputs else f"{REF}{n}" for n in self.outputs}
         model = comparison(reference, other, tensors, shared)
-        self.session = Session(model, what="the comparison model", weights=weights)
+        self.session = Session(model, what="the comparison model", weights=weights, fold=fold)
 
     def run(
         self,

@@ -45,7 +45,7 @@ class Weights:
 
     def value(self, init: onnx.TensorProto) -> ort.OrtValue:
         known = self._values.get(init.name)
-        if _is_stub(init):
+        if is_stub(init):
             if known is None:
                 raise GraphampError(f"internal error: no value for the weight {init.name!r}")
             return known[1]
@@ -93,6 +93,7 @@ class Session:
         what: str = "the model",
         level: ort.GraphOptimizationLevel | None = None,
         weights: Weights | None = None,
+        fold: bool = True,
     ) -> None:
         self.what = what
         self.input_types = _input_types(proto)
@@ -114,18 +115,19 @@ class Session:
         ]
         if names:
             options.add_external_initializers(list(names), values)
+        # fold=False: no constant folding, which in a switchable model only copies weights
+        # (its Ifs' branches read them); the values computed are the same either way.
+        kwargs = {"providers": ["CPUExecutionProvider"]}
+        if not fold:
+            kwargs["disabled_optimizers"] = ["ConstantFolding"]
         try:
             if light.ByteSize() < SERIALIZE_LIMIT:
-                self._session = ort.InferenceSession(
-                    light.SerializeToString(), options, providers=["CPUExecutionProvider"]
-                )
+                self._session = ort.InferenceSession(light.SerializeToString(), options, **kwargs)
             else:
                 with tempfile.TemporaryDirectory(prefix="graphamp-") as folder:
                     path = Path(folder) / "model.onnx"
                     onnx.save(light, str(path), save_as_external_data=True, location="model.data")
-                    self._session = ort.InferenceSession(
-                        str(path), options, providers=["CPUExecutionProvider"]
-                    )
+                    self._session = ort.InferenceSession(str(path), options, **kwargs)
         except Exception as exc:  # onnxruntime's own error types
             raise GraphampError(f"onnxruntime cannot load {what}: {_first_line(exc)}") from None
         self.outputs = [o.name for o in self._session.get_outputs()]
@@ -155,7 +157,7 @@ def _without_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str,
     names = {
         init.name: None
         for init in proto.graph.initializer
-        if _is_stub(init)
+        if is_stub(init)
         or (
             init.data_type in _ARRAY_TYPES
             and init.data_location != _T.EXTERNAL
@@ -172,7 +174,7 @@ def _without_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str,
         if descriptor.name != "initializer":
             _copy_field(light.graph, descriptor, value)
     for init in proto.graph.initializer:
-        if init.name not in names or _is_stub(init):
+        if init.name not in names or is_stub(init):
             light.graph.initializer.append(init)
             continue
         stub = light.graph.initializer.add(name=init.name, data_type=init.data_type)
@@ -182,7 +184,8 @@ def _without_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str,
     return light, names
 
 
-def _is_stub(init: onnx.TensorProto) -> bool:
+def is_stub(init: onnx.TensorProto) -> bool:
+    """Whether ``init`` is a :class:`Weights` stub (its value is in a store)."""
     return init.data_location == _T.EXTERNAL and any(
         entry.key == "location" and entry.value == _STUB_LOCATION for entry in init.external_data
     )

@@ -72,7 +72,9 @@ class Switchable:
     def run(self, feeds: dict[str, np.ndarray], low: Iterable[str]) -> dict[str, np.ndarray]:
         """The graph outputs on ``feeds`` with the nodes ``low`` rounding as low ops."""
         if self._session is None:
-            self._session = Session(self.proto, what="the switchable model", weights=self.weights)
+            self._session = Session(
+                self.proto, what="the switchable model", weights=self.weights, fold=False
+            )
         outputs = [o.name for o in self.proto.graph.output]
         return self._session.run({**feeds, **self.flags(low)}, outputs)
 

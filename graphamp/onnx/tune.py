@@ -194,7 +194,7 @@ class Attribution:
         tensors = [t for t in float32_values(proto) if t in produced]
         weights = frozenset(init.name for init in proto.graph.initializer)
         self.comparison = Comparison(
-            proto, switch.proto, tensors, shared=weights, weights=switch.weights
+            proto, switch.proto, tensors, shared=weights, weights=switch.weights, fold=False
         )
         self.expected: list[dict[str, np.ndarray]] = []
         self.runs = 0
@@ -325,9 +325,9 @@ def _outputs(conversion: engine.Conversion, batches) -> list[dict[str, np.ndarra
     """The converted model's outputs on every batch, by the faithful evaluator."""
     proto = _proto(conversion)
     types = inferred_types(proto)
-    if has_low_values(proto, types):
-        proto = emulated(proto, types)
-    session = Session(proto, what="the converted model")
+    weights = Weights()
+    proto = emulated(proto, types, weights) if has_low_values(proto, types) else proto
+    session = Session(proto, what="the converted model", weights=weights)
     return [session.run(feeds) for feeds in batches]
 
 
