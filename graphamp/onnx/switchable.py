@@ -18,6 +18,11 @@ op reads low values through an exact Cast:
 So it differs from the converted model only where the conversion's own edits round a value a
 float32 op reads (none that graphamp makes today); :func:`graphamp.onnx.tune.tune` checks its
 result on the real conversion all the same.
+
+A weight a switched op reads is rounded once, when the model is built (by onnxruntime's own
+Cast, as the ``If`` would), and the ``If`` picks the rounded copy or the weight. The weights
+and their copies live in a :class:`~graphamp.onnx.session.Weights` store, as arrays: the model
+holds stubs, its sessions (the comparison model's too) share the one copy.
 """
 
 from __future__ import annotations
