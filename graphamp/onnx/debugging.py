@@ -29,7 +29,7 @@ from graphamp.batches import DataSource, as_batches
 from graphamp.onnx.emulate import LOW_CODES, emulated, has_low_values
 from graphamp.onnx.files import inferred_types
 from graphamp.onnx.runtime import input_specs
-from graphamp.onnx.session import Session, as_proto
+from graphamp.onnx.session import Session, Weights, as_proto
 from graphamp.onnx.statgraph import (
     COMPARE_STATS,
     REF,
@@ -156,6 +156,8 @@ class Comparison:
         other: onnx.ModelProto,
         tensors: list[str],
         shared: frozenset[str] = frozenset(),
+        weights: Weights | None = None,
+        fold: bool = True,
     ) -> None:
         self.reference = reference
         self.tensors = tensors
@@ -163,7 +165,7 @@ class Comparison:
         inputs = {v.name for v in reference.graph.input}  # a comparison keeps their names
         self._reference_names = {n: n if n in inputs else f"{REF}{n}" for n in self.outputs}
         model = comparison(reference, other, tensors, shared)
-        self.session = Session(model, what="the comparison model")
+        self.session = Session(model, what="the comparison model", weights=weights, fold=fold)
 
     def run(
         self,

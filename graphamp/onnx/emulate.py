@@ -17,6 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphamp import dtypes
+from graphamp.onnx.session import Weights, is_stub
 
 LOW_CODES = {dtypes.BY_NAME[name].onnx: name for name in dtypes.LOW_TYPES}
 F32 = onnx.TensorProto.FLOAT
@@ -26,16 +27,25 @@ def has_low_values(proto: onnx.ModelProto, types: dict[str, int]) -> bool:
     return any(code in LOW_CODES for code in types.values())
 
 
-def emulated(proto: onnx.ModelProto, types: dict[str, int]) -> onnx.ModelProto:
+def emulated(
+    proto: onnx.ModelProto, types: dict[str, int], weights: Weights | None = None
+) -> onnx.ModelProto:
     """A float32 copy of ``proto`` that rounds every low-precision value (module docstring).
     ``types`` maps value names to their element type in ``proto`` (graph I/O, initializers and
-    what type inference finds)."""
+    what type inference finds). With ``weights``, the copy holds stubs of its large weights,
+    whose values (a low one widened) are put in that store: nothing large is copied twice."""
+    if weights is not None:
+        proto = weights.stubbed(proto)
     model = onnx.ModelProto()
     model.CopyFrom(proto)
     graph = model.graph
     del graph.value_info[:]
     for init in graph.initializer:
-        if init.data_type in LOW_CODES:  # exact: every low value is a float32 value
+        if init.data_type not in LOW_CODES:
+            continue
+        if weights is not None and is_stub(init):
+            init.CopyFrom(weights.stub(init.name, weights.array(init).astype("float32")))
+        else:  # exact: every low value is a float32 value
             init.CopyFrom(
                 numpy_helper.from_array(numpy_helper.to_array(init).astype("float32"), init.name)
             )

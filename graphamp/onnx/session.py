@@ -1,7 +1,11 @@
 """onnxruntime sessions for the numerics tools: CPU provider, quiet, any model size.
 
-A model over protobuf's 2 GB limit (two copies of a large model, say) is written to a
-temporary folder with external data and loaded from there.
+Large initializers are not serialized: onnxruntime gets them as arrays (external
+initializers, used where they are, not copied), and the model it parses holds data-less stubs.
+That saves serializing and parsing the weights again for every session (seconds on GPT-2
+size), and sessions over models that hold the same weights share one copy (:class:`Weights`).
+A model still over protobuf's 2 GB limit without them is written to a temporary folder with
+external data and loaded from there.
 """
 
 from __future__ import annotations
@@ -13,11 +17,70 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import helper, numpy_helper
 
 from graphamp import dtypes
 from graphamp.errors import GraphampError
 
 SERIALIZE_LIMIT = 1_900_000_000
+_INLINE_ELEMENTS = 256  # initializers up to this size stay in the model onnxruntime parses
+_T = onnx.TensorProto
+# Element types given as arrays: those numpy holds natively (no ml_dtypes types).
+_ARRAY_TYPES = frozenset(
+    {_T.FLOAT, _T.FLOAT16, _T.DOUBLE, _T.INT8, _T.INT16, _T.INT32, _T.INT64, _T.UINT8, _T.BOOL}
+)
+_STUB_LOCATION = "graphamp-session-weight"  # never read: the value is given as an array
+
+
+class Weights:
+    """Large initializers as onnxruntime values, each converted once. One store may serve the
+    sessions of several models only when an initializer name means the same values in all of
+    them (the switchable model and its comparison model hold the float32 model's weights).
+
+    A model built for sessions may hold *stubs* instead of its large initializers (data-less,
+    :meth:`stub`): their values are in the store, and only a session given the store runs it."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, tuple[np.ndarray, ort.OrtValue]] = {}
+
+    def value(self, init: onnx.TensorProto) -> ort.OrtValue:
+        known = self._values.get(init.name)
+        if is_stub(init):
+            if known is None:
+                raise GraphampError(f"internal error: no value for the weight {init.name!r}")
+            return known[1]
+        dtype = helper.tensor_dtype_to_np_dtype(init.data_type)
+        if known is not None and known[0].shape == tuple(init.dims) and known[0].dtype == dtype:
+            return known[1]
+        return self._add(init.name, numpy_helper.to_array(init))
+
+    def array(self, init: onnx.TensorProto) -> np.ndarray:
+        """The value of ``init`` (a stub's, from the store)."""
+        self.value(init)
+        return self._values[init.name][0]
+
+    def stub(self, name: str, array: np.ndarray) -> onnx.TensorProto:
+        """A stub initializer ``name`` whose value, ``array``, the store holds."""
+        self._add(name, array)
+        stub = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype))
+        stub.dims.extend(array.shape)
+        stub.data_location = _T.EXTERNAL
+        stub.external_data.add(key="location", value=_STUB_LOCATION)
+        return stub
+
+    def stubbed(self, proto: onnx.ModelProto) -> onnx.ModelProto:
+        """A copy of ``proto`` whose large initializers are stubs of values put in the store:
+        the weights are converted once, and the copy costs none of their bytes."""
+        light, names = _without_weights(proto)
+        for init in proto.graph.initializer:
+            if init.name in names:
+                self.value(init)
+        return light
+
+    def _add(self, name: str, array: np.ndarray) -> ort.OrtValue:
+        array = np.ascontiguousarray(array)
+        self._values[name] = (array, ort.OrtValue.ortvalue_from_numpy(array))
+        return self._values[name][1]
 
 
 class Session:
@@ -29,6 +92,8 @@ class Session:
         *,
         what: str = "the model",
         level: ort.GraphOptimizationLevel | None = None,
+        weights: Weights | None = None,
+        fold: bool = True,
     ) -> None:
         self.what = what
         self.input_types = _input_types(proto)
@@ -40,21 +105,34 @@ class Session:
         # against 1 GB without them), at no gain in speed.
         options.enable_mem_pattern = False
         options.enable_cpu_mem_arena = False
+        # A thread that waits for work sleeps instead of spinning: a model of thousands of
+        # small nodes (statistics, Ifs) otherwise keeps a second core busy waiting, which on
+        # shared cores took twice the CPU time and up to twice the wall time (GPT-2's
+        # comparison model at load 5). The values computed are the same.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if level is not None:
             options.graph_optimization_level = level
         ort.set_default_logger_severity(4)
+        self.weights = weights if weights is not None else Weights()
+        light, names = _without_weights(proto)
+        values = [
+            self.weights.value(init) for init in proto.graph.initializer if init.name in names
+        ]
+        if names:
+            options.add_external_initializers(list(names), values)
+        # fold=False: no constant folding, which in a switchable model only copies weights
+        # (its Ifs' branches read them); the values computed are the same either way.
+        kwargs = {"providers": ["CPUExecutionProvider"]}
+        if not fold:
+            kwargs["disabled_optimizers"] = ["ConstantFolding"]
         try:
-            if proto.ByteSize() < SERIALIZE_LIMIT:
-                self._session = ort.InferenceSession(
-                    proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-                )
+            if light.ByteSize() < SERIALIZE_LIMIT:
+                self._session = ort.InferenceSession(light.SerializeToString(), options, **kwargs)
             else:
                 with tempfile.TemporaryDirectory(prefix="graphamp-") as folder:
                     path = Path(folder) / "model.onnx"
-                    onnx.save(proto, str(path), save_as_external_data=True, location="model.data")
-                    self._session = ort.InferenceSession(
-                        str(path), options, providers=["CPUExecutionProvider"]
-                    )
+                    onnx.save(light, str(path), save_as_external_data=True, location="model.data")
+                    self._session = ort.InferenceSession(str(path), options, **kwargs)
         except Exception as exc:  # onnxruntime's own error types
             raise GraphampError(f"onnxruntime cannot load {what}: {_first_line(exc)}") from None
         self.outputs = [o.name for o in self._session.get_outputs()]
@@ -76,6 +154,55 @@ class Session:
         except Exception as exc:  # onnxruntime's own error types
             raise GraphampError(f"onnxruntime cannot run {self.what}: {_first_line(exc)}") from None
         return dict(zip(names, values, strict=True))
+
+
+def _without_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, None]]:
+    """A copy of ``proto`` whose large initializers (main graph) are data-less stubs, and their
+    names, in order. Nothing big is copied."""
+    names = {
+        init.name: None
+        for init in proto.graph.initializer
+        if is_stub(init)
+        or (
+            init.data_type in _ARRAY_TYPES
+            and init.data_location != _T.EXTERNAL
+            and int(np.prod(init.dims)) > _INLINE_ELEMENTS
+        )
+    }
+    if not names:
+        return proto, names
+    light = onnx.ModelProto()
+    for descriptor, value in proto.ListFields():
+        if descriptor.name != "graph":
+            _copy_field(light, descriptor, value)
+    for descriptor, value in proto.graph.ListFields():
+        if descriptor.name != "initializer":
+            _copy_field(light.graph, descriptor, value)
+    for init in proto.graph.initializer:
+        if init.name not in names or is_stub(init):
+            light.graph.initializer.append(init)
+            continue
+        stub = light.graph.initializer.add(name=init.name, data_type=init.data_type)
+        stub.dims.extend(init.dims)
+        stub.data_location = _T.EXTERNAL
+        stub.external_data.add(key="location", value=_STUB_LOCATION)
+    return light, names
+
+
+def is_stub(init: onnx.TensorProto) -> bool:
+    """Whether ``init`` is a :class:`Weights` stub (its value is in a store)."""
+    return init.data_location == _T.EXTERNAL and any(
+        entry.key == "location" and entry.value == _STUB_LOCATION for entry in init.external_data
+    )
+
+
+def _copy_field(message, descriptor, value) -> None:  # type: ignore[no-untyped-def]
+    if descriptor.is_repeated:
+        getattr(message, descriptor.name).extend(value)
+    elif descriptor.type == descriptor.TYPE_MESSAGE:
+        getattr(message, descriptor.name).CopyFrom(value)
+    else:
+        setattr(message, descriptor.name, value)
 
 
 def _input_types(proto: onnx.ModelProto) -> dict[str, int]:

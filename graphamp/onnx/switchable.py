@@ -18,6 +18,11 @@ op reads low values through an exact Cast:
 So it differs from the converted model only where the conversion's own edits round a value a
 float32 op reads (none that graphamp makes today); :func:`graphamp.onnx.tune.tune` checks its
 result on the real conversion all the same.
+
+A weight a switched op reads is rounded once, when the model is built (by onnxruntime's own
+Cast, as the ``If`` would), and the ``If`` picks the rounded copy or the weight. The weights
+and their copies live in a :class:`~graphamp.onnx.session.Weights` store, as arrays: the model
+holds stubs, its sessions (the comparison model's too) share the one copy.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from onnx import helper
 from graphamp import dtypes
 from graphamp.graph import NodeKind, OpGraph
 from graphamp.onnx.files import inferred_types
-from graphamp.onnx.session import Session
+from graphamp.onnx.session import Session, Weights
 from graphamp.onnx.statgraph import model_shell, named
 
 F32 = onnx.TensorProto.FLOAT
@@ -42,8 +47,13 @@ class Switchable:
     """The switchable model of the float32 ``proto``, read by graphamp as ``graph``; ``run``
     evaluates it with a given set of nodes low."""
 
-    def __init__(self, proto: onnx.ModelProto, graph: OpGraph, dtype: str) -> None:
+    def __init__(
+        self, proto: onnx.ModelProto, graph: OpGraph, dtype: str, weights: Weights | None = None
+    ) -> None:
         self.graph = graph
+        # its large weights, the float32 model's and their rounded copies: the model holds
+        # stubs (run it with a Session given this store), and its comparison model shares them
+        self.weights = weights if weights is not None else Weights()
         self.dtype = dtype
         self.low_code = dtypes.BY_NAME[dtype].onnx
         # Every op a plan may put low: float32 ops with computation-type slots.
@@ -54,7 +64,7 @@ class Switchable:
             and node.compute_type == "float32"
             and (node.follow_inputs or node.follow_outputs)
         ]
-        proto = named(proto)
+        proto = named(self.weights.stubbed(proto))
         self.proto = self._build(proto, inferred_types(proto))
         self._session: Session | None = None
 
@@ -67,7 +77,9 @@ class Switchable:
     def run(self, feeds: dict[str, np.ndarray], low: Iterable[str]) -> dict[str, np.ndarray]:
         """The graph outputs on ``feeds`` with the nodes ``low`` rounding as low ops."""
         if self._session is None:
-            self._session = Session(self.proto, what="the switchable model")
+            self._session = Session(
+                self.proto, what="the switchable model", weights=self.weights, fold=False
+            )
         outputs = [o.name for o in self.proto.graph.output]
         return self._session.run({**feeds, **self.flags(low)}, outputs)
 
@@ -87,6 +99,8 @@ class Switchable:
             if slot < len(node.outputs) and node.outputs[slot]
         }
         nodes: list[onnx.NodeProto] = []
+        stored = {init.name: init for init in proto.graph.initializer}
+        weights: dict[str, str] = {}  # a weight a switched op reads -> its rounded copy
         for name in self.switched:
             graph.input.append(
                 helper.make_tensor_value_info(f"{FLAG}{name}", onnx.TensorProto.BOOL, [])
@@ -110,7 +124,12 @@ class Switchable:
                     nodes.append(helper.make_node("Not", [f"{FLAG}{upstream}"], [f"{cond}|not"]))
                     nodes.append(helper.make_node("And", [flag, f"{cond}|not"], [cond]))
                 rounded = f"{FLAG}{index}.in{slot}|read"
-                nodes.append(self._if(cond, source, rounded, f"{index}.in{slot}"))
+                tag = f"{index}.in{slot}"
+                if source in stored:  # a weight: rounded once, here, not in every session
+                    low = weights.setdefault(source, f"{FLAG}{source}|{self.dtype}")
+                    nodes.append(self._choose(cond, low, source, rounded, tag))
+                else:
+                    nodes.append(self._if(cond, source, rounded, tag))
                 node.input[slot] = rounded
             outputs = []
             for slot in sorted(op.follow_outputs):
@@ -123,8 +142,53 @@ class Switchable:
             nodes.extend(outputs)
         graph.node.extend(nodes)
         graph.initializer.extend(proto.graph.initializer)
+        graph.initializer.extend(self._rounded(model, [stored[w] for w in weights], weights))
         graph.sparse_initializer.extend(proto.graph.sparse_initializer)
         return model
+
+    def _rounded(
+        self, shell: onnx.ModelProto, weights: list[onnx.TensorProto], names: dict[str, str]
+    ) -> list[onnx.TensorProto]:
+        """``weights`` rounded to the low type and back (named as ``names`` says), by
+        onnxruntime's own Cast, as it would round them in the switched ops (and as its
+        constant folding did when the model rounded them itself, at every session's start)."""
+        if not weights:
+            return []
+        model = model_shell(shell)
+        del model.graph.input[:], model.graph.output[:]
+        model.graph.node.extend(
+            [
+                helper.make_node("Cast", ["x"], ["low"], to=self.low_code),
+                helper.make_node("Cast", ["low"], ["y"], to=F32),
+            ]
+        )
+        model.graph.input.append(helper.make_tensor_value_info("x", F32, None))
+        model.graph.output.append(helper.make_tensor_value_info("y", F32, None))
+        session = Session(model, what="the rounding model")
+        return [
+            self.weights.stub(names[init.name], session.run({"x": self.weights.array(init)})["y"])
+            for init in weights
+        ]
+
+    def _choose(self, cond: str, low: str, source: str, output: str, tag: str) -> onnx.NodeProto:
+        """``output`` = ``low`` (``source`` rounded already) when ``cond``, else ``source``."""
+        branches = [
+            helper.make_graph(
+                [helper.make_node("Identity", [value], [f"{FLAG}{tag}|{kind}"])],
+                f"{kind}_{tag}",
+                [],
+                [helper.make_tensor_value_info(f"{FLAG}{tag}|{kind}", F32, None)],
+            )
+            for value, kind in ((low, "low"), (source, "same"))
+        ]
+        return helper.make_node(
+            "If",
+            [cond],
+            [output],
+            name=f"{FLAG}{tag}",
+            then_branch=branches[0],
+            else_branch=branches[1],
+        )
 
     def _if(self, cond: str, source: str, output: str, tag: str) -> onnx.NodeProto:
         """``output`` = ``source`` rounded to the low type when ``cond``, else ``source``."""

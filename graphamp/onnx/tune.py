@@ -43,7 +43,7 @@ from graphamp.onnx.dialect import OnnxDialect
 from graphamp.onnx.emulate import emulated, has_low_values
 from graphamp.onnx.files import inferred_types
 from graphamp.onnx.runtime import input_specs
-from graphamp.onnx.session import Session, as_proto
+from graphamp.onnx.session import Session, Weights, as_proto
 from graphamp.onnx.statgraph import float32_values
 from graphamp.onnx.switchable import Switchable
 from graphamp.passes import PassContext, PassManager
@@ -99,10 +99,13 @@ def tune(
         proto, policy, dialect=OnnxDialect(), options={**extra, **engine.range_options(ranges)}
     )
     decide = Decider(analysis, policy, ranges)
-    switch = Switchable(proto, analysis.graph, policy.dtype)
-    candidates = [n for n in switch.switched if n in decide(frozenset())]
+    # the switchable model holds the float32 weights under their names, as does the comparison
+    # model built on it: both sessions use one copy
+    switch = Switchable(proto, analysis.graph, policy.dtype, Weights())
+    baseline = decide(frozenset())
+    candidates = [n for n in switch.switched if n in baseline]
     attribute = Attribution(proto, switch, rtol, atol)
-    report, met, baseline_errors = attribute(batches, decide(frozenset()))
+    report, met, baseline_errors = attribute(batches, baseline)
     expected = attribute.expected  # the float32 outputs, from the reference copy
     answers: dict[frozenset[str], bool] = {frozenset(): met}
 
@@ -190,7 +193,9 @@ class Attribution:
         produced = {out for node in switch.proto.graph.node for out in node.output}
         tensors = [t for t in float32_values(proto) if t in produced]
         weights = frozenset(init.name for init in proto.graph.initializer)
-        self.comparison = Comparison(proto, switch.proto, tensors, shared=weights)
+        self.comparison = Comparison(
+            proto, switch.proto, tensors, shared=weights, weights=switch.weights, fold=False
+        )
         self.expected: list[dict[str, np.ndarray]] = []
         self.runs = 0
         self.stats: dict[str, dict[str, float]] = {}
@@ -242,8 +247,14 @@ class Decider:
         self.ranges = ranges
         self.passes = [cls for cls in registered() if cls.name in _DECIDING]
         self.weights = None
+        self.known: dict[frozenset[str], frozenset[str]] = {}
 
     def __call__(self, kept: frozenset[str]) -> frozenset[str]:
+        if kept not in self.known:
+            self.known[kept] = self._decide(kept)
+        return self.known[kept]
+
+    def _decide(self, kept: frozenset[str]) -> frozenset[str]:
         options = engine.range_options(self.ranges, kept)
         context = PassContext(self.graph, self.policy, options)
         if self.weights is not None:  # stored values scanned once for every plan
@@ -314,9 +325,9 @@ def _outputs(conversion: engine.Conversion, batches) -> list[dict[str, np.ndarra
     """The converted model's outputs on every batch, by the faithful evaluator."""
     proto = _proto(conversion)
     types = inferred_types(proto)
-    if has_low_values(proto, types):
-        proto = emulated(proto, types)
-    session = Session(proto, what="the converted model")
+    weights = Weights()
+    proto = emulated(proto, types, weights) if has_low_values(proto, types) else proto
+    session = Session(proto, what="the converted model", weights=weights)
     return [session.run(feeds) for feeds in batches]
 
 
