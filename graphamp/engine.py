@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from graphamp import collector
 from graphamp.dialects.base import Dialect, ReadGraph
 from graphamp.dialects.registry import for_source
 from graphamp.edits import EditScript
@@ -64,18 +65,19 @@ def analyse(
     """Load ``source`` (a path or a model object), read it and run the passes."""
     dialect = dialect or for_source(source)
     seconds: dict[str, float] = {}
-    start = time.perf_counter()
-    model = dialect.load(source)
-    seconds["load"] = time.perf_counter() - start
-    return analyse_model(
-        dialect,
-        model,
-        policy,
-        reviewed=reviewed,
-        options=options,
-        label=label if label is not None else dialect.label(source),
-        seconds=seconds,
-    )
+    with collector.paused():
+        start = time.perf_counter()
+        model = dialect.load(source)
+        seconds["load"] = time.perf_counter() - start
+        return analyse_model(
+            dialect,
+            model,
+            policy,
+            reviewed=reviewed,
+            options=options,
+            label=label if label is not None else dialect.label(source),
+            seconds=seconds,
+        )
 
 
 def analyse_model(
@@ -90,13 +92,14 @@ def analyse_model(
 ) -> Analysis:
     """Read a loaded ``model`` and run the passes over its graph."""
     seconds = dict(seconds or {})
-    start = time.perf_counter()
-    read = dialect.read(model, policy)
-    seconds["read"] = time.perf_counter() - start
     options = dict(options or {})
     if reviewed is not None:
         options["reviewed"] = reviewed
-    context = PassManager().run(PassContext(read.graph, policy, options))
+    with collector.paused():
+        start = time.perf_counter()
+        read = dialect.read(model, policy)
+        seconds["read"] = time.perf_counter() - start
+        context = PassManager().run(PassContext(read.graph, policy, options))
     seconds["passes"] = sum(context.seconds.values())
     plan = context.plan(label)
     _log_decisions(plan)
@@ -123,7 +126,8 @@ def convert(
 
 def apply(analysis: Analysis) -> Conversion:
     start = time.perf_counter()
-    converted = analysis.dialect.apply(analysis.read, analysis.script)
+    with collector.paused():
+        converted = analysis.dialect.apply(analysis.read, analysis.script)
     seconds = {**analysis.seconds, "apply": time.perf_counter() - start}
     log.info("converted in %.2f s", sum(seconds.values()))
     return Conversion(converted, analysis.plan, seconds, analysis.graph)

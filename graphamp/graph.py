@@ -224,15 +224,24 @@ class OpGraph:
         if self._dataflow is None:
             graph = nx.DiGraph()
             graph.add_nodes_from(self.nodes)
-            for node in self.nodes.values():
-                for slot in sorted(node.follow_inputs):
-                    name = node.inputs[slot] if slot < len(node.inputs) else ""
-                    producer_name = self.tensors[name].producer if name in self.tensors else None
+            tensors, nodes = self.tensors, self.nodes
+            edges: list[tuple[str, str]] = []
+            for node in nodes.values():
+                follow = node.follow_inputs
+                if not follow:
+                    continue
+                inputs = node.inputs
+                for slot in sorted(follow) if len(follow) > 1 else follow:
+                    name = inputs[slot] if slot < len(inputs) else ""
+                    tensor = tensors.get(name)
+                    producer_name = tensor.producer if tensor is not None else None
                     if producer_name is None:
                         continue
-                    producer = self.nodes[producer_name]
-                    if any(producer.outputs[i] == name for i in producer.follow_outputs):
-                        graph.add_edge(producer_name, node.name)
+                    producer = nodes[producer_name]
+                    outputs = producer.outputs
+                    if any(outputs[i] == name for i in producer.follow_outputs):
+                        edges.append((producer_name, node.name))
+            graph.add_edges_from(edges)  # in the same order: the same adjacency order
             self._dataflow = graph
         return self._dataflow
 

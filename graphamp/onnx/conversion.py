@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import onnx
 import onnx_ir as ir
 
-from graphamp import engine
+from graphamp import collector, engine
 
 
 @dataclass
@@ -17,4 +17,5 @@ class Conversion(engine.Conversion):
     model: ir.Model
 
     def to_proto(self) -> onnx.ModelProto:
-        return ir.to_proto(self.model)
+        with collector.paused():
+            return ir.to_proto(self.model)

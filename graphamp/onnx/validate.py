@@ -141,6 +141,9 @@ class _GraphCheck:
     ) -> None:
         self.where, self.opsets, self.functions, self.base_dir = where, opsets, functions, base_dir
         self.function_domains = {domain for domain, _ in functions}
+        # Node signatures check_node passed: its verdict depends on nothing else, and a graph
+        # of 50,000 nodes has a handful of them.
+        self.passed: set[tuple[object, ...]] = set()
 
     def run(self, graph: onnx.GraphProto, outer: set[str]) -> None:
         """Check ``graph``; ``outer`` holds the enclosing graphs' values visible to it."""
@@ -199,7 +202,16 @@ class _GraphCheck:
                 for subgraph in (attr.g,) if kind == _ATTR.GRAPH else attr.graphs:
                     self.run(subgraph, outer=set(seen))
         if (node.domain, node.op_type) not in self.functions:
-            check_node(node, self.opsets, where)
+            signature = (
+                node.domain,
+                node.op_type,
+                len(node.output),
+                tuple(not name for name in node.input),
+                tuple((a.name, a.type, bool(a.ref_attr_name)) for a in node.attribute),
+            )
+            if signature not in self.passed:
+                check_node(node, self.opsets, where)
+                self.passed.add(signature)
 
     def _unavailable(self, node: onnx.NodeProto, name: str, producer: dict[str, str]) -> None:
         where = self.where
