@@ -105,12 +105,10 @@ def plan_casts(
                     has[node.outputs[slot]] = low
                     edits.retype[node.outputs[slot]] = low
 
-    readers = {
-        name: [(graph.nodes[n], s) for n, s in graph.consumers(name)] for name in graph.tensors
-    }
+    readers = _Readers(graph)
 
     def all_readers_want(tensor: str, dtype: str) -> bool:
-        slots = [(n, s) for n, s in readers.get(tensor, []) if not reads_any_type(n, s)]
+        slots = [(n, s) for n, s in readers.get(tensor) if not reads_any_type(n, s)]
         return bool(slots) and all(required(n, s, tensor) == dtype for n, s in slots)
 
     caches = cache_pairs(graph)
@@ -278,10 +276,31 @@ def _lossless_cast_source(
     return source if (has[source], has[tensor]) in LOSSLESS_WIDENING else None
 
 
+class _Readers:
+    """The (node, slot) readers of a tensor, listed when first asked for: only graph inputs,
+    Casts and weights are, so a graph of 50,000 nodes lists a handful, not every tensor's."""
+
+    def __init__(self, graph: OpGraph) -> None:
+        self.graph = graph
+        self.listed: dict[str, list[tuple[OpNode, int]]] = {}
+
+    def get(self, name: str) -> list[tuple[OpNode, int]]:
+        found = self.listed.get(name)
+        if found is None:
+            graph = self.graph
+            found = (
+                [(graph.nodes[n], s) for n, s in graph.consumers(name)]
+                if name in graph.tensors
+                else []
+            )
+            self.listed[name] = found
+        return found
+
+
 def _plan_weights(
     graph: OpGraph,
     weight_readers: dict[tuple[str, str], list[tuple[str, int]]],
-    readers: dict[str, list[tuple[OpNode, int]]],
+    readers: _Readers,
     has: dict[str, str],
     edits: EditScript,
     taken: set[str],
@@ -290,7 +309,7 @@ def _plan_weights(
     """Convert stored values: in place if every reader wants ``dtype``, else as a copy."""
     for (name, want), slots in weight_readers.items():
         tensor = graph.tensors[name]
-        in_place = len(slots) == len(readers.get(name, ())) and not tensor.is_graph_output
+        in_place = len(slots) == len(readers.get(name)) and not tensor.is_graph_output
         stats = weights.stats(name, want)
         elements = stats.elements
         stored_as = name if in_place else unique_name(f"{name}__{want}", taken)
