@@ -115,8 +115,16 @@ def inferred_types(proto: onnx.ModelProto) -> dict[str, int]:
 def _without_large_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``proto`` whose initializers of over 256 elements are data-less external
     stubs (small ones stay: shape computations read their values). Nothing big is copied."""
-    if not any(_elements(init) > 256 for init in proto.graph.initializer):
+    large = {init.name for init in proto.graph.initializer if _elements(init) > 256}
+    if not large:
         return proto
+    return with_stubs(proto, large, "graphamp-type-inference-stub")
+
+
+def with_stubs(proto: onnx.ModelProto, names: set[str], location: str) -> onnx.ModelProto:
+    """A copy of ``proto`` whose main-graph initializers named in ``names`` are data-less
+    external stubs (dims and type kept, ``location`` as their file); the others are copied as
+    they are. Nothing but those initializers' data is left out."""
     light = onnx.ModelProto()
     for descriptor, value in proto.ListFields():
         if descriptor.name != "graph":
@@ -125,13 +133,13 @@ def _without_large_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
         if descriptor.name != "initializer":
             _copy_field(light.graph, descriptor, value)
     for init in proto.graph.initializer:
-        if _elements(init) <= 256:
+        if init.name not in names:
             light.graph.initializer.append(init)
             continue
         stub = light.graph.initializer.add(name=init.name, data_type=init.data_type)
         stub.dims.extend(init.dims)
         stub.data_location = onnx.TensorProto.EXTERNAL
-        stub.external_data.add(key="location", value="graphamp-type-inference-stub")
+        stub.external_data.add(key="location", value=location)
     return light
 
 

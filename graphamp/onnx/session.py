@@ -21,6 +21,7 @@ from onnx import helper, numpy_helper
 
 from graphamp import dtypes
 from graphamp.errors import GraphampError
+from graphamp.onnx.files import with_stubs
 
 SERIALIZE_LIMIT = 1_900_000_000
 _INLINE_ELEMENTS = 256  # initializers up to this size stay in the model onnxruntime parses
@@ -171,22 +172,10 @@ def _without_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str,
     }
     if not names:
         return proto, names
-    light = onnx.ModelProto()
-    for descriptor, value in proto.ListFields():
-        if descriptor.name != "graph":
-            _copy_field(light, descriptor, value)
-    for descriptor, value in proto.graph.ListFields():
-        if descriptor.name != "initializer":
-            _copy_field(light.graph, descriptor, value)
-    for init in proto.graph.initializer:
-        if init.name not in names or is_stub(init):
-            light.graph.initializer.append(init)
-            continue
-        stub = light.graph.initializer.add(name=init.name, data_type=init.data_type)
-        stub.dims.extend(init.dims)
-        stub.data_location = _T.EXTERNAL
-        stub.external_data.add(key="location", value=_STUB_LOCATION)
-    return light, names
+    fresh = {
+        init.name for init in proto.graph.initializer if init.name in names and not is_stub(init)
+    }
+    return with_stubs(proto, fresh, _STUB_LOCATION), names
 
 
 def is_stub(init: onnx.TensorProto) -> bool:
@@ -194,15 +183,6 @@ def is_stub(init: onnx.TensorProto) -> bool:
     return init.data_location == _T.EXTERNAL and any(
         entry.key == "location" and entry.value == _STUB_LOCATION for entry in init.external_data
     )
-
-
-def _copy_field(message, descriptor, value) -> None:  # type: ignore[no-untyped-def]
-    if descriptor.is_repeated:
-        getattr(message, descriptor.name).extend(value)
-    elif descriptor.type == descriptor.TYPE_MESSAGE:
-        getattr(message, descriptor.name).CopyFrom(value)
-    else:
-        setattr(message, descriptor.name, value)
 
 
 def _input_types(proto: onnx.ModelProto) -> dict[str, int]:
