@@ -99,18 +99,23 @@ def schema(op: str, opset: int, domain: str) -> Schema | None:
         found = onnx.defs.get_schema(op, opset, domain)
     except onnx.defs.SchemaError:
         return None
-    variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
+    return _schema_of(found, onnx.defs.OpSchema.FormalParameterOption.Variadic)
+
+
+def _schema_of(found, variadic, type_str: str = "type_str", homogeneous: str = "is_homogeneous"):  # type: ignore[no-untyped-def]
+    """A :class:`Schema` from an onnx ``OpSchema`` or one of onnxruntime's registrations (the
+    same fields, spelt ``typeStr``/``isHomogeneous`` there)."""
     return Schema(
-        inputs=tuple((p.type_str, p.option == variadic) for p in found.inputs),
-        outputs=tuple((p.type_str, p.option == variadic) for p in found.outputs),
+        inputs=tuple((getattr(p, type_str), p.option == variadic) for p in found.inputs),
+        outputs=tuple((getattr(p, type_str), p.option == variadic) for p in found.outputs),
         allowed={
             c.type_param_str: frozenset(type_str_dtype(t) for t in c.allowed_type_strs)
             for c in found.type_constraints
         },
         heterogeneous=frozenset(
-            p.type_str
+            getattr(p, type_str)
             for p in (*found.inputs, *found.outputs)
-            if p.option == variadic and not p.is_homogeneous
+            if p.option == variadic and not getattr(p, homogeneous)
         ),
     )
 
@@ -126,18 +131,8 @@ def _runtime_schemas() -> dict[tuple[str, str, int], Schema]:
         if found.domain not in RUNTIME_DOMAINS:
             continue
         variadic = found.FormalParameterOption.Variadic
-        table[(found.domain, found.name, found.since_version)] = Schema(
-            inputs=tuple((p.typeStr, p.option == variadic) for p in found.inputs),
-            outputs=tuple((p.typeStr, p.option == variadic) for p in found.outputs),
-            allowed={
-                c.type_param_str: frozenset(type_str_dtype(t) for t in c.allowed_type_strs)
-                for c in found.type_constraints
-            },
-            heterogeneous=frozenset(
-                p.typeStr
-                for p in (*found.inputs, *found.outputs)
-                if p.option == variadic and not p.isHomogeneous
-            ),
+        table[(found.domain, found.name, found.since_version)] = _schema_of(
+            found, variadic, "typeStr", "isHomogeneous"
         )
     return table
 
