@@ -155,7 +155,7 @@ _WEIGHT = {name: _string for name in ("name", "src", "dst", "stored_as")} | {
     "bytes_after": _count,
     "flushed_to_zero": _count,
 }
-_WEIGHT_OPTIONAL = {"consumers": _strings, "out_of_range": _count}
+_WEIGHT_OPTIONAL = {"consumers": _strings, "out_of_range": _count, "at_limit": _count}
 _PLAN: dict[str, Check] = {
     "dtype": _DTYPE,
     "policy": _policy,

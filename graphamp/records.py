@@ -80,13 +80,19 @@ class WeightRecord:
     consumers: list[str] = field(default_factory=list)
     # values beyond the target type's range: such a weight is kept (src == dst) with its readers
     out_of_range: int = 0
+    # values at float32's lowest/highest (a mask's stand-in for infinity) stored at the
+    # target's lowest/highest instead (written only when there are some)
+    at_limit: int = 0
 
     @property
     def kept(self) -> bool:
         return self.src == self.dst
 
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        record = asdict(self)
+        if not self.at_limit:
+            del record["at_limit"]
+        return record
 
 
 def decision_dict(decision: NodeDecision) -> dict[str, object]:

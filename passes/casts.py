@@ -325,6 +325,7 @@ def _plan_weights(
                 bytes_after=elements * itemsize(want),
                 flushed_to_zero=stats.flushed,
                 consumers=sorted({n for n, _ in slots}),
+                at_limit=stats.at_limit,
             )
         )
         if in_place:

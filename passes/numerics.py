@@ -22,6 +22,31 @@ def overflow_threshold(dtype: str) -> float:
     return float(info.max) + 2.0 ** (info.maxexp - 2 - info.nmant)
 
 
+# float32's largest finite magnitude. A stored float32 value exactly at it is a stand-in for
+# infinity, not a magnitude: HF's and torch's attention masks fill with finfo(float32).min, and
+# the same code run in float16 fills with finfo(float16).min. Such values are stored at the
+# target's own limit (counted in the plan as ``at_limit``), never rounded to inf or clamped
+# silently; any other value beyond the target's range keeps its readers float32.
+FLOAT32_LIMIT = float(np.finfo(np.float32).max)
+
+
+def at_limit_count(values: np.ndarray) -> int:
+    """How many of ``values`` sit exactly at float32's lowest or highest finite value."""
+    return int(np.count_nonzero(values == FLOAT32_LIMIT)) + int(
+        np.count_nonzero(values == -FLOAT32_LIMIT)
+    )
+
+
+def to_target_limit(values: np.ndarray, dtype: str) -> np.ndarray:
+    """``values`` with float32's lowest/highest replaced by ``dtype``'s (a copy only when some
+    are there): they then round to the target's limit instead of to infinity."""
+    at_limit = np.abs(values) == FLOAT32_LIMIT
+    if not at_limit.any():
+        return values
+    limit = float(ml_dtypes.finfo(numpy_type(dtype)).max)
+    return np.where(at_limit, np.copysign(limit, values), values).astype(values.dtype)
+
+
 def flush_threshold(dtype: str) -> float:
     """Magnitudes at or below this round to zero in ``dtype``: half the smallest subnormal
     (the tie goes to the even neighbour, zero)."""

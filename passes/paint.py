@@ -123,7 +123,9 @@ def paint(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[st
             op=classes[name].op,
             precision=Precision(low),
             rule=rule[name],
-            reason=f"{rule[name]} list op between low-precision ops",
+            reason=_with_own_reason(
+                classes[name], f"{rule[name]} list op between low-precision ops"
+            ),
             via=root,
         )
 
@@ -153,10 +155,11 @@ def paint(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[st
                 op=decision.op,
                 precision=Precision.FLOAT32,
                 rule=decision.rule,
-                reason=(
+                reason=_with_own_reason(
+                    classes[name],
                     "infer list op not between low-precision ops"
                     if decision.rule is Rule.INFER
-                    else "clear list op with no low-precision neighbour"
+                    else "clear list op with no low-precision neighbour",
                 ),
             )
     log.info("painted %d of %d nodes %s", len(low_set), len(order), low)
@@ -196,3 +199,11 @@ def _walk(
                 visited.add(nxt)
                 stack.append(nxt)
     return visited
+
+
+def _with_own_reason(decision: NodeDecision, painted: str) -> str:
+    """``painted``, followed by the node's classify reason where that was more than its list
+    entry (a pass moved it into the list: the saturation pass's ``Pow``, say)."""
+    if decision.reason.startswith(f"{decision.rule} list"):
+        return painted
+    return f"{painted}; {decision.reason}"

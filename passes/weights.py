@@ -17,7 +17,7 @@ import numpy as np
 from graphamp import progress
 from graphamp.dtypes import FLOAT_TYPES, itemsize
 from graphamp.graph import OpGraph
-from graphamp.passes.numerics import count_flushed, overflow_threshold
+from graphamp.passes.numerics import at_limit_count, count_flushed, overflow_threshold
 
 # Elements per chunk: 4 MiB of float32, so the comparison temporaries stay in the CPU's cache
 # (twice the throughput of 64 MiB chunks).
@@ -30,8 +30,11 @@ class WeightStats:
 
     elements: int
     absmax: float  # the largest finite magnitude (0 for an empty or all-infinite tensor)
-    beyond: int  # finite values at or beyond the target's overflow threshold
+    beyond: int  # finite values at or beyond the target's overflow threshold, but for:
     flushed: int  # non-zero values that round to zero in the target
+    # values exactly at float32's lowest/highest: a mask's stand-in for infinity, stored at
+    # the target's own limit (numerics.FLOAT32_LIMIT), so they do not keep readers float32
+    at_limit: int = 0
 
     @property
     def overflows(self) -> bool:
@@ -80,7 +83,7 @@ def measure(values: np.ndarray, target: str) -> WeightStats:
     """Scan ``values`` chunk by chunk against ``target``."""
     limit = overflow_threshold(target)
     flat = values.reshape(-1)
-    absmax, beyond, flushed = 0.0, 0, 0
+    absmax, beyond, flushed, at_limit = 0.0, 0, 0, 0
     for start in range(0, flat.size, CHUNK):
         chunk = flat[start : start + CHUNK]
         largest = max(float(chunk.max()), -float(chunk.min()))  # no |chunk| temporary
@@ -90,6 +93,9 @@ def measure(values: np.ndarray, target: str) -> WeightStats:
             largest = float(finite.max()) if finite.size else 0.0
         absmax = max(absmax, largest)
         if largest >= limit:
+            sentinels = at_limit_count(chunk)
+            at_limit += sentinels
             beyond += int(np.count_nonzero(np.isfinite(chunk) & (np.abs(chunk) >= limit)))
+            beyond -= sentinels
         flushed += count_flushed(chunk, target)
-    return WeightStats(int(flat.size), absmax, beyond, flushed)
+    return WeightStats(int(flat.size), absmax, beyond, flushed, at_limit)

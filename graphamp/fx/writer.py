@@ -17,6 +17,7 @@ from graphamp.edits import EditScript
 from graphamp.fx import lowering
 from graphamp.fx.reader import FxHandles, attribute, flat, set_attribute
 from graphamp.fx.types import torch_dtype
+from graphamp.passes.numerics import FLOAT32_LIMIT
 
 
 def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
@@ -41,7 +42,7 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
         # Stored low (weights="low", the inference mode) but still trainable where it was:
         # backward then gives it gradients in the low type instead of silently none.
         converted = nn.Parameter(
-            param.detach().to(torch_dtype(record.dst)),  # type: ignore[attr-defined]
+            _to_low(param.detach(), record.dst),  # type: ignore[attr-defined]
             requires_grad=bool(getattr(param, "requires_grad", False)),
         )
         if record.in_place:
@@ -110,3 +111,15 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
     graph.lint()
     module.recompile()
     return module
+
+
+def _to_low(values: torch.Tensor, dtype: str) -> torch.Tensor:
+    """``values`` in ``dtype``, float32's lowest/highest stored at ``dtype``'s (a mask's
+    stand-in for infinity; see graphamp.passes.numerics.FLOAT32_LIMIT) rather than as inf."""
+    low = torch_dtype(dtype)
+    if values.dtype == torch.float32:
+        at_limit = values.abs() == FLOAT32_LIMIT
+        if bool(at_limit.any()):
+            limit = torch.finfo(low).max
+            values = torch.where(at_limit, values.sign() * limit, values)
+    return values.to(low)

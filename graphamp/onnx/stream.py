@@ -29,7 +29,12 @@ import onnx_ir as ir
 
 from graphamp import dtypes
 from graphamp.errors import InternalError
-from graphamp.passes.numerics import convert_values, overflow_threshold
+from graphamp.passes.numerics import (
+    FLOAT32_LIMIT,
+    convert_values,
+    overflow_threshold,
+    to_target_limit,
+)
 
 CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32 per read: large enough for the disk, fits a cache
 FAST_CAST_MIN = 1 << 16  # below this many elements numpy's own cast is as quick
@@ -183,14 +188,19 @@ def stored_bytes(tensor: ir.TensorProtocol) -> Iterator[memoryview | bytes]:
 
 def convert_chunk(values: np.ndarray, dst: str, name: str) -> np.ndarray:
     """``values`` rounded to ``dst``; an overflow is a bug (classify keeps such weights'
-    readers float32) and raises InternalError rather than clamp silently."""
-    fast = _fast_cast() if dst == "float16" and values.dtype == np.float32 else None
-    if fast is not None and values.size >= FAST_CAST_MIN:
+    readers float32) and raises InternalError rather than clamp silently. Values at float32's
+    limit go to ``dst``'s (:func:`~graphamp.passes.numerics.to_target_limit`; the plan counts
+    them)."""
+    largest = max(float(values.max()), -float(values.min())) if values.size else 0.0
+    if not largest < FLOAT32_LIMIT:  # at the limit (or NaN: max hides the limit behind it)
+        values = to_target_limit(values, dst)
         largest = max(float(values.max()), -float(values.min()))
-        if np.isfinite(largest):  # no NaN (whose payload Cast rounds differently), no inf
-            if largest >= overflow_threshold(dst):
-                raise InternalError(f"weight {name!r} would overflow {dst}")
-            return fast(values)
+    fast = _fast_cast() if dst == "float16" and values.dtype == np.float32 else None
+    # the fast path only where there is no NaN (whose payload Cast rounds differently), no inf
+    if fast is not None and values.size >= FAST_CAST_MIN and np.isfinite(largest):
+        if largest >= overflow_threshold(dst):
+            raise InternalError(f"weight {name!r} would overflow {dst}")
+        return fast(values)
     converted = convert_values(values, dst)
     if converted.overflowed:
         raise InternalError(f"weight {name!r} would overflow {dst}")
