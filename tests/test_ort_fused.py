@@ -1,6 +1,7 @@
 """Graphs after onnxruntime's transformer optimizer, full of com.microsoft fused ops
-(Attention, SkipLayerNormalization, BiasGelu, Gelu): the zoo's BERT and GPT and Hugging Face
-BERT (TorchScript and dynamo exports) go through ``optimize_model``, then graphamp. Each output
+(Attention, SkipLayerNormalization, BiasGelu, Gelu, SkipSimplifiedLayerNormalization): the
+zoo's BERT and GPT, Hugging Face BERT (TorchScript and dynamo exports) and LLaMA and Qwen2
+(dynamo) go through ``optimize_model``, then graphamp. Each output
 loads in onnxruntime; its error under the faithful evaluator is within max(5e-3, 2x) that of
 onnxruntime's own float16 tool; every matrix op and fused attention reads float16; it has at
 most the tool's Casts + 2; and converting it again changes no byte."""
@@ -42,10 +43,10 @@ def zoo(name: str) -> Callable[[Path], None]:
     return export
 
 
-def hf_bert(dynamo: bool) -> Callable[[Path], None]:
+def hf_export(name: str, dynamo: bool) -> Callable[[Path], None]:
     def export(path: Path) -> None:
         ids = torch.randint(1, 96, (1, 8), generator=torch.Generator().manual_seed(0))
-        model = hf_model("bert")
+        model = hf_model(name)
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             if dynamo:
@@ -73,8 +74,16 @@ CASES = {
     # model_type "gpt2" writes a model onnxruntime itself refuses here (a Transpose of the wrong
     # rank): the BERT fusions are the ones that hold
     "zoo-gpt": (zoo("gpt"), "bert", {"SkipLayerNormalization"}),
-    "hf-bert-torchscript": (hf_bert(False), "bert", {"SkipLayerNormalization", "BiasGelu"}),
-    "hf-bert-dynamo": (hf_bert(True), "bert", {"SkipLayerNormalization", "Gelu"}),
+    "hf-bert-torchscript": (
+        hf_export("bert", False),
+        "bert",
+        {"SkipLayerNormalization", "BiasGelu"},
+    ),
+    "hf-bert-dynamo": (hf_export("bert", True), "bert", {"SkipLayerNormalization", "Gelu"}),
+    # the decoders' RMSNorms become SkipSimplifiedLayerNormalization (com.microsoft) and
+    # SimplifiedLayerNormalization, which onnxruntime registers in ONNX's own domain
+    "hf-llama-dynamo": (hf_export("llama", True), "gpt2", {"SkipSimplifiedLayerNormalization"}),
+    "hf-qwen2-dynamo": (hf_export("qwen2", True), "gpt2", {"SkipSimplifiedLayerNormalization"}),
 }
 
 

@@ -98,7 +98,10 @@ def schema(op: str, opset: int, domain: str) -> Schema | None:
     try:
         found = onnx.defs.get_schema(op, opset, domain)
     except onnx.defs.SchemaError:
-        return None
+        # onnxruntime registers a few ops in ONNX's own domain that onnx does not define;
+        # its transformer optimizer writes one of them (SimplifiedLayerNormalization, the
+        # fused RMSNorm of every LLaMA-like model) into the models people deploy.
+        return _newest_before("", op, opset) if domain in ("", "ai.onnx") else None
     return _schema_of(found, onnx.defs.OpSchema.FormalParameterOption.Variadic)
 
 
@@ -122,13 +125,13 @@ def _schema_of(found, variadic, type_str: str = "type_str", homogeneous: str = "
 
 @cache
 def _runtime_schemas() -> dict[tuple[str, str, int], Schema]:
-    """onnxruntime's registered schemas of its own domains, by (domain, op, since_version).
-    They come with the installed onnxruntime (``get_all_operator_schema``) on any machine."""
+    """onnxruntime's registered schemas of its own domains, and of ONNX's ("") where onnx has
+    none, by (domain, op, since_version). They come with the installed onnxruntime (``get_all_operator_schema``) on any machine."""
     from onnxruntime.capi.onnxruntime_pybind11_state import get_all_operator_schema
 
     table: dict[tuple[str, str, int], Schema] = {}
     for found in get_all_operator_schema():
-        if found.domain not in RUNTIME_DOMAINS:
+        if found.domain not in RUNTIME_DOMAINS and found.domain != "":
             continue
         variadic = found.FormalParameterOption.Variadic
         table[(found.domain, found.name, found.since_version)] = _schema_of(

@@ -5,7 +5,8 @@
   op, the number of inputs and outputs, every required attribute, no attribute the op does not
   have, each of the type the schema says. A Cast without ``to`` or a Softmax whose ``axis`` is a
   float is one line here, not an error deep inside the conversion or a model the runtime
-  refuses. Nodes of other domains (onnxruntime's ``com.microsoft``, custom ops) are the
+  refuses. Nodes of other domains (onnxruntime's ``com.microsoft``, custom ops), and the few
+  ops onnxruntime registers in ONNX's domain (SimplifiedLayerNormalization), are the
   runtime's to judge.
 * Every string field of the model is valid UTF-8 (doc strings and metadata included): protobuf
   parses one that is not, and fails only when the converted model is written.
@@ -37,6 +38,15 @@ def _domain_has_schemas(domain: str) -> bool:
     return domain in {schema.domain for schema in onnx.defs.get_all_schemas()}
 
 
+@cache
+def _runtime_defines(op: str, version: int) -> bool:
+    """Whether onnxruntime registers ``op`` in ONNX's domain at ``version`` though onnx does not
+    define it (its transformer optimizer writes SimplifiedLayerNormalization there)."""
+    from graphamp.onnx.schemas import schema
+
+    return schema(op, version, "") is not None
+
+
 def check_node(node: onnx.NodeProto, opsets: dict[str, int], where: str) -> None:
     """Refuse ``node`` where it breaks its op schema (module docstring)."""
     domain = "" if node.domain in DEFAULT_DOMAINS else node.domain
@@ -45,6 +55,8 @@ def check_node(node: onnx.NodeProto, opsets: dict[str, int], where: str) -> None
         return
     schema = _schema(node.op_type, version, domain)
     label = f"{where}: node {node.name!r} ({node.op_type})"
+    if schema is None and domain == "" and _runtime_defines(node.op_type, version):
+        return  # onnxruntime's own op in ONNX's domain (SimplifiedLayerNormalization): its call
     if schema is None:
         raise GraphampError(
             f"{label}: no op {node.op_type!r} in domain {domain or 'ai.onnx'!r} at opset {version}"
