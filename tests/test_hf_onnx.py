@@ -78,3 +78,50 @@ def test_hf_export_converts_runs_and_is_a_fixed_point(exported, tmp_path, name, 
         for node in attention:  # the fused softmax stays float32, as a Softmax op would
             assert onnx.helper.get_node_attr_value(node, "softmax_precision") == 1
     assert np.isfinite(report.outputs[0].max_abs_error)
+
+
+def casts(proto: onnx.ModelProto) -> int:
+    return sum(node.op_type == "Cast" for node in proto.graph.node)
+
+
+@pytest.mark.parametrize("opset", [18, 23])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2", "bert", "vit"])
+def test_hf_export_places_at_most_the_tools_casts_plus_two(exported, name, opset):
+    """As onnxruntime's float16 tool, plus 2; and where an opset-18 decoder writes its RMSNorm
+    out (Pow, ReduceMean, ...), two more per norm: its statistics stay float32 (see the test
+    below for why), as HF's own float16 code keeps them."""
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    source = onnx.load(str(exported(name, opset)))
+    ours = gonnx.convert(source, keep_io_types=True).to_proto()
+    tool = OnnxModel(onnx.load(str(exported(name, opset))))
+    tool.convert_float_to_float16(keep_io_types=True)
+    decomposed_norms = sum(node.op_type == "ReduceMean" for node in source.graph.node)
+    if name in ("llama", "qwen2") and opset == 18:
+        assert decomposed_norms == 5  # two per layer and the final one
+    else:
+        decomposed_norms = 0
+    assert casts(ours) <= casts(tool.model) + 2 + 2 * decomposed_norms, (
+        casts(ours),
+        casts(tool.model),
+    )
+
+
+def test_decomposed_rmsnorm_stays_right_with_hidden_values_past_256(exported):
+    """LLMs' hidden states carry a few channels in the thousands ("massive activations"):
+    squared, they overflow float16. With two embedding channels at +-2000, graphamp's output
+    (the norm's statistics float32) matches float32; the same graph with Pow and ReduceMean
+    forced low (what an all-float16 tool writes) loses the output entirely."""
+    source = onnx.load(str(exported("llama", 18)))
+    for init in source.graph.initializer:
+        if init.name == "model.embed_tokens.weight":
+            table = onnx.numpy_helper.to_array(init).copy()
+            table[:, :2] = 2000.0 * np.sign(table[:, :2])
+            init.CopyFrom(onnx.numpy_helper.from_array(table, init.name))
+    feeds = verify.random_inputs(source, seed=1)
+    ours = gonnx.convert(source, keep_io_types=True).to_proto()
+    report = verify.verify(source, ours, feeds, rtol=1e-2)
+    assert report.ok and report.outputs[0].max_rel_error < 5e-3
+    forced = gonnx.convert(source, keep_io_types=True, allow=["Pow", "ReduceMean"]).to_proto()
+    broken = verify.verify(source, forced, feeds, rtol=1e-2)
+    assert broken.outputs[0].max_rel_error > 0.5 or broken.outputs[0].nan_inf
