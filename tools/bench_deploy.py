@@ -4,9 +4,12 @@
 
 Models (small, random weights, built in code): the zoo's BERT and GPT and Hugging Face BERT
 (TorchScript and dynamo exports) through onnxruntime's transformer optimizer (com.microsoft
-fused ops); Hugging Face LLaMA and Qwen2 (grouped-query attention), GPT-2 and ViT exported by
-torch.onnx at opset 18 and 23. Tools: graphamp (``keep_io_types``, target cuda), onnxruntime's
-float16 tool (``OnnxModel.convert_float_to_float16(keep_io_types=True)``), onnxconverter-common
+fused ops), and Hugging Face LLaMA and Qwen2 the same way; Hugging Face LLaMA and Qwen2
+(grouped-query attention), GPT-2 and ViT exported by torch.onnx at opset 18 and 23, and the
+opset-18 LLaMA with two embedding channels at +-2000 (``-massive``: trained LLMs' hidden states
+have such channels, which a decomposed RMSNorm squares past float16's range). Tools: graphamp
+(``keep_io_types``, target cuda), onnxruntime's float16 tool
+(``OnnxModel.convert_float_to_float16(keep_io_types=True)``), onnxconverter-common
 (``convert_float_to_float16(keep_io_types=True)``) and, where it is installed, NVIDIA ModelOpt
 AutoCast (``convert_to_mixed_precision(low_precision_type="fp16", keep_io_types=True)``, its
 defaults otherwise; it pins onnx and onnxruntime versions of its own, so it may live in another
@@ -155,7 +158,26 @@ def build_models(folder: Path, full: bool = False, only: set[str] | None = None)
                     model, (pixels if name == "vit" else ids,), dynamo=True, opset_version=opset
                 ).save(str(path))
             models[path.stem] = path
+    if "hf-llama-opset18" in models and wanted("hf-llama-opset18-massive"):
+        models["hf-llama-opset18-massive"] = massive(models["hf-llama-opset18"])
     return models
+
+
+def massive(path: Path) -> Path:
+    """``path``'s LLaMA with two embedding channels at +-2000, as the "massive activations" of
+    trained LLMs: a decomposed RMSNorm squares them past float16's range."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    for init in model.graph.initializer:
+        if init.name == "model.embed_tokens.weight":
+            table = numpy_helper.to_array(init).copy()
+            table[:, :2] = 2000.0 * np.sign(table[:, :2])
+            init.CopyFrom(numpy_helper.from_array(table, init.name))
+    target = path.with_name(f"{path.stem}-massive.onnx")
+    onnx.save(model, str(target))
+    return target
 
 
 def matrix_low(proto: onnx.ModelProto) -> tuple[int, int]:
