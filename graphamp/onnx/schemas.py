@@ -126,7 +126,8 @@ def _schema_of(found, variadic, type_str: str = "type_str", homogeneous: str = "
 @cache
 def _runtime_schemas() -> dict[tuple[str, str, int], Schema]:
     """onnxruntime's registered schemas of its own domains, and of ONNX's ("") where onnx has
-    none, by (domain, op, since_version). They come with the installed onnxruntime (``get_all_operator_schema``) on any machine."""
+    none, by (domain, op, since_version). They come with the installed onnxruntime
+    (``get_all_operator_schema``) on any machine."""
     from onnxruntime.capi.onnxruntime_pybind11_state import get_all_operator_schema
 
     table: dict[tuple[str, str, int], Schema] = {}
