@@ -13,6 +13,16 @@ class InternalError(Exception):
     a bug to report, never the user's mistake (exit status 3)."""
 
 
+class WeightOverflow(InternalError):
+    """A weight turned out, while it was being converted, to hold values the target cannot:
+    only possible when its range check was left to the conversion (``speculate_weights``), which
+    then starts over with every weight checked first."""
+
+    def __init__(self, weight: str, dtype: str) -> None:
+        super().__init__(f"weight {weight!r} would overflow {dtype}")
+        self.weight = weight
+
+
 class PolicyWarning(UserWarning):
     """A rule of the policy matches nothing in the model (a typo, the wrong case, a stale
     name): it is accepted and does nothing. ``strict=True`` / ``--strict`` makes it an error."""

@@ -78,6 +78,9 @@ class TensorInfo:
     # For stored values (initializers, Constant outputs): loads the array when a pass needs it,
     # so that reading a graph does not touch gigabytes of weights.
     load_value: Callable[[], np.ndarray] | None = None
+    # Stored outside the model (external data read from disk when asked): a conversion that is
+    # about to write every such value may check its range as it writes (speculate_weights).
+    on_disk: bool = False
     role: Role | None = None  # training-step graphs only
     replaces: str | None = None  # Role.UPDATE: the value this one is the new version of
 

@@ -61,7 +61,9 @@ class PassContext:
 
     def __post_init__(self) -> None:
         # Stored values are scanned once, when a pass first asks about one.
-        self.weights = WeightRanges(self.graph, self.policy.dtype)
+        self.weights = WeightRanges(
+            self.graph, self.policy.dtype, speculate=bool(self.options.get("speculate_weights"))
+        )
 
     def plan(self, label: str = "") -> Plan:
         """The record of what the passes decided: the decisions of the graph's nodes (with

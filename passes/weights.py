@@ -10,6 +10,7 @@ disk hands over a memory map, dropped when its scan is done. The scan is reporte
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,8 @@ class WeightStats:
     # values exactly at float32's lowest/highest: a mask's stand-in for infinity, stored at
     # the target's own limit (numerics.FLOAT32_LIMIT), so they do not keep readers float32
     at_limit: int = 0
+    # not read: the conversion checks the values as it writes them (WeightRanges speculate)
+    deferred: bool = False
 
     @property
     def overflows(self) -> bool:
@@ -42,11 +45,20 @@ class WeightStats:
 
 
 class WeightRanges:
-    """Lazily measured :class:`WeightStats` of a graph's stored values for one target type."""
+    """Lazily measured :class:`WeightStats` of a graph's stored values for one target type.
 
-    def __init__(self, graph: OpGraph, target: str) -> None:
+    With ``speculate``, a value stored on disk is not read at all: it is assumed to fit, and
+    its stats say ``deferred``. Only a conversion that writes every such value may ask for this
+    (``graphamp convert``): its writer checks each chunk as it rounds it, counts what flushed,
+    and raises :class:`~graphamp.errors.WeightOverflow` on a value the target cannot hold, after
+    which the conversion starts over without speculating. A model larger than memory is then
+    read from disk once instead of twice (once to check, once to convert).
+    """
+
+    def __init__(self, graph: OpGraph, target: str, *, speculate: bool = False) -> None:
         self.graph = graph
         self.target = target
+        self.speculate = speculate
         self._stats: dict[tuple[str, str], WeightStats] = {}
         self._reported = False
 
@@ -54,9 +66,13 @@ class WeightRanges:
         """The stats of stored value ``name`` against ``target`` (default: the policy's)."""
         target = target or self.target
         key = (name, target)
+        tensor = self.graph.tensors[name]
+        if key not in self._stats and self.speculate and tensor.on_disk:
+            elements = math.prod(d if isinstance(d, int) else 0 for d in tensor.shape or ())
+            self._stats[key] = WeightStats(elements, 0.0, 0, 0, deferred=True)
         if key not in self._stats:
             self._begin_report()
-            values = np.asarray(self.graph.tensors[name].load_value())  # type: ignore[misc]
+            values = np.asarray(tensor.load_value())  # type: ignore[misc]
             self._stats[key] = measure(values, target)
             progress.current().advance(values.nbytes)
         return self._stats[key]
@@ -70,7 +86,10 @@ class WeightRanges:
         stored = [
             t
             for t in self.graph.tensors.values()
-            if t.is_constant and t.dtype in FLOAT_TYPES and t.shape is not None
+            if t.is_constant
+            and t.dtype in FLOAT_TYPES
+            and t.shape is not None
+            and not (self.speculate and t.on_disk)
         ]
         total = sum(
             int(np.prod([d if isinstance(d, int) else 0 for d in t.shape])) * itemsize(t.dtype)

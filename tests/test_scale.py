@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import importlib.util
 import io
+import json
 import os
 import signal
 import subprocess
@@ -325,3 +326,81 @@ def test_cache_budget_drops_what_is_scanned_beyond_it(monkeypatch) -> None:
         budget.scanning("data", offset, 60)
     # the first weight fits; the second and third are dropped once the scan moved on
     assert dropped == [("data", 60, 60), ("data", 120, 60)]
+
+
+def _external_model(folder: Path, huge: float | None = None) -> Path:
+    """(x @ w + b) @ w with both weights in a data file: ``w`` holds values float16 flushes to zero,
+    ``b`` one at float32's lowest (a mask's -inf) and, with ``huge``, one beyond float16."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    w[0, :5] = 1e-9
+    b = rng.standard_normal(64).astype(np.float32)
+    b[3] = np.finfo(np.float32).min
+    if huge is not None:
+        w[1, 1] = huge
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+            helper.make_node("Add", ["h", "b"], ["a"], name="add"),
+            helper.make_node("MatMul", ["a", "w"], ["y"], name="mm2"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 64])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    path = folder / "external.onnx"
+    onnx.save(
+        model,
+        str(path),
+        save_as_external_data=True,
+        location="external.onnx.data",
+        size_threshold=0,
+    )
+    return path
+
+
+def test_convert_checks_weights_on_disk_as_it_writes_them_reading_each_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """graphamp convert reads a weight on disk once: its range is checked chunk by chunk as
+    it is rounded and written (no separate scan through a memory map), and the output, the
+    plan and its counts are those of the API's scan-first conversion, byte for byte."""
+    source = _external_model(tmp_path)
+    scan_first = gonnx.convert(source)
+    expected = tmp_path / "expected"
+    expected.mkdir()
+    gonnx.save(scan_first.model, expected / "out.onnx")
+    monkeypatch.setattr(stream, "_map", lambda *a: pytest.fail("a weight on disk was scanned"))
+    out, plan = tmp_path / "out.onnx", tmp_path / "plan.json"
+    assert main(["convert", str(source), "-o", str(out), "--plan", str(plan)]) == 0
+    assert out.read_bytes() == (expected / "out.onnx").read_bytes()
+    assert (tmp_path / "out.onnx.data").read_bytes() == (expected / "out.onnx.data").read_bytes()
+    records = {w["name"]: w for w in json.loads(plan.read_text())["weights"]}
+    assert records["w"]["flushed_to_zero"] == 5 and records["b"]["at_limit"] == 1
+    assert records == {w.name: w.to_dict() for w in scan_first.plan.weights}
+
+
+def test_a_weight_found_too_large_while_writing_starts_the_conversion_over(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The check while writing found a value float16 cannot hold: nothing of that attempt is
+    left, and the conversion starts over checking first, so the weight and its reader stay
+    float32, as the scan-first conversion decides."""
+    source = _external_model(tmp_path, huge=1e6)
+    out, plan = tmp_path / "out.onnx", tmp_path / "plan.json"
+    assert main(["convert", str(source), "-o", str(out), "--plan", str(plan)]) == 0
+    assert "'w' holds values beyond float16: checking every weight" in capsys.readouterr().err
+    decided = json.loads(plan.read_text())
+    assert decided["nodes"]["mm"]["rule"] == "weight_range"
+    assert decided == gonnx.convert(source).plan.to_dict() | {"model": decided["model"]}
+    assert _files(tmp_path) == {
+        "external.onnx",
+        "external.onnx.data",
+        "out.onnx",
+        "out.onnx.data",
+        "plan.json",
+    }

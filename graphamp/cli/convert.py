@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
 import time
@@ -28,9 +29,10 @@ from graphamp.cli.common import (
 )
 from graphamp.cli.numerics import add_calibrate_argument, calibrated
 from graphamp.dialects.registry import for_file
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, WeightOverflow
 from graphamp.io import staged
 from graphamp.plan import Plan
+from graphamp.policy import Policy
 
 HELP = "convert a model file (ONNX, or a .pt2 program)"
 
@@ -107,29 +109,64 @@ def run(args: argparse.Namespace, console: Console) -> int:
     # A progress bar for the long parts (scanning and writing weights) when stderr is a
     # terminal; SIGTERM unwinds like Ctrl-C, so the staged files are removed either way.
     with progress.reporting(progress.for_terminal()), _terminate_as_interrupt():
-        result = engine.convert(source, policy, dialect=dialect, reviewed=reviewed, options=options)
-        status = 0
-        # Written beside OUT and moved into place only when saving (and verifying) raised
-        # nothing: an error leaves no output. Over tolerance (exit 1) the model is kept.
-        with staged(target) as path:
-            try:
-                dialect.save(result.model, path)
-            except GraphampError as exc:  # name OUT, not the folder it is staged in
-                raise GraphampError(str(exc).replace(str(path), str(target))) from None
-            if not args.no_runtime_check:
-                for warning in dialect.check_runtime(source, path):
-                    print(f"graphamp: warning: {warning}", file=sys.stderr)
-            print_summary(console, result.plan, time.perf_counter() - start, source, target)
-            note = nothing_converted(result.plan)
-            if note:
-                print(f"graphamp: warning: {note}", file=sys.stderr)
-            if feeds is not None:
-                status = report_verification(
-                    console, dialect, source, path, args, policy.dtype, feeds=feeds
-                )
+        # Weights on disk are range-checked while they are written (read once, not twice);
+        # should one overflow, nothing was kept, and the conversion starts over with every
+        # weight checked first (it then stays float32 with its readers, as always).
+        attempt = functools.partial(
+            _convert_and_write, args, console, policy, options, reviewed, feeds, start
+        )
+        try:
+            result, status = attempt(speculate=True)
+        except WeightOverflow as miss:
+            print(
+                f"graphamp: {miss.weight!r} holds values beyond {policy.dtype}: checking every"
+                " weight before converting",
+                file=sys.stderr,
+            )
+            result, status = attempt(speculate=False)
     if args.plan:
         result.plan.save(args.plan)
     return status
+
+
+def _convert_and_write(
+    args: argparse.Namespace,
+    console: Console,
+    policy: Policy,
+    options: dict[str, object],
+    reviewed: Plan | None,
+    feeds: object,
+    start: float,
+    *,
+    speculate: bool,
+) -> tuple[engine.Conversion, int]:
+    """Convert, write OUT (staged: moved into place only when everything below succeeded),
+    print the summary and verify; (the conversion, the exit status). With ``speculate``,
+    weights on disk are range-checked as they are written (WeightOverflow on a miss)."""
+    source, target = Path(args.input), Path(args.output)
+    dialect = for_file(source)
+    options = {**options, "speculate_weights": speculate}
+    result = engine.convert(source, policy, dialect=dialect, reviewed=reviewed, options=options)
+    status = 0
+    # Written beside OUT and moved into place only when saving (and verifying) raised
+    # nothing: an error leaves no output. Over tolerance (exit 1) the model is kept.
+    with staged(target) as path:
+        try:
+            dialect.save(result.model, path)
+        except GraphampError as exc:  # name OUT, not the folder it is staged in
+            raise GraphampError(str(exc).replace(str(path), str(target))) from None
+        if not args.no_runtime_check:
+            for warning in dialect.check_runtime(source, path):
+                print(f"graphamp: warning: {warning}", file=sys.stderr)
+        print_summary(console, result.plan, time.perf_counter() - start, source, target)
+        note = nothing_converted(result.plan)
+        if note:
+            print(f"graphamp: warning: {note}", file=sys.stderr)
+        if feeds is not None:
+            status = report_verification(
+                console, dialect, source, path, args, policy.dtype, feeds=feeds
+            )
+    return result, status
 
 
 @contextmanager

@@ -113,6 +113,7 @@ def _add_value(
     if value.const_value is not None:
         const = value.const_value
         tensor.load_value = stream.loader(const, budget)  # on disk until scanned
+        tensor.on_disk = isinstance(const, ir.ExternalTensor)
         if tensor.dtype == UNKNOWN:
             tensor.dtype = dtype_name(const.dtype)
         if tensor.shape is None:

@@ -28,13 +28,15 @@ import numpy as np
 import onnx_ir as ir
 
 from graphamp import dtypes
-from graphamp.errors import InternalError
+from graphamp.errors import WeightOverflow
 from graphamp.passes.numerics import (
     FLOAT32_LIMIT,
+    at_limit_count,
     convert_values,
     overflow_threshold,
     to_target_limit,
 )
+from graphamp.records import WeightRecord
 
 CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32 per read: large enough for the disk, fits a cache
 FAST_CAST_MIN = 1 << 16  # below this many elements numpy's own cast is as quick
@@ -188,23 +190,39 @@ def stored_bytes(tensor: ir.TensorProtocol) -> Iterator[memoryview | bytes]:
 
 def convert_chunk(values: np.ndarray, dst: str, name: str) -> np.ndarray:
     """``values`` rounded to ``dst``; an overflow is a bug (classify keeps such weights'
-    readers float32) and raises InternalError rather than clamp silently. Values at float32's
-    limit go to ``dst``'s (:func:`~graphamp.passes.numerics.to_target_limit`; the plan counts
-    them)."""
+    readers float32) or a speculation that missed, and raises WeightOverflow rather than clamp
+    silently. Values at float32's limit go to ``dst``'s
+    (:func:`~graphamp.passes.numerics.to_target_limit`; the plan counts them)."""
+    return convert_counted(values, dst, name)[0]
+
+
+def convert_counted(values: np.ndarray, dst: str, name: str) -> tuple[np.ndarray, int, int]:
+    """:func:`convert_chunk`, with the counts a plan reports: (values, how many non-zero
+    values became zero, how many were at float32's limit)."""
     largest = max(float(values.max()), -float(values.min())) if values.size else 0.0
+    at_limit = 0
     if not largest < FLOAT32_LIMIT:  # at the limit (or NaN: max hides the limit behind it)
+        at_limit = at_limit_count(values)
         values = to_target_limit(values, dst)
         largest = max(float(values.max()), -float(values.min()))
     fast = _fast_cast() if dst == "float16" and values.dtype == np.float32 else None
     # the fast path only where there is no NaN (whose payload Cast rounds differently), no inf
     if fast is not None and values.size >= FAST_CAST_MIN and np.isfinite(largest):
         if largest >= overflow_threshold(dst):
-            raise InternalError(f"weight {name!r} would overflow {dst}")
-        return fast(values)
-    converted = convert_values(values, dst)
-    if converted.overflowed:
-        raise InternalError(f"weight {name!r} would overflow {dst}")
-    return converted.values
+            raise WeightOverflow(name, dst)
+        converted = fast(values)
+        return converted, _flushed(values, converted), at_limit
+    result = convert_values(values, dst)
+    if result.overflowed:
+        raise WeightOverflow(name, dst)
+    return result.values, result.flushed_to_zero, at_limit
+
+
+def _flushed(values: np.ndarray, converted: np.ndarray) -> int:
+    """Non-zero ``values`` that are zero in the 16-bit ``converted``: its zeros (sign bit
+    aside) counted on the half-size result, the input's zeros only when there are some."""
+    zeros = int(np.count_nonzero((converted.view(np.uint16) & 0x7FFF) == 0))
+    return zeros - int(np.count_nonzero(values == 0)) if zeros else 0
 
 
 @functools.cache
@@ -242,17 +260,23 @@ class ConvertedTensor(ir.LazyTensor):
     """``source`` rounded to ``dst`` (an engine dtype name), computed when read.
 
     ``tofile`` streams chunk by chunk (what saving with external data calls); ``numpy`` and
-    ``tobytes`` build the whole array from the same chunks. Nothing is cached.
+    ``tobytes`` build the whole array from the same chunks. Nothing is cached. Each complete
+    pass writes what it counted (values flushed to zero, values at float32's limit) into
+    ``record``, the plan's entry for the weight: where the range check was left to the
+    conversion (WeightRanges ``speculate``) these counts exist only from here.
     """
 
-    __slots__ = ("_dst", "_source")
+    __slots__ = ("_dst", "_record", "_source")
 
-    def __init__(self, source: ir.TensorProtocol, dst: str, name: str) -> None:
+    def __init__(
+        self, source: ir.TensorProtocol, dst: str, name: str, record: WeightRecord | None = None
+    ) -> None:
         shape = ir.Shape(tuple(source.shape))
         dtype = ir.DataType(dtypes.BY_NAME[dst].onnx)
         super().__init__(lambda: ir.Tensor(self.numpy()), dtype, shape, name=name)
         self._source = source
         self._dst = dst
+        self._record = record
 
     @property
     def source(self) -> ir.TensorProtocol:
@@ -261,8 +285,17 @@ class ConvertedTensor(ir.LazyTensor):
 
     def converted_chunks(self) -> Iterator[np.ndarray]:
         """The converted values, flattened, a chunk at a time (each valid until the next)."""
+        flushed = at_limit = 0
         for chunk in chunks(self._source):
-            yield convert_chunk(chunk, self._dst, str(self.name))
+            converted, chunk_flushed, chunk_at_limit = convert_counted(
+                chunk, self._dst, str(self.name)
+            )
+            flushed += chunk_flushed
+            at_limit += chunk_at_limit
+            yield converted
+        if self._record is not None:
+            self._record.flushed_to_zero = flushed
+            self._record.at_limit = at_limit
 
     def numpy(self) -> np.ndarray:
         out = np.empty(self.size, dtypes.numpy_type(self._dst))

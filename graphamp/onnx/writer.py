@@ -40,7 +40,7 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
         # Converted when its bytes are needed; an overflow then raises InternalError: classify
         # keeps the readers of such weights float32, and clamping silently is the one thing
         # graphamp must never do.
-        tensor = ConvertedTensor(_stored(source), record.dst, record.stored_as)
+        tensor = ConvertedTensor(_stored(source), record.dst, record.stored_as, record)
         if not record.in_place:
             copy = ir.Value(
                 name=record.stored_as,
