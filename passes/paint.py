@@ -24,9 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-import networkx as nx
-
-from graphamp.graph import OpGraph
+from graphamp.graph import Dataflow, OpGraph
 from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
 from graphamp.records import NodeDecision
 from graphamp.vocab import DENY_SEEDS, Precision, Rule
@@ -166,7 +164,7 @@ def paint(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[st
     return decisions
 
 
-def _neighbours(flow: nx.DiGraph) -> Callable[[str], Iterable[str]]:
+def _neighbours(flow: Dataflow) -> Callable[[str], Iterable[str]]:
     def both(name: str) -> Iterable[str]:
         yield from flow.predecessors(name)
         yield from flow.successors(name)
