@@ -26,7 +26,39 @@ def unnamed_chain() -> onnx.ModelProto:
     return proto
 
 
+def fully_masked_attention() -> onnx.ModelProto:
+    """Scores plus a mask at float32's lowest in every column (a fully masked row, as padding
+    gives), Softmax, @ v: the conversion stores the mask at the low type's lowest, so each row
+    stays a distribution over finite values; rounded to inf instead, it would be NaN."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["s"], name="scores"),
+        helper.make_node("Add", ["s", "mask"], ["m"], name="masked"),
+        helper.make_node("Softmax", ["m"], ["p"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"], name="attend"),
+    ]
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.1).astype(np.float32), "w"),
+        numpy_helper.from_array(np.full((1, 16), np.finfo(np.float32).min, np.float32), "mask"),
+        numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "v"),
+    ]
+    f32 = onnx.TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes,
+        "masked",
+        [helper.make_tensor_value_info("x", f32, [4, 16])],
+        [helper.make_tensor_value_info("y", f32, None)],
+        inits,
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    proto.ir_version = 10
+    return proto
+
+
 GRAPHS = {
+    "mask": fully_masked_attention,
     "overflow": planted.overflowing_hidden_layer,
     "cancellation": planted.cancellation_beside_a_healthy_branch,
     "softmax": planted.softmax_over_large_logits,

@@ -20,7 +20,8 @@ float32 op reads (none that graphamp makes today); :func:`graphamp.onnx.tune.tun
 result on the real conversion all the same.
 
 A weight a switched op reads is rounded once, when the model is built (by onnxruntime's own
-Cast, as the ``If`` would), and the ``If`` picks the rounded copy or the weight. The weights
+Cast, as the ``If`` would; a value at float32's limit goes to the low type's, as the conversion
+stores it), and the ``If`` picks the rounded copy or the weight. The weights
 and their copies live in a :class:`~graphamp.onnx.session.Weights` store, as arrays: the model
 holds stubs, its sessions (the comparison model's too) share the one copy.
 """
@@ -38,6 +39,7 @@ from graphamp.graph import NodeKind, OpGraph
 from graphamp.onnx.files import inferred_types
 from graphamp.onnx.session import Session, Weights
 from graphamp.onnx.statgraph import model_shell, named
+from graphamp.passes.numerics import to_target_limit
 
 F32 = onnx.TensorProto.FLOAT
 FLAG = "graphamp.low/"
@@ -165,8 +167,13 @@ class Switchable:
         model.graph.input.append(helper.make_tensor_value_info("x", F32, None))
         model.graph.output.append(helper.make_tensor_value_info("y", F32, None))
         session = Session(model, what="the rounding model")
+        # values at float32's limit (a mask's -inf) round to the low type's, as the conversion
+        # stores them (passes.numerics.to_target_limit), not to inf
         return [
-            self.weights.stub(names[init.name], session.run({"x": self.weights.array(init)})["y"])
+            self.weights.stub(
+                names[init.name],
+                session.run({"x": to_target_limit(self.weights.array(init), self.dtype)})["y"],
+            )
             for init in weights
         ]
 
