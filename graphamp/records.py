@@ -81,7 +81,7 @@ class WeightRecord:
     # values beyond the target type's range: such a weight is kept (src == dst) with its readers
     out_of_range: int = 0
     # values at float32's lowest/highest (a mask's stand-in for infinity) stored at the
-    # target's lowest/highest instead (written only when there are some)
+    # half the target's largest magnitude instead (written only when there are some)
     at_limit: int = 0
 
     @property

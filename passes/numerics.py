@@ -23,11 +23,18 @@ def overflow_threshold(dtype: str) -> float:
 
 
 # float32's largest finite magnitude. A stored float32 value exactly at it is a stand-in for
-# infinity, not a magnitude: HF's and torch's attention masks fill with finfo(float32).min, and
-# the same code run in float16 fills with finfo(float16).min. Such values are stored at the
-# target's own limit (counted in the plan as ``at_limit``), never rounded to inf or clamped
-# silently; any other value beyond the target's range keeps its readers float32.
+# infinity, not a magnitude: HF's and torch's attention masks fill with finfo(float32).min.
+# Such values are stored at half the target's largest magnitude (counted in the plan as
+# ``at_limit``), never rounded to inf or clamped silently: at half, adding a score to the mask
+# stays finite, as it does in float32 (where the mask absorbs it), so a fully masked row is
+# still a distribution rather than inf - inf = NaN. Any other value beyond the target's range
+# keeps its readers float32.
 FLOAT32_LIMIT = float(np.finfo(np.float32).max)
+
+
+def stand_in(dtype: str) -> float:
+    """The magnitude a value at float32's limit is stored at in ``dtype``: half its largest."""
+    return float(ml_dtypes.finfo(numpy_type(dtype)).max) / 2
 
 
 def at_limit_count(values: np.ndarray) -> int:
@@ -38,13 +45,12 @@ def at_limit_count(values: np.ndarray) -> int:
 
 
 def to_target_limit(values: np.ndarray, dtype: str) -> np.ndarray:
-    """``values`` with float32's lowest/highest replaced by ``dtype``'s (a copy only when some
-    are there): they then round to the target's limit instead of to infinity."""
+    """``values`` with float32's lowest/highest replaced by +-:func:`stand_in` (a copy only
+    when some are there), which ``dtype`` holds exactly, instead of rounding to infinity."""
     at_limit = np.abs(values) == FLOAT32_LIMIT
     if not at_limit.any():
         return values
-    limit = float(ml_dtypes.finfo(numpy_type(dtype)).max)
-    return np.where(at_limit, np.copysign(limit, values), values).astype(values.dtype)
+    return np.where(at_limit, np.copysign(stand_in(dtype), values), values).astype(values.dtype)
 
 
 def flush_threshold(dtype: str) -> float:
@@ -69,7 +75,8 @@ class Converted:
 
 def convert_values(values: np.ndarray, dtype: str) -> Converted:
     """``values`` rounded to ``dtype``, with the counts a plan reports."""
-    converted = values.astype(numpy_type(dtype))
+    with np.errstate(over="ignore"):  # counted below, and refused or reported by the callers
+        converted = values.astype(numpy_type(dtype))
     if values.size == 0:
         return Converted(converted, 0, 0)
     # Rounding keeps zeros zero and infinities infinite, so the differences of the counts are

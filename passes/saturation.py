@@ -11,19 +11,26 @@ neighbours, which run low), with a reason that says why; onnxruntime's float16 t
 same chain in float16 without asking.
 
 The chain from the ``Pow`` output to the saturating op (Tanh, Sigmoid, Erf) may hold ``Mul``
-by a stored constant whose values are all finite and non-zero, and ``Add`` of a stored finite
-constant or of the ``Pow``'s own base; every value on it has exactly one reader and is no graph
-output. Anything else (a second reader, a Div, a Sub of another variable) and the ``Pow``
-stays denied. A ``Pow`` the user named in a list keeps the user's choice. ONNX graphs only (a
-traced module's GELU is one op).
+and ``Add`` of stored scalar constants and ``Add`` of the ``Pow``'s own base; every value on it
+has exactly one reader and is no graph output. It computes a x**n + b x + c, and the ``Pow``
+goes low only where that is proven to saturate in float32 too, on the side the overflow goes,
+for every |x| from where x**n overflows the low type to its largest (:func:`saturates_alike`):
+a small coefficient, an offset that flips the sign, a coefficient that flushes to zero in the
+low type (0 * inf) all keep it denied. A ``Pow`` the user named in a list keeps the user's
+choice. ONNX graphs only (a traced module's GELU is one op).
 """
 
 from __future__ import annotations
 
+import math
+
+import ml_dtypes
 import numpy as np
 
+from graphamp.dtypes import numpy_type
 from graphamp.graph import OpGraph, OpNode
 from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.passes.numerics import overflow_threshold
 from graphamp.records import NodeDecision
 from graphamp.vocab import Precision, Rule
 
@@ -53,7 +60,7 @@ class SaturationPass(Pass):
             decision = context.decisions[node.name]
             if node.op != "Pow" or node.domain or decision.rule is not Rule.DENY:
                 continue
-            end = saturating_end(context.graph, node)
+            end = saturating_end(context.graph, node, context.policy.dtype)
             if end is None:
                 continue
             context.decisions[node.name] = NodeDecision(
@@ -69,12 +76,15 @@ class SaturationPass(Pass):
         return PassResult(modified=False, note=f"{moved} Pow ops whose overflow saturates")
 
 
-def saturating_end(graph: OpGraph, power: OpNode) -> str | None:
-    """The name of the saturating node ``power``'s output reaches through a safe chain (module
-    docstring), or None."""
-    if len(power.inputs) != 2 or not _finite_constant(graph, power.inputs[1], nonzero=False):
+def saturating_end(graph: OpGraph, power: OpNode, low: str) -> str | None:
+    """The name of the saturating node ``power``'s output reaches through a chain of scalar
+    Mul/Add (module docstring) on which every overflow of the cube saturates as in float32, or
+    None."""
+    exponent = _scalar(graph, power.inputs[1]) if len(power.inputs) == 2 else None
+    if exponent is None:
         return None
     base, value = power.inputs[0], power.outputs[0]
+    steps: list[tuple[str, float | None]] = []  # (Mul or Add, the constant; None: the base)
     for _ in range(_LONGEST_CHAIN):
         tensor = graph.tensors.get(value)
         readers = graph.consumers(value)
@@ -84,25 +94,80 @@ def saturating_end(graph: OpGraph, power: OpNode) -> str | None:
         if reader.domain:
             return None
         if reader.op in SATURATING:
-            return reader.name
+            agrees = saturates_alike(exponent, steps, reader.op, low)
+            return reader.name if agrees else None
         if len(reader.inputs) != 2 or reader.op not in ("Mul", "Add"):
             return None
         other = reader.inputs[1 - readers[0][1]]
-        if reader.op == "Mul" and not _finite_constant(graph, other, nonzero=True):
-            return None
-        if reader.op == "Add" and other != base and not _finite_constant(graph, other):
-            return None
+        if reader.op == "Add" and other == base:
+            steps.append(("Add", None))
+        else:
+            constant = _scalar(graph, other)
+            if constant is None:
+                return None
+            steps.append((reader.op, constant))
         value = reader.outputs[0]
     return None
 
 
-def _finite_constant(graph: OpGraph, name: str, *, nonzero: bool = False) -> bool:
-    """Whether ``name`` is a stored value (not an overridable input) whose values are all
-    finite (and non-zero with ``nonzero``). Read only for the few nodes that get here."""
+# How far past zero the argument must be for the saturating op to be within 1e-2 of its limit
+# (tanh(2.65), erf(1.83) and sigmoid(4.6) are): the float32 model must saturate as well.
+_SATURATED_FROM = {"Tanh": 2.65, "Erf": 1.83, "Sigmoid": 4.6}
+
+
+def saturates_alike(
+    exponent: float, steps: list[tuple[str, float | None]], op: str, low: str
+) -> bool:
+    """Whether, wherever the power overflows ``low``, float32 also saturates ``op`` on the side
+    the overflow goes to. The chain computes v(x) = a x**n + b x + c (Mul scales, Add of a
+    constant shifts, Add of the base adds x); in ``low`` an overflow makes it inf of a known
+    sign, so the check is that float32's v(x) lies beyond the saturation point on that side
+    for every |x| from where x**n overflows up to the type's largest: a minimum of a x**n + b x
+    on an interval, at its ends or at its one turning point. A Mul constant that rounds to zero
+    in ``low`` (0 * inf is NaN) fails; so does a fractional power of a negative number."""
+    limit = overflow_threshold(low)
+    if not 1 < exponent <= 8:  # (beyond, a power of float16's largest leaves float64's range)
+        return False
+    a, b, c, direction = 1.0, 0.0, 0.0, 1.0
+    for step, constant in steps:
+        if step == "Add":
+            if constant is None:
+                b += 1.0
+            else:
+                c += constant
+            continue
+        assert constant is not None
+        if float(np.asarray(constant, np.float32).astype(numpy_type(low))) == 0.0:
+            return False  # flushes to zero in the low type: 0 * inf
+        a, b, c = a * constant, b * constant, c * constant
+        direction *= math.copysign(1.0, constant)
+    start = limit ** (1.0 / exponent)  # |x| from which x**n overflows
+    largest = float(ml_dtypes.finfo(numpy_type(low)).max)
+    signs = (1.0, -1.0) if float(exponent).is_integer() else (1.0,)
+    for sign in signs:
+        power_sign = sign ** int(exponent) if float(exponent).is_integer() else 1.0
+        side = direction * power_sign  # the sign of the overflowed chain in the low type
+        # g(u) = side * v(sign * u) = A u**n + B u + C on u in [start, largest]
+        big, small, constant = side * a * power_sign, side * b * sign, side * c
+        candidates = [start, largest]
+        if big * small < 0:
+            turning = (-small / (exponent * big)) ** (1.0 / (exponent - 1.0))
+            if start < turning < largest:
+                candidates.append(turning)
+        lowest = min(big * u**exponent + small * u + constant for u in candidates)
+        if not lowest >= _SATURATED_FROM[op]:
+            return False
+    return True
+
+
+def _scalar(graph: OpGraph, name: str) -> float | None:
+    """The value of ``name`` when it is a stored scalar (one element, not an overridable
+    input) that is finite; None otherwise."""
     tensor = graph.tensors.get(name)
     if tensor is None or not tensor.is_constant or tensor.is_graph_input:
-        return False
+        return None
     values = np.asarray(tensor.load_value())  # type: ignore[misc]
-    if values.size > 64 or not np.issubdtype(values.dtype, np.floating):
-        return False
-    return bool(np.isfinite(values).all() and (not nonzero or np.all(values != 0)))
+    if values.size != 1 or not np.issubdtype(values.dtype, np.floating):
+        return None
+    value = float(values.reshape(-1)[0])
+    return value if math.isfinite(value) else None

@@ -34,7 +34,7 @@ class WeightStats:
     beyond: int  # finite values at or beyond the target's overflow threshold, but for:
     flushed: int  # non-zero values that round to zero in the target
     # values exactly at float32's lowest/highest: a mask's stand-in for infinity, stored at
-    # the target's own limit (numerics.FLOAT32_LIMIT), so they do not keep readers float32
+    # half the target's largest (numerics.FLOAT32_LIMIT), so they do not keep readers float32
     at_limit: int = 0
     # not read: the conversion checks the values as it writes them (WeightRanges speculate)
     deferred: bool = False
@@ -76,6 +76,24 @@ class WeightRanges:
             self._stats[key] = measure(values, target)
             progress.current().advance(values.nbytes)
         return self._stats[key]
+
+    def check_deferred(self, converted: set[str]) -> str | None:
+        """Measure the deferred values that will not be converted (nothing will check them
+        while writing) and return the first that overflows the target, or None. With this,
+        every assumption ``speculate`` made is checked: such a value read only by float32 ops
+        still decides its readers' rule (``weight_range``) and the plan's kept weights."""
+        deferred = [
+            name
+            for (name, target), stats in self._stats.items()
+            if stats.deferred and target == self.target and name not in converted
+        ]
+        for name in deferred:
+            del self._stats[(name, self.target)]
+            values = np.asarray(self.graph.tensors[name].load_value())  # type: ignore[misc]
+            self._stats[(name, self.target)] = measure(values, self.target)
+            if self._stats[(name, self.target)].overflows:
+                return name
+        return None
 
     def _begin_report(self) -> None:
         """Start the progress phase at the first scan: its total is every stored float value

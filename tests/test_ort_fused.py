@@ -145,3 +145,23 @@ def test_fused_graph_converts_like_onnxruntimes_tool_or_better(tmp_path, case):
         )
     again = gonnx.convert(out, keep_io_types=True).to_proto().SerializeToString()
     assert again == result.to_proto().SerializeToString()
+
+
+def test_only_the_optimizers_own_ops_are_taken_from_onnxruntime_in_onnxs_domain():
+    """onnxruntime registers SimplifiedLayerNormalization (and LayerNormalization before opset
+    17) in ONNX's domain, and its optimizer writes them there: they convert and load. Its other
+    registrations there (ImageScaler, Crop: experimental leftovers it no longer loads) stay
+    unknown ops, one line, as before."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from graphamp.errors import GraphampError
+    from tests.helpers import model
+
+    scale = numpy_helper.from_array(torch.ones(4).numpy(), "scale")
+    rms = helper.make_node("SimplifiedLayerNormalization", ["x", "scale"], ["y"], name="rms")
+    result = gonnx.convert(model([rms], initializers=[scale], opset=18, shape=(2, 4)))
+    assert result.plan.nodes["rms"].precision == "float16"
+    scaler = helper.make_node("ImageScaler", ["x"], ["y"], name="scaler")
+    refused = r"no op 'ImageScaler' in domain 'ai\.onnx' at opset 13"
+    with pytest.raises(GraphampError, match=refused):
+        gonnx.convert(model([scaler], opset=13, input_types={"x": TensorProto.FLOAT}))

@@ -404,3 +404,51 @@ def test_a_weight_found_too_large_while_writing_starts_the_conversion_over(
         "out.onnx.data",
         "plan.json",
     }
+
+
+def test_a_weight_no_writer_checks_is_measured_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A weight on disk whose readers all stay float32 is never converted, so the writer never
+    checks it: measured before writing all the same, since had it overflowed its reader's rule
+    and the plan's kept weights would differ. Here it does: the conversion starts over, and the
+    plan is the scan-first one; a plan the CLI wrote is then applied with --from-plan."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    bias = rng.standard_normal(64).astype(np.float32)
+    bias[0] = 1e6
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+            helper.make_node("Relu", ["h"], ["r"], name="relu"),
+            helper.make_node("Add", ["r", "b"], ["a"], name="add"),
+            helper.make_node("Exp", ["a"], ["y"], name="exp"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 64])],
+        [
+            numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w"),
+            numpy_helper.from_array(bias, "b"),
+        ],
+    )
+    source = tmp_path / "ext.onnx"
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]),
+        str(source),
+        save_as_external_data=True,
+        location="ext.onnx.data",
+        size_threshold=0,
+    )
+    out, plan = tmp_path / "out.onnx", tmp_path / "plan.json"
+    assert main(["convert", str(source), "-o", str(out), "--plan", str(plan)]) == 0
+    assert "'b' holds values beyond float16" in capsys.readouterr().err
+    decided = json.loads(plan.read_text())
+    assert decided["nodes"]["add"]["rule"] == "weight_range"
+    assert decided == gonnx.convert(source).plan.to_dict() | {"model": decided["model"]}
+    again = tmp_path / "again.onnx"
+    assert main(["convert", str(source), "-o", str(again), "--from-plan", str(plan)]) == 0
+    assert (tmp_path / "again.onnx.data").read_bytes() == (tmp_path / "out.onnx.data").read_bytes()
+    graphs = [onnx.load(str(path), load_external_data=False).graph for path in (out, again)]
+    assert graphs[0].node == graphs[1].node

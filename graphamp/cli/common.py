@@ -272,7 +272,9 @@ def print_summary(console: Console, plan: Plan, seconds: float, source: Path, ta
         table.add_row("weight values flushed to zero", str(summary["values_flushed_to_zero"]))
     at_limit = sum(w.at_limit for w in weights)
     if at_limit:
-        table.add_row("weight values at float32's limit, stored at the target's", str(at_limit))
+        table.add_row(
+            "weight values at float32's limit, stored at half the target's", f"{at_limit}"
+        )
     kept: dict[str, int] = {}
     for decision in plan.nodes.values():
         if decision.rule in NOTABLE_RULES:

@@ -116,7 +116,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
             _convert_and_write, args, console, policy, options, reviewed, feeds, start
         )
         try:
-            result, status = attempt(speculate=True)
+            # (a reviewed plan is compared with the analysis, counts included: no deferring)
+            result, status = attempt(speculate=reviewed is None)
         except WeightOverflow as miss:
             print(
                 f"graphamp: {miss.weight!r} holds values beyond {policy.dtype}: checking every"

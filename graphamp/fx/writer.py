@@ -17,7 +17,7 @@ from graphamp.edits import EditScript
 from graphamp.fx import lowering
 from graphamp.fx.reader import FxHandles, attribute, flat, set_attribute
 from graphamp.fx.types import torch_dtype
-from graphamp.passes.numerics import FLOAT32_LIMIT
+from graphamp.passes.numerics import FLOAT32_LIMIT, stand_in
 
 
 def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
@@ -114,12 +114,10 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
 
 
 def _to_low(values: torch.Tensor, dtype: str) -> torch.Tensor:
-    """``values`` in ``dtype``, float32's lowest/highest stored at ``dtype``'s (a mask's
-    stand-in for infinity; see graphamp.passes.numerics.FLOAT32_LIMIT) rather than as inf."""
-    low = torch_dtype(dtype)
+    """``values`` in ``dtype``, float32's lowest/highest stored at +-half ``dtype``'s largest
+    (a mask's stand-in for infinity; see graphamp.passes.numerics.FLOAT32_LIMIT), not as inf."""
     if values.dtype == torch.float32:
         at_limit = values.abs() == FLOAT32_LIMIT
         if bool(at_limit.any()):
-            limit = torch.finfo(low).max
-            values = torch.where(at_limit, values.sign() * limit, values)
-    return values.to(low)
+            values = torch.where(at_limit, values.sign() * stand_in(dtype), values)
+    return values.to(torch_dtype(dtype))

@@ -87,6 +87,11 @@ class Schema:
 
 # Domains whose schemas onnxruntime registers (its contrib and fused ops), not onnx.
 RUNTIME_DOMAINS = frozenset({"com.microsoft", "com.microsoft.nchwc", "com.ms.internal.nhwc"})
+# Ops onnxruntime registers in ONNX's own domain where onnx has no schema, and that its
+# transformer optimizer writes there: the fused RMSNorm, and LayerNormalization before opset 17
+# (onnx's arrived at 17). Its other registrations there (ImageScaler, Crop, *_TRT, Memcpy...)
+# are experimental leftovers or internal, which it may not load: they stay unknown.
+RUNTIME_OPS_IN_ONNX_DOMAIN = frozenset({"SimplifiedLayerNormalization", "LayerNormalization"})
 
 
 @cache
@@ -101,7 +106,9 @@ def schema(op: str, opset: int, domain: str) -> Schema | None:
         # onnxruntime registers a few ops in ONNX's own domain that onnx does not define;
         # its transformer optimizer writes one of them (SimplifiedLayerNormalization, the
         # fused RMSNorm of every LLaMA-like model) into the models people deploy.
-        return _newest_before("", op, opset) if domain in ("", "ai.onnx") else None
+        if domain in ("", "ai.onnx") and op in RUNTIME_OPS_IN_ONNX_DOMAIN:
+            return _newest_before("", op, opset)
+        return None
     return _schema_of(found, onnx.defs.OpSchema.FormalParameterOption.Variadic)
 
 

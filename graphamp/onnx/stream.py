@@ -286,10 +286,9 @@ class ConvertedTensor(ir.LazyTensor):
     def converted_chunks(self) -> Iterator[np.ndarray]:
         """The converted values, flattened, a chunk at a time (each valid until the next)."""
         flushed = at_limit = 0
+        name = self._record.name if self._record is not None else str(self.name)
         for chunk in chunks(self._source):
-            converted, chunk_flushed, chunk_at_limit = convert_counted(
-                chunk, self._dst, str(self.name)
-            )
+            converted, chunk_flushed, chunk_at_limit = convert_counted(chunk, self._dst, name)
             flushed += chunk_flushed
             at_limit += chunk_at_limit
             yield converted

@@ -40,8 +40,8 @@ def _domain_has_schemas(domain: str) -> bool:
 
 @cache
 def _runtime_defines(op: str, version: int) -> bool:
-    """Whether onnxruntime registers ``op`` in ONNX's domain at ``version`` though onnx does not
-    define it (its transformer optimizer writes SimplifiedLayerNormalization there)."""
+    """Whether ``op`` is one of the ops onnxruntime registers in ONNX's domain though onnx does
+    not define it there at ``version`` (schemas.RUNTIME_OPS_IN_ONNX_DOMAIN)."""
     from graphamp.onnx.schemas import schema
 
     return schema(op, version, "") is not None

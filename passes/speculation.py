@@ -1,0 +1,36 @@
+"""speculation_check: prove what a speculative range check assumed, for the values no writer
+will check.
+
+``graphamp convert`` lets weights on disk go unread by the passes (``speculate_weights``: each
+is assumed to fit the target, and the writer checks it chunk by chunk as it converts it; see
+:class:`~graphamp.passes.weights.WeightRanges`). A weight that is not converted (every reader
+float32) is never written through that check, yet had it overflowed, classify would have kept
+its readers float32 by rule ``weight_range`` and the plan would list it as kept. So, once the
+edits are known, those weights are measured here; the first that overflows raises
+:class:`~graphamp.errors.WeightOverflow`, and the conversion starts over without speculating.
+With every assumption checked, a speculative conversion gives the plan and the model the
+scan-first one gives.
+"""
+
+from __future__ import annotations
+
+from graphamp.errors import WeightOverflow
+from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+
+
+@register
+class SpeculationCheckPass(Pass):
+    """Measure the deferred weights nothing will convert (see the module docstring)."""
+
+    name = "speculation_check"
+    requires = frozenset({Fact.EDITS})
+
+    def applies(self, context: PassContext) -> bool:
+        return context.weights.speculate
+
+    def run(self, context: PassContext) -> PassResult:
+        converted = {record.name for record in context.script.weights}
+        overflowing = context.weights.check_deferred(converted)
+        if overflowing is not None:
+            raise WeightOverflow(overflowing, context.policy.dtype)
+        return PassResult(modified=False)
