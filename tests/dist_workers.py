@@ -134,6 +134,7 @@ def train_worker(rank: int, port: int, out: str, scenarios: dict[str, dict[str, 
         node.params = {"op": "max", "group": group, "world_size": WORLD}
         results["agreed"] = bool(_all_reduce(node)(torch.tensor(rank == 1)))
         torch.save(results, Path(out) / f"rank{rank}.pt")
+        dist.barrier()  # tear down together: a rank leaving first can abort gloo's threads
     finally:
         dist.destroy_process_group()
 
@@ -147,6 +148,7 @@ def ddp_worker(rank: int, port: int, out: str) -> None:
     try:
         results = {"params": ddp_train(rank, fp16_compress_hook)}
         torch.save(results, Path(out) / f"rank{rank}.pt")
+        dist.barrier()  # tear down together: a rank leaving first can abort gloo's threads
     finally:
         dist.destroy_process_group()
 
