@@ -72,9 +72,7 @@ class WeightRanges:
             self._stats[key] = WeightStats(elements, 0.0, 0, 0, deferred=True)
         if key not in self._stats:
             self._begin_report()
-            values = np.asarray(tensor.load_value())  # type: ignore[misc]
-            self._stats[key] = measure(values, target)
-            progress.current().advance(values.nbytes)
+            progress.current().advance(self._measure(name, target))
         return self._stats[key]
 
     def check_deferred(self, converted: set[str]) -> str | None:
@@ -88,12 +86,17 @@ class WeightRanges:
             if stats.deferred and target == self.target and name not in converted
         ]
         for name in deferred:
-            del self._stats[(name, self.target)]
-            values = np.asarray(self.graph.tensors[name].load_value())  # type: ignore[misc]
-            self._stats[(name, self.target)] = measure(values, self.target)
+            self._measure(name, self.target)
             if self._stats[(name, self.target)].overflows:
                 return name
         return None
+
+    def _measure(self, name: str, target: str) -> int:
+        """Read and measure ``name`` against ``target`` (replacing deferred stats); the bytes
+        read."""
+        values = np.asarray(self.graph.tensors[name].load_value())  # type: ignore[misc]
+        self._stats[(name, target)] = measure(values, target)
+        return values.nbytes
 
     def _begin_report(self) -> None:
         """Start the progress phase at the first scan: its total is every stored float value

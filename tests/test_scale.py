@@ -328,28 +328,17 @@ def test_cache_budget_drops_what_is_scanned_beyond_it(monkeypatch) -> None:
     assert dropped == [("data", 60, 60), ("data", 120, 60)]
 
 
-def _external_model(folder: Path, huge: float | None = None) -> Path:
-    """(x @ w + b) @ w with both weights in a data file: ``w`` holds values float16 flushes to zero,
-    ``b`` one at float32's lowest (a mask's -inf) and, with ``huge``, one beyond float16."""
+def _saved_with_external_data(folder: Path, nodes: list, weights: dict[str, np.ndarray]) -> Path:
+    """``folder``/external.onnx: ``nodes`` from x [2, 64] to y [2, 64], every weight in its
+    data file."""
     from onnx import helper, numpy_helper
 
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((64, 64)).astype(np.float32)
-    w[0, :5] = 1e-9
-    b = rng.standard_normal(64).astype(np.float32)
-    b[3] = np.finfo(np.float32).min
-    if huge is not None:
-        w[1, 1] = huge
     graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
-            helper.make_node("Add", ["h", "b"], ["a"], name="add"),
-            helper.make_node("MatMul", ["a", "w"], ["y"], name="mm2"),
-        ],
+        nodes,
         "g",
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 64])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 64])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+        [numpy_helper.from_array(values, name) for name, values in weights.items()],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     path = folder / "external.onnx"
@@ -361,6 +350,27 @@ def _external_model(folder: Path, huge: float | None = None) -> Path:
         size_threshold=0,
     )
     return path
+
+
+def _external_model(folder: Path, huge: float | None = None) -> Path:
+    """(x @ w + b) @ w with both weights in a data file: ``w`` holds values float16 flushes to
+    zero, ``b`` one at float32's lowest (a mask's -inf) and, with ``huge``, one beyond
+    float16."""
+    from onnx import helper
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    w[0, :5] = 1e-9
+    b = rng.standard_normal(64).astype(np.float32)
+    b[3] = np.finfo(np.float32).min
+    if huge is not None:
+        w[1, 1] = huge
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+        helper.make_node("Add", ["h", "b"], ["a"], name="add"),
+        helper.make_node("MatMul", ["a", "w"], ["y"], name="mm2"),
+    ]
+    return _saved_with_external_data(folder, nodes, {"w": w, "b": b})
 
 
 def test_convert_checks_weights_on_disk_as_it_writes_them_reading_each_once(
@@ -413,34 +423,19 @@ def test_a_weight_no_writer_checks_is_measured_before_writing(
     checks it: measured before writing all the same, since had it overflowed its reader's rule
     and the plan's kept weights would differ. Here it does: the conversion starts over, and the
     plan is the scan-first one; a plan the CLI wrote is then applied with --from-plan."""
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
     rng = np.random.default_rng(0)
     bias = rng.standard_normal(64).astype(np.float32)
     bias[0] = 1e6
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
-            helper.make_node("Relu", ["h"], ["r"], name="relu"),
-            helper.make_node("Add", ["r", "b"], ["a"], name="add"),
-            helper.make_node("Exp", ["a"], ["y"], name="exp"),
-        ],
-        "g",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 64])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 64])],
-        [
-            numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w"),
-            numpy_helper.from_array(bias, "b"),
-        ],
-    )
-    source = tmp_path / "ext.onnx"
-    onnx.save(
-        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]),
-        str(source),
-        save_as_external_data=True,
-        location="ext.onnx.data",
-        size_threshold=0,
-    )
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("Add", ["r", "b"], ["a"], name="add"),
+        helper.make_node("Exp", ["a"], ["y"], name="exp"),
+    ]
+    weights = {"w": rng.standard_normal((64, 64)).astype(np.float32), "b": bias}
+    source = _saved_with_external_data(tmp_path, nodes, weights)
     out, plan = tmp_path / "out.onnx", tmp_path / "plan.json"
     assert main(["convert", str(source), "-o", str(out), "--plan", str(plan)]) == 0
     assert "'b' holds values beyond float16" in capsys.readouterr().err
