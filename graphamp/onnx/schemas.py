@@ -8,6 +8,7 @@ type when the node runs in low precision.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -49,15 +50,15 @@ FLOAT32_WHEN_ATTRIBUTE: dict[str, tuple[str, int, int, str]] = {
 }
 
 
-def float32_attribute_note(op_type: str, domain: str, attributes: dict[str, object]) -> str:
-    """Why an attribute of this node keeps it float32 (" with ..."), or ""."""
+def float32_attribute_note(op_type: str, domain: str, attribute: Callable[[str], object]) -> str:
+    """Why an attribute of this node keeps it float32 (" with ..."), or "". ``attribute``
+    gives an attribute's value by name, None when the node has none."""
     rule = FLOAT32_WHEN_ATTRIBUTE.get(op_type)
     if rule is None or domain not in ("", "ai.onnx"):
         return ""
     name, default, keeps, why = rule
-    attribute = attributes.get(name)
-    value = getattr(attribute, "value", default) if attribute is not None else default
-    return f" with {why}" if value == keeps else ""
+    value = attribute(name)
+    return f" with {why}" if (default if value is None else value) == keeps else ""
 
 
 # Low types an op's schema admits before onnxruntime can load the op in them: with no kernel
