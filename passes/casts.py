@@ -122,7 +122,7 @@ def plan_casts(
             and not tensor.is_graph_output
             and all_readers_want(name, low)
             # a KV cache's past input takes the type its present output will have
-            and has.get(caches.get(name, ""), low) == low
+            and (name not in caches or has.get(caches[name], low) == low)
         ):
             has[name] = low
             edits.retype[name] = low

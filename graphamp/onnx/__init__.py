@@ -88,7 +88,7 @@ def analyse(
     return engine.analyse(
         model,
         _policy(policy, overrides, reviewed),
-        dialect=OnnxDialect(),
+        dialect=OnnxDialect(direct=True),
         reviewed=reviewed,
         options=engine.range_options(ranges),
     )

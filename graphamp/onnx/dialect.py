@@ -14,14 +14,23 @@ from graphamp.dialects.base import Dialect, ReadGraph
 from graphamp.edits import EditScript
 from graphamp.errors import GraphampError
 from graphamp.inputs import InputSpec
-from graphamp.onnx import files, reader, runtime, writer
+from graphamp.onnx import files, proto_reader, proto_writer, reader, runtime, writer
+from graphamp.onnx.proto_reader import ProtoModel
 from graphamp.policy import Policy
 from graphamp.ranges import Ranges
 
 
 class OnnxDialect(Dialect):
     """Models are onnx_ir models; ``load`` never changes a file or a ``ModelProto`` (an
-    ``onnx_ir.Model`` given directly is converted in place, as onnx_ir passes do)."""
+    ``onnx_ir.Model`` given directly is converted in place, as onnx_ir passes do).
+
+    With ``direct``, a ``ModelProto`` that needs nothing of onnx_ir (no subgraph, no local
+    function, no external data: :func:`proto_reader.suits`) is read and converted as a proto,
+    and ``apply`` returns a new ``ModelProto``: no onnx_ir model is built or serialised.
+    """
+
+    def __init__(self, *, direct: bool = False) -> None:
+        self.direct = direct
 
     name = "onnx"
     lists = "onnx"
@@ -33,18 +42,24 @@ class OnnxDialect(Dialect):
         if isinstance(source, str | Path):
             return files.load(source)
         if isinstance(source, onnx.ModelProto):
-            return files.from_proto(source)
+            return files.direct(source) if self.direct else files.from_proto(source)
         if isinstance(source, ir.Model):
             return source
         raise GraphampError(f"expected a path or an ONNX model, got {type(source).__name__}")
 
-    def read(self, model: ir.Model, policy: Policy) -> ReadGraph:
+    def read(self, model: ir.Model | ProtoModel, policy: Policy) -> ReadGraph:
+        if isinstance(model, ProtoModel):
+            return proto_reader.read(model, policy.dtype, policy.target)
         return reader.read(model, policy.dtype, policy.target)
 
-    def apply(self, read: ReadGraph, script: EditScript) -> ir.Model:
+    def apply(self, read: ReadGraph, script: EditScript) -> ir.Model | onnx.ModelProto:
+        if isinstance(read.model, ProtoModel):
+            return proto_writer.apply(read, script)
         return writer.apply(read, script)
 
-    def save(self, model: ir.Model, path: Path) -> None:
+    def save(self, model: ir.Model | onnx.ModelProto, path: Path) -> None:
+        if isinstance(model, onnx.ModelProto):
+            model = files.from_proto(model)
         files.save(model, path)
 
     def check_runtime(self, original: Path, converted: Path) -> list[str]:

@@ -22,8 +22,9 @@ import onnx_ir as ir
 
 from graphamp import progress
 from graphamp.errors import GraphampError
-from graphamp.onnx import stream
+from graphamp.onnx import proto_reader, stream
 from graphamp.onnx.datafile import DataFileWriter
+from graphamp.onnx.proto_reader import ProtoModel
 from graphamp.onnx.validate import validate
 
 log = logging.getLogger(__name__)
@@ -48,11 +49,29 @@ def from_proto(
     proto: onnx.ModelProto, *, where: str = "model", base_dir: Path | None = None
 ) -> ir.Model:
     """An onnx_ir model from ``proto`` (not modified), with inferred value types."""
+    model = _validated(proto, where, base_dir, direct=False)
+    assert isinstance(model, ir.Model)
+    return model
+
+
+def direct(
+    proto: onnx.ModelProto, *, where: str = "model", base_dir: Path | None = None
+) -> ir.Model | ProtoModel:
+    """A :class:`ProtoModel` of ``proto`` when it suits the direct path (nothing of onnx_ir
+    is built), else :func:`from_proto`'s onnx_ir model."""
+    return _validated(proto, where, base_dir, direct=True)
+
+
+def _validated(
+    proto: onnx.ModelProto, where: str, base_dir: Path | None, *, direct: bool
+) -> ir.Model | ProtoModel:
     if not isinstance(proto, onnx.ModelProto) or not proto.HasField("graph"):
         raise GraphampError(f"{where}: not an ONNX model (no graph)")
     if not proto.graph.node:
         raise GraphampError(f"{where}: the graph has no nodes")
     validate(proto, where=where, base_dir=base_dir)
+    if direct and proto_reader.suits(proto):
+        return ProtoModel(proto, _value_info(proto, where), where, base_dir)
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as exc:
@@ -99,6 +118,26 @@ def _apply_inferred_types(model: ir.Model, proto: onnx.ModelProto, where: str) -
             value.type = ir.TensorType(type_.dtype, denotation=type_.denotation)
         if value.shape is None and shape is not None:
             value.shape = shape
+
+
+def _value_info(proto: onnx.ModelProto, where: str) -> dict[str, onnx.ValueInfoProto]:
+    """Every value's ValueInfoProto: the model's own where it gives a type and shape, else
+    type inference's (as :func:`_apply_inferred_types` fills an onnx_ir model)."""
+    graph = proto.graph
+    own = {info.name: info for info in [*graph.input, *graph.value_info, *graph.output]}
+    try:
+        light = _without_large_initializers(proto)
+        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+    except Exception as exc:  # as in _apply_inferred_types
+        log.warning("%s: ONNX type inference failed (%s); using local type rules", where, exc)
+        return own
+    found = {info.name: info for info in inferred.graph.value_info}
+    found.update((info.name, info) for info in inferred.graph.output)
+    for name, info in own.items():
+        tensor_type = info.type.tensor_type
+        if name not in found or (tensor_type.elem_type and tensor_type.HasField("shape")):
+            found[name] = info
+    return found
 
 
 def inferred_types(proto: onnx.ModelProto) -> dict[str, int]:

@@ -57,6 +57,7 @@ def table_source() -> str:
     return _table()[0]
 
 
+@cache  # pure; read for every node of a large graph
 def missing_kernel(target: str, domain: str, op: str, opset: int, dtype: str) -> str:
     """Why ``target`` runs ``domain::op`` at ``opset`` in ``dtype`` on no kernel of its own,
     or "" when it has one, when it registers the op for no float type at all (the op is

@@ -97,9 +97,8 @@ def _add_value(
 ) -> None:
     shape = None
     if value.shape is not None:
-        shape = tuple(
-            d if isinstance(d, int) else (str(d) if d is not None else None) for d in value.shape
-        )
+        # a symbolic dim's name; None for a dim with neither value nor name
+        shape = tuple(d if isinstance(d, int) else d.value for d in value.shape)
     tensor = TensorInfo(
         name=value.name, dtype=dtype_name(value.dtype), shape=shape, is_graph_input=graph_input
     )

@@ -1,0 +1,231 @@
+"""Reading a ``ModelProto`` into the OpGraph without building an onnx_ir model.
+
+Deserialising a graph of 50,000 nodes into onnx_ir objects and serialising the result back
+took most of a conversion's time; for the models that need none of onnx_ir's machinery (no
+subgraphs, no model-local functions, no external data) the ONNX dialect reads the proto
+directly here and :mod:`graphamp.onnx.proto_writer` patches a copy of it. Everything else
+about the graph (slots from schemas, the type fallback, unnamed nodes' names) is what
+:mod:`graphamp.onnx.reader` gives; ``tests/test_proto_path.py`` holds the two to the same
+OpGraph and the same output model over ONNX's node test cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from graphamp import dtypes
+from graphamp.dialects.base import ReadGraph
+from graphamp.dtypes import UNKNOWN
+from graphamp.errors import GraphampError
+from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
+from graphamp.onnx import kernels, slots, stream
+
+_SUBGRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+_EXTERNAL = onnx.TensorProto.EXTERNAL
+
+
+@dataclass
+class ProtoModel:
+    """A model read straight from its proto: the caller's proto (never changed) and the
+    ValueInfoProto of every typed value (the model's own, else type inference's)."""
+
+    proto: onnx.ModelProto
+    value_info: dict[str, onnx.ValueInfoProto]
+    where: str = "model"
+    base_dir: Path | None = None
+    # Filled by read(): each node's name in the plan (unnamed nodes get one), in graph order.
+    node_names: list[str] = field(default_factory=list)
+
+
+def suits(proto: onnx.ModelProto) -> bool:
+    """Whether ``proto`` can be converted without onnx_ir: no subgraph, no model-local
+    function, no weight in external data, no graph output that is a graph input or a
+    weight (renaming it for an output Cast would rename the input)."""
+    graph = proto.graph
+    if proto.functions or any(i.data_location == _EXTERNAL for i in graph.initializer):
+        return False
+    stored = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    if any(o.name in stored for o in graph.output):
+        return False
+    for node in graph.node:
+        if node.op_type in slots.CONTROL_FLOW_OPS or any(
+            a.type in _SUBGRAPHS for a in node.attribute
+        ):
+            return False
+    return True
+
+
+def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
+    """The OpGraph of ``model``'s graph, as :func:`graphamp.onnx.reader.read` gives it."""
+    graph = model.proto.graph
+    opsets = {entry.domain: entry.version for entry in model.proto.opset_import}
+    op_graph = OpGraph(graph.name or "graph")
+    model.node_names = _node_names(graph)
+    initializers = {init.name: init for init in graph.initializer}
+    typed = _Types(model.value_info)
+    for value in graph.input:
+        op_graph.add_tensor(typed.tensor(value.name, initializers.get(value.name), True))
+    for name, init in initializers.items():
+        if name not in op_graph.tensors:
+            op_graph.add_tensor(typed.tensor(name, init, False))
+    signatures: dict[tuple[object, ...], slots.Slots] = {}
+    tensors = op_graph.tensors
+    for node, name in zip(graph.node, model.node_names, strict=True):
+        for output in node.output:
+            if output:
+                op_graph.add_tensor(typed.tensor(output, None, False))
+        op_node = _read_node(op_graph, node, name, opsets, target, signatures)
+        if op_node.kind is NodeKind.OP and op_node.follow_inputs | op_node.follow_outputs:
+            op_node.no_kernel = kernels.missing_kernel(
+                provider, node.domain, node.op_type, slots.opset_of(opsets, node.domain), target
+            )
+        op_graph.add_node(op_node)
+        for slot, output in enumerate(op_node.outputs):
+            if output and tensors[output].dtype == UNKNOWN:
+                fallback = slots.output_type_fallback(op_node, node.op_type, slot, opsets)
+                tensors[output].dtype = fallback or UNKNOWN
+    for value in graph.output:
+        op_graph.graph_outputs.append(value.name)
+        tensors[value.name].is_graph_output = True
+    inputs = [v.name for v in graph.input]
+    op_graph.graph_inputs = [n for n in inputs if n not in initializers] + [
+        n for n in inputs if n in initializers
+    ]
+    if not any(t.is_float for t in tensors.values()):
+        raise GraphampError("the model computes on no floating-point tensor: nothing to convert")
+    return ReadGraph(op_graph, model, None)
+
+
+def _node_names(graph: onnx.GraphProto) -> list[str]:
+    """As the onnx_ir reader names them: ``<op>__<first output>`` for an unnamed node, a
+    suffix for a name an earlier node has."""
+    taken = {node.name for node in graph.node if node.name}
+    seen: set[str] = set()
+    names = []
+    for node in graph.node:
+        name = node.name
+        if not name:
+            first = next((v for v in node.output if v), "")
+            name = unique_name(f"{node.op_type}__{first}" if first else node.op_type, taken)
+        elif name in seen:
+            name = unique_name(name, taken)
+        seen.add(name)
+        names.append(name)
+    return names
+
+
+class _Types:
+    """Value types and shapes from the ValueInfoProtos; each distinct TypeProto is read
+    once (a chain of 50,000 nodes may have one)."""
+
+    def __init__(self, value_info: dict[str, onnx.ValueInfoProto]) -> None:
+        self.value_info = value_info
+        self.known: dict[bytes, tuple[str, tuple[int | str | None, ...] | None]] = {}
+
+    def of(self, name: str) -> tuple[str, tuple[int | str | None, ...] | None]:
+        info = self.value_info.get(name)
+        if info is None:
+            return UNKNOWN, None
+        key = info.type.SerializeToString()
+        found = self.known.get(key)
+        if found is None:
+            found = self.known[key] = _type_and_shape(info.type)
+        return found
+
+    def tensor(self, name: str, init: onnx.TensorProto | None, graph_input: bool) -> TensorInfo:
+        dtype, shape = self.of(name)
+        tensor = TensorInfo(name=name, dtype=dtype, shape=shape, is_graph_input=graph_input)
+        if init is not None:
+            tensor.load_value = stream.loader(ir.serde.TensorProtoTensor(init))
+            if dtype == UNKNOWN:
+                tensor.dtype = elem_name(init.data_type)
+            if shape is None:
+                tensor.shape = tuple(int(d) for d in init.dims)
+        return tensor
+
+
+def _type_and_shape(type_: onnx.TypeProto) -> tuple[str, tuple[int | str | None, ...] | None]:
+    """A tensor's element type and shape; a sequence's or an optional's element type (as
+    onnx_ir gives a value's dtype) and no shape."""
+    which = type_.WhichOneof("value")
+    if which == "tensor_type":
+        tensor_type = type_.tensor_type
+        shape = None
+        if tensor_type.HasField("shape"):
+            shape = tuple(_dim(d) for d in tensor_type.shape.dim)
+        return elem_name(tensor_type.elem_type), shape
+    if which == "sequence_type" and type_.sequence_type.HasField("elem_type"):
+        return _type_and_shape(type_.sequence_type.elem_type)[0], None
+    if which == "optional_type" and type_.optional_type.HasField("elem_type"):
+        return _type_and_shape(type_.optional_type.elem_type)[0], None
+    return UNKNOWN, None
+
+
+def _dim(dim: onnx.TensorShapeProto.Dimension) -> int | str | None:
+    which = dim.WhichOneof("value")
+    return dim.dim_value if which == "dim_value" else (dim.dim_param if which else None)
+
+
+def elem_name(elem_type: int) -> str:
+    """The engine's name of an ONNX element type ("unknown" for 0, undefined)."""
+    if not elem_type:
+        return UNKNOWN
+    return dtypes.from_onnx(elem_type) or ir.DataType(elem_type).name.lower()
+
+
+def _read_node(
+    op_graph: OpGraph,
+    node: onnx.NodeProto,
+    name: str,
+    opsets: dict[str, int],
+    target: str,
+    signatures: dict[tuple[object, ...], slots.Slots],
+) -> OpNode:
+    op_node = OpNode(
+        name=name,
+        op=slots.op_name(node.op_type, node.domain),
+        inputs=list(node.input),
+        outputs=list(node.output),
+        domain=node.domain,
+        scope=name,
+        schema_source=f"opset {opsets.get('', 0)}",
+    )
+    attributes = {a.name: a for a in node.attribute} if node.attribute else {}
+    if node.domain in slots.DEFAULT_DOMAINS and node.op_type == "Cast":
+        op_node.kind = NodeKind.CAST
+        op_node.cast_to = elem_name(attributes["to"].i)
+        return op_node
+    if node.domain in slots.DEFAULT_DOMAINS and node.op_type == "Constant":
+        op_node.kind = NodeKind.CONSTANT
+        _attach_constant(op_graph.tensors[node.output[0]], attributes)
+        return op_node
+    tensors = op_graph.tensors  # outputs still have their declared types: no fallback yet
+    output_types = tuple(tensors[v].dtype if v else UNKNOWN for v in op_node.outputs)
+
+    def attribute(key: str) -> object:
+        found = attributes.get(key)
+        return onnx.helper.get_attribute_value(found) if found is not None else None
+
+    return slots.computing_node(
+        op_node, node.op_type, tensors, output_types, opsets, target, signatures, attribute
+    )
+
+
+def _attach_constant(tensor: TensorInfo, attributes: dict[str, onnx.AttributeProto]) -> None:
+    if "value" in attributes and attributes["value"].type == onnx.AttributeProto.TENSOR:
+        const = ir.serde.TensorProtoTensor(attributes["value"].t)
+        tensor.load_value = const.numpy
+        tensor.dtype = elem_name(const.dtype)
+    elif "value_float" in attributes:
+        value = attributes["value_float"].f
+        tensor.load_value = lambda: np.array(value, np.float32)
+        tensor.dtype = "float32"
+    elif "value_floats" in attributes:
+        values = list(attributes["value_floats"].floats)
+        tensor.load_value = lambda: np.array(values, np.float32)
+        tensor.dtype = "float32"

@@ -1,0 +1,256 @@
+"""Applying an edit script to a copy of a ``ModelProto`` (the model :mod:`proto_reader` read).
+
+The same edits, in the same order, as :mod:`graphamp.onnx.writer` makes on an onnx_ir model,
+so the output is the same model: an inserted Cast goes right after its producer (before
+everything, for a graph input or a weight), a model Cast that is hoisted moves right after the
+producer of its input. Node order is kept in a doubly linked list of node numbers, as onnx_ir
+keeps it; only the nodes an edit touches are copied, the rest are the input's own messages,
+copied once into the output by protobuf. Value types go into ``value_info`` for every typed
+node output, as onnx_ir writes them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from graphamp import dtypes
+from graphamp.dialects.base import ReadGraph
+from graphamp.edits import EditScript
+from graphamp.errors import InternalError
+from graphamp.onnx.proto_reader import ProtoModel
+from graphamp.onnx.stream import ConvertedTensor
+from graphamp.onnx.writer import LOW_PRECISION_ATTRIBUTES
+
+_HEAD = 0  # the list's sentinel: nodes are numbered from 1
+
+
+def apply(read: ReadGraph, script: EditScript) -> onnx.ModelProto:
+    """The converted model: a new proto; ``read.model``'s proto is not changed."""
+    model: ProtoModel = read.model
+    if script.new_nodes or script.new_inputs or any(slot < 0 for _, slot in script.rewire):
+        raise InternalError("the ONNX dialect adds no training nodes and reads no subgraphs")
+    edit = _Edit(model)
+    edit.weights(script)
+    edit.types.update({name: dtypes.BY_NAME[d].onnx for name, d in script.retype.items()})
+    for record in script.casts:
+        edit.insert_cast(record.tensor, record.dst, record.output)
+    for record in script.output_casts:  # before rewiring: float32 readers read the Cast back
+        edit.output_cast(record.tensor, record.dst, record.output)
+    for (node_name, slot), tensor in script.rewire.items():
+        edit.node(edit.number[node_name]).input[slot] = tensor
+    for node_name in script.hoist_casts:
+        edit.hoist(edit.number[node_name])
+    for node_name, low in script.low_nodes.items():
+        index = edit.number[node_name]
+        source = edit.nodes[index]
+        needs = LOW_PRECISION_ATTRIBUTES.get((source.domain, source.op_type, low), {})  # type: ignore[union-attr]
+        for name, dtype in needs.items():
+            attribute = onnx.helper.make_attribute(name, dtypes.BY_NAME[dtype].onnx)
+            _set_attribute(edit.node(index), attribute)
+    for node_name, dtype in script.retarget_casts.items():
+        node = edit.node(edit.number[node_name])
+        _set_attribute(node, onnx.helper.make_attribute("to", dtypes.BY_NAME[dtype].onnx))
+    for node_name in script.remove_nodes:
+        edit.unlink(edit.number[node_name])
+    return edit.finish()
+
+
+def _constant_value(node: onnx.NodeProto) -> onnx.TensorProto:
+    """The value a Constant node stores, as a tensor (value_float(s) are float32)."""
+    for attribute in node.attribute:
+        if attribute.name == "value" and attribute.type == onnx.AttributeProto.TENSOR:
+            return attribute.t
+        if attribute.name in ("value_float", "value_floats"):
+            return onnx.numpy_helper.from_array(
+                np.array(onnx.helper.get_attribute_value(attribute), np.float32)
+            )
+    raise InternalError(f"weight {node.output[0]!r} has no stored value")
+
+
+def _set_attribute(node: onnx.NodeProto, attribute: onnx.AttributeProto) -> None:
+    """Set or replace (in its place) the attribute of that name, as onnx_ir's dict does."""
+    for existing in node.attribute:
+        if existing.name == attribute.name:
+            existing.CopyFrom(attribute)
+            return
+    node.attribute.append(attribute)
+
+
+class _Edit:
+    """The output being built: the node list, the nodes changed so far, value types."""
+
+    def __init__(self, model: ProtoModel) -> None:
+        self.model = model
+        self.source = model.proto.graph
+        self.nodes: list[onnx.NodeProto | None] = [None, *self.source.node]
+        self.changed: set[int] = set()
+        count = len(self.nodes)
+        self.next = [*range(1, count), _HEAD]
+        self.prev = [count - 1, *range(count - 1)]
+        self.number = {name: index for index, name in enumerate(model.node_names, 1)}
+        self.producer: dict[str, int] = {}
+        for index, node in enumerate(self.source.node, 1):
+            for output in node.output:
+                self.producer[output] = index
+        for index, name in enumerate(model.node_names, 1):
+            if name != self.nodes[index].name:  # type: ignore[union-attr]
+                self.node(index).name = name
+        self.types: dict[str, int] = {}  # value -> new element type
+        self.shapes: dict[str, str] = {}  # new value -> the value whose shape it has
+        self.initializers: dict[str, onnx.TensorProto] = {}  # converted in place
+        self.new_initializers: list[onnx.TensorProto] = []
+
+    def node(self, index: int) -> onnx.NodeProto:
+        """Node ``index``, copied before its first change (the input is never changed)."""
+        node = self.nodes[index]
+        if index not in self.changed:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            self.nodes[index] = node = copy
+            self.changed.add(index)
+        return node  # type: ignore[return-value]
+
+    def link_after(self, before: int, index: int) -> None:
+        after = self.next[before]
+        self.next[before], self.prev[index] = index, before
+        self.next[index], self.prev[after] = after, index
+
+    def unlink(self, index: int) -> None:
+        before, after = self.prev[index], self.next[index]
+        self.next[before], self.prev[after] = after, before
+
+    def place(self, index: int, tensor: str) -> None:
+        """Right after the producer of ``tensor``; first of all for a graph input or weight."""
+        self.link_after(self.producer.get(tensor, _HEAD), index)
+
+    def insert_cast(self, tensor: str, dtype: str, output: str) -> None:
+        cast = onnx.NodeProto(name=output, op_type="Cast")
+        cast.input.append(tensor)
+        cast.output.append(output)
+        cast.attribute.add(name="to", type=onnx.AttributeProto.INT, i=dtypes.BY_NAME[dtype].onnx)
+        index = len(self.nodes)
+        self.nodes.append(cast)
+        self.next.append(_HEAD)
+        self.prev.append(_HEAD)
+        self.changed.add(index)
+        self.place(index, tensor)
+        self.producer[output] = index
+        self.types[output] = dtypes.BY_NAME[dtype].onnx
+        self.shapes[output] = tensor
+
+    def output_cast(self, low: str, dtype: str, output: str) -> None:
+        """Graph output ``output`` becomes ``low`` (every reader follows), read by a Cast
+        named ``output`` back to ``dtype``."""
+        producer = self.producer[output]
+        node = self.node(producer)
+        node.output[list(node.output).index(output)] = low
+        self.producer[low] = producer
+        for index, node in enumerate(self.nodes):  # onnx_ir renames the value its readers read
+            if node is not None and output in node.input:
+                node = self.node(index)
+                for slot, name in enumerate(node.input):
+                    if name == output:
+                        node.input[slot] = low
+        self.types[low] = self.types.get(output, self._declared_type(output))
+        self.shapes[low] = output
+        self.insert_cast(low, dtype, output)
+
+    def hoist(self, index: int) -> None:
+        self.unlink(index)
+        self.place(index, self.nodes[index].input[0])  # type: ignore[union-attr]
+
+    def weights(self, script: EditScript) -> None:
+        initializers = {init.name: init for init in self.source.initializer}
+        for record in script.weights:
+            source = initializers.get(record.name)
+            if source is None:  # a Constant node's value
+                node = self.node(self.producer[record.name])
+                stored = _constant_value(node)
+            else:
+                stored = source
+            tensor = ConvertedTensor(ir.serde.TensorProtoTensor(stored), record.dst, "", record)
+            converted = ir.serde.serialize_tensor(tensor)
+            if not record.in_place:
+                converted.name = record.stored_as
+                self.new_initializers.append(converted)
+                self.types[record.stored_as] = dtypes.BY_NAME[record.dst].onnx
+            elif source is None:
+                converted.name = record.stored_as
+                _set_attribute(node, onnx.helper.make_attribute("value", converted))
+                self.types[record.name] = dtypes.BY_NAME[record.dst].onnx
+            else:
+                converted.name = record.name
+                self.initializers[record.name] = converted
+                self.types[record.name] = dtypes.BY_NAME[record.dst].onnx
+
+    def _declared_type(self, name: str) -> int:
+        info = self.model.value_info.get(name)
+        return info.type.tensor_type.elem_type if info is not None else 0
+
+    def finish(self) -> onnx.ModelProto:
+        out = onnx.ModelProto()
+        out.CopyFrom(self.model.proto)
+        graph = out.graph
+        order = []
+        index = self.next[_HEAD]
+        while index != _HEAD:
+            order.append(index)
+            index = self.next[index]
+        del graph.node[:]
+        graph.node.extend(self.nodes[index] for index in order)
+        self._write_initializers(graph)
+        self._write_types(graph, order)
+        return out
+
+    def _write_initializers(self, graph: onnx.GraphProto) -> None:
+        if self.initializers:
+            for position, init in enumerate(graph.initializer):
+                if init.name in self.initializers:
+                    graph.initializer[position].CopyFrom(self.initializers[init.name])
+        graph.initializer.extend(self.new_initializers)
+
+    def _write_types(self, graph: onnx.GraphProto, order: list[int]) -> None:
+        types = self.types
+        value_info = self.model.value_info
+        for value in [*graph.input, *graph.output]:
+            # a shape inference found where the model gave none, as onnx_ir writes it
+            known = value_info.get(value.name)
+            if (
+                known is not None
+                and known is not value
+                and not value.type.tensor_type.HasField("shape")
+            ):
+                value.CopyFrom(known)
+            if value.name in types:
+                value.type.tensor_type.elem_type = types[value.name]
+        outputs = {value.name for value in graph.output}
+        inputs = {value.name for value in graph.input}
+        produced = [
+            name
+            for index in order
+            for name in self.nodes[index].output  # type: ignore[union-attr]
+            if name and name not in outputs
+        ]
+        weights = [init.name for init in graph.initializer if init.name not in inputs]
+        # The model's own entries first, in its order (a model onnx_ir wrote comes back as it
+        # was), then every other typed value in node order.
+        wanted = set(produced) | set(weights)
+        names = dict.fromkeys(info.name for info in self.source.value_info if info.name in wanted)
+        names.update(dict.fromkeys(produced))
+        infos = []
+        for name in names:
+            info = value_info.get(self.shapes.get(name, name))
+            if name not in types:
+                if info is not None:
+                    infos.append(info)
+                continue
+            typed = onnx.ValueInfoProto(name=name)
+            if info is not None:
+                typed.CopyFrom(info)
+                typed.name = name
+            typed.type.tensor_type.elem_type = types[name]
+            infos.append(typed)
+        del graph.value_info[:]
+        graph.value_info.extend(infos)
