@@ -61,7 +61,7 @@ class Role(enum.StrEnum):
     UPDATE = "update"  # a parameter or optimizer state after the update (``replaces`` the old)
 
 
-@dataclass
+@dataclass(slots=True)
 class TensorInfo:
     """A value in the graph: a graph input, a stored constant or a node output."""
 
@@ -92,7 +92,7 @@ class TensorInfo:
         return self.dtype in FLOAT_TYPES
 
 
-@dataclass
+@dataclass(slots=True)
 class OpNode:
     """One operation. ``inputs``/``outputs`` hold tensor names ("" for an omitted optional)."""
 
@@ -145,6 +145,10 @@ class Dataflow:
 
     def predecessors(self, name: str) -> Iterator[str]:
         return iter(self._predecessors[name])
+
+    def neighbours(self, name: str) -> list[str]:
+        """Predecessors, then successors."""
+        return [*self._predecessors[name], *self._successors[name]]
 
 
 class OpGraph:

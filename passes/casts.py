@@ -158,15 +158,27 @@ def plan_casts(
     removed = set(edits.remove_nodes)
     still_read: set[str] = set()
     as_is: list[tuple[str, int]] = []  # slots rewired to a value they read in the type it has
+    tensors = graph.tensors
     for node in graph:
         if node.name in removed:
             continue
-        for slot, name in _slots(node):
-            source = _resolve(alias, name)
+        # (the slots' wants inline: this loop meets every read of the graph)
+        node_low = runs_low(node)
+        follow, any_type = node.follow_inputs, node.any_type_inputs
+        is_cast = node.kind is NodeKind.CAST
+        for slot, name in _slots(node) if node.implicit_inputs else enumerate(node.inputs):
+            if not name:
+                continue
+            source = _resolve(alias, name) if name in alias else name
             if source != name:
                 edits.rewire[(node.name, slot)] = source
-            want = has[source] if reads_any_type(node, slot) else required(node, slot, name)
-            tensor = graph.tensors[source]
+            if slot in any_type or (is_cast and slot == 0):  # reads_any_type
+                want = has[source]
+            elif slot >= 0 and node_low and slot in follow:  # required
+                want = low
+            else:
+                want = original[name]
+            tensor = tensors[source]
             if has[source] == want:
                 still_read.add(source)
                 as_is.append((node.name, slot))

@@ -65,7 +65,11 @@ def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDe
     low = policy.dtype
 
     def decide(precision: str, rule: Rule, reason: str) -> NodeDecision:
-        return NodeDecision(op=node.op, precision=Precision(precision), rule=rule, reason=reason)
+        if not isinstance(precision, Precision):  # (an Enum call costs more than the check)
+            precision = Precision(precision)
+        return NodeDecision(
+            op=node.op, precision=precision, rule=rule, reason=reason, flops=node.flops
+        )
 
     if node.kind is NodeKind.CAST:
         return decide(Precision.NONE, Rule.CAST, f"Cast to {node.cast_to} already in the model")

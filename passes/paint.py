@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from graphamp.graph import Dataflow, OpGraph
+from graphamp.graph import OpGraph
 from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
 from graphamp.records import NodeDecision
 from graphamp.vocab import DENY_SEEDS, Precision, Rule
@@ -56,6 +56,7 @@ def paint(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[st
     order = list(graph.nodes)  # topological, the dialect's order: keeps the walks deterministic
     rule = {name: decision.rule for name, decision in classes.items()}
     decisions = dict(classes)
+    low_precision = Precision(low)
 
     allow = {name for name in order if rule[name] is Rule.ALLOW}
     if not allow:
@@ -119,7 +120,7 @@ def paint(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[st
     for name, root in source.items():
         decisions[name] = NodeDecision(
             op=classes[name].op,
-            precision=Precision(low),
+            precision=low_precision,
             rule=rule[name],
             reason=_with_own_reason(
                 classes[name], f"{rule[name]} list op between low-precision ops"
@@ -130,17 +131,19 @@ def paint(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[st
     # 4. Allow through clear, both directions.
     position = {name: index for index, name in enumerate(order)}
     for root in [n for n in order if n in low_set]:
-        reached = _walk(
-            _neighbours(flow),
-            [root],
-            set(),
-            enter=lambda n: rule[n] is Rule.CLEAR and n not in low_set and n not in denied,
-        )
-        for name in sorted(reached - {root}, key=position.__getitem__):
-            low_set.add(name)
+        # A walk per low node, inline: most have no clear neighbour outside low_set, and a
+        # graph of 50,000 nodes has tens of thousands of them.
+        reached, stack = [], [root]
+        while stack:
+            for near in flow.neighbours(stack.pop()):
+                if rule[near] is Rule.CLEAR and near not in low_set and near not in denied:
+                    low_set.add(near)
+                    reached.append(near)
+                    stack.append(near)
+        for name in sorted(reached, key=position.__getitem__):
             decisions[name] = NodeDecision(
                 op=classes[name].op,
-                precision=Precision(low),
+                precision=low_precision,
                 rule=Rule.CLEAR,
                 reason="clear list op joined to a low-precision neighbour",
                 via=root,
@@ -162,14 +165,6 @@ def paint(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[st
             )
     log.info("painted %d of %d nodes %s", len(low_set), len(order), low)
     return decisions
-
-
-def _neighbours(flow: Dataflow) -> Callable[[str], Iterable[str]]:
-    def both(name: str) -> Iterable[str]:
-        yield from flow.predecessors(name)
-        yield from flow.successors(name)
-
-    return both
 
 
 def _walk(

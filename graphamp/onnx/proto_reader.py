@@ -38,8 +38,12 @@ class ProtoModel:
     value_info: dict[str, onnx.ValueInfoProto]
     where: str = "model"
     base_dir: Path | None = None
-    # Filled by read(): each node's name in the plan (unnamed nodes get one), in graph order.
+    # Filled by read(): each node's name in the plan (unnamed nodes get one), in graph order,
+    # and the names that differ from the proto's, by node number (from 1).
     node_names: list[str] = field(default_factory=list)
+    renamed_nodes: dict[int, str] = field(default_factory=dict)
+    # Each typed value's TypeProto, serialised (the writer builds value_info from them).
+    type_bytes: dict[str, bytes] = field(default_factory=dict)
 
 
 def suits(proto: onnx.ModelProto) -> bool:
@@ -65,9 +69,9 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
     graph = model.proto.graph
     opsets = {entry.domain: entry.version for entry in model.proto.opset_import}
     op_graph = OpGraph(graph.name or "graph")
-    model.node_names = _node_names(graph)
+    model.node_names, model.renamed_nodes = _node_names(graph)
     initializers = {init.name: init for init in graph.initializer}
-    typed = _Types(model.value_info)
+    typed = _Types(model.value_info, model.type_bytes)
     for value in graph.input:
         op_graph.add_tensor(typed.tensor(value.name, initializers.get(value.name), True))
     for name, init in initializers.items():
@@ -101,37 +105,42 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
     return ReadGraph(op_graph, model, None)
 
 
-def _node_names(graph: onnx.GraphProto) -> list[str]:
+def _node_names(graph: onnx.GraphProto) -> tuple[list[str], dict[int, str]]:
     """As the onnx_ir reader names them: ``<op>__<first output>`` for an unnamed node, a
-    suffix for a name an earlier node has."""
+    suffix for a name an earlier node has. (every name, the new ones by node number)"""
     taken = {node.name for node in graph.node if node.name}
     seen: set[str] = set()
     names = []
-    for node in graph.node:
+    renamed = {}
+    for index, node in enumerate(graph.node, 1):
         name = node.name
         if not name:
             first = next((v for v in node.output if v), "")
             name = unique_name(f"{node.op_type}__{first}" if first else node.op_type, taken)
+            renamed[index] = name
         elif name in seen:
-            name = unique_name(name, taken)
+            name = renamed[index] = unique_name(name, taken)
         seen.add(name)
         names.append(name)
-    return names
+    return names, renamed
 
 
 class _Types:
     """Value types and shapes from the ValueInfoProtos; each distinct TypeProto is read
     once (a chain of 50,000 nodes may have one)."""
 
-    def __init__(self, value_info: dict[str, onnx.ValueInfoProto]) -> None:
+    def __init__(
+        self, value_info: dict[str, onnx.ValueInfoProto], type_bytes: dict[str, bytes]
+    ) -> None:
         self.value_info = value_info
+        self.type_bytes = type_bytes
         self.known: dict[bytes, tuple[str, tuple[int | str | None, ...] | None]] = {}
 
     def of(self, name: str) -> tuple[str, tuple[int | str | None, ...] | None]:
         info = self.value_info.get(name)
         if info is None:
             return UNKNOWN, None
-        key = info.type.SerializeToString()
+        key = self.type_bytes[name] = info.type.SerializeToString()
         found = self.known.get(key)
         if found is None:
             found = self.known[key] = _type_and_shape(info.type)
@@ -189,8 +198,8 @@ def _read_node(
     op_node = OpNode(
         name=name,
         op=slots.op_name(node.op_type, node.domain),
-        inputs=list(node.input),
-        outputs=list(node.output),
+        inputs=node.input[:],  # (a slice of a repeated field is a list, and quicker)
+        outputs=node.output[:],
         domain=node.domain,
         scope=name,
         schema_source=f"opset {opsets.get('', 0)}",

@@ -151,19 +151,25 @@ class _GraphCheck:
         local = {value.name for value in graph.input} | {t.name for t in graph.initializer}
         for tensor in graph.initializer:
             check_tensor(tensor, f"{where}: initializer {tensor.name!r}", self.base_dir)
-        producer = self._producers(graph, local | outer)
         seen = local | outer
         for node in graph.node:
             self._check_node(node, seen)
             for name in node.input:
                 if name and name not in seen:
-                    self._unavailable(node, name, producer)
-            seen.update(output for output in node.output if output)
+                    self._unavailable(node, name, self._producers(graph, local | outer))
+            for output in node.output:
+                if not output:
+                    continue
+                if output in seen:  # produced twice: the table of producers names both
+                    self._producers(graph, local | outer)
+                seen.add(output)
         for output in graph.output:
             if output.name not in seen:
                 raise GraphampError(f"{where}: graph output {output.name!r} is produced by nothing")
 
     def _producers(self, graph: onnx.GraphProto, taken: set[str]) -> dict[str, str]:
+        """Which node produces each value; raises on a value produced twice (built only when
+        a check fails, for its message)."""
         producer: dict[str, str] = {}
         for node in graph.node:
             for output in node.output:
@@ -179,8 +185,9 @@ class _GraphCheck:
 
     def _check_node(self, node: onnx.NodeProto, seen: set[str]) -> None:
         where = self.where
+        domain = node.domain
         if (
-            node.domain not in DEFAULT_DOMAINS
+            domain not in DEFAULT_DOMAINS
             and node.domain not in self.opsets
             and node.domain not in self.function_domains
         ):
@@ -188,7 +195,8 @@ class _GraphCheck:
                 f"{where}: node {node.name!r} ({node.op_type}) is in domain {node.domain!r}, "
                 "which the model does not import"
             )
-        for attr in node.attribute:
+        attributes = node.attribute
+        for attr in attributes:
             kind = attr.type
             if kind == _ATTR.UNDEFINED:
                 raise GraphampError(
@@ -206,8 +214,10 @@ class _GraphCheck:
                 node.domain,
                 node.op_type,
                 len(node.output),
-                tuple(not name for name in node.input),
-                tuple((a.name, a.type, bool(a.ref_attr_name)) for a in node.attribute),
+                tuple(map(bool, node.input[:])),
+                tuple((a.name, a.type, bool(a.ref_attr_name)) for a in attributes)
+                if attributes
+                else (),
             )
             if signature not in self.passed:
                 check_node(node, self.opsets, where)

@@ -137,7 +137,14 @@ def check_strings(message, where: str) -> None:  # type: ignore[no-untyped-def]
     stack = [message]
     while stack:
         current = stack.pop()
-        if isinstance(current, onnx.TensorProto):
+        if isinstance(current, onnx.GraphProto):
+            _node_strings(current, texts, stack)
+            fields = [
+                (*_kind(field), value)
+                for field, value in current.ListFields()
+                if field.name != "node"
+            ]
+        elif isinstance(current, onnx.TensorProto):
             fields = [
                 (kind, repeated, getattr(current, name))
                 for name, kind, repeated in _tensor_fields()
@@ -161,6 +168,21 @@ def check_strings(message, where: str) -> None:  # type: ignore[no-untyped-def]
     except (TypeError, UnicodeEncodeError):
         bad = next(text for text in texts if not _is_utf8(text))
         raise GraphampError(f"{where}: a name or string is not valid UTF-8: {bad!r}") from None
+
+
+def _node_strings(graph: onnx.GraphProto, texts: list[str], stack: list[object]) -> None:
+    """The strings of a graph's nodes, their fields read directly (a generic walk over 50,000
+    nodes took a fifth of a second); attributes and the like go on ``stack``."""
+    for node in graph.node:
+        texts += node.input[:]  # (a slice of a repeated field is a list, and quick)
+        texts += node.output[:]
+        texts += (node.name, node.op_type, node.domain, node.doc_string, node.overload)
+        if node.attribute:
+            stack.extend(node.attribute)
+        if node.metadata_props:
+            stack.extend(node.metadata_props)
+        if node.device_configurations:
+            stack.extend(node.device_configurations)
 
 
 def _is_utf8(text: str | bytes) -> bool:
