@@ -118,10 +118,11 @@ def convert(
     label: str | None = None,
 ) -> Conversion:
     """Analyse ``source`` and apply the edits: the converted model and its plan."""
-    analysis = analyse(
-        source, policy, dialect=dialect, reviewed=reviewed, options=options, label=label
-    )
-    return apply(analysis)
+    with collector.paused():  # one block: no full collection between analysing and applying
+        analysis = analyse(
+            source, policy, dialect=dialect, reviewed=reviewed, options=options, label=label
+        )
+        return apply(analysis)
 
 
 def apply(analysis: Analysis) -> Conversion:

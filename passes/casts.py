@@ -164,15 +164,14 @@ def plan_casts(
             continue
         # (the slots' wants inline: this loop meets every read of the graph)
         node_low = runs_low(node)
-        follow, any_type = node.follow_inputs, node.any_type_inputs
-        is_cast = node.kind is NodeKind.CAST
+        follow = node.follow_inputs
         for slot, name in _slots(node) if node.implicit_inputs else enumerate(node.inputs):
             if not name:
                 continue
             source = _resolve(alias, name) if name in alias else name
             if source != name:
                 edits.rewire[(node.name, slot)] = source
-            if slot in any_type or (is_cast and slot == 0):  # reads_any_type
+            if reads_any_type(node, slot):
                 want = has[source]
             elif slot >= 0 and node_low and slot in follow:  # required
                 want = low

@@ -44,6 +44,9 @@ _KEPT_KINDS = {
 }
 
 
+_LIST_RULES = {name: Rule(name) for name in ListName}
+
+
 @register
 class ClassifyPass(Pass):
     """Give every node its initial class (see the module docstring)."""
@@ -77,7 +80,7 @@ def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDe
         return decide(
             Precision.NONE, Rule.NO_FLOAT, "stored value: converted by the casts pass if needed"
         )
-    if node.kind in _KEPT_KINDS:
+    if node.kind is not NodeKind.OP and node.kind in _KEPT_KINDS:  # (an Enum hash is slow)
         rule, template = _KEPT_KINDS[node.kind]
         reason = template.format(op=node.op, domain=node.domain or "ai.onnx")
         return decide(Precision.FLOAT32, rule, reason)
@@ -100,7 +103,7 @@ def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDe
     pattern = policy.denied_name(node.name, node.scope)
     if pattern is not None:
         return decide(Precision.FLOAT32, Rule.DENY_NAME, f"deny_names rule {pattern!r}")
-    for tensor in (*node.inputs, *node.outputs):
+    for tensor in (*node.inputs, *node.outputs) if policy.deny_tensors else ():
         if tensor and tensor in policy.deny_tensors:
             return decide(
                 Precision.FLOAT32,
@@ -133,7 +136,7 @@ def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDe
             " kept float32 instead of clamping",
         )
     precision = low if list_name is ListName.ALLOW else Precision.FLOAT32
-    return decide(precision, Rule(list_name), f"{list_name} list: {list_reason}")
+    return decide(precision, _LIST_RULES[list_name], f"{list_name} list: {list_reason}")
 
 
 def stored_float32_inputs(node: OpNode, weights: WeightRanges) -> list[str]:
@@ -141,7 +144,8 @@ def stored_float32_inputs(node: OpNode, weights: WeightRanges) -> list[str]:
     through its computation-type slots, in slot order."""
     tensors = weights.graph.tensors
     names = []
-    for slot in sorted(node.follow_inputs):
+    follow = node.follow_inputs
+    for slot in sorted(follow) if len(follow) > 1 else follow:
         name = node.inputs[slot] if slot < len(node.inputs) else ""
         tensor = tensors.get(name)
         if tensor is None or not tensor.is_constant or tensor.dtype != "float32":

@@ -70,16 +70,20 @@ def paint(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[st
     )
     denied: dict[str, str] = {}
     for seed in (n for n in order if rule[n] in DENY_SEEDS):
-        reached: set[str] = set()
-        _walk(
-            flow.successors,
-            [seed],
-            reached,
-            enter=lambda n: (
-                n in upstream_of_deny_or_infer and n not in denied and rule[n] in _FOLLOWERS
-            ),
-        )
-        for name in reached - {seed}:
+        # a walk per seed, inline (most seeds reach nothing, and there may be thousands)
+        reached, stack = {seed}, [seed]
+        while stack:
+            for near in flow.successors(stack.pop()):
+                if (
+                    near not in reached
+                    and near in upstream_of_deny_or_infer
+                    and near not in denied
+                    and rule[near] in _FOLLOWERS
+                ):
+                    reached.add(near)
+                    stack.append(near)
+        reached.discard(seed)
+        for name in reached:
             denied.setdefault(name, seed)
     for name, seed in denied.items():
         decisions[name] = NodeDecision(
@@ -96,27 +100,34 @@ def paint(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[st
         return rule[name] in _FOLLOWERS and name not in denied
 
     downstream_of_allow: set[str] = set()
-    for root in (n for n in order if n in allow):
-        _walk(
-            flow.successors,
-            [root],
-            downstream_of_allow,
-            enter=lambda n: n not in allow and can_join(n),
-        )
+    # one walk from every allow node: only the union of what they reach is wanted
+    _walk(
+        flow.successors,
+        [n for n in order if n in allow],
+        downstream_of_allow,
+        enter=lambda n: n not in allow and can_join(n),
+    )
     low_set = set(allow)
     source: dict[str, str] = {}
     upstream_of_allow: set[str] = set()
     for root in (n for n in order if n in allow):
-        reached = _walk(
-            flow.predecessors,
-            [root],
-            upstream_of_allow,
-            enter=lambda n: n in downstream_of_allow and n not in allow,
-        )
-        for name in reached:
-            if name not in low_set:
-                low_set.add(name)
-                source[name] = root
+        if root in upstream_of_allow:
+            continue
+        # walks that share what they have seen, inline: one per allow node
+        upstream_of_allow.add(root)
+        stack = [root]
+        while stack:
+            for near in flow.predecessors(stack.pop()):
+                if (
+                    near not in upstream_of_allow
+                    and near in downstream_of_allow
+                    and near not in allow
+                ):
+                    upstream_of_allow.add(near)
+                    stack.append(near)
+                    if near not in low_set:
+                        low_set.add(near)
+                        source[near] = root
     for name, root in source.items():
         decisions[name] = NodeDecision(
             op=classes[name].op,

@@ -99,7 +99,8 @@ def test_switchable_agrees_with_the_real_conversion(name, dtype):
 def engine_proto(conversion):  # type: ignore[no-untyped-def]
     import onnx_ir as ir
 
-    return ir.to_proto(conversion.model)
+    model = conversion.model  # a ModelProto from the direct path, else an onnx_ir model
+    return model if isinstance(model, onnx.ModelProto) else ir.to_proto(model)
 
 
 def test_search_finds_the_planted_set_with_few_evaluations():

@@ -174,3 +174,33 @@ def test_models_that_need_onnx_ir_do_not_take_the_direct_path() -> None:
     passthrough.CopyFrom(proto)
     passthrough.graph.output.append(passthrough.graph.input[0])
     assert not proto_reader.suits(passthrough)
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt", "mnist"])
+def test_a_model_file_converts_alike_on_both_paths(zoo_model, name: str) -> None:  # type: ignore[no-untyped-def]
+    path = zoo_model(name)
+    through_ir, direct = both(path)
+    assert isinstance(through_ir.model, ir.Model)
+    assert isinstance(direct.model, onnx.ModelProto)
+    assert plan_facts(through_ir) == plan_facts(direct)
+    assert model_facts(ir.to_proto(through_ir.model)) == model_facts(direct.model)
+
+
+def test_a_direct_conversion_is_saved_whole_or_not_at_all(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import errno
+    from pathlib import Path
+
+    from graphamp.onnx import files
+
+    converted = both(edits_model())[1].model
+    target = tmp_path / "out.onnx"
+    files.save(converted, target)
+    assert onnx.load(str(target)) == converted
+
+    def full_disk(self, data):  # type: ignore[no-untyped-def]
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    with pytest.raises(GraphampError, match=r"no space left on device.*nothing was written"):
+        files.save(converted, tmp_path / "second.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]

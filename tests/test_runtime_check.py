@@ -4,9 +4,8 @@ provider without a kernel for the low type is a warning, not a refusal."""
 from __future__ import annotations
 
 import onnx
-import onnx_ir as ir
 
-import graphamp.onnx.writer as writer
+import graphamp.onnx.proto_writer as proto_writer
 from graphamp.cli import main
 from tests.helpers import chain
 
@@ -14,15 +13,17 @@ from tests.helpers import chain
 def test_an_output_onnxruntime_refuses_is_exit_3_and_nothing_written(tmp_path, monkeypatch, capsys):
     source, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
     onnx.save(chain(["MatMul", "Relu", "MatMul"]), str(source))
-    apply = writer.apply
+    apply = proto_writer.apply  # a file without external data is converted directly
 
     def broken(read, script):  # type: ignore[no-untyped-def]
         model = apply(read, script)
-        first = next(node for node in model.graph if node.op_type == "MatMul")
-        first.outputs[0].dtype = ir.DataType.DOUBLE  # declared double, computed float16
+        first = next(node for node in model.graph.node if node.op_type == "MatMul")
+        for info in model.graph.value_info:
+            if info.name == first.output[0]:  # declared double, computed float16
+                info.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
         return model
 
-    monkeypatch.setattr(writer, "apply", broken)
+    monkeypatch.setattr(proto_writer, "apply", broken)
     assert main(["convert", str(source), "-o", str(out)]) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "onnxruntime refuses the converted model" in err[0], err

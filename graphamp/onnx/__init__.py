@@ -15,7 +15,7 @@ import os
 import onnx
 import onnx_ir as ir
 
-from graphamp import engine
+from graphamp import collector, engine
 from graphamp.errors import GraphampError
 from graphamp.onnx.conversion import Conversion
 from graphamp.onnx.dialect import OnnxDialect
@@ -88,7 +88,7 @@ def analyse(
     return engine.analyse(
         model,
         _policy(policy, overrides, reviewed),
-        dialect=OnnxDialect(direct=True),
+        dialect=OnnxDialect(),
         reviewed=reviewed,
         options=engine.range_options(ranges),
     )
@@ -111,5 +111,6 @@ def convert(
     matches it); its own policy is used. ``ranges`` (from :func:`calibrate`) keeps float32,
     with rule ``range``, every op whose values leave the target type's range on that data.
     """
-    result = engine.apply(analyse(model, policy, reviewed=reviewed, ranges=ranges, **overrides))
+    with collector.paused():  # one block: no full collection between analysing and applying
+        result = engine.apply(analyse(model, policy, reviewed=reviewed, ranges=ranges, **overrides))
     return Conversion(result.model, result.plan, result.seconds, result.graph)

@@ -24,12 +24,13 @@ class OnnxDialect(Dialect):
     """Models are onnx_ir models; ``load`` never changes a file or a ``ModelProto`` (an
     ``onnx_ir.Model`` given directly is converted in place, as onnx_ir passes do).
 
-    With ``direct``, a ``ModelProto`` that needs nothing of onnx_ir (no subgraph, no local
-    function, no external data: :func:`proto_reader.suits`) is read and converted as a proto,
-    and ``apply`` returns a new ``ModelProto``: no onnx_ir model is built or serialised.
+    With ``direct`` (the default), a ``ModelProto`` or file that needs nothing of onnx_ir (no
+    subgraph, no local function, no external data: :func:`proto_reader.suits`) is read and
+    converted as a proto, and ``apply`` returns a new ``ModelProto``: no onnx_ir model is
+    built or serialised. ``direct=False`` always converts through onnx_ir.
     """
 
-    def __init__(self, *, direct: bool = False) -> None:
+    def __init__(self, *, direct: bool = True) -> None:
         self.direct = direct
 
     name = "onnx"
@@ -40,7 +41,7 @@ class OnnxDialect(Dialect):
 
     def load(self, source: object) -> ir.Model:
         if isinstance(source, str | Path):
-            return files.load(source)
+            return files.load(source, direct=self.direct)
         if isinstance(source, onnx.ModelProto):
             return files.direct(source) if self.direct else files.from_proto(source)
         if isinstance(source, ir.Model):
@@ -58,8 +59,6 @@ class OnnxDialect(Dialect):
         return writer.apply(read, script)
 
     def save(self, model: ir.Model | onnx.ModelProto, path: Path) -> None:
-        if isinstance(model, onnx.ModelProto):
-            model = files.from_proto(model)
         files.save(model, path)
 
     def check_runtime(self, original: Path, converted: Path) -> list[str]:

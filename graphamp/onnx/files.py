@@ -33,8 +33,9 @@ EXTERNAL_DATA_THRESHOLD = 1_900_000_000  # bytes of weights above which we write
 EXTERNAL_DATA_KEY = "graphamp.external_data"
 
 
-def load(path: str | os.PathLike[str]) -> ir.Model:
-    """Read an ONNX file (with its external data) and run type inference on it."""
+def load(path: str | os.PathLike[str], *, direct: bool = False) -> ir.Model | ProtoModel:
+    """Read an ONNX file (with its external data) and run type inference on it; with
+    ``direct``, a :class:`ProtoModel` where the file suits the direct path."""
     path = Path(path)
     if not path.is_file():
         raise GraphampError(f"{path}: no such file")
@@ -42,7 +43,7 @@ def load(path: str | os.PathLike[str]) -> ir.Model:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises several unrelated types for bad bytes
         raise GraphampError(f"{path}: not an ONNX model ({type(exc).__name__}: {exc})") from None
-    return from_proto(proto, where=str(path), base_dir=path.parent)
+    return _validated(proto, str(path), path.parent, direct=direct)
 
 
 def from_proto(
@@ -69,8 +70,8 @@ def _validated(
         raise GraphampError(f"{where}: not an ONNX model (no graph)")
     if not proto.graph.node:
         raise GraphampError(f"{where}: the graph has no nodes")
-    validate(proto, where=where, base_dir=base_dir)
-    if direct and proto_reader.suits(proto):
+    subgraphs = validate(proto, where=where, base_dir=base_dir)
+    if direct and not subgraphs and proto_reader.suits(proto, subgraphs=False):
         return ProtoModel(proto, _value_info(proto, where), where, base_dir)
     try:
         model = ir.serde.deserialize_model(proto)
@@ -195,9 +196,10 @@ def _copy_field(message, descriptor, value) -> None:  # type: ignore[no-untyped-
         setattr(message, descriptor.name, value)
 
 
-def save(model: ir.Model, path: str | os.PathLike[str]) -> None:
+def save(model: ir.Model | onnx.ModelProto, path: str | os.PathLike[str]) -> None:
     """Write ``model`` atomically; weights go to ``<name>.data`` beside it when over 2 GB
-    or when the input kept them there.
+    or when the input kept them there (a ``ModelProto``, from the direct path, is written
+    as it is when it fits in one file, else through onnx_ir).
 
     The data file is written a tensor at a time (a converted weight a chunk at a time, see
     :mod:`graphamp.onnx.stream` and :mod:`graphamp.onnx.datafile`), so memory stays small
@@ -207,6 +209,11 @@ def save(model: ir.Model, path: str | os.PathLike[str]) -> None:
     refused before anything is written; one that fills up anyway is the same one-line error.
     """
     path = Path(path)
+    if isinstance(model, onnx.ModelProto):
+        if model.ByteSize() <= EXTERNAL_DATA_THRESHOLD:
+            _write_file(path, model.SerializeToString())
+            return
+        model = ir.serde.deserialize_model(model)
     external = (
         _weight_bytes(model) > EXTERNAL_DATA_THRESHOLD
         or _has_external(model)
@@ -230,6 +237,22 @@ def save(model: ir.Model, path: str | os.PathLike[str]) -> None:
             raise GraphampError(
                 f"{path}: {(exc.strerror or 'disk full').lower()} while writing "
                 f"{_size(needed)} of weights; nothing was written"
+            ) from None
+        raise
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """``data`` to ``path`` through a temporary name beside it (nothing left on error)."""
+    try:
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+            tmp_path = Path(tmp) / path.name
+            tmp_path.write_bytes(data)
+            replace_together([], tmp_path, path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise GraphampError(
+                f"{path}: {(exc.strerror or 'disk full').lower()} while writing "
+                f"{_size(len(data))}; nothing was written"
             ) from None
         raise
 

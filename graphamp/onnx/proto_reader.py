@@ -46,16 +46,19 @@ class ProtoModel:
     type_bytes: dict[str, bytes] = field(default_factory=dict)
 
 
-def suits(proto: onnx.ModelProto) -> bool:
-    """Whether ``proto`` can be converted without onnx_ir: no subgraph, no model-local
-    function, no weight in external data, no graph output that is a graph input or a
-    weight (renaming it for an output Cast would rename the input)."""
+def suits(proto: onnx.ModelProto, *, subgraphs: bool | None = None) -> bool:
+    """Whether ``proto`` can be converted without onnx_ir: no subgraph (``subgraphs``: what
+    validation found, else looked for here), no model-local function, no weight in external
+    data, no graph output that is a graph input or a weight (renaming it for an output Cast
+    would rename the input)."""
     graph = proto.graph
     if proto.functions or any(i.data_location == _EXTERNAL for i in graph.initializer):
         return False
     stored = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     if any(o.name in stored for o in graph.output):
         return False
+    if subgraphs is not None:
+        return not subgraphs
     for node in graph.node:
         if node.op_type in slots.CONTROL_FLOW_OPS or any(
             a.type in _SUBGRAPHS for a in node.attribute

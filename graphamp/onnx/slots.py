@@ -10,11 +10,10 @@ Upsample scales).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
-
-import numpy as np
 
 from graphamp import dtypes
 from graphamp.dtypes import FLOAT_TYPES, UNKNOWN
@@ -93,8 +92,9 @@ def computing_node(
         return op_node  # no schema (a custom domain), or computes on no float type
     op_node.compute_type = slots.compute_type
     kept = schemas.float32_attribute_note(op_type, domain, attribute)
-    op_node.allowed_types = slots.allowed_types - (dtypes.LOW_TYPES if kept else frozenset())
-    op_node.schema_source += slots.schema_note + kept
+    op_node.allowed_types = slots.allowed_types - dtypes.LOW_TYPES if kept else slots.allowed_types
+    if slots.schema_note or kept:
+        op_node.schema_source += slots.schema_note + kept
     op_node.follow_inputs = slots.follow_inputs
     op_node.follow_outputs = slots.follow_outputs
     if op_node.op in ("MatMul", "Gemm", "Conv", "ConvTranspose"):
@@ -238,7 +238,7 @@ def _matrix_flops(
     out = tensors[op_node.outputs[0]].shape
     if not out or not all(isinstance(d, int) for d in out):
         return None
-    out_elems = int(np.prod(out))
+    out_elems = math.prod(out)  # type: ignore[arg-type]
     a = tensors[op_node.inputs[0]].shape
     b = tensors[op_node.inputs[1]].shape if len(op_node.inputs) > 1 else None
     if op_node.op == "MatMul" and a and isinstance(a[-1], int):
@@ -247,5 +247,5 @@ def _matrix_flops(
         k = a[0] if attribute("transA") else a[1]
         return 2 * out_elems * int(k) if isinstance(k, int) else None
     if op_node.op in ("Conv", "ConvTranspose") and b and all(isinstance(d, int) for d in b):
-        return 2 * out_elems * int(np.prod(b[1:]))  # type: ignore[arg-type]
+        return 2 * out_elems * math.prod(b[1:])  # type: ignore[arg-type]
     return None

@@ -318,7 +318,8 @@ def _convert(
 def _proto(conversion: engine.Conversion) -> onnx.ModelProto:
     import onnx_ir as ir
 
-    return ir.to_proto(conversion.model)
+    model = conversion.model  # a proto already, from the direct path
+    return model if isinstance(model, onnx.ModelProto) else ir.to_proto(model)
 
 
 def _outputs(conversion: engine.Conversion, batches) -> list[dict[str, np.ndarray]]:  # type: ignore[no-untyped-def]

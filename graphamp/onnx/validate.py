@@ -41,8 +41,9 @@ _DATA_ATTRIBUTES = frozenset(
 )
 
 
-def validate(proto: onnx.ModelProto, *, where: str, base_dir: Path | None) -> None:
-    """Raise a GraphampError naming the first problem of ``proto`` (see the module docstring)."""
+def validate(proto: onnx.ModelProto, *, where: str, base_dir: Path | None) -> bool:
+    """Raise a GraphampError naming the first problem of ``proto`` (see the module docstring);
+    whether its graph has subgraphs (what the direct path cannot take, found on the way)."""
     opsets = _check_header(proto, where)
     check_strings(proto, where)
     functions = {(function.domain, function.name) for function in proto.functions}
@@ -53,7 +54,9 @@ def validate(proto: onnx.ModelProto, *, where: str, base_dir: Path | None) -> No
             f"{where}: sparse initializer {graph.sparse_initializer[0].values.name!r}: sparse "
             "initializers are not supported (store it dense)"
         )
-    _GraphCheck(where, opsets, functions, base_dir).run(graph, outer=set())
+    check = _GraphCheck(where, opsets, functions, base_dir)
+    check.run(graph, outer=set())
+    return check.subgraphs
 
 
 def _check_header(proto: onnx.ModelProto, where: str) -> dict[str, int]:
@@ -144,6 +147,7 @@ class _GraphCheck:
         # Node signatures check_node passed: its verdict depends on nothing else, and a graph
         # of 50,000 nodes has a handful of them.
         self.passed: set[tuple[object, ...]] = set()
+        self.subgraphs = False  # met a graph attribute
 
     def run(self, graph: onnx.GraphProto, outer: set[str]) -> None:
         """Check ``graph``; ``outer`` holds the enclosing graphs' values visible to it."""
@@ -207,6 +211,7 @@ class _GraphCheck:
                 for tensor in _attribute_tensors(attr):
                     check_tensor(tensor, label, self.base_dir)
             elif kind in _GRAPH_ATTRIBUTES:
+                self.subgraphs = True
                 for subgraph in (attr.g,) if kind == _ATTR.GRAPH else attr.graphs:
                     self.run(subgraph, outer=set(seen))
         if (node.domain, node.op_type) not in self.functions:
