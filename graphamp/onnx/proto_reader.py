@@ -82,19 +82,31 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
             op_graph.add_tensor(typed.tensor(name, init, False))
     signatures: dict[tuple[object, ...], slots.Slots] = {}
     tensors = op_graph.tensors
+    source = f"opset {opsets.get('', 0)}"
     for node, name in zip(graph.node, model.node_names, strict=True):
-        for output in node.output:
+        # each field read once: every read of a protobuf field builds a new Python object
+        op_type, domain, outputs = node.op_type, node.domain, node.output[:]
+        for output in outputs:
             if output:
                 op_graph.add_tensor(typed.tensor(output, None, False))
-        op_node = _read_node(op_graph, node, name, opsets, target, signatures)
-        if op_node.kind is NodeKind.OP and op_node.follow_inputs | op_node.follow_outputs:
+        op_node = OpNode(
+            name=name,
+            op=slots.op_name(op_type, domain),
+            inputs=node.input[:],  # (a slice of a repeated field is a list, and quicker)
+            outputs=outputs,
+            domain=domain,
+            scope=name,
+            schema_source=source,
+        )
+        _read_node(op_node, node, op_type, opsets, target, signatures, tensors)
+        if op_node.kind is NodeKind.OP and (op_node.follow_inputs or op_node.follow_outputs):
             op_node.no_kernel = kernels.missing_kernel(
-                provider, node.domain, node.op_type, slots.opset_of(opsets, node.domain), target
+                provider, domain, op_type, slots.opset_of(opsets, domain), target
             )
         op_graph.add_node(op_node)
-        for slot, output in enumerate(op_node.outputs):
+        for slot, output in enumerate(outputs):
             if output and tensors[output].dtype == UNKNOWN:
-                fallback = slots.output_type_fallback(op_node, node.op_type, slot, opsets)
+                fallback = slots.output_type_fallback(op_node, op_type, slot, opsets)
                 tensors[output].dtype = fallback or UNKNOWN
     for value in graph.output:
         op_graph.graph_outputs.append(value.name)
@@ -191,40 +203,34 @@ def elem_name(elem_type: int) -> str:
 
 
 def _read_node(
-    op_graph: OpGraph,
+    op_node: OpNode,
     node: onnx.NodeProto,
-    name: str,
+    op_type: str,
     opsets: dict[str, int],
     target: str,
     signatures: dict[tuple[object, ...], slots.Slots],
-) -> OpNode:
-    op_node = OpNode(
-        name=name,
-        op=slots.op_name(node.op_type, node.domain),
-        inputs=node.input[:],  # (a slice of a repeated field is a list, and quicker)
-        outputs=node.output[:],
-        domain=node.domain,
-        scope=name,
-        schema_source=f"opset {opsets.get('', 0)}",
-    )
-    attributes = {a.name: a for a in node.attribute} if node.attribute else {}
-    if node.domain in slots.DEFAULT_DOMAINS and node.op_type == "Cast":
+    tensors: dict[str, TensorInfo],
+) -> None:
+    """Fill ``op_node`` (names and op already set) from ``node``'s attributes and schema."""
+    listed = node.attribute
+    attributes = {a.name: a for a in listed} if listed else {}
+    if op_node.domain in slots.DEFAULT_DOMAINS and op_type == "Cast":
         op_node.kind = NodeKind.CAST
         op_node.cast_to = elem_name(attributes["to"].i)
-        return op_node
-    if node.domain in slots.DEFAULT_DOMAINS and node.op_type == "Constant":
+        return
+    if op_node.domain in slots.DEFAULT_DOMAINS and op_type == "Constant":
         op_node.kind = NodeKind.CONSTANT
-        _attach_constant(op_graph.tensors[node.output[0]], attributes)
-        return op_node
-    tensors = op_graph.tensors  # outputs still have their declared types: no fallback yet
+        _attach_constant(tensors[op_node.outputs[0]], attributes)
+        return
+    # outputs still have their declared types here: the fallback comes after
     output_types = tuple(tensors[v].dtype if v else UNKNOWN for v in op_node.outputs)
 
     def attribute(key: str) -> object:
         found = attributes.get(key)
         return onnx.helper.get_attribute_value(found) if found is not None else None
 
-    return slots.computing_node(
-        op_node, node.op_type, tensors, output_types, opsets, target, signatures, attribute
+    slots.computing_node(
+        op_node, op_type, tensors, output_types, opsets, target, signatures, attribute
     )
 
 
