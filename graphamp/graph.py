@@ -263,8 +263,10 @@ class OpGraph:
                         continue
                     producer = nodes[producer_name]
                     outputs = producer.outputs
-                    if any(outputs[i] == name for i in producer.follow_outputs):
-                        flow.add_edge(producer_name, node.name)
+                    for index in producer.follow_outputs:
+                        if outputs[index] == name:
+                            flow.add_edge(producer_name, node.name)
+                            break
             self._dataflow = flow
         return self._dataflow
 

@@ -151,7 +151,7 @@ def paint(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[st
                     low_set.add(near)
                     reached.append(near)
                     stack.append(near)
-        for name in sorted(reached, key=position.__getitem__):
+        for name in sorted(reached, key=position.__getitem__) if reached else ():
             decisions[name] = NodeDecision(
                 op=classes[name].op,
                 precision=low_precision,
