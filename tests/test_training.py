@@ -11,6 +11,7 @@ from torch import nn
 
 from graphamp.errors import GraphampError
 from graphamp.fx import DynamicLossScaling, StaticLossScaling, train_step
+from graphamp.fx.lowering import select_on_host, with_traced_guards
 
 
 def paddle_state(scale: float, good: int, bad: int) -> dict[str, torch.Tensor]:
@@ -188,11 +189,16 @@ def test_accumulation_equals_the_large_batch():
     def count(graph, op):  # type: ignore[no-untyped-def]
         return sum(1 for n in graph.graph.nodes if getattr(n.target, "_opname", "") == op)
 
-    assert count(two.accumulate_graph, "where") == 0
+    def selected(graph):  # type: ignore[no-untyped-def]
+        """Values the step guard selects (on the host in an eager CPU step)."""
+        guards = [n for n in graph.graph.nodes if n.target is select_on_host]
+        return sum(len(n.users) for n in guards) + count(graph, "where")
+
+    assert selected(two.accumulate_graph) == 0
     assert count(two.accumulate_graph, "reciprocal") == 0
     assert count(two.graph, "reciprocal") == 1  # unscale once
     assert count(two.graph, "stack") == 1  # one finite check over all gradients
-    assert count(two.graph, "where") == len(two.params) + 1  # params, step (no momentum)
+    assert selected(two.graph) == len(two.params) + 1  # params, step (no momentum)
 
 
 def test_state_goes_back_to_the_model():
@@ -449,3 +455,33 @@ def test_optimizer_holding_foreign_tensors_is_refused():
     optimizer = torch.optim.SGD([*model.parameters(), stray], lr=0.1)
     with pytest.raises(GraphampError, match=r"group 0: holds a tensor of shape \(3, 5\)"):
         train_step(model, nn.functional.mse_loss, optimizer)
+
+
+def test_the_host_guard_and_the_traced_guard_keep_and_update_the_same_values():
+    """An eager CPU step chooses kept or updated values on the host; the graph torch.compile
+    sees selects them with torch.where: the same bits, skipped steps and all."""
+    data = batches(8, poison={2, 5})
+    steps = []
+    for traced in (False, True):
+        model = small_net()
+        step = train_step(
+            model,
+            nn.functional.mse_loss,
+            torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+            dtype="float16",
+            loss_scaling=DynamicLossScaling.torch_defaults(),
+        )
+        step(*data[0])
+        if traced:
+            with_traced_guards(step.graph)
+            assert not [n for n in step.graph.graph.nodes if n.target is select_on_host]
+        for x, y in data[1:]:
+            step(x, y)
+        steps.append(step)
+    host, where = steps
+    assert int(host.skipped_steps) == int(where.skipped_steps) == 2
+    assert torch.equal(host.loss_scale, where.loss_scale)
+    for name in host.params:
+        assert torch.equal(host.params[name], where.params[name]), name
+    for name in host.opt_state:
+        assert torch.equal(host.opt_state[name], where.opt_state[name]), name

@@ -23,7 +23,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from graphamp import report
 from graphamp.distributed import GradientClipping, GradientReduce
 from graphamp.errors import GraphampError
-from graphamp.fx import distributed, marks, optim, reader, writer
+from graphamp.fx import distributed, lowering, marks, optim, reader, writer
 from graphamp.fx.conversion import convert, fx_policy
 from graphamp.fx.types import torch_dtype
 from graphamp.graph import OpGraph
@@ -279,6 +279,9 @@ class TrainStep:
         if self.graph is None:
             self._build(batch)
         distributed.without_in_place_collectives(self.graph)  # type: ignore[arg-type]
+        lowering.with_traced_guards(self.graph)  # type: ignore[arg-type]
+        if self.accumulate_graph is not None:
+            lowering.with_traced_guards(self.accumulate_graph)  # type: ignore[arg-type]
         self.graph = torch.compile(self.graph, **options)  # type: ignore[assignment]
         if self.accumulate_graph is not None:
             self.accumulate_graph = torch.compile(self.accumulate_graph, **options)  # type: ignore[assignment]
