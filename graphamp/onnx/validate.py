@@ -157,11 +157,13 @@ class _GraphCheck:
             check_tensor(tensor, f"{where}: initializer {tensor.name!r}", self.base_dir)
         seen = local | outer
         for node in graph.node:
-            self._check_node(node, seen)
-            for name in node.input:
+            # each repeated field read once (every read builds new Python objects)
+            inputs, outputs = node.input[:], node.output[:]
+            self._check_node(node, seen, inputs)
+            for name in inputs:
                 if name and name not in seen:
                     self._unavailable(node, name, self._producers(graph, local | outer))
-            for output in node.output:
+            for output in outputs:
                 if not output:
                     continue
                 if output in seen:  # produced twice: the table of producers names both
@@ -187,9 +189,9 @@ class _GraphCheck:
                 producer[output] = node.name
         return producer
 
-    def _check_node(self, node: onnx.NodeProto, seen: set[str]) -> None:
+    def _check_node(self, node: onnx.NodeProto, seen: set[str], inputs: list[str]) -> None:
         where = self.where
-        domain = node.domain
+        domain, op_type = node.domain, node.op_type
         if (
             domain not in DEFAULT_DOMAINS
             and node.domain not in self.opsets
@@ -214,12 +216,12 @@ class _GraphCheck:
                 self.subgraphs = True
                 for subgraph in (attr.g,) if kind == _ATTR.GRAPH else attr.graphs:
                     self.run(subgraph, outer=set(seen))
-        if (node.domain, node.op_type) not in self.functions:
+        if not self.functions or (domain, op_type) not in self.functions:
             signature = (
-                node.domain,
-                node.op_type,
+                domain,
+                op_type,
                 len(node.output),
-                tuple(map(bool, node.input[:])),
+                tuple(map(bool, inputs)),
                 tuple((a.name, a.type, bool(a.ref_attr_name)) for a in attributes)
                 if attributes
                 else (),
