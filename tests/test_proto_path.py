@@ -151,9 +151,23 @@ def edits_model() -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("policy", [{}, {"keep_io_types": True}, {"dtype": "bfloat16"},
-                                    {"deny": ["Add"]}, {"allow": ["Exp"]}])  # fmt: skip
+                                    {"deny": ["Add"]}, {"allow": ["Exp"]},
+                                    {"allow": ["Mul"]}])  # fmt: skip
 def test_edits_the_node_cases_lack_apply_alike(policy: dict[str, object]) -> None:
     assert_same(edits_model(), **policy)
+    converted = both(edits_model(), **policy)[1].model
+    onnx.checker.check_model(converted, full_check=True)
+
+
+def test_a_constant_given_as_value_float_converts_to_one_value_attribute() -> None:
+    """(Both writers once added "value" beside "value_float": a Constant with two values,
+    which ONNX refuses.)"""
+    for conversion in both(edits_model(), allow=["Mul"]):
+        model = conversion.model
+        proto = model if isinstance(model, onnx.ModelProto) else ir.to_proto(model)
+        node = next(n for n in proto.graph.node if n.output[0] == "cs")
+        assert [a.name for a in node.attribute] == ["value"]
+        assert node.attribute[0].t.data_type == onnx.TensorProto.FLOAT16
 
 
 def test_the_input_proto_is_not_changed() -> None:

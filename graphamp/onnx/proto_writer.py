@@ -24,7 +24,7 @@ from graphamp.errors import InternalError
 from graphamp.graph import OpGraph
 from graphamp.onnx.proto_reader import ProtoModel
 from graphamp.onnx.stream import ConvertedTensor
-from graphamp.onnx.writer import LOW_PRECISION_ATTRIBUTES
+from graphamp.onnx.writer import CONSTANT_FLOAT_ATTRIBUTES, LOW_PRECISION_ATTRIBUTES
 
 _HEAD = 0  # the list's sentinel: nodes are numbered from 1
 
@@ -184,8 +184,11 @@ class _Edit:
                 converted.name = record.stored_as
                 self.new_initializers.append(converted)
                 self.types[record.stored_as] = dtypes.BY_NAME[record.dst].onnx
-            elif source is None:
+            elif source is None:  # a Constant node: one value attribute only
                 converted.name = record.stored_as
+                kept = [a for a in node.attribute if a.name not in CONSTANT_FLOAT_ATTRIBUTES]
+                del node.attribute[:]
+                node.attribute.extend(kept)
                 _set_attribute(node, onnx.helper.make_attribute("value", converted))
                 self.types[record.name] = dtypes.BY_NAME[record.dst].onnx
             else:

@@ -28,6 +28,10 @@ LOW_PRECISION_ATTRIBUTES: dict[tuple[str, str, str], dict[str, str]] = {
 }
 
 
+# A Constant's float32 value given as a number or list: a converted one becomes its "value".
+CONSTANT_FLOAT_ATTRIBUTES = ("value_float", "value_floats")
+
+
 def apply(read: ReadGraph, script: EditScript) -> ir.Model:
     """Apply ``script`` to ``read.model`` (modified in place and returned)."""
     model: ir.Model = read.model
@@ -50,8 +54,11 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
             )
             graph.register_initializer(copy)
             values[record.stored_as] = copy
-        elif source.producer() is not None:  # a Constant node
-            source.producer().attributes["value"] = ir.AttrTensor("value", tensor)  # type: ignore[union-attr]
+        elif source.producer() is not None:  # a Constant node: one value attribute only
+            attributes = source.producer().attributes  # type: ignore[union-attr]
+            for key in CONSTANT_FLOAT_ATTRIBUTES:
+                attributes.pop(key, None)
+            attributes["value"] = ir.AttrTensor("value", tensor)
             source.dtype = ir_type(record.dst)
         else:
             source.const_value = tensor
