@@ -72,7 +72,7 @@ def _validated(
         raise GraphampError(f"{where}: the graph has no nodes")
     subgraphs = validate(proto, where=where, base_dir=base_dir)
     if direct and not subgraphs and proto_reader.suits(proto, subgraphs=False):
-        return ProtoModel(proto, _value_info(proto, where), where, base_dir)
+        return ProtoModel(proto, _value_info(proto, where))
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as exc:

@@ -12,7 +12,6 @@ OpGraph and the same output model over ONNX's node test cases.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -36,8 +35,6 @@ class ProtoModel:
 
     proto: onnx.ModelProto
     value_info: dict[str, onnx.ValueInfoProto]
-    where: str = "model"
-    base_dir: Path | None = None
     # Filled by read(): each node's name in the plan (unnamed nodes get one), in graph order,
     # and the names that differ from the proto's, by node number (from 1).
     node_names: list[str] = field(default_factory=list)
