@@ -22,6 +22,7 @@ import onnx_ir as ir
 
 from graphamp import progress
 from graphamp.errors import GraphampError
+from graphamp.io import write_atomic
 from graphamp.onnx import proto_reader, stream
 from graphamp.onnx.datafile import DataFileWriter
 from graphamp.onnx.proto_reader import ProtoModel
@@ -71,7 +72,7 @@ def _validated(
     if not proto.graph.node:
         raise GraphampError(f"{where}: the graph has no nodes")
     subgraphs = validate(proto, where=where, base_dir=base_dir)
-    if direct and not subgraphs and proto_reader.suits(proto, subgraphs=False):
+    if direct and proto_reader.suits(proto, subgraphs=subgraphs):
         return ProtoModel(proto, _value_info(proto, where))
     try:
         model = ir.serde.deserialize_model(proto)
@@ -85,13 +86,20 @@ def _validated(
     return model
 
 
-def _apply_inferred_types(model: ir.Model, proto: onnx.ModelProto, where: str) -> None:
-    """Type every value that ONNX type inference can type (see the module docstring)."""
+def _inferred(proto: onnx.ModelProto, where: str) -> onnx.ModelProto | None:
+    """``proto`` after ONNX type inference (weights left out), or None where it fails."""
     light = _without_large_initializers(proto)
     try:
-        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+        return onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
     except Exception as exc:  # inference gives up on some contrib ops: fall back to local rules
         log.warning("%s: ONNX type inference failed (%s); using local type rules", where, exc)
+        return None
+
+
+def _apply_inferred_types(model: ir.Model, proto: onnx.ModelProto, where: str) -> None:
+    """Type every value that ONNX type inference can type (see the module docstring)."""
+    inferred = _inferred(proto, where)
+    if inferred is None:
         return
     values = {v.name: v for v in model.graph.inputs}
     for node in model.graph:
@@ -126,11 +134,8 @@ def _value_info(proto: onnx.ModelProto, where: str) -> dict[str, onnx.ValueInfoP
     type inference's (as :func:`_apply_inferred_types` fills an onnx_ir model)."""
     graph = proto.graph
     own = {info.name: info for info in [*graph.input, *graph.value_info, *graph.output]}
-    try:
-        light = _without_large_initializers(proto)
-        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
-    except Exception as exc:  # as in _apply_inferred_types
-        log.warning("%s: ONNX type inference failed (%s); using local type rules", where, exc)
+    inferred = _inferred(proto, where)
+    if inferred is None:
         return own
     found = {info.name: info for info in inferred.graph.value_info}
     found.update((info.name, info) for info in inferred.graph.output)
@@ -211,7 +216,9 @@ def save(model: ir.Model | onnx.ModelProto, path: str | os.PathLike[str]) -> Non
     path = Path(path)
     if isinstance(model, onnx.ModelProto):
         if model.ByteSize() <= EXTERNAL_DATA_THRESHOLD:
-            _write_file(path, model.SerializeToString())
+            data = model.SerializeToString()
+            with _disk_full_is_an_error(path, len(data)):
+                write_atomic(path, data)
             return
         model = ir.serde.deserialize_model(model)
     external = (
@@ -223,36 +230,31 @@ def save(model: ir.Model | onnx.ModelProto, path: str | os.PathLike[str]) -> Non
     outside = _outside_values(model) if external else []
     needed = sum(value.const_value.nbytes for value in outside)  # type: ignore[union-attr]
     _check_room(path, needed)
-    try:
-        with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
-            tmp_path = Path(tmp) / path.name
-            if external:
-                _save_external(model, outside, tmp_path, data_name, needed)
-                replace_together([(Path(tmp) / data_name, path.parent / data_name)], tmp_path, path)
-            else:
-                ir.save(model, tmp_path)
-                replace_together([], tmp_path, path)
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise GraphampError(
-                f"{path}: {(exc.strerror or 'disk full').lower()} while writing "
-                f"{_size(needed)} of weights; nothing was written"
-            ) from None
-        raise
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    """``data`` to ``path`` through a temporary name beside it (nothing left on error)."""
-    try:
-        with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
-            tmp_path = Path(tmp) / path.name
-            tmp_path.write_bytes(data)
+    with (
+        _disk_full_is_an_error(path, needed, "of weights"),
+        tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp,
+    ):
+        tmp_path = Path(tmp) / path.name
+        if external:
+            _save_external(model, outside, tmp_path, data_name, needed)
+            replace_together([(Path(tmp) / data_name, path.parent / data_name)], tmp_path, path)
+        else:
+            ir.save(model, tmp_path)
             replace_together([], tmp_path, path)
+
+
+@contextmanager
+def _disk_full_is_an_error(path: Path, size: int, what: str = "") -> Iterator[None]:
+    """A full disk (or quota) while the block writes ``path`` is one line, not a traceback;
+    the block leaves nothing behind on an error."""
+    try:
+        yield
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            written = f"{_size(size)} {what}".rstrip()
             raise GraphampError(
                 f"{path}: {(exc.strerror or 'disk full').lower()} while writing "
-                f"{_size(len(data))}; nothing was written"
+                f"{written}; nothing was written"
             ) from None
         raise
 
