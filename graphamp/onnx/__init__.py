@@ -15,7 +15,7 @@ import os
 import onnx
 import onnx_ir as ir
 
-from graphamp import collector, engine
+from graphamp import engine
 from graphamp.errors import GraphampError
 from graphamp.onnx.conversion import Conversion
 from graphamp.onnx.dialect import OnnxDialect
@@ -76,6 +76,21 @@ def _policy(policy: Policy | None, overrides: dict[str, object], reviewed: Plan 
     return policy
 
 
+def _engine_arguments(
+    policy: Policy | None,
+    overrides: dict[str, object],
+    reviewed: Plan | None,
+    ranges: Ranges | None,
+) -> dict[str, object]:
+    """What analyse() and convert() hand the engine."""
+    return {
+        "policy": _policy(policy, overrides, reviewed),
+        "dialect": OnnxDialect(),
+        "reviewed": reviewed,
+        "options": engine.range_options(ranges),
+    }
+
+
 def analyse(
     model: Model,
     policy: Policy | None = None,
@@ -85,13 +100,7 @@ def analyse(
     **overrides: object,
 ) -> engine.Analysis:
     """Read ``model`` and run the passes: its graph, plan and edit script; nothing converted."""
-    return engine.analyse(
-        model,
-        _policy(policy, overrides, reviewed),
-        dialect=OnnxDialect(),
-        reviewed=reviewed,
-        options=engine.range_options(ranges),
-    )
+    return engine.analyse(model, **_engine_arguments(policy, overrides, reviewed, ranges))
 
 
 def convert(
@@ -111,6 +120,5 @@ def convert(
     matches it); its own policy is used. ``ranges`` (from :func:`calibrate`) keeps float32,
     with rule ``range``, every op whose values leave the target type's range on that data.
     """
-    with collector.paused():  # one block: no full collection between analysing and applying
-        result = engine.apply(analyse(model, policy, reviewed=reviewed, ranges=ranges, **overrides))
+    result = engine.convert(model, **_engine_arguments(policy, overrides, reviewed, ranges))
     return Conversion(result.model, result.plan, result.seconds, result.graph)
