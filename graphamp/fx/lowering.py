@@ -3,6 +3,8 @@
 Each node kind has a small function over tensors; it is traced with ``make_fx`` (on fake
 tensors of the inputs' shapes and types) and its graph copied into the step graph right after
 the last of its inputs, so the step stays one graph of aten ops that ``torch.compile`` fuses.
+The step guard is the exception: one call of :func:`select_on_host`, which chooses on the host
+in an eager CPU step and becomes ``torch.where`` nodes for ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -49,14 +51,6 @@ def _finite_check(node: OpNode) -> Lowering:
     return found_inf
 
 
-def _step_guard(node: OpNode) -> Lowering:
-    def guarded(found_inf: torch.Tensor, *old_and_new: torch.Tensor) -> list[torch.Tensor]:
-        pairs = zip(old_and_new[0::2], old_and_new[1::2], strict=True)
-        return [torch.where(found_inf, old, new) for old, new in pairs]
-
-    return guarded
-
-
 def select_on_host(found_inf: torch.Tensor, *old_and_new: torch.Tensor) -> list[torch.Tensor]:
     """The step guard as an eager step runs it: on a CPU, the old values or the new ones,
     chosen on the host (a CPU has no queue to wait for), not a ``torch.where`` over every
@@ -71,7 +65,8 @@ def select_on_host(found_inf: torch.Tensor, *old_and_new: torch.Tensor) -> list[
     return [old if skipped else new for old, new in pairs]
 
 
-def _build_guard(graph: fx.Graph, node: OpNode, inputs: list[fx.Node], anchor: fx.Node) -> list:
+def _build_guard(graph: fx.Graph, inputs: list[fx.Node], anchor: fx.Node) -> list[fx.Node]:
+    """The step guard (a STEP_GUARD node) as one call of :func:`select_on_host`."""
     with graph.inserting_before(anchor):
         select = graph.call_function(select_on_host, tuple(inputs))
         outputs = []
@@ -179,7 +174,6 @@ LOWERINGS: dict[NodeKind, Callable[[OpNode], Lowering]] = {
     NodeKind.LOSS_SCALE: _loss_scale,
     NodeKind.UNSCALE: _unscale,
     NodeKind.FINITE_CHECK: _finite_check,
-    NodeKind.STEP_GUARD: _step_guard,
     NodeKind.SKIP_COUNT: _skip_count,
     NodeKind.SCALE_UPDATE: _scale_update,
     NodeKind.ALL_REDUCE: _all_reduce,
@@ -189,7 +183,7 @@ LOWERINGS: dict[NodeKind, Callable[[OpNode], Lowering]] = {
 
 def build(graph: fx.Graph, node: OpNode, values: dict[str, fx.Node]) -> None:
     """Add ``node`` to ``graph`` in aten ops; its outputs join ``values`` by name."""
-    if node.kind not in LOWERINGS:
+    if node.kind not in LOWERINGS and node.kind is not NodeKind.STEP_GUARD:
         raise InternalError(f"the FX dialect cannot build a {node.kind.value} node")
     inputs = [values[name] for name in node.inputs]
     order = {n: index for index, n in enumerate(graph.nodes)}
@@ -197,7 +191,7 @@ def build(graph: fx.Graph, node: OpNode, values: dict[str, fx.Node]) -> None:
     body = next(n for n in graph.nodes if n.op not in ("placeholder", "get_attr"))
     anchor = body if last.op in ("placeholder", "get_attr") else last.next
     if node.kind is NodeKind.STEP_GUARD:
-        outputs = _build_guard(graph, node, inputs, anchor)
+        outputs = _build_guard(graph, inputs, anchor)
     else:
         traced = make_fx(LOWERINGS[node.kind](node), tracing_mode="fake")(
             *(_example(value) for value in inputs)
