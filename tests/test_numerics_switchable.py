@@ -10,6 +10,7 @@ import pytest
 from graphamp import engine
 from graphamp.onnx.dialect import OnnxDialect
 from graphamp.onnx.runtime import run
+from graphamp.onnx.session import as_proto
 from graphamp.onnx.switchable import Switchable
 from graphamp.onnx.tune import Decider
 from graphamp.policy import Policy
@@ -97,10 +98,7 @@ def test_switchable_agrees_with_the_real_conversion(name, dtype):
 
 
 def engine_proto(conversion):  # type: ignore[no-untyped-def]
-    import onnx_ir as ir
-
-    model = conversion.model  # a ModelProto from the direct path, else an onnx_ir model
-    return model if isinstance(model, onnx.ModelProto) else ir.to_proto(model)
+    return as_proto(conversion.model)  # a ModelProto from the direct path, else onnx_ir's
 
 
 def test_search_finds_the_planted_set_with_few_evaluations():

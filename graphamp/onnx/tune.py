@@ -315,16 +315,9 @@ def _convert(
     return engine.convert(proto, policy, dialect=OnnxDialect(), options=options)
 
 
-def _proto(conversion: engine.Conversion) -> onnx.ModelProto:
-    import onnx_ir as ir
-
-    model = conversion.model  # a proto already, from the direct path
-    return model if isinstance(model, onnx.ModelProto) else ir.to_proto(model)
-
-
 def _outputs(conversion: engine.Conversion, batches) -> list[dict[str, np.ndarray]]:  # type: ignore[no-untyped-def]
     """The converted model's outputs on every batch, by the faithful evaluator."""
-    proto = _proto(conversion)
+    proto = as_proto(conversion.model)  # a proto already on the direct path
     types = inferred_types(proto)
     weights = Weights()
     proto = emulated(proto, types, weights) if has_low_values(proto, types) else proto
