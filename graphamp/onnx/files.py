@@ -71,9 +71,9 @@ def _validated(
         raise GraphampError(f"{where}: not an ONNX model (no graph)")
     if not proto.graph.node:
         raise GraphampError(f"{where}: the graph has no nodes")
-    subgraphs = validate(proto, where=where, base_dir=base_dir)
-    if direct and proto_reader.suits(proto, subgraphs=subgraphs):
-        return ProtoModel(proto, _value_info(proto, where))
+    checked = validate(proto, where=where, base_dir=base_dir)
+    if direct and proto_reader.suits(proto, subgraphs=checked.subgraphs):
+        return ProtoModel(proto, _value_info(proto, where), nodes=checked.nodes)
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as exc:

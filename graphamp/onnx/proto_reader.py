@@ -23,6 +23,7 @@ from graphamp.dtypes import UNKNOWN
 from graphamp.errors import GraphampError
 from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
 from graphamp.onnx import kernels, slots, stream
+from graphamp.onnx.validate_nodes import NodeFields, node_fields
 
 _SUBGRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 _EXTERNAL = onnx.TensorProto.EXTERNAL
@@ -35,6 +36,8 @@ class ProtoModel:
 
     proto: onnx.ModelProto
     value_info: dict[str, onnx.ValueInfoProto]
+    # The graph's nodes' fields, where validation read them already.
+    nodes: list[NodeFields] | None = None
     # Filled by read(): each node's name in the plan (unnamed nodes get one), in graph order,
     # and the names that differ from the proto's, by node number (from 1).
     node_names: list[str] = field(default_factory=list)
@@ -69,7 +72,9 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
     graph = model.proto.graph
     opsets = {entry.domain: entry.version for entry in model.proto.opset_import}
     op_graph = OpGraph(graph.name or "graph")
-    model.node_names, model.renamed_nodes = _node_names(graph)
+    nodes = model.nodes if model.nodes is not None else node_fields(graph)
+    model.nodes = None  # its lists become the OpGraph's, which passes change
+    model.node_names, model.renamed_nodes = _node_names(nodes)
     initializers = {init.name: init for init in graph.initializer}
     typed = _Types(model.value_info, model.type_bytes)
     for value in graph.input:
@@ -80,22 +85,21 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
     signatures: dict[tuple[object, ...], slots.Slots] = {}
     tensors = op_graph.tensors
     source = f"opset {opsets.get('', 0)}"
-    for node, name in zip(graph.node, model.node_names, strict=True):
-        # each field read once: every read of a protobuf field builds a new Python object
-        op_type, domain, outputs = node.op_type, node.domain, node.output[:]
+    for fields, name in zip(nodes, model.node_names, strict=True):
+        op_type, domain, outputs = fields.op_type, fields.domain, fields.outputs
         for output in outputs:
             if output:
                 op_graph.add_tensor(typed.tensor(output, None, False))
         op_node = OpNode(
             name=name,
             op=slots.op_name(op_type, domain),
-            inputs=node.input[:],  # (a slice of a repeated field is a list, and quicker)
+            inputs=fields.inputs,
             outputs=outputs,
             domain=domain,
             scope=name,
             schema_source=source,
         )
-        _read_node(op_node, node, op_type, opsets, target, signatures, tensors)
+        _read_node(op_node, fields.attributes, op_type, opsets, target, signatures, tensors)
         if op_node.kind is NodeKind.OP and (op_node.follow_inputs or op_node.follow_outputs):
             op_node.no_kernel = kernels.missing_kernel(
                 provider, domain, op_type, slots.opset_of(opsets, domain), target
@@ -117,17 +121,17 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
     return ReadGraph(op_graph, model, None)
 
 
-def _node_names(graph: onnx.GraphProto) -> tuple[list[str], dict[int, str]]:
+def _node_names(nodes: list[NodeFields]) -> tuple[list[str], dict[int, str]]:
     """As the onnx_ir reader names them: ``<op>__<first output>`` for an unnamed node, a
     suffix for a name an earlier node has. (every name, the new ones by node number)"""
-    taken = {node.name for node in graph.node if node.name}
+    taken = {node.name for node in nodes if node.name}
     seen: set[str] = set()
     names = []
     renamed = {}
-    for index, node in enumerate(graph.node, 1):
+    for index, node in enumerate(nodes, 1):
         name = node.name
         if not name:
-            first = next((v for v in node.output if v), "")
+            first = next((v for v in node.outputs if v), "")
             name = unique_name(f"{node.op_type}__{first}" if first else node.op_type, taken)
             renamed[index] = name
         elif name in seen:
@@ -201,16 +205,16 @@ def elem_name(elem_type: int) -> str:
 
 def _read_node(
     op_node: OpNode,
-    node: onnx.NodeProto,
+    listed: object,
     op_type: str,
     opsets: dict[str, int],
     target: str,
     signatures: dict[tuple[object, ...], slots.Slots],
     tensors: dict[str, TensorInfo],
 ) -> None:
-    """Fill ``op_node`` (names and op already set) from ``node``'s attributes and schema."""
-    listed = node.attribute
-    attributes = {a.name: a for a in listed} if listed else {}
+    """Fill ``op_node`` (names and op already set) from its attributes (``listed``, the node's
+    repeated AttributeProto field) and schema."""
+    attributes = {a.name: a for a in listed} if listed else {}  # type: ignore[attr-defined]
     if op_node.domain in slots.DEFAULT_DOMAINS and op_type == "Cast":
         op_node.kind = NodeKind.CAST
         op_node.cast_to = elem_name(attributes["to"].i)

@@ -27,12 +27,19 @@ Type rules (a float op fed a string) are the reader's: it knows each value's inf
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import onnx
 
 from graphamp.errors import GraphampError
 from graphamp.onnx.validate_data import KNOWN_TYPES, MAX_RANK, check_tensor, type_name
-from graphamp.onnx.validate_nodes import DEFAULT_DOMAINS, check_node, check_strings
+from graphamp.onnx.validate_nodes import (
+    DEFAULT_DOMAINS,
+    NodeFields,
+    check_node,
+    check_strings,
+    node_fields,
+)
 
 _ATTR = onnx.AttributeProto
 _GRAPH_ATTRIBUTES = frozenset({_ATTR.GRAPH, _ATTR.GRAPHS})
@@ -41,13 +48,22 @@ _DATA_ATTRIBUTES = frozenset(
 )
 
 
-def validate(proto: onnx.ModelProto, *, where: str, base_dir: Path | None) -> bool:
-    """Raise a GraphampError naming the first problem of ``proto`` (see the module docstring);
-    whether its graph has subgraphs (what the direct path cannot take, found on the way)."""
-    opsets = _check_header(proto, where)
-    check_strings(proto, where)
-    functions = {(function.domain, function.name) for function in proto.functions}
+class Checked(NamedTuple):
+    """What validation found on the way: whether the graph has subgraphs (what the direct path
+    cannot take) and its nodes' fields (which the direct reader reads again)."""
+
+    subgraphs: bool
+    nodes: list[NodeFields]
+
+
+def validate(proto: onnx.ModelProto, *, where: str, base_dir: Path | None) -> Checked:
+    """Raise a GraphampError naming the first problem of ``proto`` (see the module
+    docstring)."""
     graph = proto.graph
+    nodes = node_fields(graph)
+    opsets = _check_header(proto, nodes, where)
+    check_strings(proto, where, known=(graph, nodes))
+    functions = {(function.domain, function.name) for function in proto.functions}
     _check_graph_io(graph, where, proto.ir_version)
     if graph.sparse_initializer:
         raise GraphampError(
@@ -55,11 +71,11 @@ def validate(proto: onnx.ModelProto, *, where: str, base_dir: Path | None) -> bo
             "initializers are not supported (store it dense)"
         )
     check = _GraphCheck(where, opsets, functions, base_dir)
-    check.run(graph, outer=set())
-    return check.subgraphs
+    check.run(graph, outer=set(), nodes=nodes)
+    return Checked(check.subgraphs, nodes)
 
 
-def _check_header(proto: onnx.ModelProto, where: str) -> dict[str, int]:
+def _check_header(proto: onnx.ModelProto, nodes: list[NodeFields], where: str) -> dict[str, int]:
     if not 0 < proto.ir_version <= onnx.IR_VERSION:
         raise GraphampError(
             f"{where}: ir_version {proto.ir_version} is not an ONNX IR version this onnx reads "
@@ -77,7 +93,7 @@ def _check_header(proto: onnx.ModelProto, where: str) -> dict[str, int]:
     if not opsets:
         raise GraphampError(f"{where}: the model imports no opset (opset_import is empty)")
     default = opsets.get("", opsets.get("ai.onnx"))
-    uses_default = any(node.domain in DEFAULT_DOMAINS for node in proto.graph.node)
+    uses_default = any(node.domain in DEFAULT_DOMAINS for node in nodes)
     if default is None and uses_default:
         raise GraphampError(f"{where}: no opset_import for the default ONNX domain")
     newest = onnx.defs.onnx_opset_version()
@@ -149,21 +165,22 @@ class _GraphCheck:
         self.passed: set[tuple[object, ...]] = set()
         self.subgraphs = False  # met a graph attribute
 
-    def run(self, graph: onnx.GraphProto, outer: set[str]) -> None:
-        """Check ``graph``; ``outer`` holds the enclosing graphs' values visible to it."""
+    def run(
+        self, graph: onnx.GraphProto, outer: set[str], nodes: list[NodeFields] | None = None
+    ) -> None:
+        """Check ``graph``; ``outer`` holds the enclosing graphs' values visible to it;
+        ``nodes``: its nodes' fields, where read already."""
         where = self.where
         local = {value.name for value in graph.input} | {t.name for t in graph.initializer}
         for tensor in graph.initializer:
             check_tensor(tensor, f"{where}: initializer {tensor.name!r}", self.base_dir)
         seen = local | outer
-        for node in graph.node:
-            # each repeated field read once (every read builds new Python objects)
-            inputs, outputs = node.input[:], node.output[:]
-            self._check_node(node, seen, inputs)
-            for name in inputs:
+        for node, fields in zip(graph.node, nodes or node_fields(graph), strict=True):
+            self._check_node(node, fields, seen)
+            for name in fields.inputs:
                 if name and name not in seen:
                     self._unavailable(node, name, self._producers(graph, local | outer))
-            for output in outputs:
+            for output in fields.outputs:
                 if not output:
                     continue
                 if output in seen:  # produced twice: the table of producers names both
@@ -189,20 +206,20 @@ class _GraphCheck:
                 producer[output] = node.name
         return producer
 
-    def _check_node(self, node: onnx.NodeProto, seen: set[str], inputs: list[str]) -> None:
+    def _check_node(self, node: onnx.NodeProto, fields: NodeFields, seen: set[str]) -> None:
         where = self.where
-        domain, op_type = node.domain, node.op_type
+        domain, op_type = fields.domain, fields.op_type
         if (
             domain not in DEFAULT_DOMAINS
-            and node.domain not in self.opsets
-            and node.domain not in self.function_domains
+            and domain not in self.opsets
+            and domain not in self.function_domains
         ):
             raise GraphampError(
-                f"{where}: node {node.name!r} ({node.op_type}) is in domain {node.domain!r}, "
+                f"{where}: node {node.name!r} ({op_type}) is in domain {domain!r}, "
                 "which the model does not import"
             )
-        attributes = node.attribute
-        for attr in attributes:
+        attributes = fields.attributes
+        for attr in attributes:  # type: ignore[attr-defined]
             kind = attr.type
             if kind == _ATTR.UNDEFINED:
                 raise GraphampError(
@@ -220,8 +237,8 @@ class _GraphCheck:
             signature = (
                 domain,
                 op_type,
-                len(node.output),
-                tuple(map(bool, inputs)),
+                len(fields.outputs),
+                tuple(map(bool, fields.inputs)),
                 tuple((a.name, a.type, bool(a.ref_attr_name)) for a in attributes)
                 if attributes
                 else (),
