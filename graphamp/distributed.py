@@ -16,17 +16,23 @@ from graphamp.errors import GraphampError
 
 GRAD_TYPES = ("float32", "float16", "bfloat16")
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024  # DistributedDataParallel's default bucket_cap_mb
+# DDP's first bucket under the default cap (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES): the
+# gradients backward makes first start travelling while it computes the rest.
+DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
 class GradientReduce:
     """Average the gradients over a process group of ``world_size`` ranks (named ``group``
-    by the collectives library), sent as ``dtype``, in buckets of about ``bucket_bytes``."""
+    by the collectives library), sent as ``dtype``, in buckets of about ``bucket_bytes``
+    (the first one, of the gradients backward makes first: ``first_bucket_bytes``, when
+    given)."""
 
     group: str
     world_size: int
     dtype: str = "float32"
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    first_bucket_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in GRAD_TYPES:
@@ -35,6 +41,10 @@ class GradientReduce:
             raise GraphampError(f"the process group has {self.world_size} ranks")
         if self.bucket_bytes < 1:
             raise GraphampError(f"bucket_bytes must be positive, got {self.bucket_bytes}")
+        if self.first_bucket_bytes is not None and self.first_bucket_bytes < 1:
+            raise GraphampError(
+                f"first_bucket_bytes must be positive, got {self.first_bucket_bytes}"
+            )
 
     @property
     def item_bytes(self) -> int:
@@ -62,15 +72,18 @@ class GradientClipping:
             raise GraphampError(f"norm_type must be positive or inf, got {self.norm_type}")
 
 
-def buckets(sizes: list[tuple[str, int]], capacity: int) -> list[list[str]]:
-    """Consecutive names grouped so each group's bytes stay within ``capacity`` (a value larger
-    than it travels alone), as DistributedDataParallel's buckets."""
-    groups: list[list[str]] = []
-    used = capacity
+def buckets(
+    sizes: list[tuple[str, int]], capacity: int, first: int | None = None
+) -> list[list[str]]:
+    """Consecutive names grouped as DistributedDataParallel's buckets: a group is closed once
+    its bytes reach ``capacity`` (the first group's: ``first``, when given), the value that
+    reaches it included."""
+    groups: list[list[str]] = [[]]
+    used, limit = 0, capacity if first is None else first
     for name, size in sizes:
-        if used + size > capacity:
-            groups.append([])
-            used = 0
         groups[-1].append(name)
         used += size
-    return groups
+        if used >= limit:
+            groups.append([])
+            used, limit = 0, capacity
+    return [group for group in groups if group]

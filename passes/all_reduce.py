@@ -76,7 +76,7 @@ class AllReducePass(Pass):
         reduce: GradientReduce = context.options["all_reduce"]
         gradients = {g.name: g for g in _by_readiness(context, Role.GRADIENT)}
         sizes = [(name, _elements(g) * reduce.item_bytes) for name, g in gradients.items()]
-        groups = buckets(sizes, reduce.bucket_bytes)
+        groups = buckets(sizes, reduce.bucket_bytes, reduce.first_bucket_bytes)
         by_name = dict(sizes)
         low = reduce.dtype != "float32"
         halved = " (half of float32's)" if low else ""

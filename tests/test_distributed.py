@@ -18,7 +18,7 @@ from torch import nn
 
 import graphamp
 import graphamp.fx
-from graphamp.distributed import GradientClipping, GradientReduce
+from graphamp.distributed import GradientClipping, GradientReduce, buckets
 from graphamp.errors import GraphampError
 from graphamp.graph import Role
 from graphamp.passes import PassContext, PassManager
@@ -29,8 +29,9 @@ from tests import dist_workers as workers
 from tests.opgraphs import GraphBuilder
 
 SCENARIOS = {
-    # several buckets: 600 bytes hold at most the 4 x 32 weight and a bias in float32
-    "float32": {"bucket_bytes": 600},
+    # several buckets: as DDP's, a bucket closes once it reaches 100 bytes, the gradient that
+    # reaches them in it: [4 bias, 4 x 32 weight] (528 bytes), [32 bias], [32 x 16 weight]
+    "float32": {"bucket_bytes": 100},
     "float16": {"grad_dtype": "float16"},
     "bfloat16": {"grad_dtype": "bfloat16"},
     "poison": {"grad_dtype": "float16", "poison": (2, 1)},  # an inf in rank 1's half, step 2
@@ -167,7 +168,7 @@ def run_step_passes(**options):  # type: ignore[no-untyped-def]
 
 
 def test_reduce_nodes_sit_between_backward_and_unscaling_in_the_plan():
-    reduce = GradientReduce("7", world_size=2, dtype="float16", bucket_bytes=40)
+    reduce = GradientReduce("7", world_size=2, dtype="float16", bucket_bytes=30)
     context = run_step_passes(
         loss_scaling=graphamp.DynamicLossScaling(),
         all_reduce=reduce,
@@ -186,7 +187,7 @@ def test_reduce_nodes_sit_between_backward_and_unscaling_in_the_plan():
         "skip_count",
         "scale_update",
     ]
-    # 40 bytes hold one float16 gradient of 32 bytes: one bucket each
+    # a float16 gradient of 32 bytes reaches 30 bytes alone: one bucket each
     assert graph.nodes["all_reduce.0"].inputs == ["g1"]
     assert graph.nodes["all_reduce.1"].inputs == ["g2"]
     # the scaled gradients are reduced, then unscaled, clipped and checked
@@ -300,3 +301,15 @@ def test_compile_gets_the_functional_all_reduce():
         "sum",
         "0",
     )
+
+
+def test_buckets_close_as_ddp_closes_them_with_a_smaller_first_one():
+    sizes = [("b2", 16), ("w2", 512), ("b1", 128), ("w1", 2048), ("b0", 8)]
+    # a bucket closes once it reaches the capacity, the value that reaches it included
+    assert buckets(sizes, 600) == [["b2", "w2", "b1"], ["w1"], ["b0"]]
+    assert buckets(sizes, 10_000) == [["b2", "w2", "b1", "w1", "b0"]]
+    # the first bucket has a capacity of its own (DDP's 1 MiB under its default 25 MiB)
+    assert buckets(sizes, 10_000, first=100) == [["b2", "w2"], ["b1", "w1", "b0"]]
+    assert buckets([], 600, first=100) == []
+    with pytest.raises(GraphampError, match="first_bucket_bytes must be positive"):
+        GradientReduce("7", world_size=2, first_bucket_bytes=0)

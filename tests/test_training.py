@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from graphamp.errors import GraphampError
-from graphamp.fx import DynamicLossScaling, StaticLossScaling, train_step
+from graphamp.fx import DynamicLossScaling, StaticLossScaling, in_place, train_step
 from graphamp.fx.lowering import select_on_host, with_traced_guards
 
 
@@ -458,8 +458,9 @@ def test_optimizer_holding_foreign_tensors_is_refused():
 
 
 def test_the_host_guard_and_the_traced_guard_keep_and_update_the_same_values():
-    """An eager CPU step chooses kept or updated values on the host; the graph torch.compile
-    sees selects them with torch.where: the same bits, skipped steps and all."""
+    """An eager CPU step chooses kept or updated values on the host and updates them in
+    place; the graph torch.compile sees is functional and selects them with torch.where: the
+    same bits, skipped steps and all."""
     data = batches(8, poison={2, 5})
     steps = []
     for traced in (False, True):
@@ -472,9 +473,13 @@ def test_the_host_guard_and_the_traced_guard_keep_and_update_the_same_values():
             loss_scaling=DynamicLossScaling.torch_defaults(),
         )
         step(*data[0])
-        if traced:
+        if traced:  # what compile() hands torch.compile: functional, torch.where guards
+            in_place.functional(step.graph)
             with_traced_guards(step.graph)
             assert not [n for n in step.graph.graph.nodes if n.target is select_on_host]
+            assert not [n for n in step.graph.graph.nodes if n.target is in_place.update_unless]
+        else:  # the eager graph updates the kept tensors in place, past the guard's decision
+            assert [n for n in step.graph.graph.nodes if n.target is in_place.update_unless]
         for x, y in data[1:]:
             step(x, y)
         steps.append(step)

@@ -3,11 +3,14 @@ all-reduced per step, graphamp's step graph (float32 and float16 gradients) agai
 DistributedDataParallel + torch.autocast + GradScaler (without and with fp16_compress_hook).
 
     python tools/bench_dist.py [--steps 20] [--width 512] [--batch 64] [--compile]
+                               [--compute float16|bfloat16]
 
-Every configuration computes in float16 with dynamic loss scaling, SGD with momentum 0.9; each
-rank trains on its half of the batch with one thread (two processes on two cores). Bytes are
-the all-reduce payload per rank per step (what each rank hands to the collective: with two
-ranks a ring all-reduce also sends about that much): for graphamp, the buffers of the
+Every configuration computes in float16 (``--compute bfloat16``: bfloat16, for CPUs that
+emulate float16 matrix products, where the emulation would hide every other cost) with
+dynamic loss scaling, SGD with momentum 0.9; each rank trains on its half of the batch with
+one thread (two processes on two cores). Bytes are the all-reduce payload per rank per step
+(what each rank hands to the collective: with two ranks a ring all-reduce also sends about
+that much): for graphamp, the buffers of the
 _c10d_functional.all_reduce nodes of its graph (gradient buckets and the 4-byte found_inf);
 for DDP, the bucket buffers its communication hook is given (a counting wrapper around
 allreduce_hook / fp16_compress_hook, in a separate run so it does not touch the timings).
@@ -72,14 +75,16 @@ def build(name: str, args: argparse.Namespace) -> tuple[nn.Module, tuple, Callab
     return model, (ids, types, torch.randn(batch_size, hidden)), pooled_loss
 
 
-def graphamp_step(model: nn.Module, loss_fn: Callable, grad_dtype: str | None) -> Callable:
+def graphamp_step(
+    model: nn.Module, loss_fn: Callable, grad_dtype: str | None, compute: str
+) -> Callable:
     import graphamp.fx
 
     return graphamp.fx.train_step(
         model,
         loss_fn,
         torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-        dtype="float16",
+        dtype=compute,
         loss_scaling=graphamp.fx.DynamicLossScaling.torch_defaults(),
         process_group="world",
         grad_dtype=grad_dtype,
@@ -96,7 +101,9 @@ def graph_bytes(step: Any) -> int:
     return total
 
 
-def ddp_step(model: nn.Module, loss_fn: Callable, compress: bool, counter: list | None):
+def ddp_step(
+    model: nn.Module, loss_fn: Callable, compress: bool, compute: str, counter: list | None
+):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     wrapped = nn.parallel.DistributedDataParallel(model)
@@ -117,7 +124,7 @@ def ddp_step(model: nn.Module, loss_fn: Callable, compress: bool, counter: list 
 
     def run(*batch: torch.Tensor) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.float16):
+        with torch.autocast("cpu", dtype=getattr(torch, compute)):
             loss = loss_fn(wrapped(*batch[:-1]), batch[-1])
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -133,14 +140,16 @@ def prepare(rank: int, name: str, config: str, args: argparse.Namespace) -> tupl
     half = len(batch[0]) // WORLD
     mine = tuple(t[rank * half : (rank + 1) * half] for t in batch)
     if config.startswith("graphamp"):
-        step = graphamp_step(model, loss_fn, "float16" if "float16" in config else None)
+        grad_dtype = "float16" if "float16" in config else None
+        step = graphamp_step(model, loss_fn, grad_dtype, args.compute)
         if config.endswith("torch.compile"):
             step.compile(*mine)
         step(*mine)  # captured on the first call
         return step, mine, graph_bytes(step)
     counter: list[int] = []  # one counted step, on a wrapper of its own
-    ddp_step(build(name, args)[0], loss_fn, "fp16" in config, counter)(*mine)
-    return ddp_step(model, loss_fn, "fp16" in config, None), mine, sum(counter)
+    compress = "fp16" in config
+    ddp_step(build(name, args)[0], loss_fn, compress, args.compute, counter)(*mine)
+    return ddp_step(model, loss_fn, compress, args.compute, None), mine, sum(counter)
 
 
 def measure(rank: int, name: str, args: argparse.Namespace) -> dict[str, tuple[float, int]]:
@@ -191,6 +200,12 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=512, help="SimpleNet width")
     parser.add_argument("--batch", type=int, default=64, help="SimpleNet global batch")
     parser.add_argument("--compile", action="store_true", help="also graphamp + torch.compile")
+    parser.add_argument(
+        "--compute",
+        choices=("float16", "bfloat16"),
+        default="float16",
+        help="the type every configuration computes in (gradients travel as the table says)",
+    )
     parser.add_argument("--bert-vocab", type=int, default=1000)
     parser.add_argument("--bert-hidden", type=int, default=128)
     parser.add_argument("--bert-layers", type=int, default=2)
@@ -208,7 +223,8 @@ def main() -> int:
     print(
         f"sizes: SimpleNet {args.width} wide, global batch {args.batch}; BERT hidden "
         f"{args.bert_hidden}, {args.bert_layers} layers, vocab {args.bert_vocab}, seq "
-        f"{args.bert_seq}, global batch {args.bert_batch}; median of {args.steps} steps"
+        f"{args.bert_seq}, global batch {args.bert_batch}; computing in {args.compute}; "
+        f"median of {args.steps} steps"
     )
     print()
     print(

@@ -12,7 +12,12 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-from graphamp.distributed import DEFAULT_BUCKET_BYTES, GRAD_TYPES, GradientReduce
+from graphamp.distributed import (
+    DEFAULT_BUCKET_BYTES,
+    DEFAULT_FIRST_BUCKET_BYTES,
+    GRAD_TYPES,
+    GradientReduce,
+)
 from graphamp.errors import GraphampError
 
 
@@ -41,7 +46,9 @@ def gradient_reduce(
         group=process_group.group_name,
         world_size=dist.get_world_size(process_group),
         dtype=dtype,
+        # As DDP: under the default cap a small first bucket, under the user's one none.
         bucket_bytes=DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes,
+        first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES if bucket_bytes is None else None,
     )
 
 

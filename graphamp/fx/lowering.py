@@ -151,8 +151,11 @@ def _all_reduce(node: OpNode) -> Lowering:
         sent = flat.to(sent_as)
         reduce_in_place = torch.ops._c10d_functional.all_reduce_
         summed = collectives.wait_tensor(reduce_in_place(sent, "sum", group))
-        pieces = summed.to(gradients[0].dtype).split([g.numel() for g in gradients])
-        return [piece.view(g.shape) for piece, g in zip(pieces, gradients, strict=True)]
+        pieces = summed.split([g.numel() for g in gradients])
+        # Widened piece by piece: each gradient is then a tensor of its own, which the unscale
+        # that follows may update in place (graphamp.fx.in_place); a view of one buffer is not.
+        dtype = gradients[0].dtype
+        return [p.view(g.shape).to(dtype) for p, g in zip(pieces, gradients, strict=True)]
 
     return mean
 

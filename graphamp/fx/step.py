@@ -23,7 +23,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from graphamp import report
 from graphamp.distributed import GradientClipping, GradientReduce
 from graphamp.errors import GraphampError
-from graphamp.fx import distributed, lowering, marks, optim, reader, writer
+from graphamp.fx import distributed, in_place, lowering, marks, optim, reader, writer
 from graphamp.fx.conversion import convert, fx_policy
 from graphamp.fx.types import torch_dtype
 from graphamp.graph import OpGraph
@@ -144,6 +144,9 @@ class TrainStep:
         module = writer.apply(read, context.script)
         if self.reduce is not None:
             distributed.overlap_communication(module)
+        # after any reordering: they read the final order
+        in_place.guarded_updates(module)
+        in_place.in_place(module)
         script, tensors = context.script, read.graph.tensors
         for name, initial in script.new_inputs.items():
             if name not in self.state:
@@ -279,9 +282,10 @@ class TrainStep:
         if self.graph is None:
             self._build(batch)
         distributed.without_in_place_collectives(self.graph)  # type: ignore[arg-type]
-        lowering.with_traced_guards(self.graph)  # type: ignore[arg-type]
-        if self.accumulate_graph is not None:
-            lowering.with_traced_guards(self.accumulate_graph)  # type: ignore[arg-type]
+        for module in (self.graph, self.accumulate_graph):
+            if module is not None:
+                in_place.functional(module)  # type: ignore[arg-type]
+                lowering.with_traced_guards(module)  # type: ignore[arg-type]
         self.graph = torch.compile(self.graph, **options)  # type: ignore[assignment]
         if self.accumulate_graph is not None:
             self.accumulate_graph = torch.compile(self.accumulate_graph, **options)  # type: ignore[assignment]
@@ -307,7 +311,8 @@ class TrainStep:
         return report.explain(self.plan, node, graph if node in graph.nodes else None)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The trained parameters, by the model's parameter names."""
+        """The trained parameters, by the model's parameter names: the step's own tensors,
+        which later eager CPU steps update in place (as torch.optim updates a module's)."""
         return dict(self.params)
 
     def copy_to(self, model: nn.Module | None = None) -> None:
@@ -348,7 +353,8 @@ def train_step(
 
     With ``process_group`` (a torch.distributed ProcessGroup, or ``"world"``) each rank runs
     the step on its share of the batch and the gradients are averaged over the group inside
-    the graph, in buckets of ``bucket_bytes`` (DDP's 25 MiB by default), travelling as
+    the graph, in buckets of ``bucket_bytes`` (DDP's 25 MiB by default, and then a first
+    bucket of 1 MiB, as DDP's), travelling as
     ``grad_dtype`` ("float16", "bfloat16", or None for float32); the ranks agree on skipping a
     non-finite step. ``clip_grad_norm=max_norm`` clips the unscaled gradients by their global
     2-norm, as ``GradScaler.unscale_`` then ``clip_grad_norm_``.

@@ -1,0 +1,116 @@
+"""graphamp.fx.in_place: which elementwise ops of a step graph write into their first operand,
+and that the values stay those of the functional graph."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from graphamp.fx import in_place
+from graphamp.fx.lowering import select_on_host
+
+
+def traced(fn, *examples: torch.Tensor) -> fx.GraphModule:  # type: ignore[no-untyped-def]
+    return make_fx(fn)(*examples)
+
+
+def made_in_place(module: fx.GraphModule) -> set[str]:
+    """The nodes in_place changed, by the op they compute."""
+    in_place.in_place(module)
+    return {
+        f"{n.meta['graphamp_functional'].__name__}:{n.name}"
+        for n in module.graph.nodes
+        if "graphamp_functional" in n.meta
+    }
+
+
+def test_only_buffers_of_the_graph_that_nothing_reads_later_are_written():
+    def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = x * 2.0  # a new buffer
+        b = a + 1.0  # a is read later (by sum): not written here
+        c = a.sum()
+        d = b * 3.0  # b is read by nothing else: written
+        e = x + y  # x is a placeholder: never written
+        f = e.view(-1)  # a view of e is alive...
+        g = e * 2.0  # ...so e is not written
+        h = a[0] + y  # a broadcast into a smaller tensor: not written
+        return d, c, f, g, h
+
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    module = traced(step, x, y)
+    expected = module(x.clone(), y.clone())
+    changed = made_in_place(module)
+    assert changed == {"mul.Tensor:mul_1"}, changed
+    x_before, y_before = x.clone(), y.clone()
+    got = module(x, y)
+    assert torch.equal(x, x_before) and torch.equal(y, y_before)
+    for want, have in zip(expected, got, strict=True):
+        assert torch.equal(want, have)
+
+
+def test_a_buffer_passes_on_through_a_chain_and_no_type_is_narrowed():
+    def step(x: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = x.to(torch.float64)
+        b = a * 0.5  # written into a
+        c = b + 1.0  # written into a again: b passed its buffer on
+        counts = n + 1  # n is a placeholder: a new buffer
+        doubled = counts * 2  # written into counts
+        widened = doubled / 3  # int64 divided: a float result, not written into doubled
+        return c, widened
+
+    x, n = torch.randn(5), torch.arange(5)
+    module = traced(step, x, n)
+    changed = made_in_place(module)
+    assert changed == {"mul.Tensor:mul", "add.Tensor:add", "mul.Tensor:mul_1"}, changed
+    c, widened = module(x, n)
+    assert torch.equal(c, x.double() * 0.5 + 1.0)
+    assert torch.equal(widened, (n + 1) * 2 / 3)
+
+
+def guarded_graph() -> fx.GraphModule:
+    """A step guard keeping or updating a parameter: new = p - lr * g."""
+    graph = fx.Graph()
+    found_inf, param, grad = (graph.placeholder(name) for name in ("found_inf", "p", "g"))
+    lr = graph.placeholder("lr")
+    new = graph.call_function(torch.ops.aten.addcmul.default, (param, grad, lr), {"value": -1})
+    select = graph.call_function(select_on_host, (found_inf, param, new))
+    graph.output(graph.call_function(operator.getitem, (select, 0)))
+    for node, value in zip(
+        (found_inf, param, grad, lr, new),
+        (torch.tensor(False), torch.ones(4), torch.ones(4), torch.tensor(0.5), torch.ones(4)),
+        strict=True,
+    ):
+        node.meta["val"] = value
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_a_kept_parameter_is_updated_in_place_only_when_the_step_is_taken():
+    module = guarded_graph()
+    assert in_place.guarded_updates(module) == 1
+    grad, lr = torch.full((4,), 2.0), torch.tensor(0.5)
+    param = torch.ones(4)
+    kept = module(torch.tensor(True), param, grad, lr)
+    assert kept is param and torch.equal(param, torch.ones(4))  # skipped: untouched
+    taken = module(torch.tensor(False), param, grad, lr)
+    assert taken is param and torch.equal(param, torch.zeros(4))  # 1 - 0.5 * 2, in place
+    # torch.compile gets the functional graph back: new tensors, the parameter untouched
+    in_place.functional(module)
+    param = torch.ones(4)
+    taken = module(torch.tensor(False), param, grad, lr)
+    assert taken is not param and torch.equal(taken, torch.zeros(4))
+    assert torch.equal(param, torch.ones(4))
+
+
+def test_an_update_read_by_more_than_the_guard_stays_out_of_place():
+    module = guarded_graph()
+    graph = module.graph
+    new = next(n for n in graph.nodes if n.target is torch.ops.aten.addcmul.default)
+    output = next(n for n in graph.nodes if n.op == "output")
+    with graph.inserting_before(output):
+        also = graph.call_function(torch.ops.aten.sum.default, (new,))
+    output.args = ((output.args[0], also),)
+    module.recompile()
+    assert in_place.guarded_updates(module) == 0
