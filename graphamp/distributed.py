@@ -26,13 +26,16 @@ class GradientReduce:
     """Average the gradients over a process group of ``world_size`` ranks (named ``group``
     by the collectives library), sent as ``dtype``, in buckets of about ``bucket_bytes``
     (the first one, of the gradients backward makes first: ``first_bucket_bytes``, when
-    given)."""
+    given). ``agree_found_inf``: reduce the finite check's flag with MAX too, a collective
+    each step that the average makes redundant (an inf or NaN on any rank is in every rank's
+    average, which every rank holds bit for bit), as GradScaler under DDP relies on."""
 
     group: str
     world_size: int
     dtype: str = "float32"
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     first_bucket_bytes: int | None = None
+    agree_found_inf: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in GRAD_TYPES:

@@ -7,8 +7,12 @@ agreed, gradients clipped by their global norm, as passes of the ``step`` pipeli
   reduced, so small values survive float16, and the unscale node reads the reduced ones. With
   accumulation the marked gradients are the effective batch's, so this reduces once per
   effective batch.
-* **all_reduce_found_inf** (after the finite check): ``found_inf`` reduced with MAX, so one
-  rank's inf or NaN skips the step on every rank and every rank's scale moves the same way.
+* The ranks agree on skipping a step: an inf or NaN in any rank's gradients is in the sum,
+  so every rank's average holds it, every rank holds the same average bit for bit, and the
+  finite check after the reduction decides alike everywhere (what GradScaler relies on under
+  DDP). **all_reduce_found_inf** (with ``agree_found_inf``, after the finite check) also
+  reduces ``found_inf`` with MAX: a collective each step, for whoever wants the flag itself
+  agreed.
 * **clip_grad_norm** (with ``clip_grad_norm``): the unscaled gradients scaled by
   min(1, max_norm / (total norm + 1e-6)) as ``torch.nn.utils.clip_grad_norm_``. After the
   reduction every rank holds the same averaged gradients, so their norm is the global one. It
@@ -84,6 +88,11 @@ class AllReducePass(Pass):
         if context.options.get("loss_scaling") is not None:
             survive = f": small values survive {reduce.dtype}" if low else ""
             why_scaled = f"; the loss-scaled gradients travel and are unscaled after{survive}"
+        if not reduce.agree_found_inf:  # (else all_reduce.found_inf says how they agree)
+            why_scaled += (
+                "; an inf or NaN on any rank is in every rank's average, so the finite check "
+                "skips the step on every rank"
+            )
         for index, names in enumerate(groups):
             sent = sum(by_name[name] for name in names)
             node = add_node(
@@ -121,7 +130,8 @@ class AgreeFoundInfPass(Pass):
     after = ("finite_check", "scale_update")
 
     def applies(self, context: PassContext) -> bool:
-        return context.options.get("all_reduce") is not None and FOUND_INF in context.graph.tensors
+        reduce = context.options.get("all_reduce")
+        return reduce is not None and reduce.agree_found_inf and FOUND_INF in context.graph.tensors
 
     def run(self, context: PassContext) -> PassResult:
         reduce: GradientReduce = context.options["all_reduce"]

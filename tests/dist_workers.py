@@ -85,6 +85,7 @@ def train(settings: dict[str, Any], rank: int | None) -> dict[str, Any]:
             process_group="world",
             grad_dtype=settings.get("grad_dtype"),
             bucket_bytes=settings.get("bucket_bytes"),
+            agree_found_inf=settings.get("agree", False),
         )
     accumulate = settings.get("accumulate", 1)
     for batch in batches(settings.get("poison")):

@@ -35,6 +35,8 @@ SCENARIOS = {
     "float16": {"grad_dtype": "float16"},
     "bfloat16": {"grad_dtype": "bfloat16"},
     "poison": {"grad_dtype": "float16", "poison": (2, 1)},  # an inf in rank 1's half, step 2
+    # the same with the flag itself all-reduced with MAX
+    "poison agreed": {"grad_dtype": "float16", "poison": (2, 1), "agree": True},
     "accumulate": {"accumulate": 2},
     "clip": {"clip": 0.05, "grad_dtype": "float16"},
 }
@@ -74,7 +76,7 @@ def test_float32_reduction_equals_one_process_on_the_global_batch(ranks, single)
     assert sorted(buckets) == ["all_reduce.0", "all_reduce.1", "all_reduce.2"]
     assert {precision for precision, _ in buckets.values()} == {"float32"}
     assert "528 bytes sent as float32" in buckets["all_reduce.0"][1]
-    assert first["graphs"]["update"].count("_c10d_functional.all_reduce") == 4
+    assert first["graphs"]["update"].count("_c10d_functional.all_reduce") == 3
 
 
 def test_float16_reduction_is_bitwise_equal_across_ranks_and_close(ranks, single):
@@ -86,10 +88,8 @@ def test_float16_reduction_is_bitwise_equal_across_ranks_and_close(ranks, single
     ((precision, reason),) = [v for k, v in first["reduce_nodes"].items() if k == "all_reduce.0"]
     assert precision == "float16" and "half of float32's" in reason
     assert "small values survive float16" in reason  # the scaled gradients travel
-    assert (
-        "found_inf is the largest over the ranks"
-        in first["reduce_nodes"]["all_reduce.found_inf"][1]
-    )
+    assert "skips the step on every rank" in reason  # how the ranks agree on found_inf
+    assert "all_reduce.found_inf" not in first["reduce_nodes"]
 
 
 def test_bfloat16_reduction_is_bitwise_equal_across_ranks_and_close(ranks, single):
@@ -99,15 +99,24 @@ def test_bfloat16_reduction_is_bitwise_equal_across_ranks_and_close(ranks, singl
     assert first["reduce_nodes"]["all_reduce.0"][0] == "bfloat16"
 
 
-def test_an_inf_on_one_rank_skips_the_step_on_both(ranks, single):
-    first, second = ranks[0]["poison"], ranks[1]["poison"]
+@pytest.mark.parametrize("scenario", ["poison", "poison agreed"])
+def test_an_inf_on_one_rank_skips_the_step_on_both(ranks, single, scenario):
+    first, second = ranks[0][scenario], ranks[1][scenario]
     assert first["skipped"] == second["skipped"] == 1
     assert first["scale"] == second["scale"] == pytest.approx(2.0**15 * 0.8)  # both moved
     assert bitwise_equal(first["params"], second["params"])
     assert all(torch.isfinite(p).all() for p in first["params"].values())
     # the skipped step changed nothing: as one process skipping the same step
-    assert single["poison"]["skipped"] == 1
-    assert relative(first["params"], single["poison"]["params"]) <= 2e-2
+    assert single[scenario]["skipped"] == 1
+    assert relative(first["params"], single[scenario]["params"]) <= 2e-2
+    # the flag travels on its own only when asked: the average carries the inf otherwise
+    agreed = first["reduce_nodes"].get("all_reduce.found_inf")
+    assert (agreed is not None) == (scenario == "poison agreed")
+    if agreed is not None:
+        assert "found_inf is the largest over the ranks" in agreed[1]
+    assert first["graphs"]["update"].count("_c10d_functional.all_reduce") == 1 + (
+        agreed is not None
+    )
 
 
 def test_the_ranks_agree_on_found_inf_with_max(ranks):
@@ -118,7 +127,7 @@ def test_the_ranks_agree_on_found_inf_with_max(ranks):
 def test_accumulation_reduces_once_per_effective_batch(ranks, single):
     first, second = ranks[0]["accumulate"], ranks[1]["accumulate"]
     assert "_c10d_functional" not in first["graphs"]["accumulate"]
-    assert first["graphs"]["update"].count("_c10d_functional.all_reduce") == 2
+    assert first["graphs"]["update"].count("_c10d_functional.all_reduce") == 1
     assert bitwise_equal(first["params"], second["params"])
     assert relative(first["params"], single["accumulate"]["params"]) <= 1e-4
 
@@ -168,7 +177,9 @@ def run_step_passes(**options):  # type: ignore[no-untyped-def]
 
 
 def test_reduce_nodes_sit_between_backward_and_unscaling_in_the_plan():
-    reduce = GradientReduce("7", world_size=2, dtype="float16", bucket_bytes=30)
+    reduce = GradientReduce(
+        "7", world_size=2, dtype="float16", bucket_bytes=30, agree_found_inf=True
+    )
     context = run_step_passes(
         loss_scaling=graphamp.DynamicLossScaling(),
         all_reduce=reduce,

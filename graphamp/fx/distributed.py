@@ -22,13 +22,16 @@ from graphamp.errors import GraphampError
 
 
 def gradient_reduce(
-    process_group: object, grad_dtype: str | None, bucket_bytes: int | None
+    process_group: object,
+    grad_dtype: str | None,
+    bucket_bytes: int | None,
+    agree_found_inf: bool = False,
 ) -> GradientReduce | None:
     """The reduction over ``process_group`` (a ProcessGroup, or ``"world"`` for the default
     group), or None without one."""
     if process_group is None:
-        if grad_dtype is not None or bucket_bytes is not None:
-            raise GraphampError("grad_dtype and bucket_bytes need a process_group")
+        if grad_dtype is not None or bucket_bytes is not None or agree_found_inf:
+            raise GraphampError("grad_dtype, bucket_bytes and agree_found_inf need a process_group")
         return None
     if not dist.is_available() or not dist.is_initialized():
         raise GraphampError(
@@ -49,6 +52,7 @@ def gradient_reduce(
         # As DDP: under the default cap a small first bucket, under the user's one none.
         bucket_bytes=DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes,
         first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES if bucket_bytes is None else None,
+        agree_found_inf=agree_found_inf,
     )
 
 

@@ -343,6 +343,7 @@ def train_step(
     grad_dtype: str | None = None,
     clip_grad_norm: float | None = None,
     bucket_bytes: int | None = None,
+    agree_found_inf: bool = False,
     **policy_overrides: Any,
 ) -> TrainStep:
     """A training step for ``model`` as one mixed-precision graph (captured on first call).
@@ -354,10 +355,12 @@ def train_step(
     With ``process_group`` (a torch.distributed ProcessGroup, or ``"world"``) each rank runs
     the step on its share of the batch and the gradients are averaged over the group inside
     the graph, in buckets of ``bucket_bytes`` (DDP's 25 MiB by default, and then a first
-    bucket of 1 MiB, as DDP's), travelling as
-    ``grad_dtype`` ("float16", "bfloat16", or None for float32); the ranks agree on skipping a
-    non-finite step. ``clip_grad_norm=max_norm`` clips the unscaled gradients by their global
-    2-norm, as ``GradScaler.unscale_`` then ``clip_grad_norm_``.
+    bucket of 1 MiB, as DDP's), travelling as ``grad_dtype`` ("float16", "bfloat16", or None
+    for float32); the ranks agree on skipping a non-finite step (any rank's inf or NaN is in
+    every rank's average; ``agree_found_inf`` also all-reduces the finite check's flag with
+    MAX, a collective more per step).
+    ``clip_grad_norm=max_norm`` clips the unscaled gradients by their global 2-norm, as
+    ``GradScaler.unscale_`` then ``clip_grad_norm_``.
     """
     if loss_scaling == "default":
         dtype = policy.dtype if policy is not None else policy_overrides.get("dtype", "bfloat16")
@@ -366,7 +369,7 @@ def train_step(
         loss_scaling, DynamicLossScaling | StaticLossScaling
     ):
         raise GraphampError("loss_scaling: a DynamicLossScaling, a StaticLossScaling or None")
-    reduce = distributed.gradient_reduce(process_group, grad_dtype, bucket_bytes)
+    reduce = distributed.gradient_reduce(process_group, grad_dtype, bucket_bytes, agree_found_inf)
     clipping = GradientClipping(float(clip_grad_norm)) if clip_grad_norm is not None else None
     return TrainStep(
         model,
