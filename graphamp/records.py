@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from graphamp.vocab import Precision, Rule
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeDecision:
     """The precision one node computes in, and why.
 
