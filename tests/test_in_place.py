@@ -114,3 +114,54 @@ def test_an_update_read_by_more_than_the_guard_stays_out_of_place():
     output.args = ((output.args[0], also),)
     module.recompile()
     assert in_place.guarded_updates(module) == 0
+
+
+def test_an_op_that_returns_a_view_its_schema_does_not_declare_blocks_the_write():
+    """aten._unsafe_view declares a new tensor but returns a view: a write into its input
+    would change the view read after it."""
+
+    def step(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = x * 2.0
+        v = torch.ops.aten._unsafe_view(a, [12])
+        b = a + 1.0
+        return b, v * 1.0
+
+    x = torch.arange(12.0).reshape(3, 4)
+    module = traced(step, x)
+    expected = module(x)
+    assert made_in_place(module) == set()
+    for want, have in zip(expected, module(x), strict=True):
+        assert torch.equal(want, have)
+
+
+def kept_pair_graph(reader: str) -> tuple[fx.GraphModule, tuple[torch.Tensor, ...]]:
+    """A guard keeping p and q, with new_q reading p (``reader="update"``) or a view of p
+    read after the guard (``reader="view"``)."""
+    graph = fx.Graph()
+    found_inf, p, q, grad = (graph.placeholder(name) for name in ("found_inf", "p", "q", "g"))
+    add = torch.ops.aten.add.Tensor
+    new_p = graph.call_function(add, (p, grad))
+    new_q = graph.call_function(add, (q, p if reader == "update" else grad))
+    view = graph.call_function(torch.ops.aten.t.default, (p,))
+    select = graph.call_function(select_on_host, (found_inf, p, new_p, q, new_q))
+    kept = [graph.call_function(operator.getitem, (select, i)) for i in (0, 1)]
+    after = graph.call_function(torch.ops.aten.clone.default, (view,))  # after the guard
+    graph.output((*kept, after))
+    for node in (p, q, grad, new_p, new_q):
+        node.meta["val"] = torch.empty(2, 2)
+    found_inf.meta["val"] = torch.tensor(False)
+    arguments = (torch.tensor(False), torch.eye(2), torch.zeros(2, 2), torch.full((2, 2), 5.0))
+    return fx.GraphModule(torch.nn.Module(), graph), arguments
+
+
+def test_a_kept_tensor_another_update_or_a_later_view_reads_is_not_written():
+    for reader in ("update", "view"):
+        module, arguments = kept_pair_graph(reader)
+        expected = module(*(a.clone() for a in arguments))
+        # p is read by q's update (which would run after p's, both moved before the guard)
+        # or by a view read after the guard: only q's update may be moved
+        assert in_place.guarded_updates(module) == 1, reader
+        moved = [n.name for n in module.graph.nodes if n.target is in_place.update_unless]
+        assert moved == ["add_tensor_1"], (reader, moved)
+        for want, have in zip(expected, module(*arguments), strict=True):
+            assert torch.equal(want, have), reader

@@ -40,6 +40,10 @@ _IN_PLACE = {
     )
 }
 _FUNCTIONAL_META = "graphamp_functional"  # on a node made in place: its original target
+# Ops whose schema declares a new tensor but which return a view of their input.
+_ALIASING_DESPITE_SCHEMA = frozenset(
+    {"aten::_unsafe_view", "aten::_reshape_alias", "_c10d_functional::wait_tensor"}
+)
 
 
 def in_place(module: fx.GraphModule) -> int:
@@ -57,7 +61,7 @@ def in_place(module: fx.GraphModule) -> int:
         if operand not in owned or not _same_layout(operand, node):
             continue
         others = [user for user in operand.users if user is not node]
-        if any(order[user] > order[node] or not _returns_new_tensor(user) for user in others):
+        if any(order[user] > order[node] or not _reads_only(user) for user in others):
             continue
         node.meta[_FUNCTIONAL_META] = node.target
         node.target = target
@@ -90,24 +94,36 @@ def update_unless(
 
 def guarded_updates(module: fx.GraphModule) -> int:
     """Make each update of a kept parameter or state that only the step guard reads an
-    :func:`update_unless` right before the guard (see the module docstring); how many."""
+    :func:`update_unless` right before the guard (see the module docstring); how many.
+
+    Every other reader of the kept tensor must run before the guard, return a new tensor (no
+    view of it outlives the write) and not be an update moved here itself (moved updates run
+    after everything else before the guard: one reading another's kept tensor would see it
+    written)."""
     graph = module.graph
     order = {node: index for index, node in enumerate(graph.nodes)}
     made = 0
     for guard in [n for n in graph.nodes if n.target is select_on_host]:
         found_inf, *old_and_new = guard.args
-        for old, new in zip(old_and_new[0::2], old_and_new[1::2], strict=True):
-            target = _in_place_target(new)
-            if (
-                target is None
-                or old.op != "placeholder"
-                or not new.args
-                or new.args[0] is not old
-                or set(new.users) != {guard}
-                or not _same_layout(old, new)
-                or any(order[user] > order[guard] for user in old.users if user is not new)
+        pairs = [
+            (old, new)
+            for old, new in zip(old_and_new[0::2], old_and_new[1::2], strict=True)
+            if _in_place_target(new) is not None
+            and old.op == "placeholder"
+            and new.args
+            and new.args[0] is old
+            and set(new.users) == {guard}
+            and _same_layout(old, new)
+        ]
+        moving = {new for _, new in pairs}
+        for old, new in pairs:
+            readers = [user for user in old.users if user is not new and user is not guard]
+            if any(
+                order[user] > order[guard] or user in moving or not _reads_only(user)
+                for user in readers
             ):
                 continue
+            target = _in_place_target(new)
             guard.prepend(new)  # past the finite check: update_unless reads found_inf
             new.meta[_FUNCTIONAL_META] = (new.target, new.args)
             new.args = (found_inf, target, new.target, *new.args)
@@ -145,18 +161,25 @@ def _in_place_target(node: fx.Node) -> torch._ops.OpOverload | None:
     return variant
 
 
-def _returns_new_tensor(node: fx.Node) -> bool:
-    """Whether ``node`` is an aten op returning one tensor that aliases none of its inputs
-    and writes none of them."""
+def _reads_only(node: fx.Node) -> bool:
+    """Whether ``node`` is an aten op that writes none of its inputs and returns no alias of
+    one (a reader after which writing into its input changes nothing it gave)."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
     schema = node.target._schema
     return (
-        not schema.is_mutable
-        and len(schema.returns) == 1
-        and schema.returns[0].alias_info is None
-        and isinstance(schema.returns[0].type, torch.TensorType)
+        schema.name not in _ALIASING_DESPITE_SCHEMA
+        and not schema.is_mutable
+        and all(returned.alias_info is None for returned in schema.returns)
     )
+
+
+def _returns_new_tensor(node: fx.Node) -> bool:
+    """Whether ``node`` is such an op returning one tensor: a buffer no one else sees."""
+    if not _reads_only(node):
+        return False
+    returns = node.target._schema.returns  # type: ignore[union-attr]
+    return len(returns) == 1 and isinstance(returns[0].type, torch.TensorType)
 
 
 def _same_layout(operand: fx.Node, node: fx.Node) -> bool:
