@@ -3,6 +3,7 @@ and that the values stay those of the functional graph."""
 
 from __future__ import annotations
 
+import functools
 import operator
 
 import torch
@@ -165,3 +166,27 @@ def test_a_kept_tensor_another_update_or_a_later_view_reads_is_not_written():
         assert moved == ["add_tensor_1"], (reader, moved)
         for want, have in zip(expected, module(*arguments), strict=True):
             assert torch.equal(want, have), reader
+
+
+def test_the_disjoint_pieces_of_a_buffer_of_the_graph_own_their_memory():
+    """A bucket: gradients concatenated, scaled, split into pieces; each piece is written
+    by the op that reads it, unless the whole bucket is read afterwards."""
+
+    def bucket(a: torch.Tensor, b: torch.Tensor, read_whole: bool) -> tuple[torch.Tensor, ...]:
+        flat = torch.cat([a.reshape(-1), b.reshape(-1)]) * 0.5
+        first, second = flat.split([a.numel(), b.numel()])
+        out = (first.view(a.shape) * 3.0, second.view(b.shape) * 5.0)
+        return (*out, flat.sum()) if read_whole else out
+
+    a, b = torch.randn(2, 3), torch.randn(4)
+    for read_whole in (False, True):
+        module = traced(functools.partial(bucket, read_whole=read_whole), a, b)
+        expected = module(a, b)
+        changed = made_in_place(module)
+        pieces = {name for name in changed if name.startswith("mul.Tensor:mul_")}
+        # the scaling of the concatenation is always in place; the pieces only when nothing
+        # reads the whole bucket afterwards (split has another user then)
+        assert "mul.Tensor:mul" in changed
+        assert pieces == (set() if read_whole else {"mul.Tensor:mul_1", "mul.Tensor:mul_2"})
+        for want, have in zip(expected, module(a, b), strict=True):
+            assert torch.equal(want, have)

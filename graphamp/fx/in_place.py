@@ -19,6 +19,7 @@ gets the functional graph back (:func:`functional`): inductor plans its own buff
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -44,6 +45,21 @@ _FUNCTIONAL_META = "graphamp_functional"  # on a node made in place: its origina
 _ALIASING_DESPITE_SCHEMA = frozenset(
     {"aten::_unsafe_view", "aten::_reshape_alias", "_c10d_functional::wait_tensor"}
 )
+# Ops returning their first argument's memory, element for element (no overlap, as expand's):
+# through a chain of them read by the next alone, a buffer stays the graph's own.
+_SAME_MEMORY = frozenset(
+    {
+        "aten::view",
+        "aten::_unsafe_view",
+        "aten::reshape",
+        "aten::t",
+        "aten::transpose",
+        "aten::alias",
+        "_c10d_functional::wait_tensor",
+        "_c10d_functional::all_reduce_",  # sums into its buffer and returns it
+    }
+)
+_SPLITS = frozenset({"aten::split_with_sizes", "aten::split"})  # disjoint pieces
 
 
 def in_place(module: fx.GraphModule) -> int:
@@ -58,7 +74,7 @@ def in_place(module: fx.GraphModule) -> int:
         if target is None or not node.args or not isinstance(node.args[0], fx.Node):
             continue
         operand = node.args[0]
-        if operand not in owned or not _same_layout(operand, node):
+        if not _exclusive(operand, owned) or not _same_layout(operand, node):
             continue
         others = [user for user in operand.users if user is not node]
         if any(order[user] > order[node] or not _reads_only(user) for user in others):
@@ -159,6 +175,38 @@ def _in_place_target(node: fx.Node) -> torch._ops.OpOverload | None:
     if variant is None or node.target._overloadname != variant._overloadname:
         return None
     return variant
+
+
+def _exclusive(node: fx.Node, owned: set[fx.Node]) -> bool:
+    """Whether ``node``'s value is memory nothing else in the graph sees: an owned buffer, or
+    the same memory (or one of the disjoint pieces a split makes of it) reached through a
+    chain of ops each read by the next alone: a bucket all-reduced in place, then split into
+    the gradients it carries."""
+    while node not in owned:
+        if node.op != "call_function":
+            return False
+        if node.target is operator.getitem:
+            split, index = node.args
+            if (
+                not isinstance(split, fx.Node)
+                or _schema_name(split) not in _SPLITS
+                or any(user.target is not operator.getitem for user in split.users)
+                or [user.args[1] for user in split.users].count(index) != 1
+            ):
+                return False
+            node = split
+        elif _schema_name(node) not in _SAME_MEMORY:
+            return False
+        base = node.args[0]
+        if not isinstance(base, fx.Node) or len(base.users) != 1:
+            return False
+        node = base
+    return True
+
+
+def _schema_name(node: fx.Node) -> str:
+    target = node.target
+    return target._schema.name if isinstance(target, torch._ops.OpOverload) else ""
 
 
 def _reads_only(node: fx.Node) -> bool:
