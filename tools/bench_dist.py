@@ -10,10 +10,10 @@ emulate float16 matrix products, where the emulation would hide every other cost
 dynamic loss scaling, SGD with momentum 0.9; each rank trains on its half of the batch with
 one thread (two processes on two cores). Bytes are the all-reduce payload per rank per step
 (what each rank hands to the collective: with two ranks a ring all-reduce also sends about
-that much): for graphamp, the buffers of the
-_c10d_functional.all_reduce nodes of its graph (gradient buckets and the 4-byte found_inf);
-for DDP, the bucket buffers its communication hook is given (a counting wrapper around
-allreduce_hook / fp16_compress_hook, in a separate run so it does not touch the timings).
+that much): for graphamp, the buffers of the _c10d_functional.all_reduce nodes of its graph
+(the gradient buckets); for DDP, the bucket buffers its communication hook is given (a
+counting wrapper around allreduce_hook / fp16_compress_hook, in a separate run so it does not
+touch the timings).
 Time is the median step of each rank, the slower rank reported; the configurations take
 turns step by step, so the load of a shared machine falls on all of them alike.
 ``--compile`` adds graphamp's steps under torch.compile (inductor schedules the collectives).
