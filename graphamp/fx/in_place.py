@@ -6,8 +6,9 @@ are written for the first time (a 1 MB ``mul`` took 220 µs in a step, 28 µs on
 where ``torch.optim`` and ``GradScaler`` update their tensors in place. Here an op like
 ``mul(a, b)`` becomes ``mul_(a, b)`` when ``a`` is a buffer of the step's own that nothing reads
 afterwards: made by an op that returns a new tensor (or by an op made in place here on such a
-buffer), read before by ops that return new tensors only (no view of it is alive), no graph
-output, and of the result's shape, type and strides.
+buffer, or a disjoint piece of one, :func:`_exclusive`), read before only by ops that write
+nothing and return no view of it, no graph output, and of the result's shape, type and
+strides.
 
 A parameter or optimizer state the step guard keeps on a skipped step is updated in place
 only past the guard's decision (:func:`guarded_updates`): ``addcmul(param, ...)`` read by the
@@ -122,24 +123,23 @@ def guarded_updates(module: fx.GraphModule) -> int:
     for guard in [n for n in graph.nodes if n.target is select_on_host]:
         found_inf, *old_and_new = guard.args
         pairs = [
-            (old, new)
+            (old, new, target)
             for old, new in zip(old_and_new[0::2], old_and_new[1::2], strict=True)
-            if _in_place_target(new) is not None
+            if (target := _in_place_target(new)) is not None
             and old.op == "placeholder"
             and new.args
             and new.args[0] is old
             and set(new.users) == {guard}
             and _same_layout(old, new)
         ]
-        moving = {new for _, new in pairs}
-        for old, new in pairs:
+        moving = {new for _, new, _ in pairs}
+        for old, new, target in pairs:
             readers = [user for user in old.users if user is not new and user is not guard]
             if any(
                 order[user] > order[guard] or user in moving or not _reads_only(user)
                 for user in readers
             ):
                 continue
-            target = _in_place_target(new)
             guard.prepend(new)  # past the finite check: update_unless reads found_inf
             new.meta[_FUNCTIONAL_META] = (new.target, new.args)
             new.args = (found_inf, target, new.target, *new.args)
@@ -168,11 +168,17 @@ def functional(module: fx.GraphModule) -> fx.GraphModule:
     return module
 
 
-def _in_place_target(node: fx.Node) -> torch._ops.OpOverload | None:
+def _aten_op(node: fx.Node) -> torch._ops.OpOverload | None:
+    """The op ``node`` calls, when it is an operator with a schema."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return None
-    variant = _IN_PLACE.get(node.target.overloadpacket)
-    if variant is None or node.target._overloadname != variant._overloadname:
+    return node.target
+
+
+def _in_place_target(node: fx.Node) -> torch._ops.OpOverload | None:
+    op = _aten_op(node)
+    variant = _IN_PLACE.get(op.overloadpacket) if op is not None else None
+    if variant is None or op._overloadname != variant._overloadname:  # type: ignore[union-attr]
         return None
     return variant
 
@@ -205,16 +211,17 @@ def _exclusive(node: fx.Node, owned: set[fx.Node]) -> bool:
 
 
 def _schema_name(node: fx.Node) -> str:
-    target = node.target
-    return target._schema.name if isinstance(target, torch._ops.OpOverload) else ""
+    op = _aten_op(node)
+    return op._schema.name if op is not None else ""
 
 
 def _reads_only(node: fx.Node) -> bool:
     """Whether ``node`` is an aten op that writes none of its inputs and returns no alias of
     one (a reader after which writing into its input changes nothing it gave)."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+    op = _aten_op(node)
+    if op is None:
         return False
-    schema = node.target._schema
+    schema = op._schema
     return (
         schema.name not in _ALIASING_DESPITE_SCHEMA
         and not schema.is_mutable

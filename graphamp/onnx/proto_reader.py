@@ -11,6 +11,7 @@ OpGraph and the same output model over ONNX's node test cases.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -205,7 +206,7 @@ def elem_name(elem_type: int) -> str:
 
 def _read_node(
     op_node: OpNode,
-    listed: object,
+    listed: Sequence[onnx.AttributeProto],
     op_type: str,
     opsets: dict[str, int],
     target: str,
@@ -214,7 +215,7 @@ def _read_node(
 ) -> None:
     """Fill ``op_node`` (names and op already set) from its attributes (``listed``, the node's
     repeated AttributeProto field) and schema."""
-    attributes = {a.name: a for a in listed} if listed else {}  # type: ignore[attr-defined]
+    attributes = {a.name: a for a in listed} if listed else {}
     if op_node.domain in slots.DEFAULT_DOMAINS and op_type == "Cast":
         op_node.kind = NodeKind.CAST
         op_node.cast_to = elem_name(attributes["to"].i)

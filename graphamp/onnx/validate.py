@@ -50,7 +50,7 @@ _DATA_ATTRIBUTES = frozenset(
 
 class Checked(NamedTuple):
     """What validation found on the way: whether the graph has subgraphs (what the direct path
-    cannot take) and its nodes' fields (which the direct reader reads again)."""
+    cannot take) and its nodes' fields (which the direct reader needs too)."""
 
     subgraphs: bool
     nodes: list[NodeFields]
@@ -219,7 +219,7 @@ class _GraphCheck:
                 "which the model does not import"
             )
         attributes = fields.attributes
-        for attr in attributes:  # type: ignore[attr-defined]
+        for attr in attributes:
             kind = attr.type
             if kind == _ATTR.UNDEFINED:
                 raise GraphampError(

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from typing import NamedTuple
 
@@ -36,7 +37,7 @@ class NodeFields(NamedTuple):
     domain: str
     inputs: list[str]
     outputs: list[str]
-    attributes: object  # the node's repeated AttributeProto field
+    attributes: Sequence[onnx.AttributeProto]  # the node's repeated field itself
 
 
 def node_fields(graph: onnx.GraphProto) -> list[NodeFields]:
@@ -209,7 +210,7 @@ def _node_strings(
         texts += known.outputs
         texts += (known.name, known.op_type, known.domain, node.doc_string, node.overload)
         if known.attributes:
-            stack.extend(known.attributes)  # type: ignore[arg-type]
+            stack.extend(known.attributes)
         if node.metadata_props:
             stack.extend(node.metadata_props)
         if node.device_configurations:
