@@ -10,7 +10,13 @@ records every decision with its reason in a :class:`Plan`.
     >>> print(result.plan.summary())                                     # doctest: +SKIP
 """
 
-from graphamp.errors import GraphampError, InternalError, PolicyWarning, SlowPrecisionWarning
+from graphamp.errors import (
+    GraphampError,
+    InternalError,
+    PolicyWarning,
+    RecaptureWarning,
+    SlowPrecisionWarning,
+)
 from graphamp.plan import Plan
 from graphamp.policy import Policy
 from graphamp.scaling import DynamicLossScaling, StaticLossScaling
@@ -23,6 +29,7 @@ __all__ = [
     "Plan",
     "Policy",
     "PolicyWarning",
+    "RecaptureWarning",
     "SlowPrecisionWarning",
     "StaticLossScaling",
     "__version__",

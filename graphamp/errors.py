@@ -31,3 +31,8 @@ class PolicyWarning(UserWarning):
 class SlowPrecisionWarning(UserWarning):
     """The chosen low-precision type has no hardware support on the target device, so the
     converted model computes correctly but slower than float32 would."""
+
+
+class RecaptureWarning(UserWarning):
+    """A training step was captured for many batch signatures (shapes, types): each new one
+    costs a capture; padding batches to a few fixed shapes avoids it."""

@@ -40,20 +40,24 @@ def net(seed: int = 0) -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
 
 
-def batches(poison: tuple[int, int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Global batches of 8; ``poison`` = (step, rank) puts an inf into that rank's half."""
+def batches(
+    poison: tuple[int, int] | None = None, last: int = 8
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Global batches of 8, the last one of ``last``; ``poison`` = (step, rank) puts an inf
+    into that rank's half."""
     generator = torch.Generator().manual_seed(1)
     out = []
     for index in range(STEPS):
         x, y = torch.randn(8, 16, generator=generator), torch.randn(8, 4, generator=generator)
         if poison is not None and poison[0] == index:
             x[poison[1] * 4, 0] = float("inf")
-        out.append((x, y))
+        out.append((x, y) if index < STEPS - 1 else (x[:last], y[:last]))
     return out
 
 
 def shard(batch: tuple[torch.Tensor, ...], rank: int) -> list[torch.Tensor]:
-    return [t[rank * 4 : (rank + 1) * 4] for t in batch]
+    half = len(batch[0]) // 2
+    return [t[rank * half : (rank + 1) * half] for t in batch]
 
 
 def make_step(settings: dict[str, Any], **distributed: Any) -> graphamp.fx.TrainStep:
@@ -88,7 +92,7 @@ def train(settings: dict[str, Any], rank: int | None) -> dict[str, Any]:
             agree_found_inf=settings.get("agree", False),
         )
     accumulate = settings.get("accumulate", 1)
-    for batch in batches(settings.get("poison")):
+    for batch in batches(settings.get("poison"), settings.get("last", 8)):
         parts = [batch] if rank is None else [tuple(shard(batch, rank))]
         if accumulate > 1:  # micro-batches: the batch in `accumulate` pieces
             size = len(parts[0][0]) // accumulate

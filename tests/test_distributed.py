@@ -39,6 +39,7 @@ SCENARIOS = {
     "poison agreed": {"grad_dtype": "float16", "poison": (2, 1), "agree": True},
     "accumulate": {"accumulate": 2},
     "clip": {"clip": 0.05, "grad_dtype": "float16"},
+    "partial": {"last": 6},  # the last global batch of 6: 3 rows a rank, a second capture
 }
 
 
@@ -130,6 +131,15 @@ def test_accumulation_reduces_once_per_effective_batch(ranks, single):
     assert first["graphs"]["update"].count("_c10d_functional.all_reduce") == 1
     assert bitwise_equal(first["params"], second["params"])
     assert relative(first["params"], single["accumulate"]["params"]) <= 1e-4
+
+
+def test_a_smaller_last_batch_is_captured_again_on_both_ranks(ranks, single):
+    first, second = ranks[0]["partial"], ranks[1]["partial"]
+    assert bitwise_equal(first["params"], second["params"])
+    assert bitwise_equal(first["opt_state"], second["opt_state"])
+    assert relative(first["params"], single["partial"]["params"]) <= 1e-4
+    assert not bitwise_equal(first["params"], ranks[0]["float32"]["params"])  # it took the 6
+    assert "_c10d_functional.all_reduce" in first["graphs"]["update"]  # the 3-row graph
 
 
 def test_clipping_by_the_global_norm_matches_one_process(ranks, single):

@@ -13,37 +13,24 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import fx, nn
+from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphamp import report
 from graphamp.distributed import GradientClipping, GradientReduce
 from graphamp.errors import GraphampError
-from graphamp.fx import distributed, in_place, lowering, marks, optim, reader, writer
+from graphamp.fx import distributed, in_place, marks, optim, reader, signatures, writer
 from graphamp.fx.conversion import convert, fx_policy
+from graphamp.fx.signatures import CapturedStep, StepGraphs
 from graphamp.fx.types import torch_dtype
-from graphamp.graph import OpGraph
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.loss_scale import STEP
 from graphamp.plan import Plan
 from graphamp.policy import Policy
-from graphamp.records import NodeDecision
 from graphamp.scaling import DynamicLossScaling, LossScaling, StaticLossScaling
-
-
-@dataclass
-class CapturedStep:
-    """One traced step graph and what the training passes added to it."""
-
-    module: fx.GraphModule
-    graph: OpGraph  # the neutral view, after the passes
-    state_inputs: list[str]  # state placeholders, after the traced arguments
-    state_outputs: list[tuple[str, str]]  # (output, the state it replaces), after the others
-    decisions: dict[str, NodeDecision]
 
 
 class TrainStep:
@@ -70,10 +57,15 @@ class TrainStep:
         self.policy, self.overrides = policy, overrides
         self.loss_scaling = loss_scaling
         self.reduce, self.clipping = reduce, clipping
-        self.plan: Plan | None = None
-        self.graph: fx.GraphModule | None = None  # the update step (the last micro-batch)
-        self.accumulate_graph: fx.GraphModule | None = None
+        self.plan: Plan | None = None  # the first batch signature's
+        # The graphs for the batch signature in use (the update step runs on the last
+        # micro-batch), and every signature's (graphamp.fx.signatures).
+        self.graph: Callable[..., Any] | None = None
+        self.accumulate_graph: Callable[..., Any] | None = None
         self.captured: dict[str, CapturedStep] = {}
+        self._graphs: dict[tuple, StepGraphs] = {}
+        self._signature: tuple | None = None
+        self._compile_options: dict[str, Any] | None = None
         self.state: dict[str, torch.Tensor] = {}  # what the passes added: scale, skip count
         self._micro = 0
         self._rates: list[float] = []
@@ -84,6 +76,7 @@ class TrainStep:
     def _build(self, batch: Sequence[torch.Tensor]) -> None:
         inputs = tuple(batch[:-1])
         policy = fx_policy(self.model, self.policy, None, dict(self.overrides), "train_step()")
+        self._policy = policy
         self.forward, forward_plan = convert(self.model, inputs, policy=policy, weights="master")
         self.params = {n: p.detach().clone() for n, p in self.forward.named_parameters()}
         # Trainable: in an optimizer group and requiring grad. The others (frozen) are read
@@ -114,19 +107,41 @@ class TrainStep:
         carried = self.trainable if self.accumulate > 1 else []
         self.grad_acc = {n: torch.zeros_like(self.params[n]) for n in carried}
 
-        with torch.no_grad():
-            update = self._capture(self._update_fn, batch, policy)
-            self.captured["update"] = update
-            self.graph = update.module
-            if self.accumulate > 1:
-                self.captured["accumulate"] = self._capture(self._accumulate_fn, batch, policy)
-                self.accumulate_graph = self.captured["accumulate"].module
+        self._use(signatures.batch_signature(batch), self._capture_graphs(batch))
         decisions = {k: v for step in self.captured.values() for k, v in step.decisions.items()}
         self.plan = dataclasses.replace(forward_plan, nodes={**forward_plan.nodes, **decisions})
 
-    def _capture(
-        self, fn: Callable[..., list[torch.Tensor]], batch: Sequence[torch.Tensor], policy: Policy
-    ) -> CapturedStep:
+    def _capture_graphs(self, batch: Sequence[torch.Tensor]) -> StepGraphs:
+        """The step graphs for ``batch``'s signature, traced through ``self.forward``."""
+        with torch.no_grad():
+            captured = {"update": self._capture(self._update_fn, batch)}
+            if self.accumulate > 1:
+                captured["accumulate"] = self._capture(self._accumulate_fn, batch)
+        accumulate = captured["accumulate"].module if "accumulate" in captured else None
+        return StepGraphs(self.forward, captured, captured["update"].module, accumulate)
+
+    def _use(self, signature: tuple, graphs: StepGraphs) -> None:
+        """Make ``graphs`` (captured for ``signature``) the ones the step runs."""
+        self._graphs[signature], self._signature = graphs, signature
+        self.forward, self.captured = graphs.forward, graphs.captured
+        self.graph, self.accumulate_graph = graphs.update, graphs.accumulate
+
+    def _specialise(self, batch: Sequence[torch.Tensor]) -> None:
+        """Switch to the graphs for ``batch``'s signature, capturing them (from the step's
+        current parameters and state) the first time it is seen."""
+        signature = signatures.batch_signature(batch)
+        if signature == self._signature:
+            return
+        graphs = self._graphs.get(signature)
+        if graphs is None:
+            self.forward = convert(self.model, tuple(batch[:-1]), policy=self._policy)[0]
+            graphs = self._capture_graphs(batch)
+            if self._compile_options is not None:
+                graphs = signatures.compiled(graphs, self._compile_options)
+            signatures.warn_if_many(len(self._graphs) + 1, signature)
+        self._use(signature, graphs)
+
+    def _capture(self, fn: Callable[..., list[torch.Tensor]], batch: Sequence) -> CapturedStep:
         """Trace ``fn`` (the plain step), then let the step passes add their nodes."""
         # functionalize turns the forward's in-place buffer updates into functional ops and a
         # copy back onto the buffer arguments; tracing runs on copies of the state.
@@ -140,7 +155,7 @@ class TrainStep:
             "all_reduce": self.reduce,
             "clip_grad_norm": self.clipping,
         }
-        context = PassManager(pipeline=STEP).run(PassContext(read.graph, policy, options))
+        context = PassManager(pipeline=STEP).run(PassContext(read.graph, self._policy, options))
         module = writer.apply(read, context.script)
         if self.reduce is not None:
             distributed.overlap_communication(module)
@@ -258,6 +273,8 @@ class TrainStep:
             raise GraphampError("step(*batch): pass the model inputs and then the target")
         if self.graph is None:
             self._build(batch)
+        else:
+            self._specialise(batch)
         self._micro += 1
         last = self._micro % self.accumulate == 0
         captured = self.captured["update" if last else "accumulate"]
@@ -281,14 +298,12 @@ class TrainStep:
         ``torch.compile(**options)``; returns self."""
         if self.graph is None:
             self._build(batch)
-        distributed.without_in_place_collectives(self.graph)  # type: ignore[arg-type]
-        for module in (self.graph, self.accumulate_graph):
-            if module is not None:
-                in_place.functional(module)  # type: ignore[arg-type]
-                lowering.with_traced_guards(module)  # type: ignore[arg-type]
-        self.graph = torch.compile(self.graph, **options)  # type: ignore[assignment]
-        if self.accumulate_graph is not None:
-            self.accumulate_graph = torch.compile(self.accumulate_graph, **options)  # type: ignore[assignment]
+        else:
+            self._specialise(batch)
+        self._compile_options = options  # a signature seen later is compiled when captured
+        for signature, graphs in list(self._graphs.items()):
+            self._graphs[signature] = signatures.compiled(graphs, options)
+        self._use(self._signature, self._graphs[self._signature])  # type: ignore[index]
         return self
 
     @property
@@ -346,7 +361,8 @@ def train_step(
     agree_found_inf: bool = False,
     **policy_overrides: Any,
 ) -> TrainStep:
-    """A training step for ``model`` as one mixed-precision graph (captured on first call).
+    """A training step for ``model`` as one mixed-precision graph (captured on first call,
+    and again on each batch of a shape or type not seen before: :mod:`graphamp.fx.signatures`).
 
     ``loss_scaling`` defaults to :class:`DynamicLossScaling` for float16 and to none for
     bfloat16 (it has float32's range). ``accumulate=k`` keeps the scale fixed over k

@@ -1,0 +1,102 @@
+"""A training step's graphs, one set per batch signature.
+
+``make_fx`` records the shapes it traced with: a view to the captured batch's size, the
+``expand`` of a sum's gradient, a size read in the loss (``x.shape[0]``) as a constant. A step
+graph captured on batches of 32 failed on the last batch of an epoch that holds 20, with a
+shape error from deep inside the graph. So the step keys its graphs by what the trace
+specialised on (each batch tensor's shape, type, device and whether it is contiguous) and
+captures anew, from the same parameters and state, on a signature it has not seen, as
+``torch.compile`` recompiles on a new shape.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from graphamp.errors import RecaptureWarning
+from graphamp.fx import distributed, in_place, lowering
+from graphamp.graph import OpGraph
+from graphamp.records import NodeDecision
+
+# Past this many signatures a step warns once: each capture takes seconds and holds its own
+# graphs; batches padded to a few lengths keep it to a few (torch.compile's limit is 8 too).
+MANY_SIGNATURES = 8
+
+
+def batch_signature(batch: Sequence[Any]) -> tuple[Hashable, ...]:
+    """What a captured step graph specialised on, per batch item."""
+    return tuple(
+        (tuple(item.shape), item.dtype, item.device, item.is_contiguous())
+        if isinstance(item, torch.Tensor)
+        else (type(item).__name__, repr(item))
+        for item in batch
+    )
+
+
+def describe(signature: tuple[Hashable, ...]) -> str:
+    """``signature`` as a user reads it: ``float32[20, 8], int64[20]``."""
+    parts = []
+    for item in signature:
+        if isinstance(item, tuple) and isinstance(item[1], torch.dtype):
+            dtype = str(item[1]).removeprefix("torch.")
+            parts.append(f"{dtype}[{', '.join(str(size) for size in item[0])}]")
+        else:
+            parts.append(str(item[1]) if isinstance(item, tuple) else str(item))
+    return ", ".join(parts)
+
+
+@dataclass
+class CapturedStep:
+    """One traced step graph and what the training passes added to it."""
+
+    module: fx.GraphModule
+    graph: OpGraph  # the neutral view, after the passes
+    state_inputs: list[str]  # state placeholders, after the traced arguments
+    state_outputs: list[tuple[str, str]]  # (output, the state it replaces), after the others
+    decisions: dict[str, NodeDecision]
+
+
+@dataclass
+class StepGraphs:
+    """The graphs captured for one batch signature: the converted forward module the step
+    traced through, what each capture added (``"update"``, and ``"accumulate"`` with
+    ``accumulate > 1``), and the callables that run them (compiled or not)."""
+
+    forward: fx.GraphModule
+    captured: dict[str, CapturedStep]
+    update: Callable[..., Any]
+    accumulate: Callable[..., Any] | None
+
+
+def compiled(graphs: StepGraphs, options: dict[str, Any]) -> StepGraphs:
+    """``graphs`` under ``torch.compile(**options)``: handed their functional form (no
+    in-place collective, no in-place update, the step guard as ``torch.where``), which
+    inductor functionalises and fuses."""
+    result = []
+    for module in (graphs.update, graphs.accumulate):
+        if module is None:
+            result.append(None)
+            continue
+        distributed.without_in_place_collectives(module)  # type: ignore[arg-type]
+        in_place.functional(module)  # type: ignore[arg-type]
+        lowering.with_traced_guards(module)  # type: ignore[arg-type]
+        result.append(torch.compile(module, **options))
+    return StepGraphs(graphs.forward, graphs.captured, result[0], result[1])
+
+
+def warn_if_many(count: int, latest: tuple[Hashable, ...]) -> None:
+    """Warn once, when the step has just captured its ``MANY_SIGNATURES``-th signature."""
+    if count == MANY_SIGNATURES:
+        warnings.warn(
+            f"the training step has now been captured for {count} batch signatures (the "
+            f"latest: {describe(latest)}); each capture takes time and memory: pad batches "
+            "to a few fixed shapes",
+            RecaptureWarning,
+            stacklevel=4,
+        )
