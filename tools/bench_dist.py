@@ -2,7 +2,7 @@
 all-reduced per step, graphamp's step graph (float32 and float16 gradients) against
 DistributedDataParallel + torch.autocast + GradScaler (without and with fp16_compress_hook).
 
-    python tools/bench_dist.py [--steps 20] [--width 512] [--batch 64] [--compile]
+    python tools/bench_dist.py [--steps 20] [--runs 1] [--width 512] [--batch 64] [--compile]
                                [--compute float16|bfloat16]
 
 Every configuration computes in float16 (``--compute bfloat16``: bfloat16, for CPUs that
@@ -15,7 +15,9 @@ that much): for graphamp, the buffers of the _c10d_functional.all_reduce nodes o
 counting wrapper around allreduce_hook / fp16_compress_hook, in a separate run so it does not
 touch the timings).
 Time is the median step of each rank, the slower rank reported; the configurations take
-turns step by step, so the load of a shared machine falls on all of them alike.
+turns step by step, so the load of a shared machine falls on all of them alike. With
+``--runs N`` the processes start N times: each ratio is the median of the runs' ratios, with
+their range.
 ``--compile`` adds graphamp's steps under torch.compile (inductor schedules the collectives).
 
 Models: the zoo's SimpleNet (3 x Linear + ReLU, ``--width``) and the zoo's BERT encoder
@@ -211,20 +213,25 @@ def main() -> int:
     parser.add_argument("--bert-layers", type=int, default=2)
     parser.add_argument("--bert-seq", type=int, default=32)
     parser.add_argument("--bert-batch", type=int, default=8, help="BERT global batch")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="start the two processes this many times; the table gives the median run and "
+        "the range of the ratios (single runs on a shared machine spread by several percent)",
+    )
     args = parser.parse_args()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    out = Path(f"/tmp/bench_dist.{port}.pt")
-    torch.multiprocessing.spawn(worker, args=(port, args, str(out)), nprocs=WORLD)
-    results = torch.load(out)
-    out.unlink()
+    runs = []
+    for run in range(args.runs):
+        runs.append(one_run(args))
+        if args.runs > 1:
+            print(f"run {run + 1} of {args.runs} done", file=sys.stderr, flush=True)
     print(f"machine: {machine()}; torch {torch.__version__}; 2 processes (gloo), 1 thread each")
     print(
         f"sizes: SimpleNet {args.width} wide, global batch {args.batch}; BERT hidden "
         f"{args.bert_hidden}, {args.bert_layers} layers, vocab {args.bert_vocab}, seq "
         f"{args.bert_seq}, global batch {args.bert_batch}; computing in {args.compute}; "
-        f"median of {args.steps} steps"
+        f"median of {args.steps} steps" + (f", median of {args.runs} runs" if args.runs > 1 else "")
     )
     print()
     print(
@@ -232,18 +239,30 @@ def main() -> int:
     )
     print("|---|---|---|---|---|")
     for name in args.models:
-        ddp = {
-            "float32": results[(name, CONFIGS[2])][0],
-            "float16": results[(name, CONFIGS[3])][0],
-        }
         for config in configs(args):
-            seconds, sent = results[(name, config)]
+            seconds = statistics.median(r[(name, config)][0] for r in runs)
+            sent = runs[0][(name, config)][1]
             ratio = ""
             if config.startswith("graphamp"):
-                same = ddp["float16" if "float16" in config else "float32"]
-                ratio = f"{same / seconds:.2f}x as fast"
+                same = CONFIGS[3] if "float16" in config else CONFIGS[2]
+                ratios = sorted(r[(name, same)][0] / r[(name, config)][0] for r in runs)
+                ratio = f"{statistics.median(ratios):.2f}x as fast"
+                if len(ratios) > 1:
+                    ratio += f" ({ratios[0]:.2f}-{ratios[-1]:.2f})"
             print(f"| {name} | {config} | {seconds * 1e3:.1f} | {sent:,} | {ratio} |")
     return 0
+
+
+def one_run(args: argparse.Namespace) -> dict[tuple[str, str], tuple[float, int]]:
+    """Start the two processes once; (model, configuration) -> (seconds per step, bytes)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = Path(f"/tmp/bench_dist.{port}.pt")
+    torch.multiprocessing.spawn(worker, args=(port, args, str(out)), nprocs=WORLD)
+    results = torch.load(out)
+    out.unlink()
+    return results
 
 
 if __name__ == "__main__":
