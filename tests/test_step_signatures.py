@@ -6,10 +6,12 @@ from __future__ import annotations
 import copy
 import warnings
 
+import pytest
 import torch
 from torch import nn
 
 from graphamp import RecaptureWarning
+from graphamp.errors import GraphampError
 from graphamp.fx import train_step
 from graphamp.fx.signatures import MANY_SIGNATURES
 from graphamp.models.transformer import BertEncoder
@@ -123,3 +125,17 @@ def test_other_index_types_and_layouts_are_signatures_of_their_own():
     second = step.graph
     step(ids, types, torch.randn(16, 4).t())  # a transposed target: not contiguous
     assert step.graph not in (first, second)
+
+
+def test_a_batch_the_model_cannot_take_is_one_line_naming_it():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    step = train_step(model, nn.functional.mse_loss, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = torch.randn(6, 4), torch.randn(6, 2)
+    step(x, y)
+    for bad in ((torch.randn(6, 5), y), (x.double(), y)):  # too wide; float64 into float32
+        with pytest.raises(GraphampError, match=r"capturing the step on a batch of .*\[6, ") as e:
+            step(*bad)
+        assert "\n" not in str(e.value)
+        step(x, y)  # the first signature's graphs again, unharmed
+    assert step.graph is not None and torch.isfinite(step(x, y))

@@ -12,14 +12,15 @@ captures anew, from the same parameters and state, on a signature it has not see
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
 
-from graphamp.errors import RecaptureWarning
+from graphamp.errors import GraphampError, InternalError, RecaptureWarning
 from graphamp.fx import distributed, in_place, lowering
 from graphamp.graph import OpGraph
 from graphamp.records import NodeDecision
@@ -100,3 +101,23 @@ def warn_if_many(count: int, latest: tuple[Hashable, ...]) -> None:
             RecaptureWarning,
             stacklevel=4,
         )
+
+
+@contextmanager
+def capturing(signature: tuple[Hashable, ...], first: bool) -> Iterator[None]:
+    """Errors from tracing the model and the loss on a batch (a batch the model cannot take,
+    a loss that reads values on the host) as one line that names the batch. On the first
+    capture graphamp's own errors pass as they are: they may be about the options."""
+    try:
+        yield
+    except InternalError:
+        raise
+    except Exception as error:
+        if first and isinstance(error, GraphampError):
+            raise
+        lines = str(error).strip().splitlines() or [""]
+        own = isinstance(error, GraphampError)
+        cause = lines[0] if own else f"{type(error).__name__}: {lines[0]}"
+        raise GraphampError(
+            f"step(*batch): capturing the step on a batch of {describe(signature)} failed: {cause}"
+        ) from error

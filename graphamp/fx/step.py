@@ -58,8 +58,7 @@ class TrainStep:
         self.loss_scaling = loss_scaling
         self.reduce, self.clipping = reduce, clipping
         self.plan: Plan | None = None  # the first batch signature's
-        # The graphs for the batch signature in use (the update step runs on the last
-        # micro-batch), and every signature's (graphamp.fx.signatures).
+        # The batch signature's graphs in use, and every signature's (fx/signatures.py).
         self.graph: Callable[..., Any] | None = None
         self.accumulate_graph: Callable[..., Any] | None = None
         self.captured: dict[str, CapturedStep] = {}
@@ -90,12 +89,9 @@ class TrainStep:
         # Buffers (batch-norm running statistics) are updated by the forward pass as in eager
         # PyTorch, on skipped steps too; the step owns its copies.
         self.buffers = {n: b.detach().clone() for n, b in self.forward.named_buffers()}
+        initial = optim.initial_state(self.kind, self.groups, self.params)
         self.opt_state = optim.resume_state(
-            self.kind,
-            self.groups,
-            optim.initial_state(self.kind, self.groups, self.params),
-            self.optimizer,
-            self.model,
+            self.kind, self.groups, initial, self.optimizer, self.model
         )
         # All state lives where the parameters do, so no step copies between host and device.
         self.device = next(iter(self.params.values())).device
@@ -128,14 +124,22 @@ class TrainStep:
 
     def _specialise(self, batch: Sequence[torch.Tensor]) -> None:
         """Switch to the graphs for ``batch``'s signature, capturing them (from the step's
-        current parameters and state) the first time it is seen."""
+        current parameters and state) the first time it is seen; the first builds the step."""
         signature = signatures.batch_signature(batch)
         if signature == self._signature:
             return
         graphs = self._graphs.get(signature)
         if graphs is None:
-            self.forward = convert(self.model, tuple(batch[:-1]), policy=self._policy)[0]
-            graphs = self._capture_graphs(batch)
+            previous = getattr(self, "forward", None)
+            try:
+                with signatures.capturing(signature, first=self.graph is None):
+                    if self.graph is None:
+                        return self._build(batch)
+                    self.forward = convert(self.model, tuple(batch[:-1]), policy=self._policy)[0]
+                    graphs = self._capture_graphs(batch)
+            except GraphampError:
+                self.forward = previous  # type: ignore[assignment]
+                raise
             if self._compile_options is not None:
                 graphs = signatures.compiled(graphs, self._compile_options)
             signatures.warn_if_many(len(self._graphs) + 1, signature)
@@ -271,10 +275,7 @@ class TrainStep:
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
         if len(batch) < 2:
             raise GraphampError("step(*batch): pass the model inputs and then the target")
-        if self.graph is None:
-            self._build(batch)
-        else:
-            self._specialise(batch)
+        self._specialise(batch)
         self._micro += 1
         last = self._micro % self.accumulate == 0
         captured = self.captured["update" if last else "accumulate"]
@@ -296,10 +297,7 @@ class TrainStep:
     def compile(self, *batch: torch.Tensor, **options: Any) -> TrainStep:
         """Capture on ``batch`` (without stepping) and compile the step graphs with
         ``torch.compile(**options)``; returns self."""
-        if self.graph is None:
-            self._build(batch)
-        else:
-            self._specialise(batch)
+        self._specialise(batch)
         self._compile_options = options  # a signature seen later is compiled when captured
         for signature, graphs in list(self._graphs.items()):
             self._graphs[signature] = signatures.compiled(graphs, options)
