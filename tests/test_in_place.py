@@ -11,7 +11,7 @@ from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphamp.fx import in_place
-from graphamp.fx.lowering import select_on_host
+from graphamp.fx.lowering import any_non_finite, non_finite, select_on_host
 
 
 def traced(fn, *examples: torch.Tensor) -> fx.GraphModule:  # type: ignore[no-untyped-def]
@@ -190,3 +190,41 @@ def test_the_disjoint_pieces_of_a_buffer_of_the_graph_own_their_memory():
         assert pieces == (set() if read_whole else {"mul.Tensor:mul_1", "mul.Tensor:mul_2"})
         for want, have in zip(expected, module(a, b), strict=True):
             assert torch.equal(want, have)
+
+
+def test_the_fused_finite_check_flags_what_the_traced_one_flags_and_writes_nothing():
+    generator = torch.Generator().manual_seed(0)
+    gradients = [torch.randn(shape, generator=generator) for shape in ((3, 5), (7,), (2, 2, 2))]
+    assert not bool(any_non_finite(*gradients)) and not bool(non_finite(*gradients))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for index in (0, len(gradients) - 1):
+            poisoned = [g.clone() for g in gradients]
+            poisoned[index].view(-1)[-1] = bad
+            before = [g.clone() for g in poisoned]
+            assert bool(any_non_finite(*poisoned)) and bool(non_finite(*poisoned))
+            for after, kept in zip(poisoned, before, strict=True):  # written back unchanged
+                assert torch.equal(after.isnan(), kept.isnan())
+                assert torch.equal(after.nan_to_num(), kept.nan_to_num())
+    # tensors the fused kernel cannot take: a broadcast view (one element many times), ints
+    broadcast = torch.tensor([1.0, float("inf")]).expand(3, 2)
+    assert bool(any_non_finite(gradients[0], broadcast))
+    assert not bool(any_non_finite(gradients[1], torch.arange(4)))
+
+
+def test_the_fused_finite_check_counts_as_a_reader_for_writes_after_it():
+    graph = fx.Graph()
+    gradient, scale = graph.placeholder("gradient"), graph.placeholder("scale")
+    unscaled = graph.call_function(torch.ops.aten.mul.Tensor, (gradient, 2.0))  # its own buffer
+    flag = graph.call_function(any_non_finite, (unscaled,))  # reads it before the write below
+    result = graph.call_function(torch.ops.aten.mul.Tensor, (unscaled, scale))
+    graph.output((flag, result))
+    for node, value in ((gradient, torch.empty(2)), (scale, torch.empty(())), (flag, False)):
+        node.meta["val"] = torch.tensor(value) if isinstance(value, bool) else value
+    unscaled.meta["val"] = result.meta["val"] = torch.empty(2)  # what make_fx records
+    module = fx.GraphModule(torch.nn.Module(), graph)
+    assert in_place.in_place(module) == 1  # the second multiplication writes into the first's
+    assert result.target is torch.ops.aten.mul_.Tensor
+    inputs = torch.tensor([1.0, float("inf")]), torch.tensor(3.0)
+    found, value = module(*inputs)
+    assert bool(found) and torch.equal(value, torch.tensor([6.0, float("inf")]))
+    assert torch.equal(inputs[0], torch.tensor([1.0, float("inf")]))  # a placeholder: never

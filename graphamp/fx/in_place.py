@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from graphamp.fx.lowering import select_on_host
+from graphamp.fx.lowering import any_non_finite, select_on_host
 
 # Elementwise ops whose in-place variant computes the same values into the first operand.
 _IN_PLACE = {
@@ -217,7 +217,10 @@ def _schema_name(node: fx.Node) -> str:
 
 def _reads_only(node: fx.Node) -> bool:
     """Whether ``node`` is an aten op that writes none of its inputs and returns no alias of
-    one (a reader after which writing into its input changes nothing it gave)."""
+    one (a reader after which writing into its input changes nothing it gave), or the fused
+    finite check (it writes back each value it reads, unchanged, and returns a new flag)."""
+    if node.op == "call_function" and node.target is any_non_finite:
+        return True
     op = _aten_op(node)
     if op is None:
         return False
@@ -231,7 +234,7 @@ def _reads_only(node: fx.Node) -> bool:
 
 def _returns_new_tensor(node: fx.Node) -> bool:
     """Whether ``node`` is such an op returning one tensor: a buffer no one else sees."""
-    if not _reads_only(node):
+    if _aten_op(node) is None or not _reads_only(node):
         return False
     returns = node.target._schema.returns  # type: ignore[union-attr]
     return len(returns) == 1 and isinstance(returns[0].type, torch.TensorType)

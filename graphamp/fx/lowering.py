@@ -3,8 +3,10 @@
 Each node kind has a small function over tensors; it is traced with ``make_fx`` (on fake
 tensors of the inputs' shapes and types) and its graph copied into the step graph right after
 the last of its inputs, so the step stays one graph of aten ops that ``torch.compile`` fuses.
-The step guard is the exception: one call of :func:`select_on_host`, which chooses on the host
-in an eager CPU step and becomes ``torch.where`` nodes for ``torch.compile``.
+Two nodes are exceptions, each one call of a function that an eager step runs faster than the
+traced ops: the step guard (:func:`select_on_host` chooses on the host in an eager CPU step)
+and the finite check (:func:`any_non_finite`, GradScaler's fused kernel); for
+``torch.compile`` both become their traced ops (:func:`with_traced_guards`).
 """
 
 from __future__ import annotations
@@ -39,16 +41,37 @@ def _unscale(node: OpNode) -> Lowering:
     return unscaled
 
 
-def _finite_check(node: OpNode) -> Lowering:
-    def found_inf(*gradients: torch.Tensor) -> torch.Tensor:
-        # A tensor holds inf or NaN exactly when its largest or smallest element is one (max
-        # and min propagate NaN): two reductions that write nothing, where abs().amax() wrote
-        # a temporary as large as the gradient (3.5x the time on a CPU) and isfinite(x).all()
-        # takes five passes. (x * 0 would take one, but compilers rightly fold it to 0.)
-        extremes = [e for g in gradients for e in (g.amax(), g.amin())]
-        return ~torch.stack(extremes).isfinite().all()
+def non_finite(*gradients: torch.Tensor) -> torch.Tensor:
+    """The finite check as ``torch.compile`` sees it: true when any gradient holds inf or
+    NaN."""
+    # A tensor holds inf or NaN exactly when its largest or smallest element is one (max and
+    # min propagate NaN): two reductions that write nothing, where abs().amax() wrote a
+    # temporary as large as the gradient (3.5x the time on a CPU) and isfinite(x).all() takes
+    # five passes. (x * 0 would take one, but compilers rightly fold it to 0.)
+    extremes = [e for g in gradients for e in (g.amax(), g.amin())]
+    return ~torch.stack(extremes).isfinite().all()
 
-    return found_inf
+
+_ONE = torch.ones(())
+
+
+def any_non_finite(*gradients: torch.Tensor) -> torch.Tensor:
+    """The finite check as an eager step runs it: GradScaler's fused kernel
+    (``_amp_foreach_non_finite_check_and_unscale_``, here with a scale of one, which writes
+    every value back unchanged): one call and one pass over all gradients, where
+    :func:`non_finite` dispatches two reductions per gradient and a stack. Tensors the kernel
+    cannot take (not contiguous, not floating point, on several devices) get
+    :func:`non_finite`. ``TrainStep.compile`` swaps it for :func:`non_finite`'s ops
+    (:func:`with_traced_guards`)."""
+    device = gradients[0].device
+    if not all(
+        g.is_contiguous() and g.is_floating_point() and g.device == device for g in gradients
+    ):
+        return non_finite(*gradients)
+    flag = torch.zeros((), device=device)
+    one = _ONE if device.type == "cpu" else torch.ones((), device=device)  # no host copy
+    torch._amp_foreach_non_finite_check_and_unscale_(list(gradients), flag, one)
+    return flag > 0
 
 
 def select_on_host(found_inf: torch.Tensor, *old_and_new: torch.Tensor) -> list[torch.Tensor]:
@@ -77,11 +100,26 @@ def _build_guard(graph: fx.Graph, inputs: list[fx.Node], anchor: fx.Node) -> lis
     return outputs
 
 
+def _build_check(graph: fx.Graph, inputs: list[fx.Node], anchor: fx.Node) -> list[fx.Node]:
+    """The finite check (a FINITE_CHECK node) as one call of :func:`any_non_finite`."""
+    with graph.inserting_before(anchor):
+        check = graph.call_function(any_non_finite, tuple(inputs))
+    check.meta["val"] = torch.tensor(False)
+    return [check]
+
+
 def with_traced_guards(module: fx.GraphModule) -> fx.GraphModule:
-    """``module`` with every :func:`select_on_host` made ``torch.where`` nodes: what
-    ``torch.compile`` should see (no data-dependent branch; it fuses the selection)."""
+    """``module`` with every :func:`select_on_host` made ``torch.where`` nodes and every
+    :func:`any_non_finite` :func:`non_finite`'s ops: what ``torch.compile`` should see (no
+    data-dependent branch, no op writing its inputs; it fuses the selection and the check)."""
     graph = module.graph
     changed = False
+    for check in [n for n in graph.nodes if n.target is any_non_finite]:
+        gradients = list(check.all_input_nodes)
+        (result,) = _copy_traced(graph, non_finite, gradients, check)
+        check.replace_all_uses_with(result)
+        graph.erase_node(check)
+        changed = True
     for select in [n for n in graph.nodes if n.target is select_on_host]:
         found_inf, *old_and_new = select.args
         for picked in list(select.users):
@@ -176,7 +214,6 @@ def _clip_grad_norm(node: OpNode) -> Lowering:
 LOWERINGS: dict[NodeKind, Callable[[OpNode], Lowering]] = {
     NodeKind.LOSS_SCALE: _loss_scale,
     NodeKind.UNSCALE: _unscale,
-    NodeKind.FINITE_CHECK: _finite_check,
     NodeKind.SKIP_COUNT: _skip_count,
     NodeKind.SCALE_UPDATE: _scale_update,
     NodeKind.ALL_REDUCE: _all_reduce,
@@ -184,9 +221,12 @@ LOWERINGS: dict[NodeKind, Callable[[OpNode], Lowering]] = {
 }
 
 
+BUILT_AS_CALLS = (NodeKind.STEP_GUARD, NodeKind.FINITE_CHECK)
+
+
 def build(graph: fx.Graph, node: OpNode, values: dict[str, fx.Node]) -> None:
     """Add ``node`` to ``graph`` in aten ops; its outputs join ``values`` by name."""
-    if node.kind not in LOWERINGS and node.kind is not NodeKind.STEP_GUARD:
+    if node.kind not in LOWERINGS and node.kind not in BUILT_AS_CALLS:
         raise InternalError(f"the FX dialect cannot build a {node.kind.value} node")
     inputs = [values[name] for name in node.inputs]
     order = {n: index for index, n in enumerate(graph.nodes)}
@@ -195,16 +235,24 @@ def build(graph: fx.Graph, node: OpNode, values: dict[str, fx.Node]) -> None:
     anchor = body if last.op in ("placeholder", "get_attr") else last.next
     if node.kind is NodeKind.STEP_GUARD:
         outputs = _build_guard(graph, inputs, anchor)
+    elif node.kind is NodeKind.FINITE_CHECK:
+        outputs = _build_check(graph, inputs, anchor)
     else:
-        traced = make_fx(LOWERINGS[node.kind](node), tracing_mode="fake")(
-            *(_example(value) for value in inputs)
-        )
-        placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
-        with graph.inserting_before(anchor):
-            result = graph.graph_copy(traced.graph, dict(zip(placeholders, inputs, strict=True)))
-        outputs = list(result) if isinstance(result, tuple | list) else [result]
+        outputs = _copy_traced(graph, LOWERINGS[node.kind](node), inputs, anchor)
     for name, output in zip(node.outputs, outputs, strict=True):
-        values[name] = output  # type: ignore[assignment]
+        values[name] = output
+
+
+def _copy_traced(
+    graph: fx.Graph, function: Lowering, inputs: list[fx.Node], anchor: fx.Node
+) -> list[fx.Node]:
+    """``function`` traced with ``make_fx`` on fake tensors like ``inputs`` and copied into
+    ``graph`` before ``anchor``, reading ``inputs``; its outputs."""
+    traced = make_fx(function, tracing_mode="fake")(*(_example(value) for value in inputs))
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    with graph.inserting_before(anchor):
+        result = graph.graph_copy(traced.graph, dict(zip(placeholders, inputs, strict=True)))
+    return list(result) if isinstance(result, tuple | list) else [result]  # type: ignore[list-item]
 
 
 def _example(value: fx.Node) -> torch.Tensor:
