@@ -11,7 +11,7 @@ from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphamp.fx import in_place
-from graphamp.fx.lowering import any_non_finite, non_finite, select_on_host
+from graphamp.fx.lowering import any_non_finite, non_finite, select_on_host, unscale_and_check
 
 
 def traced(fn, *examples: torch.Tensor) -> fx.GraphModule:  # type: ignore[no-untyped-def]
@@ -228,3 +228,21 @@ def test_the_fused_finite_check_counts_as_a_reader_for_writes_after_it():
     found, value = module(*inputs)
     assert bool(found) and torch.equal(value, torch.tensor([6.0, float("inf")]))
     assert torch.equal(inputs[0], torch.tensor([1.0, float("inf")]))  # a placeholder: never
+
+
+def test_unscaling_inside_the_check_equals_unscaling_then_checking():
+    generator = torch.Generator().manual_seed(1)
+    inverse = torch.tensor(1 / 1024)
+    for poison in (None, float("inf"), float("nan")):
+        gradients = [torch.randn(4, 3, generator=generator) * 1e3 for _ in range(3)]
+        if poison is not None:
+            gradients[1][2, 1] = poison
+        expected = [g * inverse for g in gradients]
+        flag = unscale_and_check(inverse, *gradients)  # in place
+        assert bool(flag) == (poison is not None) == bool(non_finite(*expected))
+        for got, want in zip(gradients, expected, strict=True):
+            assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    # the fallback (a tensor the kernel cannot take) unscales and checks the same
+    strided = torch.randn(3, 8, generator=generator)[:, ::2]
+    expected = strided * inverse
+    assert not bool(unscale_and_check(inverse, strided)) and torch.equal(strided, expected)

@@ -11,7 +11,7 @@ from torch import nn
 
 from graphamp.errors import GraphampError
 from graphamp.fx import DynamicLossScaling, StaticLossScaling, in_place, train_step
-from graphamp.fx.lowering import any_non_finite, select_on_host, with_traced_guards
+from graphamp.fx.lowering import select_on_host, unscale_and_check, with_traced_guards
 
 
 def paddle_state(scale: float, good: int, bad: int) -> dict[str, torch.Tensor]:
@@ -197,10 +197,12 @@ def test_accumulation_equals_the_large_batch():
     assert selected(two.accumulate_graph) == 0
     assert count(two.accumulate_graph, "reciprocal") == 0
     assert count(two.graph, "reciprocal") == 1  # unscale once
-    checks = [n for n in two.graph.graph.nodes if n.target is any_non_finite]
-    assert len(checks) == 1 and len(checks[0].args) == len(two.params)  # one finite check
-    assert count(two.accumulate_graph, "stack") == 0
-    assert not any(n.target is any_non_finite for n in two.accumulate_graph.graph.nodes)
+    # one finite check over all gradients, unscaling them as it checks (GradScaler's kernel)
+    checks = [n for n in two.graph.graph.nodes if n.target is unscale_and_check]
+    assert len(checks) == 1 and len(checks[0].args) == 1 + len(two.params)
+    inverse = checks[0].args[0]
+    assert not [n for n in inverse.users if n is not checks[0]]  # no separate unscale left
+    assert not any(n.target is unscale_and_check for n in two.accumulate_graph.graph.nodes)
     assert selected(two.graph) == len(two.params) + 1  # params, step (no momentum)
 
 
@@ -481,8 +483,11 @@ def test_the_host_guard_and_the_traced_guard_keep_and_update_the_same_values():
             with_traced_guards(step.graph)
             assert not [n for n in step.graph.graph.nodes if n.target is select_on_host]
             assert not [n for n in step.graph.graph.nodes if n.target is in_place.update_unless]
-        else:  # the eager graph updates the kept tensors in place, past the guard's decision
+            assert not [n for n in step.graph.graph.nodes if n.target is unscale_and_check]
+        else:  # the eager graph updates the kept tensors in place, past the guard's decision,
+            # and unscales the gradients inside the fused finite check
             assert [n for n in step.graph.graph.nodes if n.target is in_place.update_unless]
+            assert [n for n in step.graph.graph.nodes if n.target is unscale_and_check]
         for x, y in data[1:]:
             step(x, y)
         steps.append(step)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from graphamp.fx.lowering import any_non_finite, select_on_host
+from graphamp.fx.lowering import any_non_finite, select_on_host, unscale_and_check
 
 # Elementwise ops whose in-place variant computes the same values into the first operand.
 _IN_PLACE = {
@@ -151,11 +151,64 @@ def guarded_updates(module: fx.GraphModule) -> int:
     return made
 
 
+def unscale_in_check(module: fx.GraphModule) -> int:
+    """Fold an unscale that :func:`in_place` made write into the gradients into the fused
+    finite check after it: :func:`unscale_and_check` multiplies by the inverse scale as it
+    checks (GradScaler's kernel, one pass), and the gradients' later readers read them
+    unscaled. Only where every gradient of the check is such a ``mul_`` by one inverse scale
+    and nothing reads an unscaled gradient before the check. Returns how many checks."""
+    graph = module.graph
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    made = 0
+    for check in [n for n in graph.nodes if n.target is any_non_finite]:
+        unscales = [a for a in check.args if isinstance(a, fx.Node)]
+        inverse = unscales[0].args[1] if unscales and len(unscales[0].args) == 2 else None
+        if not (
+            isinstance(inverse, fx.Node)
+            and len(unscales) == len(check.args)
+            and all(u.target is torch.ops.aten.mul_.Tensor for u in unscales)
+            and all(u.args[1] is inverse and not u.kwargs for u in unscales)
+            and len({u.args[0] for u in unscales}) == len(unscales)  # none unscaled twice
+            and all(order[user] > order[check] for u in unscales for user in set(u.users) - {check})
+        ):
+            continue
+        gradients = [u.args[0] for u in unscales]
+        check.target, check.args = unscale_and_check, (inverse, *gradients)
+        for unscale, gradient in zip(unscales, gradients, strict=True):
+            unscale.replace_all_uses_with(gradient)  # type: ignore[arg-type]
+            graph.erase_node(unscale)
+        made += 1
+    if made:
+        graph.lint()
+        module.recompile()
+    return made
+
+
+def _split_unscale(graph: fx.Graph, check: fx.Node) -> None:
+    """Undo :func:`unscale_in_check` for ``check``: the functional multiplications before it,
+    and the readers after it reading them."""
+    inverse, *gradients = check.args
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    unscaled = []
+    for gradient in gradients:
+        with graph.inserting_before(check):
+            multiply = graph.call_function(torch.ops.aten.mul.Tensor, (gradient, inverse))
+        multiply.meta["val"] = gradient.meta.get("val")  # type: ignore[union-attr]
+        for user in [u for u in gradient.users if order.get(u, -1) > order[check]]:  # type: ignore[union-attr]
+            user.replace_input_with(gradient, multiply)  # type: ignore[arg-type]
+        unscaled.append(multiply)
+    check.target, check.args = any_non_finite, tuple(unscaled)
+
+
 def functional(module: fx.GraphModule) -> fx.GraphModule:
-    """``module`` with the ops :func:`in_place` and :func:`guarded_updates` changed back to
-    their functional forms."""
+    """``module`` with the ops :func:`in_place`, :func:`guarded_updates` and
+    :func:`unscale_in_check` changed back to their functional forms."""
     changed = False
-    for node in module.graph.nodes:
+    for node in list(module.graph.nodes):
+        if node.target is unscale_and_check:
+            _split_unscale(module.graph, node)
+            changed = True
+            continue
         original = node.meta.pop(_FUNCTIONAL_META, None)
         if isinstance(original, tuple):
             node.target, node.args = original

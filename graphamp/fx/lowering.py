@@ -55,6 +55,29 @@ def non_finite(*gradients: torch.Tensor) -> torch.Tensor:
 _ONE = torch.ones(())
 
 
+def unscale_and_check(inverse: torch.Tensor, *gradients: torch.Tensor) -> torch.Tensor:
+    """The unscale and the finite check as an eager step runs them when it may write into
+    the gradients (:func:`graphamp.fx.in_place.unscale_in_check`): each gradient multiplied
+    by ``inverse`` in place, and true when any held inf or NaN; one call of GradScaler's
+    fused kernel, where tensors it can take."""
+    if not _fusable(gradients):
+        for gradient in gradients:
+            gradient.mul_(inverse)
+        return non_finite(*gradients)
+    flag = torch.zeros((), device=gradients[0].device)
+    torch._amp_foreach_non_finite_check_and_unscale_(list(gradients), flag, inverse)
+    return flag > 0
+
+
+def _fusable(gradients: Sequence[torch.Tensor]) -> bool:
+    """Whether GradScaler's fused kernel takes ``gradients``: contiguous floating-point
+    tensors on one device (not a broadcast view, whose elements share memory)."""
+    device = gradients[0].device
+    return all(
+        g.is_contiguous() and g.is_floating_point() and g.device == device for g in gradients
+    )
+
+
 def any_non_finite(*gradients: torch.Tensor) -> torch.Tensor:
     """The finite check as an eager step runs it: GradScaler's fused kernel
     (``_amp_foreach_non_finite_check_and_unscale_``, here with a scale of one, which writes
@@ -63,11 +86,9 @@ def any_non_finite(*gradients: torch.Tensor) -> torch.Tensor:
     cannot take (not contiguous, not floating point, on several devices) get
     :func:`non_finite`. ``TrainStep.compile`` swaps it for :func:`non_finite`'s ops
     (:func:`with_traced_guards`)."""
-    device = gradients[0].device
-    if not all(
-        g.is_contiguous() and g.is_floating_point() and g.device == device for g in gradients
-    ):
+    if not _fusable(gradients):
         return non_finite(*gradients)
+    device = gradients[0].device
     flag = torch.zeros((), device=device)
     one = _ONE if device.type == "cpu" else torch.ones((), device=device)  # no host copy
     torch._amp_foreach_non_finite_check_and_unscale_(list(gradients), flag, one)

@@ -166,6 +166,7 @@ class TrainStep:
         # after any reordering: they read the final order
         in_place.guarded_updates(module)
         in_place.in_place(module)
+        in_place.unscale_in_check(module)
         script, tensors = context.script, read.graph.tensors
         for name, initial in script.new_inputs.items():
             if name not in self.state:
