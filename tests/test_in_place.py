@@ -246,3 +246,10 @@ def test_unscaling_inside_the_check_equals_unscaling_then_checking():
     strided = torch.randn(3, 8, generator=generator)[:, ::2]
     expected = strided * inverse
     assert not bool(unscale_and_check(inverse, strided)) and torch.equal(strided, expected)
+
+
+def test_below_a_scale_of_one_the_unscaled_gradients_are_checked():
+    # GradScaler's kernel checks the scaled values: 3e38 is finite, times 2 it is not.
+    gradients = [torch.tensor([3e38, 1.0]), torch.tensor([2.0])]
+    assert bool(unscale_and_check(torch.tensor(2.0), *gradients))  # scale 0.5
+    assert torch.isinf(gradients[0][0]) and float(gradients[1][0]) == 4.0

@@ -58,9 +58,15 @@ _ONE = torch.ones(())
 def unscale_and_check(inverse: torch.Tensor, *gradients: torch.Tensor) -> torch.Tensor:
     """The unscale and the finite check as an eager step runs them when it may write into
     the gradients (:func:`graphamp.fx.in_place.unscale_in_check`): each gradient multiplied
-    by ``inverse`` in place, and true when any held inf or NaN; one call of GradScaler's
-    fused kernel, where tensors it can take."""
-    if not _fusable(gradients):
+    by ``inverse`` in place, and true when any unscaled gradient holds inf or NaN; one call of
+    GradScaler's fused kernel, where tensors it can take. The kernel checks the scaled
+    values, which decides alike while the scale is at least 1 (an inverse of at most 1 keeps
+    a finite value finite). Below 1 (GradScaler's defaults have no floor) a large finite
+    gradient could overflow as it is unscaled: on a CPU the step then checks the unscaled
+    values as the traced graph does; elsewhere, where reading the scale would wait for the
+    device, it decides as GradScaler does."""
+    on_host = inverse.device.type == "cpu"
+    if not _fusable(gradients) or (on_host and bool(inverse > 1)):
         for gradient in gradients:
             gradient.mul_(inverse)
         return non_finite(*gradients)
