@@ -221,6 +221,8 @@ def main() -> int:
         "the range of the ratios (single runs on a shared machine spread by several percent)",
     )
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs must be at least 1, got {args.runs}")
     runs = []
     for run in range(args.runs):
         runs.append(one_run(args))

@@ -14,8 +14,10 @@ A parameter or optimizer state the step guard keeps on a skipped step is updated
 only past the guard's decision (:func:`guarded_updates`): ``addcmul(param, ...)`` read by the
 guard alone becomes :func:`update_unless`, which on a CPU writes into ``param`` unless the step
 is skipped (the guard then picks ``param`` either way) and elsewhere computes out of place as
-before. The values computed are the same; only where they live changes. ``torch.compile``
-gets the functional graph back (:func:`functional`): inductor plans its own buffers.
+before. Where the unscale writes into the gradients, it moves into the fused finite check
+after it (:func:`unscale_in_check`: GradScaler's kernel unscales as it checks). The values
+computed are the same; only where they live changes. ``torch.compile`` gets the functional
+graph back (:func:`functional`): inductor plans its own buffers.
 """
 
 from __future__ import annotations
@@ -85,10 +87,7 @@ def in_place(module: fx.GraphModule) -> int:
         owned.discard(operand)
         owned.add(node)  # the buffer passes on to this node's value
         made += 1
-    if made:
-        graph.lint()
-        module.recompile()
-    return made
+    return _recompiled(module, made)
 
 
 def update_unless(
@@ -145,10 +144,7 @@ def guarded_updates(module: fx.GraphModule) -> int:
             new.args = (found_inf, target, new.target, *new.args)
             new.target = update_unless
             made += 1
-    if made:
-        graph.lint()
-        module.recompile()
-    return made
+    return _recompiled(module, made)
 
 
 def unscale_in_check(module: fx.GraphModule) -> int:
@@ -178,10 +174,7 @@ def unscale_in_check(module: fx.GraphModule) -> int:
             unscale.replace_all_uses_with(gradient)  # type: ignore[arg-type]
             graph.erase_node(unscale)
         made += 1
-    if made:
-        graph.lint()
-        module.recompile()
-    return made
+    return _recompiled(module, made)
 
 
 def _split_unscale(graph: fx.Graph, check: fx.Node) -> None:
@@ -219,6 +212,14 @@ def functional(module: fx.GraphModule) -> fx.GraphModule:
     if changed:
         module.recompile()
     return module
+
+
+def _recompiled(module: fx.GraphModule, made: int) -> int:
+    """``made``, after checking and recompiling ``module`` when a pass changed it."""
+    if made:
+        module.graph.lint()
+        module.recompile()
+    return made
 
 
 def _aten_op(node: fx.Node) -> torch._ops.OpOverload | None:

@@ -70,9 +70,7 @@ def unscale_and_check(inverse: torch.Tensor, *gradients: torch.Tensor) -> torch.
         for gradient in gradients:
             gradient.mul_(inverse)
         return non_finite(*gradients)
-    flag = torch.zeros((), device=gradients[0].device)
-    torch._amp_foreach_non_finite_check_and_unscale_(list(gradients), flag, inverse)
-    return flag > 0
+    return _fused_check(gradients, inverse)
 
 
 def _fusable(gradients: Sequence[torch.Tensor]) -> bool:
@@ -95,9 +93,15 @@ def any_non_finite(*gradients: torch.Tensor) -> torch.Tensor:
     if not _fusable(gradients):
         return non_finite(*gradients)
     device = gradients[0].device
-    flag = torch.zeros((), device=device)
     one = _ONE if device.type == "cpu" else torch.ones((), device=device)  # no host copy
-    torch._amp_foreach_non_finite_check_and_unscale_(list(gradients), flag, one)
+    return _fused_check(gradients, one)
+
+
+def _fused_check(gradients: Sequence[torch.Tensor], inverse: torch.Tensor) -> torch.Tensor:
+    """GradScaler's kernel over ``gradients``: each multiplied by ``inverse`` in place, and
+    whether any held inf or NaN before."""
+    flag = torch.zeros((), device=gradients[0].device)
+    torch._amp_foreach_non_finite_check_and_unscale_(list(gradients), flag, inverse)
     return flag > 0
 
 
@@ -142,7 +146,7 @@ def with_traced_guards(module: fx.GraphModule) -> fx.GraphModule:
     graph = module.graph
     changed = False
     for check in [n for n in graph.nodes if n.target is any_non_finite]:
-        gradients = list(check.all_input_nodes)
+        gradients = [g for g in check.args if isinstance(g, fx.Node)]  # in order, repeats kept
         (result,) = _copy_traced(graph, non_finite, gradients, check)
         check.replace_all_uses_with(result)
         graph.erase_node(check)

@@ -47,8 +47,8 @@ def describe(signature: tuple[Hashable, ...]) -> str:
         if isinstance(item, tuple) and isinstance(item[1], torch.dtype):
             dtype = str(item[1]).removeprefix("torch.")
             parts.append(f"{dtype}[{', '.join(str(size) for size in item[0])}]")
-        else:
-            parts.append(str(item[1]) if isinstance(item, tuple) else str(item))
+        else:  # (type name, repr) of a value that is not a tensor
+            parts.append(str(item[1]))
     return ", ".join(parts)
 
 
@@ -65,11 +65,10 @@ class CapturedStep:
 
 @dataclass
 class StepGraphs:
-    """The graphs captured for one batch signature: the converted forward module the step
-    traced through, what each capture added (``"update"``, and ``"accumulate"`` with
-    ``accumulate > 1``), and the callables that run them (compiled or not)."""
+    """The graphs captured for one batch signature: what each capture added (``"update"``,
+    and ``"accumulate"`` with ``accumulate > 1``) and the callables that run them (compiled
+    or not)."""
 
-    forward: fx.GraphModule
     captured: dict[str, CapturedStep]
     update: Callable[..., Any]
     accumulate: Callable[..., Any] | None
@@ -88,7 +87,7 @@ def compiled(graphs: StepGraphs, options: dict[str, Any]) -> StepGraphs:
         in_place.functional(module)  # type: ignore[arg-type]
         lowering.with_traced_guards(module)  # type: ignore[arg-type]
         result.append(torch.compile(module, **options))
-    return StepGraphs(graphs.forward, graphs.captured, result[0], result[1])
+    return StepGraphs(graphs.captured, result[0], result[1])
 
 
 def warn_if_many(count: int, latest: tuple[Hashable, ...]) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch import nn
+from torch import fx, nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphamp import report
@@ -73,10 +73,9 @@ class TrainStep:
     # building -------------------------------------------------------------------------------
 
     def _build(self, batch: Sequence[torch.Tensor]) -> None:
-        inputs = tuple(batch[:-1])
-        policy = fx_policy(self.model, self.policy, None, dict(self.overrides), "train_step()")
-        self._policy = policy
-        self.forward, forward_plan = convert(self.model, inputs, policy=policy, weights="master")
+        overrides = dict(self.overrides)
+        self._policy = fx_policy(self.model, self.policy, None, overrides, "train_step()")
+        self.forward, forward_plan = self._converted(batch)
         self.params = {n: p.detach().clone() for n, p in self.forward.named_parameters()}
         # Trainable: in an optimizer group and requiring grad. The others (frozen) are read
         # by the forward pass but get no gradient and no update.
@@ -114,12 +113,17 @@ class TrainStep:
             if self.accumulate > 1:
                 captured["accumulate"] = self._capture(self._accumulate_fn, batch)
         accumulate = captured["accumulate"].module if "accumulate" in captured else None
-        return StepGraphs(self.forward, captured, captured["update"].module, accumulate)
+        return StepGraphs(captured, captured["update"].module, accumulate)
+
+    def _converted(self, batch: Sequence[torch.Tensor]) -> tuple[fx.GraphModule, Plan]:
+        """The model converted on ``batch``'s inputs (float32 master weights): the forward
+        module a capture traces through, and its plan."""
+        return convert(self.model, tuple(batch[:-1]), policy=self._policy, weights="master")
 
     def _use(self, signature: tuple, graphs: StepGraphs) -> None:
         """Make ``graphs`` (captured for ``signature``) the ones the step runs."""
         self._graphs[signature], self._signature = graphs, signature
-        self.forward, self.captured = graphs.forward, graphs.captured
+        self.captured = graphs.captured
         self.graph, self.accumulate_graph = graphs.update, graphs.accumulate
 
     def _specialise(self, batch: Sequence[torch.Tensor]) -> None:
@@ -130,16 +134,11 @@ class TrainStep:
             return
         graphs = self._graphs.get(signature)
         if graphs is None:
-            previous = getattr(self, "forward", None)
-            try:
-                with signatures.capturing(signature, first=self.graph is None):
-                    if self.graph is None:
-                        return self._build(batch)
-                    self.forward = convert(self.model, tuple(batch[:-1]), policy=self._policy)[0]
-                    graphs = self._capture_graphs(batch)
-            except GraphampError:
-                self.forward = previous  # type: ignore[assignment]
-                raise
+            with signatures.capturing(signature, first=self.graph is None):
+                if self.graph is None:
+                    return self._build(batch)
+                self.forward = self._converted(batch)[0]  # only captures read it
+                graphs = self._capture_graphs(batch)
             if self._compile_options is not None:
                 graphs = signatures.compiled(graphs, self._compile_options)
             signatures.warn_if_many(len(self._graphs) + 1, signature)
