@@ -43,6 +43,7 @@ _IN_PLACE = {
         (torch.ops.aten.lerp.Scalar, "Scalar"),
     )
 }
+IN_PLACE_OPS = frozenset(_IN_PLACE.values())
 _FUNCTIONAL_META = "graphamp_functional"  # on a node made in place: its original target
 # Ops whose schema declares a new tensor but which return a view of their input.
 _ALIASING_DESPITE_SCHEMA = frozenset(
@@ -140,7 +141,6 @@ def guarded_updates(module: fx.GraphModule) -> int:
             ):
                 continue
             guard.prepend(new)  # past the finite check: update_unless reads found_inf
-            new.meta[_FUNCTIONAL_META] = (new.target, new.args)
             new.args = (found_inf, target, new.target, *new.args)
             new.target = update_unless
             made += 1
@@ -202,11 +202,12 @@ def functional(module: fx.GraphModule) -> fx.GraphModule:
             _split_unscale(module.graph, node)
             changed = True
             continue
-        original = node.meta.pop(_FUNCTIONAL_META, None)
-        if isinstance(original, tuple):
-            node.target, node.args = original
+        if node.target is update_unless:  # from its arguments: they follow replacements
+            node.target, node.args = node.args[2], tuple(node.args[3:])
             changed = True
-        elif original is not None:
+            continue
+        original = node.meta.pop(_FUNCTIONAL_META, None)
+        if original is not None:
             node.target = original
             changed = True
     if changed:
@@ -287,11 +288,26 @@ def _reads_only(node: fx.Node) -> bool:
 
 
 def _returns_new_tensor(node: fx.Node) -> bool:
-    """Whether ``node`` is such an op returning one tensor: a buffer no one else sees."""
+    """Whether ``node`` is such an op returning one tensor, or the one reader of one of the
+    tensors such an op returns several of (a layer norm's backward: its three gradients): a
+    buffer no one else sees."""
+    if node.target is operator.getitem and isinstance(node.args[0], fx.Node):
+        source, index = node.args[0], node.args[1]
+        return (
+            _new_tensors(source) > 1
+            and all(user.target is operator.getitem for user in source.users)
+            and [user.args[1] for user in source.users].count(index) == 1
+        )
+    return _new_tensors(node) == 1
+
+
+def _new_tensors(node: fx.Node) -> int:
+    """How many new tensors ``node`` returns: an op that writes none of its inputs and
+    returns only tensors, none of them an alias; 0 for any other node."""
     if _aten_op(node) is None or not _reads_only(node):
-        return False
+        return 0
     returns = node.target._schema.returns  # type: ignore[union-attr]
-    return len(returns) == 1 and isinstance(returns[0].type, torch.TensorType)
+    return len(returns) if all(isinstance(r.type, torch.TensorType) for r in returns) else 0
 
 
 def _same_layout(operand: fx.Node, node: fx.Node) -> bool:

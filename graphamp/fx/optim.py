@@ -4,7 +4,7 @@ graph; and the conversions of their state to and from torch.optim's own layout."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,48 +138,101 @@ def update(
     state: dict[str, torch.Tensor],
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One step of torch.optim's SGD / Adam / AdamW (the single-tensor formulas) on every
-    group's parameters; ``lrs`` holds each group's learning rate as a tensor."""
+    group's parameters; ``lrs`` holds each group's learning rate as a tensor.
+
+    Each formula runs one operation at a time over all of a group's tensors, as torch.optim's
+    foreach implementations do: the traced graph then holds runs of the same operation on
+    independent tensors, which an eager step calls as one foreach op each
+    (:mod:`graphamp.fx.foreach`). The values are the single-tensor formulas' own."""
     step = state["step"] + 1
     new_params, new_state = {}, {"step": step}
     for group, lr in zip(groups, lrs, strict=True):
-        h = group.hyper
-        for name in group.names:
-            param, grad = params[name], grads[name]
-            if h["maximize"]:
-                grad = -grad
-            if kind == "SGD":
-                if h["weight_decay"]:
-                    grad = grad + h["weight_decay"] * param
-                if h["momentum"]:
-                    old = state[f"momentum:{name}"]
-                    if h["dampening"]:
-                        # The first step's buffer is the gradient itself, as in torch.optim.SGD.
-                        buf = torch.where(
-                            step == 1, grad, old * h["momentum"] + (1 - h["dampening"]) * grad
-                        )
-                    else:  # the same: the buffer starts at zero
-                        buf = torch.add(grad, old, alpha=h["momentum"])
-                    new_state[f"momentum:{name}"] = buf
-                    grad = torch.add(grad, buf, alpha=h["momentum"]) if h["nesterov"] else buf
-                new_params[name] = torch.addcmul(param, grad, lr, value=-1)
-                continue
-            beta1, beta2 = h["betas"]
-            if h["weight_decay"]:
-                if h.get("decoupled_weight_decay", kind == "AdamW"):
-                    param = param * (1 - lr * h["weight_decay"])
-                else:
-                    grad = grad + h["weight_decay"] * param
-            exp_avg = torch.lerp(state[f"exp_avg:{name}"], grad, 1 - beta1)
-            exp_avg_sq = torch.addcmul(
-                state[f"exp_avg_sq:{name}"] * beta2, grad, grad, value=1 - beta2
-            )
-            new_state[f"exp_avg:{name}"] = exp_avg
-            new_state[f"exp_avg_sq:{name}"] = exp_avg_sq
-            if h["amsgrad"]:
-                exp_avg_sq = torch.maximum(state[f"max_exp_avg_sq:{name}"], exp_avg_sq)
-                new_state[f"max_exp_avg_sq:{name}"] = exp_avg_sq
-            bias1 = 1 - beta1**step
-            bias2 = 1 - beta2**step
-            denom = (exp_avg_sq.sqrt() / bias2.sqrt()) + h["eps"]
-            new_params[name] = param - (lr / bias1) * exp_avg / denom
+        h, names = group.hyper, group.names
+        group_params = [params[name] for name in names]
+        group_grads = (
+            [-grads[name] for name in names] if h["maximize"] else [grads[n] for n in names]
+        )
+        if kind == "SGD":
+            stepped, buffers = _sgd(h, lr, step, group_params, group_grads, names, state)
+        else:
+            stepped, buffers = _adam(kind, h, lr, step, group_params, group_grads, names, state)
+        new_params.update(zip(names, stepped, strict=True))
+        new_state.update(buffers)
     return new_params, new_state
+
+
+def _each(function: Callable[..., torch.Tensor], *lists: Sequence[Any]) -> list[torch.Tensor]:
+    """``function`` over the lists' elements, position by position."""
+    return [function(*values) for values in zip(*lists, strict=True)]
+
+
+def _sgd(
+    h: dict[str, Any],
+    lr: torch.Tensor,
+    step: torch.Tensor,
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    names: Sequence[str],
+    state: dict[str, torch.Tensor],
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """torch.optim.SGD's step on one group: the new parameters and momentum buffers."""
+    momentum, buffers = h["momentum"], {}
+    if h["weight_decay"]:
+        grads = _each(lambda g, p: torch.add(g, p, alpha=h["weight_decay"]), grads, params)
+    if momentum:
+        old = [state[f"momentum:{name}"] for name in names]
+        if h["dampening"]:
+            # The first step's buffer is the gradient itself, as in torch.optim.SGD.
+            kept = _each(lambda b: b * momentum, old)
+            damped = _each(lambda k, g: torch.add(k, g, alpha=1 - h["dampening"]), kept, grads)
+            new = _each(lambda g, d: torch.where(step == 1, g, d), grads, damped)
+        else:  # the same: the buffer starts at zero
+            new = _each(lambda g, b: torch.add(g, b, alpha=momentum), grads, old)
+        buffers = {f"momentum:{name}": b for name, b in zip(names, new, strict=True)}
+        grads = (
+            _each(lambda g, b: torch.add(g, b, alpha=momentum), grads, new)
+            if h["nesterov"]
+            else new
+        )
+    return _each(lambda p, g: torch.addcmul(p, g, lr, value=-1), params, grads), buffers
+
+
+def _adam(
+    kind: str,
+    h: dict[str, Any],
+    lr: torch.Tensor,
+    step: torch.Tensor,
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    names: Sequence[str],
+    state: dict[str, torch.Tensor],
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """torch.optim.Adam's (AdamW's) step on one group: the new parameters and moments."""
+    beta1, beta2 = h["betas"]
+    if h["weight_decay"]:
+        if h.get("decoupled_weight_decay", kind == "AdamW"):
+            decay = 1 - lr * h["weight_decay"]
+            params = _each(lambda p: p * decay, params)
+        else:
+            grads = _each(lambda g, p: torch.add(g, p, alpha=h["weight_decay"]), grads, params)
+    moments = {key: [state[f"{key}:{name}"] for name in names] for key in state_keys(kind, h)}
+    exp_avg = _each(lambda m, g: torch.lerp(m, g, 1 - beta1), moments["exp_avg"], grads)
+    kept = _each(lambda s: s * beta2, moments["exp_avg_sq"])
+    exp_avg_sq = _each(lambda k, g: torch.addcmul(k, g, g, value=1 - beta2), kept, grads)
+    moments.update(exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+    if h["amsgrad"]:
+        exp_avg_sq = _each(torch.maximum, moments["max_exp_avg_sq"], exp_avg_sq)
+        moments["max_exp_avg_sq"] = exp_avg_sq
+    bias2_root = (1 - beta2**step).sqrt()
+    denom = _each(torch.sqrt, exp_avg_sq)
+    denom = _each(lambda d: d / bias2_root, denom)
+    denom = _each(lambda d: d + h["eps"], denom)
+    step_size = lr / (1 - beta1**step)
+    change = _each(lambda m: step_size * m, exp_avg)
+    change = _each(torch.div, change, denom)
+    buffers = {
+        f"{key}:{n}": v
+        for key, values in moments.items()
+        for n, v in zip(names, values, strict=True)
+    }
+    return _each(torch.sub, params, change), buffers

@@ -21,7 +21,7 @@ import torch
 from torch import fx
 
 from graphamp.errors import GraphampError, InternalError, RecaptureWarning
-from graphamp.fx import distributed, in_place, lowering
+from graphamp.fx import distributed, foreach, in_place, lowering
 from graphamp.graph import OpGraph
 from graphamp.records import NodeDecision
 
@@ -83,6 +83,7 @@ def compiled(graphs: StepGraphs, options: dict[str, Any]) -> StepGraphs:
         if module is None:
             result.append(None)
             continue
+        foreach.ungrouped(module)  # type: ignore[arg-type]
         distributed.without_in_place_collectives(module)  # type: ignore[arg-type]
         in_place.functional(module)  # type: ignore[arg-type]
         lowering.with_traced_guards(module)  # type: ignore[arg-type]

@@ -1,0 +1,261 @@
+"""Runs of one in-place update over many tensors in an eager step graph, called as one
+foreach op.
+
+After :mod:`graphamp.fx.in_place`, an optimizer's tail is runs of the same update on every
+parameter: ``add_(grad, momentum, alpha=0.9)`` once per parameter, then
+:func:`~graphamp.fx.in_place.update_unless` of ``addcmul_`` once per parameter (the formulas
+are written one operation at a time over all tensors, :func:`graphamp.fx.optim.update`). Run
+node by node, each is a Python call and a dispatch (~2-4 µs on a CPU; a kernel launch each on
+a GPU), where torch.optim calls one ``_foreach_*_`` op per list. :func:`grouped` turns each
+run of consecutive, independent nodes with the same op and the same non-tensor arguments into
+one call of the matching foreach op (``_foreach_add_.List``, ``_foreach_addcmul_.Scalar``...),
+which computes each tensor's values with the same kernel. ``torch.compile`` gets the nodes
+back one by one (:func:`ungrouped`).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from graphamp.fx.in_place import IN_PLACE_OPS, update_unless
+
+_MEMBERS_META = "graphamp_foreach_members"  # on a grouped node: its members, to undo
+_SHORTEST_RUN = 2
+
+
+def each_in_place(op: Any, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
+    """``op`` (an in-place foreach op) on the lists in ``args``; the tensors it wrote."""
+    op(*args, **kwargs)
+    return args[0]
+
+
+def updates_unless(
+    found_inf: torch.Tensor,
+    in_place_op: Any,
+    op: Any,
+    targets: list[torch.Tensor],
+    *args: Any,
+    **kwargs: Any,
+) -> list[torch.Tensor]:
+    """:func:`~graphamp.fx.in_place.update_unless` over lists: the in-place foreach op into
+    ``targets`` on a CPU (``targets`` as they are when ``found_inf``), the functional one
+    elsewhere, where reading ``found_inf`` on the host would wait for the device."""
+    if found_inf.device.type != "cpu":
+        return list(op(targets, *args, **kwargs))
+    if not bool(found_inf):
+        in_place_op(targets, *args, **kwargs)
+    return targets
+
+
+def grouped(module: fx.GraphModule) -> int:
+    """Call each run of consecutive, independent in-place updates with the same op and the
+    same non-tensor arguments as one foreach op (see the module docstring); how many runs."""
+    graph = module.graph
+    made = 0
+    for run in _runs(graph):
+        if _group(graph, run):
+            made += 1
+    if made:
+        graph.lint()
+        module.recompile()
+    return made
+
+
+def ungrouped(module: fx.GraphModule) -> fx.GraphModule:
+    """``module`` with every grouped node made its members again, one node each."""
+    graph = module.graph
+    changed = False
+    for node in list(graph.nodes):
+        members = node.meta.get(_MEMBERS_META)
+        if members is None:
+            continue
+        pieces = {user.args[1]: user for user in node.users}
+        for index, meta in enumerate(members.metas):
+            with graph.inserting_before(node):
+                member = graph.call_function(members.target, members.args(node, index), node.kwargs)
+            member.meta.update(meta)
+            if index in pieces:
+                pieces[index].replace_all_uses_with(member)
+                graph.erase_node(pieces[index])
+        graph.erase_node(node)
+        changed = True
+    if changed:
+        graph.lint()
+        module.recompile()
+    return module
+
+
+@dataclass(frozen=True)
+class _Members:
+    """What :func:`ungrouped` needs to make a grouped node's members again: their op (and
+    for :func:`~graphamp.fx.in_place.update_unless`, the per-tensor ops it calls) and their
+    meta. Their tensors are read from the grouped node's arguments at that time, so that a
+    node replaced since (another group's undone) is the one they read."""
+
+    target: Any
+    per_tensor_ops: tuple[Any, ...]  # update_unless's in-place and functional ops, or ()
+    metas: list[dict[str, Any]]
+
+    def args(self, grouped_node: fx.Node, index: int) -> tuple[Any, ...]:
+        """Member ``index``'s arguments."""
+        skip = 3 if self.per_tensor_ops else 1  # (found_inf and the foreach ops) or the op
+        own = [a[index] if isinstance(a, list) else a for a in grouped_node.args[skip:]]
+        head = (grouped_node.args[0], *self.per_tensor_ops) if self.per_tensor_ops else ()
+        return (*head, *own)
+
+
+def _key(node: fx.Node) -> tuple | None:
+    """What a node must share with its neighbours to join their run: its op, and each
+    argument that is not a tensor of its own (``None``: it joins no run)."""
+    if node.op != "call_function" or node.meta.get(_MEMBERS_META) is not None:
+        return None
+    if node.target is update_unless:
+        found_inf, in_place_op, op, *rest = node.args
+        head: tuple = (update_unless, found_inf, in_place_op, op)
+    elif node.target in IN_PLACE_OPS:
+        head, rest = (node.target,), list(node.args)
+    else:
+        return None
+    shape = tuple("tensor" if isinstance(a, fx.Node) else ("value", a) for a in rest[1:])
+    return (*head, shape, tuple(sorted(node.kwargs.items())))
+
+
+def _runs(graph: fx.Graph) -> list[list[fx.Node]]:
+    """Maximal runs of consecutive nodes with one key and independent of each other: none
+    reads what another writes or returns (a GPU's foreach kernel runs them at once)."""
+    runs: list[list[fx.Node]] = []
+    run: list[fx.Node] = []
+    key: tuple | None = None
+    written: set[fx.Node] = set()
+    read: set[fx.Node] = set()
+    for node in graph.nodes:
+        node_key = _key(node)
+        inputs = set(node.all_input_nodes)
+        target = _written(node) if node_key is not None else None
+        joins = (
+            node_key is not None
+            and node_key == key
+            and not inputs & written
+            and target not in written
+            and target not in read
+        )
+        if not joins:
+            if len(run) >= _SHORTEST_RUN:
+                runs.append(run)
+            run, key, written, read = [], node_key, set(), set()
+        if node_key is not None:
+            run.append(node)
+            written |= {node, target}  # type: ignore[arg-type]
+            read |= inputs - {target}
+    if len(run) >= _SHORTEST_RUN:
+        runs.append(run)
+    return runs
+
+
+def _written(node: fx.Node) -> fx.Node:
+    """The tensor ``node`` writes into."""
+    return node.args[3] if node.target is update_unless else node.args[0]  # type: ignore[return-value]
+
+
+def _group(graph: fx.Graph, run: list[fx.Node]) -> bool:
+    """Replace ``run`` by one call of its foreach op, when there is one that takes its
+    arguments; whether it did."""
+    first = run[0]
+    guarded = first.target is update_unless
+    offset = 3 if guarded else 0
+    columns = list(zip(*(node.args[offset:] for node in run), strict=True))
+    arguments: list[Any] = []
+    kinds: list[str] = []
+    for column in columns:
+        if not isinstance(column[0], fx.Node):
+            arguments.append(column[0])
+            kinds.append("scalar")
+        elif len(set(column)) == 1:
+            arguments.append(column[0])
+            kinds.append("shared")
+        else:
+            arguments.append(list(column))
+            kinds.append("list")
+    per_tensor = first.args[1] if guarded else first.target
+    in_place_op = _foreach(per_tensor, kinds, first.kwargs, in_place=True)  # type: ignore[arg-type]
+    if in_place_op is None:
+        return False
+    chosen = [_takes_one(in_place_op, i) for i in range(len(kinds))]
+    arguments = [
+        [a] * len(run) if kind == "shared" and not one else a
+        for a, kind, one in zip(arguments, kinds, chosen, strict=True)
+    ]
+    if guarded:
+        functional_op = getattr(_packet(per_tensor, in_place=False), in_place_op._overloadname)
+        target: Any = updates_unless
+        arguments = [first.args[0], in_place_op, functional_op, *arguments]
+    else:
+        target, arguments = each_in_place, [in_place_op, *arguments]
+    with graph.inserting_after(run[-1]):
+        call = graph.call_function(target, tuple(arguments), dict(first.kwargs))
+    per_tensor_ops = tuple(first.args[1:3]) if guarded else ()
+    call.meta[_MEMBERS_META] = _Members(first.target, per_tensor_ops, [dict(n.meta) for n in run])
+    last = call
+    for index, node in enumerate(run):
+        with graph.inserting_after(last):
+            piece = graph.call_function(operator.getitem, (call, index))
+        piece.meta["val"] = node.meta.get("val")
+        node.replace_all_uses_with(piece)
+        last = piece
+    for node in reversed(run):
+        graph.erase_node(node)
+    return True
+
+
+def _packet(per_tensor: torch._ops.OpOverload, *, in_place: bool) -> Any:
+    """The foreach op packet of an in-place per-tensor op (``add_`` -> ``_foreach_add_``, or
+    ``_foreach_add`` for its functional form); None where there is none."""
+    name = per_tensor.overloadpacket.__name__.rstrip("_")
+    return getattr(torch.ops.aten, f"_foreach_{name}{'_' if in_place else ''}", None)
+
+
+def _foreach(
+    per_tensor: torch._ops.OpOverload, kinds: list[str], kwargs: dict[str, Any], *, in_place: bool
+) -> torch._ops.OpOverload | None:
+    """The foreach overload that takes a run's arguments: a list where each member has its
+    own tensor, a scalar where they share one, one tensor or a list where they share a tensor
+    (one tensor preferred: a GPU's foreach kernel takes a shared scalar tensor on its fast
+    path), and the members' keyword arguments as scalars."""
+    packet = _packet(per_tensor, in_place=in_place)
+    best, best_score = None, -1
+    for name in packet.overloads() if packet is not None else ():
+        if name.endswith("out"):
+            continue
+        op = getattr(packet, name)
+        arguments = op._schema.arguments
+        positional = [a for a in arguments if not a.kwarg_only]
+        rest = {a.name: a for a in arguments[len(kinds) :]}
+        if (
+            len(kinds) > len(positional)
+            or not all(_accepts(str(a.type), k) for a, k in zip(positional, kinds, strict=False))
+            or any(k not in rest or str(rest[k].type) != "number" for k in kwargs)
+            or any(not a.has_default_value() and a.name not in kwargs for a in rest.values())
+        ):
+            continue
+        score = sum(str(a.type) == "Tensor" for a in positional[: len(kinds)])
+        if score > best_score:
+            best, best_score = op, score
+    return best
+
+
+def _accepts(type_name: str, kind: str) -> bool:
+    if kind == "list":
+        return type_name == "List[Tensor]"
+    if kind == "shared":
+        return type_name in ("Tensor", "List[Tensor]")
+    return type_name == "number"
+
+
+def _takes_one(op: torch._ops.OpOverload, position: int) -> bool:
+    """Whether ``op`` takes one tensor (not a list) at ``position``."""
+    return str(op._schema.arguments[position].type) == "Tensor"
