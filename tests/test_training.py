@@ -4,14 +4,16 @@ optimizers, convergence."""
 from __future__ import annotations
 
 import copy
+import operator
 
 import pytest
 import torch
 from torch import nn
 
 from graphamp.errors import GraphampError
-from graphamp.fx import DynamicLossScaling, StaticLossScaling, in_place, train_step
-from graphamp.fx.lowering import select_on_host, unscale_and_check, with_traced_guards
+from graphamp.fx import DynamicLossScaling, StaticLossScaling, bindings, eager, in_place, train_step
+from graphamp.fx.foreach import each_in_place, updates_unless
+from graphamp.fx.lowering import select_on_host, unscale_and_check
 
 
 def paddle_state(scale: float, good: int, bad: int) -> dict[str, torch.Tensor]:
@@ -187,7 +189,8 @@ def test_accumulation_equals_the_large_batch():
 
     # Scaling happens once per effective batch: only the update graph selects and rescales.
     def count(graph, op):  # type: ignore[no-untyped-def]
-        return sum(1 for n in graph.graph.nodes if getattr(n.target, "_opname", "") == op)
+        calls = [bindings.overload(n) for n in graph.graph.nodes]
+        return sum(1 for target in calls if getattr(target, "_opname", "") == op)
 
     def selected(graph):  # type: ignore[no-untyped-def]
         """Values the step guard selects (on the host in an eager CPU step)."""
@@ -478,16 +481,18 @@ def test_the_host_guard_and_the_traced_guard_keep_and_update_the_same_values():
             loss_scaling=DynamicLossScaling.torch_defaults(),
         )
         step(*data[0])
+        targets = {n.target for n in step.graph.graph.nodes if n.op == "call_function"}
+        eager_only = {in_place.update_unless, updates_unless, unscale_and_check}
         if traced:  # what compile() hands torch.compile: functional, torch.where guards
-            in_place.functional(step.graph)
-            with_traced_guards(step.graph)
-            assert not [n for n in step.graph.graph.nodes if n.target is select_on_host]
-            assert not [n for n in step.graph.graph.nodes if n.target is in_place.update_unless]
-            assert not [n for n in step.graph.graph.nodes if n.target is unscale_and_check]
+            eager.for_compile(step.graph)
+            targets = {n.target for n in step.graph.graph.nodes if n.op == "call_function"}
+            assert not targets & {select_on_host, each_in_place, *eager_only}
+            calls = targets - {operator.getitem}  # no binding either: overloads
+            assert all(isinstance(t, torch._ops.OpOverload) for t in calls), calls
         else:  # the eager graph updates the kept tensors in place, past the guard's decision,
-            # and unscales the gradients inside the fused finite check
-            assert [n for n in step.graph.graph.nodes if n.target is in_place.update_unless]
-            assert [n for n in step.graph.graph.nodes if n.target is unscale_and_check]
+            # all parameters in one foreach call, and unscales the gradients inside the fused
+            # finite check
+            assert eager_only <= targets
         for x, y in data[1:]:
             step(x, y)
         steps.append(step)

@@ -21,7 +21,7 @@ import torch
 from torch import fx
 
 from graphamp.errors import GraphampError, InternalError, RecaptureWarning
-from graphamp.fx import distributed, foreach, in_place, lowering
+from graphamp.fx import eager
 from graphamp.graph import OpGraph
 from graphamp.records import NodeDecision
 
@@ -75,18 +75,14 @@ class StepGraphs:
 
 
 def compiled(graphs: StepGraphs, options: dict[str, Any]) -> StepGraphs:
-    """``graphs`` under ``torch.compile(**options)``: handed their functional form (no
-    in-place collective, no in-place update, the step guard as ``torch.where``), which
-    inductor functionalises and fuses."""
+    """``graphs`` under ``torch.compile(**options)``, handed their functional form
+    (:func:`graphamp.fx.eager.for_compile`)."""
     result = []
     for module in (graphs.update, graphs.accumulate):
         if module is None:
             result.append(None)
             continue
-        foreach.ungrouped(module)  # type: ignore[arg-type]
-        distributed.without_in_place_collectives(module)  # type: ignore[arg-type]
-        in_place.functional(module)  # type: ignore[arg-type]
-        lowering.with_traced_guards(module)  # type: ignore[arg-type]
+        eager.for_compile(module)  # type: ignore[arg-type]
         result.append(torch.compile(module, **options))
     return StepGraphs(graphs.captured, result[0], result[1])
 

@@ -22,7 +22,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from graphamp import report
 from graphamp.distributed import GradientClipping, GradientReduce
 from graphamp.errors import GraphampError
-from graphamp.fx import distributed, foreach, in_place, marks, optim, reader, signatures, writer
+from graphamp.fx import distributed, eager, marks, optim, reader, signatures, writer
 from graphamp.fx.conversion import convert, fx_policy
 from graphamp.fx.signatures import CapturedStep, StepGraphs
 from graphamp.fx.types import torch_dtype
@@ -162,11 +162,7 @@ class TrainStep:
         module = writer.apply(read, context.script)
         if self.reduce is not None:
             distributed.overlap_communication(module)
-        # after any reordering: they read the final order
-        in_place.guarded_updates(module)
-        in_place.in_place(module)
-        in_place.unscale_in_check(module)
-        foreach.grouped(module)
+        eager.for_eager(module)  # last: its passes read the final order
         script, tensors = context.script, read.graph.tensors
         for name, initial in script.new_inputs.items():
             if name not in self.state:
