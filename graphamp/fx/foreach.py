@@ -112,7 +112,7 @@ class _Members:
 def _key(node: fx.Node) -> tuple | None:
     """What a node must share with its neighbours to join their run: its op, and each
     argument that is not a tensor of its own (``None``: it joins no run)."""
-    if node.op != "call_function" or node.meta.get(_MEMBERS_META) is not None:
+    if node.op != "call_function":
         return None
     if node.target is update_unless:
         found_inf, in_place_op, op, *rest = node.args
