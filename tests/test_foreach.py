@@ -159,8 +159,9 @@ def test_guarded_updates_off_the_host_compute_out_of_place():
 @pytest.mark.parametrize("kind", ["SGD", "Adam"])
 def test_a_training_step_calls_its_optimizer_tail_as_foreach_ops(kind):
     """SGD with momentum and Adam in a traced step: the per-parameter updates become a
-    few foreach calls, and the parameters after three steps equal those of a step whose
-    graph calls them one by one (bit for bit) and torch.optim's (to rounding)."""
+    few foreach calls, and the parameters after three steps equal, bit for bit, those of a
+    step whose graph calls them one by one (test_training compares the formulas with
+    torch.optim's)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
     twin = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
