@@ -9,7 +9,8 @@ node by node, each is a Python call and a dispatch (~2-4 µs on a CPU; a kernel 
 a GPU), where torch.optim calls one ``_foreach_*_`` op per list. :func:`grouped` turns each
 run of consecutive, independent nodes with the same op and the same non-tensor arguments into
 one call of the matching foreach op (``_foreach_add_.List``, ``_foreach_addcmul_.Scalar``...),
-which computes each tensor's values with the same kernel. ``torch.compile`` gets the nodes
+which on a CPU runs the same kernel per tensor (on a GPU, torch.optim's multi-tensor
+kernels: what its foreach path computes). ``torch.compile`` gets the nodes
 back one by one (:func:`ungrouped`).
 """
 
