@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from graphamp.fx.in_place import IN_PLACE_OPS, update_unless
+from graphamp.fx.in_place import IN_PLACE_OPS, recompiled, update_unless
 
 _MEMBERS_META = "graphamp_foreach_members"  # on a grouped node: its members, to undo
 _SHORTEST_RUN = 2
@@ -56,15 +56,8 @@ def updates_unless(
 def grouped(module: fx.GraphModule) -> int:
     """Call each run of consecutive, independent in-place updates with the same op and the
     same non-tensor arguments as one foreach op (see the module docstring); how many runs."""
-    graph = module.graph
-    made = 0
-    for run in _runs(graph):
-        if _group(graph, run):
-            made += 1
-    if made:
-        graph.lint()
-        module.recompile()
-    return made
+    made = sum(_group(module.graph, run) for run in _runs(module.graph))
+    return recompiled(module, made)
 
 
 def ungrouped(module: fx.GraphModule) -> fx.GraphModule:

@@ -88,7 +88,7 @@ def in_place(module: fx.GraphModule) -> int:
         owned.discard(operand)
         owned.add(node)  # the buffer passes on to this node's value
         made += 1
-    return _recompiled(module, made)
+    return recompiled(module, made)
 
 
 def update_unless(
@@ -144,7 +144,7 @@ def guarded_updates(module: fx.GraphModule) -> int:
             new.args = (found_inf, target, new.target, *new.args)
             new.target = update_unless
             made += 1
-    return _recompiled(module, made)
+    return recompiled(module, made)
 
 
 def unscale_in_check(module: fx.GraphModule) -> int:
@@ -174,7 +174,7 @@ def unscale_in_check(module: fx.GraphModule) -> int:
             unscale.replace_all_uses_with(gradient)  # type: ignore[arg-type]
             graph.erase_node(unscale)
         made += 1
-    return _recompiled(module, made)
+    return recompiled(module, made)
 
 
 def _split_unscale(graph: fx.Graph, check: fx.Node) -> None:
@@ -215,7 +215,7 @@ def functional(module: fx.GraphModule) -> fx.GraphModule:
     return module
 
 
-def _recompiled(module: fx.GraphModule, made: int) -> int:
+def recompiled(module: fx.GraphModule, made: int) -> int:
     """``made``, after checking and recompiling ``module`` when a pass changed it."""
     if made:
         module.graph.lint()

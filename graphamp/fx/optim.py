@@ -152,12 +152,14 @@ def update(
         group_grads = (
             [-grads[name] for name in names] if h["maximize"] else [grads[n] for n in names]
         )
+        old = {key: [state[f"{key}:{name}"] for name in names] for key in state_keys(kind, h)}
         if kind == "SGD":
-            stepped, buffers = _sgd(h, lr, step, group_params, group_grads, names, state)
+            stepped, new = _sgd(h, lr, step, group_params, group_grads, old)
         else:
-            stepped, buffers = _adam(kind, h, lr, step, group_params, group_grads, names, state)
+            stepped, new = _adam(kind, h, lr, step, group_params, group_grads, old)
         new_params.update(zip(names, stepped, strict=True))
-        new_state.update(buffers)
+        for key, values in new.items():
+            new_state.update((f"{key}:{n}", v) for n, v in zip(names, values, strict=True))
     return new_params, new_state
 
 
@@ -172,23 +174,22 @@ def _sgd(
     step: torch.Tensor,
     params: list[torch.Tensor],
     grads: list[torch.Tensor],
-    names: Sequence[str],
-    state: dict[str, torch.Tensor],
-) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    """torch.optim.SGD's step on one group: the new parameters and momentum buffers."""
+    old: dict[str, list[torch.Tensor]],
+) -> tuple[list[torch.Tensor], dict[str, list[torch.Tensor]]]:
+    """torch.optim.SGD's step on one group: the new parameters and momentum buffers (``old``
+    and the result hold each state key's tensors, in the parameters' order)."""
     momentum, buffers = h["momentum"], {}
     if h["weight_decay"]:
         grads = _each(lambda g, p: torch.add(g, p, alpha=h["weight_decay"]), grads, params)
     if momentum:
-        old = [state[f"momentum:{name}"] for name in names]
         if h["dampening"]:
             # The first step's buffer is the gradient itself, as in torch.optim.SGD.
-            kept = _each(lambda b: b * momentum, old)
+            kept = _each(lambda b: b * momentum, old["momentum"])
             damped = _each(lambda k, g: torch.add(k, g, alpha=1 - h["dampening"]), kept, grads)
             new = _each(lambda g, d: torch.where(step == 1, g, d), grads, damped)
         else:  # the same: the buffer starts at zero
-            new = _each(lambda g, b: torch.add(g, b, alpha=momentum), grads, old)
-        buffers = {f"momentum:{name}": b for name, b in zip(names, new, strict=True)}
+            new = _each(lambda g, b: torch.add(g, b, alpha=momentum), grads, old["momentum"])
+        buffers = {"momentum": new}
         grads = (
             _each(lambda g, b: torch.add(g, b, alpha=momentum), grads, new)
             if h["nesterov"]
@@ -204,10 +205,10 @@ def _adam(
     step: torch.Tensor,
     params: list[torch.Tensor],
     grads: list[torch.Tensor],
-    names: Sequence[str],
-    state: dict[str, torch.Tensor],
-) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    """torch.optim.Adam's (AdamW's) step on one group: the new parameters and moments."""
+    old: dict[str, list[torch.Tensor]],
+) -> tuple[list[torch.Tensor], dict[str, list[torch.Tensor]]]:
+    """torch.optim.Adam's (AdamW's) step on one group: the new parameters and moments (as
+    :func:`_sgd`'s)."""
     beta1, beta2 = h["betas"]
     if h["weight_decay"]:
         if h.get("decoupled_weight_decay", kind == "AdamW"):
@@ -215,13 +216,12 @@ def _adam(
             params = _each(lambda p: p * decay, params)
         else:
             grads = _each(lambda g, p: torch.add(g, p, alpha=h["weight_decay"]), grads, params)
-    moments = {key: [state[f"{key}:{name}"] for name in names] for key in state_keys(kind, h)}
-    exp_avg = _each(lambda m, g: torch.lerp(m, g, 1 - beta1), moments["exp_avg"], grads)
-    kept = _each(lambda s: s * beta2, moments["exp_avg_sq"])
+    exp_avg = _each(lambda m, g: torch.lerp(m, g, 1 - beta1), old["exp_avg"], grads)
+    kept = _each(lambda s: s * beta2, old["exp_avg_sq"])
     exp_avg_sq = _each(lambda k, g: torch.addcmul(k, g, g, value=1 - beta2), kept, grads)
-    moments.update(exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+    moments = {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
     if h["amsgrad"]:
-        exp_avg_sq = _each(torch.maximum, moments["max_exp_avg_sq"], exp_avg_sq)
+        exp_avg_sq = _each(torch.maximum, old["max_exp_avg_sq"], exp_avg_sq)
         moments["max_exp_avg_sq"] = exp_avg_sq
     bias2_root = (1 - beta2**step).sqrt()
     denom = _each(torch.sqrt, exp_avg_sq)
@@ -230,9 +230,4 @@ def _adam(
     step_size = lr / (1 - beta1**step)
     change = _each(lambda m: step_size * m, exp_avg)
     change = _each(torch.div, change, denom)
-    buffers = {
-        f"{key}:{n}": v
-        for key, values in moments.items()
-        for n, v in zip(names, values, strict=True)
-    }
-    return _each(torch.sub, params, change), buffers
+    return _each(torch.sub, params, change), moments
