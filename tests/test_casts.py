@@ -215,3 +215,29 @@ def test_ops_that_accept_any_type_get_no_cast():
     assert not plan.casts
     assert not casts_in(out)
     assert_valid(out)
+
+
+def test_shape_and_size_read_a_low_tensor_at_an_old_opset_with_no_cast():
+    # Before opset 13 Shape's and Size's type variable admits float16 but not bfloat16; a
+    # float16 tensor they read needs no Cast (the float32 Relu reader still gets one).
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Shape", ["m"], ["s"], name="shape"),
+        helper.make_node("Size", ["m"], ["n"], name="size"),
+        helper.make_node("Exp", ["m"], ["y"], name="exp"),
+    ]
+    proto = model(
+        nodes,
+        outputs=("y", "s", "n"),
+        initializers=[weight("w")],
+        opset=12,
+        output_types={"s": TensorProto.INT64, "n": TensorProto.INT64},
+    )
+    proto.ir_version = 7
+    out, plan = convert(proto)
+    shape_readers = {n.op_type: n.input[0] for n in out.graph.node if n.op_type in ("Shape", "Size")}
+    assert shape_readers == {"Shape": "m", "Size": "m"}
+    assert [(c.tensor, c.consumers) for c in plan.casts] == [("m", ["exp"])]
+    assert_valid(out)
+    got = run(out, feeds())
+    assert list(got[1]) == [4, 4] and int(got[2]) == 16

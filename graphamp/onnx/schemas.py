@@ -163,9 +163,13 @@ def _formal(params: tuple[tuple[str, bool], ...], index: int) -> str | None:
     return None
 
 
-def any_type_inputs(found: Schema, inputs: list[str], outputs: int) -> frozenset[int]:
-    """Input slots whose type variable appears at no other input or output and admits all the
-    float types: such a slot reads any float type as it is."""
+def any_type_inputs(
+    found: Schema, inputs: list[str], outputs: int, target: str
+) -> frozenset[int]:
+    """Input slots whose type variable appears at no other input or output and admits float32
+    and ``target``: such a slot reads the value in either type as it is (Shape and Size read
+    only a shape; before opset 13 their schemas admit float16 but not bfloat16, and a Cast
+    just to feed them would move a whole tensor for nothing)."""
     uses: dict[str, int] = {}
     for slot in range(len(inputs)):
         param = found.input_param(slot)
@@ -181,7 +185,7 @@ def any_type_inputs(found: Schema, inputs: list[str], outputs: int) -> frozenset
         if name
         and (param := found.input_param(slot)) in found.allowed
         and uses[param] == 1
-        and {"float32", "float16", "bfloat16"} <= found.allowed[param]
+        and {"float32", target} <= found.allowed[param]
     )
 
 

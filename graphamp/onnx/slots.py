@@ -140,7 +140,7 @@ def _op_slots(
         return Slots(NodeKind.OPAQUE)
 
     _check_input_types(node, found, inputs, input_types)
-    any_type_inputs = schemas.any_type_inputs(found, inputs, len(outputs))
+    any_type_inputs = schemas.any_type_inputs(found, inputs, len(outputs), target)
     # The computation type: the type variable of the first float (or unknown) input.
     primary: str | None = None
     compute_type: str | None = None
