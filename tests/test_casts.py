@@ -235,7 +235,9 @@ def test_shape_and_size_read_a_low_tensor_at_an_old_opset_with_no_cast():
     )
     proto.ir_version = 7
     out, plan = convert(proto)
-    shape_readers = {n.op_type: n.input[0] for n in out.graph.node if n.op_type in ("Shape", "Size")}
+    shape_readers = {
+        n.op_type: n.input[0] for n in out.graph.node if n.op_type in ("Shape", "Size")
+    }
     assert shape_readers == {"Shape": "m", "Size": "m"}
     assert [(c.tensor, c.consumers) for c in plan.casts] == [("m", ["exp"])]
     assert_valid(out)

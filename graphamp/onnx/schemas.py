@@ -163,9 +163,7 @@ def _formal(params: tuple[tuple[str, bool], ...], index: int) -> str | None:
     return None
 
 
-def any_type_inputs(
-    found: Schema, inputs: list[str], outputs: int, target: str
-) -> frozenset[int]:
+def any_type_inputs(found: Schema, inputs: list[str], outputs: int, target: str) -> frozenset[int]:
     """Input slots whose type variable appears at no other input or output and admits float32
     and ``target``: such a slot reads the value in either type as it is (Shape and Size read
     only a shape; before opset 13 their schemas admit float16 but not bfloat16, and a Cast
