@@ -24,6 +24,8 @@ __all__ = [
     "FLOAT_TYPES",
     "LOW_TYPES",
     "UNKNOWN",
+    "Body",
+    "BodyKind",
     "NodeKind",
     "OpGraph",
     "OpNode",
@@ -39,7 +41,12 @@ class NodeKind(enum.Enum):
     OP = "op"  # an op with a schema: its computation-type slots are known
     CAST = "cast"  # a dtype conversion already in the model; ``cast_to`` is its target
     CONSTANT = "constant"  # produces a stored value (ONNX Constant)
-    CONTROL_FLOW = "control_flow"  # owns subgraphs (If/Loop/Scan); reads outer values implicitly
+    # owns bodies (If/Loop/Scan, a function call, torch.cond): entered when ``bodies`` names
+    # them (their nodes are in the graph), else kept whole, reading outer values implicitly
+    CONTROL_FLOW = "control_flow"
+    # one value across a body's boundary (an If output and its branches' results, a loop-carried
+    # value at entry, in the body and at exit, a function's parameter): every slot one type
+    BOUNDARY = "boundary"
     OPAQUE = "opaque"  # no schema (a custom domain): kept as it is
     # Nodes the training passes add to a training-step graph (``params`` holds their settings):
     LOSS_SCALE = "loss_scale"  # the backward seed multiplied by the loss scale
@@ -50,6 +57,34 @@ class NodeKind(enum.Enum):
     SKIP_COUNT = "skip_count"  # the number of skipped steps, plus this one if skipped
     ALL_REDUCE = "all_reduce"  # values reduced over a process group (mean of gradients, max)
     CLIP_GRAD_NORM = "clip_grad_norm"  # gradients scaled down to a largest global norm
+
+
+class BodyKind(enum.StrEnum):
+    """How often a body runs per run of the node that owns it."""
+
+    BRANCH = "branch"  # at most once (an If branch, a torch.cond branch)
+    LOOP = "loop"  # once per iteration (a Loop or Scan body, a while_loop body, map)
+    FUNCTION = "function"  # once (a function's body, at one call site)
+
+
+@dataclass(slots=True)
+class Body:
+    """A scope of the graph: its nodes and values are named ``<path>/<own name>`` and sit in
+    the same OpGraph as the main graph's, decided by the same passes.
+
+    ``path`` is ``<owner>/<attribute>`` (``if/then_branch``, ``loop/body``) or, for a
+    function at one call site, ``<call node>/<function>``; ``parent`` is the body the owner
+    sits in ("" for the main graph). The values a body reads from an enclosing scope are read
+    by name, like any other (an edge that crosses scopes); the values that cross its boundary
+    as parameters and results go through ``BOUNDARY`` nodes.
+    """
+
+    path: str
+    kind: BodyKind
+    owner: str
+    parent: str = ""
+    inputs: list[str] = field(default_factory=list)  # its parameters, in order
+    outputs: list[str] = field(default_factory=list)  # its results, in order
 
 
 class Role(enum.StrEnum):
@@ -69,6 +104,7 @@ class TensorInfo:
     dtype: str
     shape: tuple[int | str | None, ...] | None = None
     producer: str | None = None  # node name; None for graph inputs and initializers
+    body: str = ""  # the path of the body the value lives in ("" for the main graph)
     is_graph_input: bool = False
     is_graph_output: bool = False
     # The caller feeds this input in its declared type (a PyTorch module's arguments): the
@@ -117,8 +153,15 @@ class OpNode:
     no_kernel: str = ""
     # The dtype the computation type has in the input model ("float32" for a float32 op).
     compute_type: str | None = None
-    # Values read from an enclosing scope by the node's subgraphs (control flow only).
+    # Values read from an enclosing scope by the node's subgraphs (control flow kept whole).
     implicit_inputs: list[str] = field(default_factory=list)
+    # The path of the body the node sits in ("" for the main graph).
+    body: str = ""
+    # CONTROL_FLOW: the bodies it owns whose nodes the graph holds (empty: kept whole).
+    bodies: tuple[str, ...] = ()
+    # Slots that read what a loop body produced in the previous iteration (a loop-carried
+    # value's next value): a back edge, exempt from the topological order.
+    back_inputs: frozenset[int] = frozenset()
     cast_to: str | None = None  # NodeKind.CAST: the target dtype
     flops: int | None = None  # matrix ops with known shapes: 2 x multiply-adds
     # Where the node came from, for name rules: ONNX node name; FX module path.
@@ -152,10 +195,12 @@ class Dataflow:
 
 
 class OpGraph:
-    """Nodes and tensors of one (top-level) graph, in a topological order.
+    """Nodes and tensors of one graph and its bodies, in a topological order.
 
-    ``nodes`` keeps the dialect's order, which is topological: passes iterate it for
-    determinism. ``dataflow`` is a :class:`Dataflow` with an edge producer -> consumer for every
+    ``nodes`` keeps the dialect's order, which is topological (a loop-carried value's back
+    edge aside: ``OpNode.back_inputs``): passes iterate it for determinism. A body's nodes
+    follow the node that owns it (``bodies`` holds each :class:`Body` by path). ``dataflow``
+    is a :class:`Dataflow` with an edge producer -> consumer for every
     tensor that flows from a computation-type output slot to a computation-type input slot: the
     edges along which a precision can spread.
     """
@@ -166,6 +211,7 @@ class OpGraph:
         self.tensors: dict[str, TensorInfo] = {}
         self.graph_inputs: list[str] = []
         self.graph_outputs: list[str] = []
+        self.bodies: dict[str, Body] = {}
         self._consumers: dict[str, list[tuple[str, int]]] | None = None
         self._dataflow: Dataflow | None = None
 
@@ -207,6 +253,11 @@ class OpGraph:
                 self.tensors[out].producer = node.name
         self._changed()
 
+    def add_body(self, body: Body) -> None:
+        if body.path in self.bodies:
+            raise ValueError(f"duplicate body path {body.path!r}")
+        self.bodies[body.path] = body
+
     def replace_input(self, node: str, slot: int, tensor: str) -> None:
         self.nodes[node].inputs[slot] = tensor
         self._changed()
@@ -225,6 +276,20 @@ class OpGraph:
 
     def tensor(self, name: str) -> TensorInfo:
         return self.tensors[name]
+
+    def local_name(self, tensor: str) -> str:
+        """A value's name inside its body (its name for a main-graph value)."""
+        body = self.tensors[tensor].body
+        return tensor[len(body) + 1 :] if body and tensor.startswith(f"{body}/") else tensor
+
+    def enclosing(self, body: str) -> list[Body]:
+        """The bodies from the outermost down to ``body`` ("" gives none)."""
+        chain = []
+        while body:
+            found = self.bodies[body]
+            chain.append(found)
+            body = found.parent
+        return chain[::-1]
 
     def with_role(self, role: Role) -> list[TensorInfo]:
         """The values marked ``role``, in the order they were added."""
@@ -272,13 +337,23 @@ class OpGraph:
 
     def first_out_of_order(self) -> tuple[str, str] | None:
         """(node, tensor) for the first node that reads a value no earlier node produced and
-        that is no graph input or stored value; None when the order is topological."""
+        that is no graph input or stored value (a back input: that nothing produces); None
+        when the order is topological."""
         produced = {name for name, t in self.tensors.items() if t.producer is None}
         for node in self.nodes.values():
-            for name in (*node.inputs, *node.implicit_inputs):
-                if name and name not in produced:
+            back = node.back_inputs
+            for slot, name in enumerate(node.inputs):
+                if name and name not in produced and slot not in back:
+                    return node.name, name
+            for name in node.implicit_inputs:
+                if name not in produced:
                     return node.name, name
             produced.update(out for out in node.outputs if out)
+        for node in self.nodes.values():
+            for slot in node.back_inputs:
+                name = node.inputs[slot]
+                if name and name not in produced:
+                    return node.name, name
         return None
 
 

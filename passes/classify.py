@@ -4,12 +4,18 @@ Rules, in the order they are tried (the first that applies decides):
 
 1. A node that is a Cast already in the model, or that computes on no float type, is left to
    the casts pass (``cast`` / ``no_float``).
-2. A node that owns subgraphs (If/Loop/Scan) stays float32 with its bodies untouched; a node
-   with no schema (custom domain) is kept as it is (``control_flow`` / ``opaque``).
+2. A node that owns bodies the graph holds (If/Loop/Scan, a function call) computes nothing
+   itself: its bodies' nodes are decided like any other (``control_flow``, precision none).
+   One whose bodies the dialect could not enter stays float32 with its bodies untouched; a
+   node with no schema (custom domain) is kept as it is (``control_flow`` / ``opaque``).
+   A boundary node (one value across a body's boundary: an If output and its branches'
+   results, a loop-carried value) follows its neighbours as a clear-list op does, after rules
+   3 and 4; one the dialect cannot cast (a sequence) keeps its type (``control_flow``).
 3. A node whose computation type is already the target (or any type but float32) keeps it
    (``already_low``, ``float64``); one whose computation-type input has an unknown type stays
    float32 rather than risk a missing cast (``type_unknown``).
-4. ``deny_names`` (glob on node name or scope) and ``deny_tensors`` (any input or output name)
+4. ``deny_names`` (glob on node name or scope: a body's node by its path or its own name) and
+   ``deny_tensors`` (any input or output name; a body's value by its path or its own name)
    make a node deny: float32, and deny spreads from it as from a deny-list op.
 5. The op's list: allow / infer / clear / deny; an unlisted op stays float32 (``unlisted``).
 6. A listed op whose schema does not admit the target type, or which reads a stored weight
@@ -80,6 +86,17 @@ def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDe
         return decide(
             Precision.NONE, Rule.NO_FLOAT, "stored value: converted by the casts pass if needed"
         )
+    if node.kind is NodeKind.CONTROL_FLOW and node.bodies:
+        return decide(
+            Precision.NONE,
+            Rule.CONTROL_FLOW,
+            f"{node.op}: computes nothing itself; its bodies ({', '.join(node.bodies)}) are"
+            " decided node by node and its outputs by its boundary nodes",
+        )
+    if node.kind is NodeKind.BOUNDARY and not node.follow_inputs:
+        return decide(
+            Precision.NONE, Rule.CONTROL_FLOW, f"{node.params.get('boundary', node.op)}: kept"
+        )
     if node.kind is not NodeKind.OP and node.kind in _KEPT_KINDS:  # (an Enum hash is slow)
         rule, template = _KEPT_KINDS[node.kind]
         reason = template.format(op=node.op, domain=node.domain or "ai.onnx")
@@ -104,13 +121,21 @@ def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDe
     if pattern is not None:
         return decide(Precision.FLOAT32, Rule.DENY_NAME, f"deny_names rule {pattern!r}")
     for tensor in (*node.inputs, *node.outputs) if policy.deny_tensors else ():
-        if tensor and tensor in policy.deny_tensors:
+        # a body's value by its path or by its own name in the body
+        local = weights.graph.local_name(tensor) if node.body and tensor else tensor
+        if tensor and (tensor in policy.deny_tensors or local in policy.deny_tensors):
             return decide(
                 Precision.FLOAT32,
                 Rule.DENY_TENSOR,
                 f"deny_tensors rule: reads or writes {tensor!r}",
             )
 
+    if node.kind is NodeKind.BOUNDARY:
+        return decide(
+            Precision.FLOAT32,
+            Rule.CLEAR,
+            f"{node.params.get('boundary', node.op)}: follows its neighbours as a clear-list op",
+        )
     list_name, list_reason = policy.list_of(node.op)
     if list_name is None:
         return decide(

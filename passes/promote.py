@@ -14,6 +14,11 @@ each value has after the decisions so far:
    rule for scalars), unless all inputs are 0-d.
 3. Every other node keeps the decision classify gave it; its outputs keep their types (a Cast
    already in the model yields its target).
+4. A loop-carried value (a boundary node with a back input: what the body produced in the
+   previous iteration) is one value at entry, in the body and at exit. The walk first takes
+   the body's result to have the type the value has at entry; where the body then gives it
+   float32, the value is float32 throughout, and the walk runs again: a fixed point, reached
+   after at most one more walk per such value.
 
 Every node decided here records the input its type came from (``via``).
 """
@@ -51,6 +56,26 @@ class PromotePass(Pass):
 
 def promote(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[str, NodeDecision]:
     """Final precision of every node; ``classes`` comes from the classify pass."""
+    carried = [node for node in graph if node.back_inputs]
+    widened: dict[str, str] = {}  # loop-carried boundary -> the body's float32 result
+    while True:
+        decisions, has = _walk(graph, classes, low, widened)
+        more = {
+            node.name: name
+            for node in carried
+            if node.name not in widened and decisions[node.name].precision == low
+            for slot in sorted(node.back_inputs)
+            if (name := node.inputs[slot]) and has.get(name) in FLOAT_TYPES and has[name] != low
+        }
+        if not more:
+            return decisions
+        widened.update(more)
+
+
+def _walk(
+    graph: OpGraph, classes: dict[str, NodeDecision], low: str, widened: dict[str, str]
+) -> tuple[dict[str, NodeDecision], dict[str, str]]:
+    """One walk in graph order (rules 1-3); ``widened``: loop-carried values found float32."""
     has = {name: tensor.dtype for name, tensor in graph.tensors.items()}
     decisions = dict(classes)
     low_count = 0
@@ -59,6 +84,16 @@ def promote(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[
         if decision.rule is Rule.ALLOW:
             _set_outputs(node, has, low)
             low_count += 1
+        elif decision.rule in _FOLLOWERS and node.name in widened:
+            decisions[node.name] = NodeDecision(
+                op=node.op,
+                precision=Precision.FLOAT32,
+                rule=decision.rule,
+                reason=f"loop-carried value whose next value {widened[node.name]!r} is float32:"
+                " one type at entry, in the body and at exit",
+                via=graph.tensors[widened[node.name]].producer,
+            )
+            _set_outputs(node, has, "float32")
         elif decision.rule in _FOLLOWERS:
             decisions[node.name] = _promoted(graph, node, decision, has, low)
             _set_outputs(node, has, str(decisions[node.name].precision))
@@ -68,7 +103,7 @@ def promote(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[
         elif decision.precision in FLOAT_TYPES:
             _set_outputs(node, has, str(decision.precision))
     log.info("promoted: %d of %d nodes %s", low_count, len(graph), low)
-    return decisions
+    return decisions, has
 
 
 def _set_outputs(node: OpNode, has: dict[str, str], dtype: str) -> None:
@@ -84,7 +119,9 @@ def _promoted(
     inputs = [
         node.inputs[slot]
         for slot in sorted(node.follow_inputs)
-        if slot < len(node.inputs) and has.get(node.inputs[slot]) in FLOAT_TYPES
+        if slot < len(node.inputs)
+        and slot not in node.back_inputs  # not yet walked: taken to agree (rule 4)
+        and has.get(node.inputs[slot]) in FLOAT_TYPES
     ]
     with_dims = [name for name in inputs if graph.tensors[name].shape != ()]
     inputs = with_dims or inputs
