@@ -10,6 +10,11 @@ records every decision with its reason in a :class:`Plan`.
     >>> print(result.plan.summary())                                     # doctest: +SKIP
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from graphamp.errors import (
     GraphampError,
     InternalError,
@@ -17,11 +22,21 @@ from graphamp.errors import (
     RecaptureWarning,
     SlowPrecisionWarning,
 )
-from graphamp.plan import Plan
-from graphamp.policy import Policy
-from graphamp.scaling import DynamicLossScaling, StaticLossScaling
+
+if TYPE_CHECKING:
+    from graphamp.plan import Plan
+    from graphamp.policy import Policy
+    from graphamp.scaling import DynamicLossScaling, StaticLossScaling
 
 __version__ = "0.1.0"
+# Imported on first use: ``import graphamp.cli`` (what ``graphamp --help`` runs) must not pay
+# for numpy and the plan machinery it does not use.
+_LAZY = {
+    "Plan": "graphamp.plan",
+    "Policy": "graphamp.policy",
+    "DynamicLossScaling": "graphamp.scaling",
+    "StaticLossScaling": "graphamp.scaling",
+}
 __all__ = [
     "DynamicLossScaling",
     "GraphampError",
@@ -34,3 +49,14 @@ __all__ = [
     "StaticLossScaling",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'graphamp' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

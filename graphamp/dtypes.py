@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from graphamp.vocab import TARGET_TYPES as TARGET_TYPES  # re-exported: the table's words
+
 UNKNOWN = "unknown"
 
 
@@ -48,7 +50,6 @@ BY_ONNX: dict[int, DType] = {entry.onnx: entry for entry in TABLE}
 
 FLOAT_TYPES = frozenset(entry.name for entry in TABLE if entry.is_float)
 LOW_TYPES = frozenset({"float16", "bfloat16"})
-TARGET_TYPES = ("float16", "bfloat16")  # what a conversion can target
 
 
 def numpy_type(name: str) -> type:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import enum
 
+TARGET_TYPES = ("float16", "bfloat16")  # what a conversion can target
+
 
 class Precision(enum.StrEnum):
     """What a node computes in, as a plan records it."""

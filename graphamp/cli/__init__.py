@@ -3,6 +3,10 @@
 Each command module has ``HELP``, ``add_parser(commands, epilog)`` and ``run(args, console)``;
 :data:`COMMANDS` lists them in the order ``--help`` shows. Exit status: 0 success; 1 a verify
 over tolerance or a plan that drifted; 2 bad input or option; 3 an internal error.
+
+Building the parser imports nothing heavy (no numpy, onnx, onnx_ir, onnxruntime, rich or
+torch): ``graphamp --help`` answers at once, and each command imports what it uses when it
+runs. ``tests/test_cli_imports.py`` holds every command's ``--help`` to that.
 """
 
 from __future__ import annotations
@@ -14,8 +18,6 @@ import traceback
 import warnings
 from collections.abc import Sequence
 from types import ModuleType
-
-from rich.console import Console
 
 from graphamp.cli import check, convert, debug, demo, diff, explain, lists, plan, tune
 from graphamp.cli.common import Parser
@@ -94,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     warnings.showwarning = _one_line_warning
+    from rich.console import Console
+
     console = Console(highlight=False)
     try:
         return COMMANDS[args.command].run(args, console)

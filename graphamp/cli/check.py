@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from graphamp.cli.common import add_policy_arguments, plan_of
-from graphamp.config import read_table
 from graphamp.errors import GraphampError
-from graphamp.plan import Plan
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 HELP = "fail when a model's plan drifted from its reviewed baseline"
 
@@ -54,6 +54,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 def check_entries(config: Path) -> list[tuple[Path, Path]]:
     """The (model, baseline) pairs of a policy file's [[graphamp.check]] tables."""
+    from graphamp.config import read_table
+
     checks = read_table(config).get("check", [])
     if not checks:
         raise GraphampError(
@@ -73,6 +75,8 @@ def check_entries(config: Path) -> list[tuple[Path, Path]]:
 
 def check_one(model: Path, baseline: Path, args: argparse.Namespace, *, update: bool) -> int:
     """0 when ``model``'s plan equals ``baseline`` (or was written to it), 1 when it drifted."""
+    from graphamp.plan import Plan
+
     _, plan = plan_of(model, args)
     plan.model = model.name
     if update:

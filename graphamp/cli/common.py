@@ -1,5 +1,8 @@
 """What the graphamp commands share: the parser type, the policy and verification flags, reading
-a model or plan file through its dialect, and the summary and verification tables."""
+a model or plan file through its dialect, and the summary and verification tables.
+
+The flags are defined with light imports only (the parser is built for ``--help`` too); what
+runs a command (numpy, rich, the engine, the dialects) is imported inside the functions."""
 
 from __future__ import annotations
 
@@ -7,22 +10,22 @@ import argparse
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-from rich.console import Console
-from rich.table import Table
-
-from graphamp import engine, verify
-from graphamp.batches import load_input_batches
-from graphamp.dialects.base import Dialect
-from graphamp.dialects.registry import for_file
 from graphamp.errors import GraphampError
-from graphamp.graph import OpGraph
-from graphamp.inputs import random_inputs
-from graphamp.io import write_atomic
-from graphamp.plan import Plan, is_plan_file
-from graphamp.policy import DTYPES, LISTS, Policy
+from graphamp.vocab import TARGET_TYPES, ListName
 
+if TYPE_CHECKING:
+    import numpy as np
+    from rich.console import Console
+
+    from graphamp.dialects.base import Dialect
+    from graphamp.graph import OpGraph
+    from graphamp.plan import Plan
+    from graphamp.policy import Policy
+
+DTYPES = TARGET_TYPES
+LISTS = tuple(ListName)
 POLICY_FLAGS = (
     "dtype",
     "target",
@@ -33,16 +36,6 @@ POLICY_FLAGS = (
     "deny_tensor",
     "config",
 )
-# Rules that keep an op float32 for a reason of the graph itself, shown in the summary.
-NOTABLE_RULES = {
-    "schema": "its schema does not admit the type",
-    "weight_range": "a weight would overflow",
-    "type_unknown": "input type unknown",
-    "opaque": "no schema (custom op)",
-    "control_flow": "owns subgraphs",
-    "range": "values out of range on data",
-    "tuned": "graphamp tune kept it",
-}
 
 
 class Parser(argparse.ArgumentParser):
@@ -185,6 +178,8 @@ def policy_flags_given(args: argparse.Namespace) -> list[str]:
 
 def policy_from_args(args: argparse.Namespace, dialect: Dialect) -> Policy:
     """The policy of the flags (and ``--config``) for a model of ``dialect``."""
+    from graphamp.policy import Policy
+
     overrides: dict[str, object] = {"dialect": dialect.lists}
     if args.dtype:
         overrides["dtype"] = args.dtype
@@ -213,6 +208,11 @@ def policy_from_args(args: argparse.Namespace, dialect: Dialect) -> Policy:
 def plan_of(path: str | Path, args: argparse.Namespace) -> tuple[OpGraph | None, Plan]:
     """(graph or None, Plan) of a model file (through its dialect, under the policy flags of
     ``args``) or of a plan file."""
+    from graphamp import engine
+    from graphamp.batches import load_input_batches
+    from graphamp.dialects.registry import for_file
+    from graphamp.plan import Plan, is_plan_file
+
     path = Path(path)
     if is_plan_file(path):
         if getattr(args, "calibrate", None):
@@ -236,53 +236,12 @@ def policy_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def emit(text: str, output: str | None) -> None:
+    from graphamp.io import write_atomic
+
     if output:
         write_atomic(Path(output), text.encode("utf-8"))
     else:
         sys.stdout.write(text)
-
-
-def print_summary(console: Console, plan: Plan, seconds: float, source: Path, target: Path) -> None:
-    summary = plan.summary()
-    weights = plan.weights
-    before = sum(w.bytes_before for w in weights if w.in_place)
-    after = sum(w.bytes_after for w in weights)
-    table = Table(
-        title=f"{source.name} -> {target.name} ({plan.dtype})",
-        title_justify="left",
-        show_header=False,
-    )
-    table.add_column("what")
-    table.add_column("value", justify="right")
-    for precision, count in summary["nodes"].items():  # type: ignore[union-attr]
-        label = "nodes with no float math" if precision == "none" else f"nodes in {precision}"
-        table.add_row(label, str(count))
-    table.add_row(
-        "MatMul/Gemm/Conv in low precision",
-        f"{summary['matrix_ops_low']} of {summary['matrix_ops']}",
-    )
-    table.add_row("casts inserted", str(summary["casts_inserted"]))
-    if summary["casts_removed"] or summary["casts_retargeted"]:
-        table.add_row(
-            "casts removed / retargeted",
-            f"{summary['casts_removed']} / {summary['casts_retargeted']}",
-        )
-    table.add_row("weights converted", f"{len(weights)} ({_size(before)} -> {_size(after)})")
-    if summary["values_flushed_to_zero"]:
-        table.add_row("weight values flushed to zero", str(summary["values_flushed_to_zero"]))
-    at_limit = sum(w.at_limit for w in weights)
-    if at_limit:
-        table.add_row(
-            "weight values at float32's limit, stored at half the target's", f"{at_limit}"
-        )
-    kept: dict[str, int] = {}
-    for decision in plan.nodes.values():
-        if decision.rule in NOTABLE_RULES:
-            kept[decision.rule] = kept.get(decision.rule, 0) + 1
-    for rule, count in sorted(kept.items()):
-        table.add_row(f"kept float32: {NOTABLE_RULES[rule]} ({rule})", str(count))
-    table.add_row("time", f"{seconds:.2f} s")
-    console.print(table)
 
 
 def verification_inputs(
@@ -290,6 +249,9 @@ def verification_inputs(
 ) -> Iterable[dict[str, np.ndarray]]:
     """The batches to verify on: ``--inputs`` (an .npz or a folder of them) checked against
     the model's inputs (before anything is converted or written), else one random batch."""
+    from graphamp.batches import load_input_batches
+    from graphamp.inputs import random_inputs
+
     specs = dialect.input_specs(original)
     if not args.inputs:
         return [random_inputs(specs)]
@@ -307,6 +269,10 @@ def report_verification(
 ) -> int:
     """Run both models (objects or saved files) through ``dialect`` on each batch and print
     the table (each output's worst batch); 1 when an output is over tolerance."""
+    from rich.table import Table
+
+    from graphamp import verify
+
     if feeds is None:
         feeds = verification_inputs(dialect, original, args)
     rtol = args.rtol if args.rtol is not None else verify.DEFAULT_RTOL[dtype]
@@ -346,14 +312,6 @@ def report_verification(
     return 0
 
 
-def _size(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count} B"
-
-
 def check_output_path(source: Path, target: Path) -> None:
     if target.resolve() == source.resolve():
         raise GraphampError(
@@ -369,20 +327,3 @@ def check_writable(path: Path | str, what: str = "output") -> None:
         raise GraphampError(f"{path}: is a folder; the {what} needs a file name")
     if not path.parent.is_dir():
         raise GraphampError(f"{path}: folder {path.parent} does not exist")
-
-
-def nothing_converted(plan: Plan) -> str | None:
-    """Why no node of ``plan`` was put into its dtype, when none was."""
-    if (
-        any(d.precision == plan.dtype and d.rule != "already_low" for d in plan.nodes.values())
-        or plan.weights
-    ):
-        return None
-    low = [d for d in plan.nodes.values() if d.rule == "already_low"]
-    if low:
-        types = sorted({str(d.precision) for d in low})
-        return (
-            f"nothing converted: {len(low)} nodes already compute in {', '.join(types)}; "
-            "the output is the input's graph"
-        )
-    return f"nothing converted: no node runs in {plan.dtype} under this policy"

@@ -10,29 +10,29 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-
-from graphamp import engine, progress
 from graphamp.cli.common import (
     add_policy_arguments,
     add_verify_arguments,
     check_output_path,
     check_writable,
-    nothing_converted,
     policy_flags_given,
     policy_from_args,
     policy_options,
-    print_summary,
     report_verification,
     verification_inputs,
 )
 from graphamp.cli.numerics import add_calibrate_argument, calibrated
-from graphamp.dialects.registry import for_file
+from graphamp.cli.summary import nothing_converted, print_summary
 from graphamp.errors import GraphampError, WeightOverflow
-from graphamp.io import staged
-from graphamp.plan import Plan
-from graphamp.policy import Policy
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from graphamp import engine
+    from graphamp.plan import Plan
+    from graphamp.policy import Policy
 
 HELP = "convert a model file (ONNX, or a .pt2 program)"
 
@@ -79,6 +79,10 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from graphamp import engine, progress
+    from graphamp.dialects.registry import for_file
+    from graphamp.plan import Plan
+
     source, target = Path(args.input), Path(args.output)
     check_output_path(source, target)
     if args.plan:
@@ -144,6 +148,10 @@ def _convert_and_write(
     """Convert, write OUT (staged: moved into place only when everything below succeeded),
     print the summary and verify; (the conversion, the exit status). With ``speculate``,
     weights on disk are range-checked as they are written (WeightOverflow on a miss)."""
+    from graphamp import engine
+    from graphamp.dialects.registry import for_file
+    from graphamp.io import staged
+
     source, target = Path(args.input), Path(args.output)
     dialect = for_file(source)
     options = {**options, "speculate_weights": speculate}

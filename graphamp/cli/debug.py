@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from graphamp.cli.common import check_writable, emit
 from graphamp.cli.numerics import add_inputs_argument, batches, require_onnx
-from graphamp.dialects.registry import for_file
-from graphamp.plan import Plan
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 HELP = "find the node where a converted model goes wrong, and rank nodes by the error they add"
 
@@ -49,7 +49,9 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from graphamp.dialects.registry import for_file
     from graphamp.onnx.debugging import debug
+    from graphamp.plan import Plan
 
     if args.output:
         check_writable(args.output, "report")

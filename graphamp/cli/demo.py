@@ -6,15 +6,14 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-
-from graphamp import engine
-from graphamp.cli.common import add_verify_arguments, print_summary, report_verification
+from graphamp.cli.common import DTYPES, add_verify_arguments, report_verification
+from graphamp.cli.summary import print_summary
 from graphamp.errors import GraphampError
-from graphamp.models import ZOO, export_onnx
-from graphamp.onnx.dialect import OnnxDialect
-from graphamp.policy import DTYPES, Policy
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 HELP = "convert a bundled model and verify it (no arguments needed)"
 
@@ -42,6 +41,11 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from graphamp import engine
+    from graphamp.models import ZOO, export_onnx
+    from graphamp.onnx.dialect import OnnxDialect
+    from graphamp.policy import Policy
+
     if args.model not in ZOO:
         raise GraphampError(f"--model {args.model!r}: choose one of {', '.join(ZOO)}")
     if args.keep and Path(args.keep).exists() and not Path(args.keep).is_dir():

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-
-from graphamp import viewer
 from graphamp.cli.common import add_policy_arguments, check_writable, emit, plan_of
 from graphamp.errors import GraphampError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 HELP = "compare the plans of two models or plan files"
 
@@ -41,6 +42,8 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from graphamp import viewer
+
     if args.output:
         check_writable(args.output, "diff")
     old_graph, old = plan_of(args.old, args)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-
-from graphamp import report
 from graphamp.cli.common import add_policy_arguments, plan_of
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 HELP = "the chain of reasons behind one node's precision"
 
@@ -28,6 +29,8 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from graphamp import report
+
     graph, plan = plan_of(args.model, args)
     sys.stdout.write(report.explain(plan, args.node, graph))
     return 0

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
+from graphamp.cli.common import DTYPES, LISTS
 
-from graphamp.policy import DTYPES, LISTS, Policy
+if TYPE_CHECKING:
+    from rich.console import Console
 
 HELP = "show the default op lists and the reason for each"
 
@@ -27,6 +28,10 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
+    from graphamp.policy import Policy
+
     policy = (
         Policy.from_toml(args.config, dtype=args.dtype, dialect=args.dialect)
         if args.config

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-
-from graphamp import report, viewer
 from graphamp.cli.common import add_policy_arguments, check_writable, emit, plan_of
 from graphamp.cli.numerics import add_calibrate_argument
 from graphamp.errors import GraphampError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 HELP = "show the precision plan of a model without converting it"
 
@@ -36,6 +37,8 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from graphamp import report, viewer
+
     if args.output:
         check_writable(args.output, "plan")
     graph, plan = plan_of(args.model, args)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from graphamp.cli.common import (
     add_policy_arguments,
@@ -23,9 +22,11 @@ from graphamp.cli.numerics import (
     calibrated,
     require_onnx,
 )
-from graphamp.dialects.registry import ONNX_MATRIX_OPS, for_file
-from graphamp.io import staged
-from graphamp.plan import Plan
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from graphamp.plan import Plan
 
 HELP = "find a small set of nodes to keep float32 so the model meets a tolerance, and convert"
 
@@ -68,6 +69,8 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from graphamp.dialects.registry import for_file
+    from graphamp.io import staged
     from graphamp.onnx.tune import tune
 
     source, target = Path(args.input), Path(args.output)
@@ -119,6 +122,8 @@ def _warn_tf32(kept: tuple[str, ...], plan: Plan, target: str, console: Console)
     """onnxruntime's CUDA provider runs float32 matrix ops on TF32 tensor cores by default,
     which round their inputs to float16's 10-bit mantissa: a matrix op kept float32 for its
     precision is then not, unless the session turns TF32 off."""
+    from graphamp.dialects.registry import ONNX_MATRIX_OPS
+
     matrix = [name for name in kept if plan.nodes[name].op in ONNX_MATRIX_OPS]
     if matrix and target != "cpu":
         console.print(

@@ -1,0 +1,75 @@
+"""``graphamp --help`` and each command's ``--help`` import nothing heavy.
+
+The parser is built before any command runs, so whatever the command modules import at their
+top is paid by every invocation, ``--help`` included; numpy, onnx, onnx_ir (and sympy under
+it), onnxruntime, rich, networkx and torch are imported by the commands that use them, when
+they run. This checks *which modules* get imported (in a fresh interpreter), not how long it
+takes: BENCHMARKS.md has the times.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from graphamp.cli import COMMANDS
+
+HEAVY = (
+    "numpy",
+    "ml_dtypes",
+    "onnx",
+    "onnx_ir",
+    "sympy",
+    "onnxruntime",
+    "google.protobuf",
+    "rich",
+    "networkx",
+    "torch",
+)
+
+PROBE = """
+import contextlib, io, json, sys
+from graphamp.cli import main
+heavy = {heavy!r}
+found = {{}}
+for argv in {argvs!r}:
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            main(argv)
+        except SystemExit:
+            pass
+    assert "usage: graphamp" in out.getvalue(), (argv, out.getvalue()[:200])
+    found[" ".join(argv)] = sorted(
+        m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in heavy)
+    )
+print(json.dumps(found))
+"""
+
+
+def test_help_imports_nothing_heavy() -> None:
+    argvs = [["--help"], *([name, "--help"] for name in COMMANDS)]
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(heavy=HEAVY, argvs=argvs)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = json.loads(done.stdout)
+    assert list(found) == [" ".join(argv) for argv in argvs]
+    # cumulative: a command's entry lists what it or any command before it imported
+    assert found == {key: [] for key in found}
+
+
+def test_a_command_that_runs_imports_what_it_needs() -> None:
+    """The other side: lazy imports still happen (a command that runs has rich for its
+    output), so the probe above can see a heavy module when one is imported."""
+    probe = (
+        "import contextlib, io, sys\n"
+        "from graphamp.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['lists'])\n"
+        "print('rich' in sys.modules, 'numpy' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["True", "True"]
