@@ -21,6 +21,7 @@ from graphamp.errors import (
     PolicyWarning,
     RecaptureWarning,
     SlowPrecisionWarning,
+    TeardownWarning,
 )
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ __all__ = [
     "RecaptureWarning",
     "SlowPrecisionWarning",
     "StaticLossScaling",
+    "TeardownWarning",
     "__version__",
 ]
 

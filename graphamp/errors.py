@@ -36,3 +36,8 @@ class SlowPrecisionWarning(UserWarning):
 class RecaptureWarning(UserWarning):
     """A training step was captured for many batch signatures (shapes, types): each new one
     costs a capture; padding batches to a few fixed shapes avoids it."""
+
+
+class TeardownWarning(UserWarning):
+    """Something keeps a torch.distributed process group alive past destroy_process_group, so
+    its threads still run when the process exits (a rank can then abort)."""

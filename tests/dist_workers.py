@@ -28,9 +28,38 @@ def free_port() -> int:
 
 
 def spawn(worker: Callable[..., None], out: Path, *args: Any) -> list[dict[str, Any]]:
-    """Run ``worker(rank, port, out, *args)`` on two processes; each rank's saved results."""
-    torch.multiprocessing.spawn(worker, args=(free_port(), str(out), *args), nprocs=WORLD)
+    """Run ``worker(rank, port, out, *args)`` on two processes; each rank's saved results.
+    Should a rank fail, the error names each rank's stdout and stderr (kept in ``out``)."""
+    try:
+        torch.multiprocessing.spawn(
+            _logged, args=(worker, free_port(), str(out), *args), nprocs=WORLD
+        )
+    except Exception as exc:
+        raise AssertionError(f"{exc}\n{rank_logs(out)}") from exc
     return [torch.load(out / f"rank{rank}.pt") for rank in range(WORLD)]
+
+
+def _logged(rank: int, worker: Callable[..., None], *args: Any) -> None:
+    """``worker(rank, *args)`` with this process's stdout and stderr in files of ``out``."""
+    import os
+    import sys
+
+    out = Path(args[1])
+    for stream, name in ((sys.stdout, "stdout"), (sys.stderr, "stderr")):
+        stream.flush()
+        with open(out / f"rank{rank}.{name}", "w") as log:
+            os.dup2(log.fileno(), stream.fileno())
+    worker(rank, *args)
+
+
+def rank_logs(out: Path) -> str:
+    parts = []
+    for rank in range(WORLD):
+        for name in ("stdout", "stderr"):
+            log = Path(out) / f"rank{rank}.{name}"
+            text = log.read_text(errors="replace") if log.exists() else "(none)"
+            parts.append(f"--- rank {rank} {name} ---\n{text}")
+    return "\n".join(parts)
 
 
 def net(seed: int = 0) -> nn.Module:

@@ -7,6 +7,7 @@ The collectives themselves are graph nodes (torch.distributed's functional colle
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 
 import torch
@@ -18,7 +19,17 @@ from graphamp.distributed import (
     GRAD_TYPES,
     GradientReduce,
 )
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, TeardownWarning
+
+# torch.distributed.nn.functional evaluates ``group=group.WORLD`` as default arguments when it
+# is first imported, and torch.optim's optimizers and torch._dynamo import it lazily. Imported
+# after init_process_group, those defaults hold the default process group past
+# destroy_process_group: gloo's threads are still running when the interpreter finalizes,
+# and a rank aborts at exit, now and then, with "terminate called without an active
+# exception" (exit -6; pytorch/pytorch#190489). Imported here, with graphamp.fx, before a
+# script starts its process group, the defaults hold None, which names the same group.
+if dist.is_available() and not dist.is_initialized():
+    import torch.distributed.nn
 
 
 def gradient_reduce(
@@ -38,6 +49,7 @@ def gradient_reduce(
             "process_group: torch.distributed is not initialized "
             "(call torch.distributed.init_process_group first, or run under torchrun)"
         )
+    _warn_if_group_pinned()
     if isinstance(process_group, str) and process_group == "world":
         process_group = dist.group.WORLD
     if not isinstance(process_group, dist.ProcessGroup):
@@ -54,6 +66,31 @@ def gradient_reduce(
         first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES if bucket_bytes is None else None,
         agree_found_inf=agree_found_inf,
     )
+
+
+def _warn_if_group_pinned() -> None:
+    """Say so when torch.distributed.nn was imported after init_process_group (graphamp.fx
+    imported after it, say): its default arguments then keep the process group alive past
+    destroy_process_group, and a rank can abort at exit."""
+    import sys
+
+    functional = sys.modules.get("torch.distributed.nn.functional")
+    if functional is None:
+        return
+    pinned = any(
+        isinstance(default, dist.ProcessGroup)
+        for value in vars(functional).values()
+        for default in (getattr(value, "__defaults__", None) or ())
+    )
+    if pinned:
+        warnings.warn(
+            "torch.distributed.nn was imported after init_process_group (torch.optim or "
+            "torch._dynamo import it): it holds the process group past destroy_process_group, "
+            "and a rank can abort at exit ('terminate called without an active exception'); "
+            "import graphamp.fx before init_process_group",
+            TeardownWarning,
+            stacklevel=4,
+        )
 
 
 def process_group_of(reduce: GradientReduce) -> dist.ProcessGroup:
