@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphamp.records import CastRecord, WeightRecord
+from graphamp.records import CastRecord, RewriteRecord, WeightRecord
 
 
 @dataclass
 class EditScript:
-    """Changes in the order a dialect applies them: weights, retypes, casts, rewiring,
+    """Changes in the order a dialect applies them: rewrites (fused ops in place of the
+    model's patterns, first: later edits may name the fused node), weights, retypes, casts,
+    rewiring,
     retargeted and removed Casts, added nodes, graph inputs and outputs, output casts."""
 
+    rewrites: list[RewriteRecord] = field(default_factory=list)
     retype: dict[str, str] = field(default_factory=dict)  # tensor -> new dtype
     # (node, input slot) -> tensor it reads instead (a cast output, a weight copy, a source)
     rewire: dict[tuple[str, int], str] = field(default_factory=dict)

@@ -26,6 +26,7 @@ __all__ = [
     "UNKNOWN",
     "Body",
     "BodyKind",
+    "FusedKernel",
     "NodeKind",
     "OpGraph",
     "OpNode",
@@ -170,6 +171,18 @@ class OpNode:
     params: Mapping[str, float | str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class FusedKernel:
+    """A fused op the dialect can write in place of a decomposed pattern (an RMSNorm's Pow,
+    ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul): its op and the node a pass may add for it,
+    with the slots, allowed types and kernel note the dialect's schemas give it."""
+
+    op: str
+    domain: str
+    # (name, inputs, outputs) -> the OpNode, slots filled as the dialect's reader fills them
+    build: Callable[[str, list[str], list[str]], OpNode]
+
+
 class Dataflow:
     """A directed graph over node names as two adjacency tables: what the passes walk (networkx
     did the same at five times the cost on a 50,000-node graph). An edge added twice is one
@@ -214,6 +227,9 @@ class OpGraph:
         self.bodies: dict[str, Body] = {}
         self._consumers: dict[str, list[tuple[str, int]]] | None = None
         self._dataflow: Dataflow | None = None
+        # Fused ops the dialect can write for this graph, by pattern ("rms_norm"): what a
+        # rewrite pass may put in place of the pattern's nodes (none: nothing is fused).
+        self.fused_kernels: dict[str, FusedKernel] = {}
 
     # -- building ---------------------------------------------------------------------------
 
@@ -257,6 +273,29 @@ class OpGraph:
         if body.path in self.bodies:
             raise ValueError(f"duplicate body path {body.path!r}")
         self.bodies[body.path] = body
+
+    def replace_nodes(self, removed: list[str], node: OpNode) -> None:
+        """Put ``node`` where the last of ``removed`` was and drop them all, with the values
+        only they produced (``node``'s outputs stay, produced by it now). The caller keeps the
+        order topological: ``node`` reads nothing produced after that last one."""
+        gone = set(removed)
+        last = max(removed, key=list(self.nodes).index)
+        ordered: dict[str, OpNode] = {}
+        for name, existing in self.nodes.items():
+            if name == last:
+                ordered[node.name] = node
+            if name not in gone:
+                ordered[name] = existing
+        kept_outputs = set(node.outputs)
+        for name in removed:
+            for out in self.nodes[name].outputs:
+                if out and out not in kept_outputs:
+                    self.tensors.pop(out, None)
+        self.nodes = ordered
+        for out in node.outputs:
+            if out and out in self.tensors:
+                self.tensors[out].producer = node.name
+        self._changed()
 
     def replace_input(self, node: str, slot: int, tensor: str) -> None:
         self.nodes[node].inputs[slot] = tensor

@@ -20,7 +20,14 @@ from graphamp.errors import GraphampError
 from graphamp.io import write_atomic
 from graphamp.plan_check import check_plan_data
 from graphamp.plandiff import PlanDiff
-from graphamp.records import BOUNDARY, CastRecord, NodeDecision, WeightRecord, decision_dict
+from graphamp.records import (
+    BOUNDARY,
+    CastRecord,
+    NodeDecision,
+    RewriteRecord,
+    WeightRecord,
+    decision_dict,
+)
 from graphamp.vocab import Precision, Rule
 
 PLAN_FORMAT = "graphamp-plan"
@@ -41,6 +48,8 @@ class Plan:
     kept_weights: list[WeightRecord] = field(default_factory=list)
     casts_retargeted: dict[str, str] = field(default_factory=dict)  # Cast node -> new target
     casts_removed: list[str] = field(default_factory=list)  # Casts already in the model
+    # patterns of the model's ops replaced by one fused op (a decomposed RMSNorm, say)
+    rewrites: list[RewriteRecord] = field(default_factory=list)
     model: str = ""
     # The dialect's matrix-product op types (for the summary); found from the policy's
     # dialect when not given.
@@ -97,8 +106,9 @@ class Plan:
     # -- JSON ---------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, object]:
-        """The plan as plain data, every list sorted by a stable key (see the README)."""
-        return {
+        """The plan as plain data, every list sorted by a stable key (see the README);
+        ``rewrites`` only where there are some."""
+        data = {
             "format": PLAN_FORMAT,
             "version": PLAN_VERSION,
             "model": self.model,
@@ -116,6 +126,9 @@ class Plan:
                 w.to_dict() for w in sorted(self.all_weights(), key=lambda w: (w.name, w.dst))
             ],
         }
+        if self.rewrites:
+            data["rewrites"] = [r.to_dict() for r in sorted(self.rewrites, key=lambda r: r.node)]
+        return data
 
     def to_json(self) -> str:
         """Stable JSON with one line per node, cast and weight, so that a one-node change is a
@@ -133,7 +146,11 @@ class Plan:
                     + ",\n".join("  " + item for item in items)
                     + f"\n  }}{comma}"
                 )
-            elif key in ("casts", "weights", "casts_removed") and isinstance(value, list) and value:
+            elif (
+                key in ("casts", "weights", "casts_removed", "rewrites")
+                and isinstance(value, list)
+                and value
+            ):
                 items = [f"    {_compact(v)}" for v in value]
                 lines.append(f"  {json.dumps(key)}: [\n" + ",\n".join(items) + f"\n  ]{comma}")
             else:
@@ -168,6 +185,7 @@ class Plan:
                 kept_weights=[w for w in weights if w.kept],
                 casts_retargeted=dict(data.get("casts_retargeted", {})),
                 casts_removed=list(data.get("casts_removed", [])),
+                rewrites=[RewriteRecord.from_dict(r) for r in data.get("rewrites", [])],
                 model=str(data.get("model", "")),
             )
         except (KeyError, TypeError, AttributeError, ValueError) as exc:

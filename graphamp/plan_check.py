@@ -47,6 +47,11 @@ def _count(value: object, path: str) -> None:
         _fail(path, "a whole number >= 0", value)
 
 
+def _number(value: object, path: str) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        _fail(path, "a number", value)
+
+
 def _flag(value: object, path: str) -> None:
     if not isinstance(value, bool):
         _fail(path, "true or false", value)
@@ -163,8 +168,14 @@ _PLAN: dict[str, Check] = {
     "casts": _records(_CAST, {}),
     "weights": _records(_WEIGHT, _WEIGHT_OPTIONAL),
 }
+_REWRITE = (
+    {name: _string for name in ("node", "op", "domain", "rule", "reason")}
+    | {name: _strings for name in ("inputs", "outputs", "replaces")}
+    | {"attributes": _mapping(_number)}
+)
 _PLAN_OPTIONAL: dict[str, Check] = {
     "model": _string,
+    "rewrites": _records(_REWRITE, {"drops": _strings}),
     "casts_retargeted": _mapping(_string),
     "casts_removed": _strings,
 }

@@ -37,7 +37,7 @@ SPREADS = ("tensorflow", "autocast")
 ALIASES = {"white": "allow", "gray": "infer", "grey": "infer", "black": "deny"}
 DTYPES = TARGET_TYPES
 POLICY_KEYS = frozenset(
-    {"dtype", "target", "keep_io_types", "deny_names", "deny_tensors", *LISTS, *ALIASES}
+    {"dtype", "target", "keep_io_types", "fuse", "deny_names", "deny_tensors", *LISTS, *ALIASES}
 )
 # Runtimes an ONNX model is converted for: an op goes low only where the provider has a kernel
 # for the low type (rule no_kernel); "any" checks no kernels.
@@ -108,6 +108,9 @@ class Policy:
     spread: str = "tensorflow"  # see SPREADS
     moved_ops: tuple[str, ...] = ()  # op types the user named in a list (file or flags)
     target: str = "cuda"  # see TARGETS (ONNX models)
+    # Replace decomposed patterns (an RMSNorm's Pow ... Mul) by a fused op where the target
+    # has one (the fuse_norms pass); False keeps the model's own ops (--no-fuse).
+    fuse: bool = True
 
     @classmethod
     def create(
@@ -123,6 +126,7 @@ class Policy:
         deny_tensors: Iterable[str] = (),
         keep_io_types: bool | Iterable[str] = False,
         target: str = "cuda",
+        fuse: bool = True,
         where: str = "policy",
         later_moves: Mapping[str, Iterable[str]] | None = None,
         later_where: str = "command line",
@@ -168,6 +172,7 @@ class Policy:
             keep_io_types=keep,
             source=where,
             target=target,
+            fuse=fuse,
         )
 
     @classmethod
@@ -195,6 +200,8 @@ class Policy:
         for key, value in table.items():
             if key in ("dtype", "target") and not isinstance(value, str):
                 raise GraphampError(f"{where}: {key!r} must be a string")
+            if key == "fuse" and not isinstance(value, bool):
+                raise GraphampError(f"{where}: 'fuse' must be true or false")
             if key == "keep_io_types" and not (
                 isinstance(value, bool)
                 or (isinstance(value, list) and all(isinstance(item, str) for item in value))
@@ -202,7 +209,7 @@ class Policy:
                 raise GraphampError(
                     f"{where}: 'keep_io_types' must be true, false or a list of strings"
                 )
-            if key not in ("dtype", "target", "keep_io_types") and not (
+            if key not in ("dtype", "target", "keep_io_types", "fuse") and not (
                 isinstance(value, list) and all(isinstance(item, str) for item in value)
             ):
                 raise GraphampError(f"{where}: {key!r} must be a list of strings")
@@ -254,6 +261,9 @@ class Policy:
                 source=where,
                 # plans written before targets existed checked no kernels
                 target=str(record.get("target", "any")),
+                # written only when off (a plan from before rewrites existed, made on a model
+                # with a pattern to fuse, is refused by --from-plan: its decisions differ)
+                fuse=bool(record.get("fuse", True)),
             )
         except (KeyError, TypeError) as exc:
             raise GraphampError(f"{where}: malformed policy in the plan ({exc})") from None
@@ -283,12 +293,15 @@ class Policy:
 
     def to_dict(self) -> dict[str, object]:
         """The policy as recorded in a plan: enough to reproduce the decisions. ``spread`` is
-        written only where it is not TensorFlow's (the default of every plan before it)."""
+        written only where it is not TensorFlow's (the default of every plan before it);
+        ``fuse`` only where it is off."""
         record: dict[str, object] = {"dtype": self.dtype, "dialect": self.dialect}
         if self.spread != "tensorflow":
             record["spread"] = self.spread
         if self.dialect == "onnx":
             record["target"] = self.target
+            if not self.fuse:
+                record["fuse"] = False
         record.update(
             lists={name: sorted(self.lists.get(name, {})) for name in LISTS},
             deny_names=list(self.deny_names),

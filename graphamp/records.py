@@ -95,6 +95,43 @@ class WeightRecord:
         return record
 
 
+@dataclass
+class RewriteRecord:
+    """A pattern of the model's ops replaced by one fused op (``node``), a decision like any
+    other: ``rule`` and ``reason`` say why; ``replaces`` names the model's nodes it stands for,
+    in graph order, and ``drops`` the stored values only they read (gone with them).
+    ``inputs``/``outputs``/``attributes`` are what a dialect writes."""
+
+    node: str
+    op: str
+    domain: str
+    inputs: list[str]
+    outputs: list[str]
+    attributes: dict[str, float | int]
+    replaces: list[str]
+    rule: str
+    reason: str
+    drops: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> RewriteRecord:
+        return cls(
+            node=str(data["node"]),
+            op=str(data["op"]),
+            domain=str(data["domain"]),
+            inputs=[str(n) for n in data["inputs"]],  # type: ignore[attr-defined]
+            outputs=[str(n) for n in data["outputs"]],  # type: ignore[attr-defined]
+            attributes=dict(data["attributes"]),  # type: ignore[call-overload]
+            replaces=[str(n) for n in data["replaces"]],  # type: ignore[attr-defined]
+            rule=str(data["rule"]),
+            reason=str(data["reason"]),
+            drops=[str(n) for n in data.get("drops", [])],  # type: ignore[attr-defined]
+        )
+
+
 def decision_dict(decision: NodeDecision) -> dict[str, object]:
     """A decision as the plan file writes it: fields that are None are left out."""
     return {key: value for key, value in asdict(decision).items() if value is not None}

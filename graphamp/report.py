@@ -46,7 +46,16 @@ def text_table(plan: Plan) -> str:
 
 def explain(plan: Plan, node: str, graph: OpGraph | None = None) -> str:
     """The chain of reasons for ``node``: its decision, then each neighbour its colour came
-    through, down to the rule that started it; then how its inputs reach it."""
+    through, down to the rule that started it; then how its inputs reach it. A node of the
+    model that a rewrite replaced is explained by the rewrite."""
+    rewrites = {r.node: r for r in plan.rewrites}
+    replaced_by = {old: r for r in plan.rewrites for old in r.replaces}
+    if node not in plan.nodes and node in replaced_by:
+        rewrite = replaced_by[node]
+        return (
+            f"{node}: replaced by {rewrite.node} ({rewrite.op}), rule {rewrite.rule}: "
+            f"{rewrite.reason}\n" + explain(plan, rewrite.node, graph)
+        )
     if node not in plan.nodes:
         import difflib
 
@@ -64,6 +73,11 @@ def explain(plan: Plan, node: str, graph: OpGraph | None = None) -> str:
             f"rule {decision.rule}: {decision.reason}"
         )
         current, depth = decision.via, depth + 1
+    if node in rewrites:
+        rewrite = rewrites[node]
+        lines.append(
+            f"  rewrite {rewrite.rule}: {rewrite.reason}; it replaces {', '.join(rewrite.replaces)}"
+        )
     if graph is not None and node in graph.nodes:
         op_node = graph.nodes[node]
         for slot, tensor in enumerate(op_node.inputs):

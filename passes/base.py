@@ -34,7 +34,7 @@ from graphamp.passes.invariants import check_invariants
 from graphamp.passes.weights import WeightRanges
 from graphamp.plan import Plan
 from graphamp.policy import Policy
-from graphamp.records import NodeDecision, WeightRecord
+from graphamp.records import NodeDecision, RewriteRecord, WeightRecord
 
 log = logging.getLogger("graphamp.passes")
 
@@ -55,6 +55,8 @@ class PassContext:
     decisions: dict[str, NodeDecision] = field(default_factory=dict)
     script: EditScript = field(default_factory=EditScript)
     kept_weights: list[WeightRecord] = field(default_factory=list)
+    # patterns replaced by fused ops (the fuse_norms pass); the casts pass hands them on
+    rewrites: list[RewriteRecord] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what the user should hear about
     facts: set[Fact] = field(default_factory=set)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -87,6 +89,7 @@ class PassContext:
             kept_weights=self.kept_weights,
             casts_retargeted=script.retarget_casts,
             casts_removed=script.remove_nodes,
+            rewrites=script.rewrites,
             model=label,
         )
 

@@ -71,6 +71,7 @@ class CastsPass(Pass):
             context.graph, context.decisions, context.policy, context.weights
         )
         script = context.script
+        script.rewrites = list(context.rewrites)
         return PassResult(
             modified=bool(script.casts or script.output_casts or script.weights),
             note=f"{len(script.casts) + len(script.output_casts)} casts",

@@ -31,6 +31,7 @@ POLICY_FLAGS = (
     "target",
     "keep_io_types",
     "keep_io",
+    "no_fuse",
     *LISTS,
     "deny_name",
     "deny_tensor",
@@ -79,6 +80,14 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         help="ONNX: the onnxruntime provider the model is for (default cuda). An op goes low "
         "only where that provider has a kernel for the low type (otherwise rule no_kernel: "
         "a missing kernel is a silent fallback with copies); any: no kernel check",
+    )
+    group.add_argument(
+        "--no-fuse",
+        action="store_true",
+        default=None,
+        help="ONNX: keep a decomposed RMSNorm's own ops instead of the fused op that reads "
+        "the low type with no Cast (RMSNormalization, opset 23+; SimplifiedLayerNormalization "
+        "for --target cuda/cpu; the plan's rewrites)",
     )
     group.add_argument(
         "--keep-io-types",
@@ -185,6 +194,8 @@ def policy_from_args(args: argparse.Namespace, dialect: Dialect) -> Policy:
         overrides["dtype"] = args.dtype
     if getattr(args, "target", None):
         overrides["target"] = args.target
+    if getattr(args, "no_fuse", None):
+        overrides["fuse"] = False
     if args.keep_io_types and args.keep_io:
         raise GraphampError("--keep-io-types keeps every input and output: drop --keep-io")
     if args.keep_io_types:

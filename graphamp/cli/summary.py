@@ -43,6 +43,8 @@ def print_summary(console: Console, plan: Plan, seconds: float, source: Path, ta
         "MatMul/Gemm/Conv in low precision",
         f"{summary['matrix_ops_low']} of {summary['matrix_ops']}",
     )
+    if plan.rewrites:
+        table.add_row("norms fused (--no-fuse keeps them)", str(len(plan.rewrites)))
     table.add_row("casts inserted", str(summary["casts_inserted"]))
     if summary["casts_removed"] or summary["casts_retargeted"]:
         table.add_row(

@@ -23,7 +23,7 @@ from graphamp.dialects.base import ReadGraph
 from graphamp.dtypes import UNKNOWN
 from graphamp.errors import GraphampError
 from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
-from graphamp.onnx import kernels, slots, stream
+from graphamp.onnx import fusion, kernels, slots, stream
 from graphamp.onnx.validate_nodes import NodeFields, node_fields
 
 _SUBGRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
@@ -119,6 +119,7 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
     ]
     if not any(t.is_float for t in tensors.values()):
         raise GraphampError("the model computes on no floating-point tensor: nothing to convert")
+    op_graph.fused_kernels = fusion.fused_kernels(opsets, target, provider, tensors)
     return ReadGraph(op_graph, model, None)
 
 

@@ -25,6 +25,7 @@ from graphamp.graph import OpGraph
 from graphamp.onnx.proto_reader import ProtoModel
 from graphamp.onnx.stream import ConvertedTensor
 from graphamp.onnx.writer import CONSTANT_FLOAT_ATTRIBUTES, LOW_PRECISION_ATTRIBUTES
+from graphamp.records import RewriteRecord
 
 _HEAD = 0  # the list's sentinel: nodes are numbered from 1
 
@@ -35,6 +36,8 @@ def apply(read: ReadGraph, script: EditScript) -> onnx.ModelProto:
     if script.new_nodes or script.new_inputs or any(slot < 0 for _, slot in script.rewire):
         raise InternalError("the ONNX dialect adds no training nodes and reads no subgraphs")
     edit = _Edit(model, read.graph)
+    for rewrite in script.rewrites:
+        edit.rewrite(rewrite)
     edit.weights(script)
     edit.types.update({name: dtypes.BY_NAME[d].onnx for name, d in script.retype.items()})
     for record in script.casts:
@@ -101,6 +104,7 @@ class _Edit:
         self.shapes: dict[str, str] = {}  # new value -> the value whose shape it has
         self.initializers: dict[str, onnx.TensorProto] = {}  # converted in place
         self.new_initializers: list[onnx.TensorProto] = []
+        self.dropped: set[str] = set()  # initializers only replaced nodes read
 
     def node(self, index: int) -> onnx.NodeProto:
         """Node ``index``, copied before its first change (the input is never changed)."""
@@ -165,6 +169,30 @@ class _Edit:
         self.shapes[low] = output
         self.insert_cast(low, dtype, output)
 
+    def rewrite(self, record: RewriteRecord) -> None:
+        """The fused node in place of the last node it replaces; the others unlinked."""
+        node = onnx.helper.make_node(
+            record.op,
+            record.inputs,
+            record.outputs,
+            name=record.node,
+            domain=record.domain or None,
+            **record.attributes,
+        )
+        index = len(self.nodes)
+        self.nodes.append(node)
+        self.next.append(_HEAD)
+        self.prev.append(_HEAD)
+        self.changed.add(index)
+        last = self.number[record.replaces[-1]]
+        self.link_after(self.prev[last], index)
+        for name in record.replaces:
+            self.unlink(self.number[name])
+        self.number[record.node] = index
+        for output in record.outputs:
+            self.producer[output] = index
+        self.dropped.update(record.drops)
+
     def hoist(self, index: int) -> None:
         self.unlink(index)
         self.place(index, self.nodes[index].input[0])  # type: ignore[union-attr]
@@ -216,6 +244,10 @@ class _Edit:
         return out
 
     def _write_initializers(self, graph: onnx.GraphProto) -> None:
+        if self.dropped:
+            kept = [init for init in graph.initializer if init.name not in self.dropped]
+            del graph.initializer[:]
+            graph.initializer.extend(kept)
         if self.initializers:
             for position, init in enumerate(graph.initializer):
                 if init.name in self.initializers:

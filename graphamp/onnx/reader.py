@@ -17,7 +17,7 @@ from graphamp.dialects.base import ReadGraph
 from graphamp.dtypes import FLOAT_TYPES, UNKNOWN
 from graphamp.errors import GraphampError
 from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
-from graphamp.onnx import kernels, slots, stream
+from graphamp.onnx import fusion, kernels, slots, stream
 from graphamp.onnx.types import dtype_name, ir_type
 
 
@@ -70,6 +70,7 @@ def read(model: ir.Model, target: str, provider: str = "any") -> ReadGraph:
     ]
     if not any(t.is_float for t in op_graph.tensors.values()):
         raise GraphampError("the model computes on no floating-point tensor: nothing to convert")
+    op_graph.fused_kernels = fusion.fused_kernels(opsets, target, provider, op_graph.tensors)
     return ReadGraph(op_graph, model, handles)
 
 

@@ -18,6 +18,7 @@ from graphamp.errors import InternalError
 from graphamp.onnx.reader import OnnxHandles, subgraph_nodes
 from graphamp.onnx.stream import ConvertedTensor
 from graphamp.onnx.types import ir_type
+from graphamp.records import RewriteRecord
 
 # Attributes an op needs when it runs in a low type: in float16 the fused Attention of opset
 # 23 keeps its softmax in float32, as a separate Softmax would be kept (torch's
@@ -38,6 +39,9 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
     graph = model.graph
     handles: OnnxHandles = read.handles
     values, nodes, op_graph = handles.values, handles.nodes, read.graph
+
+    for rewrite in script.rewrites:
+        _rewrite(graph, values, nodes, rewrite)
 
     for record in script.weights:
         source = values[record.name]
@@ -111,6 +115,42 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
     if script.new_nodes or script.new_inputs:
         raise InternalError("the ONNX dialect adds no training nodes")
     return model
+
+
+def _rewrite(
+    graph: ir.Graph, values: dict[str, ir.Value], nodes: dict[str, ir.Node], record: RewriteRecord
+) -> None:
+    """The fused node in place of the last node it replaces, writing the same values; the
+    replaced nodes removed."""
+    replaced = [nodes[name] for name in record.replaces]
+    outputs = []
+    for name in record.outputs:
+        old = values[name]
+        new = ir.Value(name=name, shape=old.shape, type=old.type)
+        outputs.append((old, new))
+    attributes = [
+        ir.AttrInt64(key, value) if isinstance(value, int) else ir.AttrFloat32(key, value)
+        for key, value in record.attributes.items()
+    ]
+    fused = ir.Node(
+        record.domain,
+        record.op,
+        [values[name] for name in record.inputs],
+        attributes,
+        outputs=[new for _, new in outputs],
+        name=record.node,
+    )
+    graph.insert_before(replaced[-1], fused)
+    for old, new in outputs:
+        old.replace_all_uses_with(new)
+        for index, output in enumerate(graph.outputs):
+            if output is old:
+                graph.outputs[index] = new
+        values[new.name] = new
+    graph.remove(replaced, safe=True)
+    nodes[record.node] = fused
+    for name in record.drops:
+        graph.initializers.pop(name, None)
 
 
 def _stored(value: ir.Value) -> ir.TensorProtocol:

@@ -1,0 +1,58 @@
+"""The fused ops the ONNX dialect can write in place of a decomposed pattern.
+
+A decomposed RMSNorm (``x * 1/sqrt(mean(x**2) + eps) * w``, what torch.onnx writes for
+LLaMA, Mistral, Gemma, Phi-3 and T5 below opset 23) is replaced by a single op whose kernel
+accumulates the mean of squares in float32 (``stash_type=1``), so it takes low inputs and
+outputs with no Cast where the decomposed ops would need float32 statistics:
+
+* ONNX ``RMSNormalization`` where the model's opset has it (23 and later), on any target;
+* onnxruntime's ``SimplifiedLayerNormalization`` (registered in ONNX's own domain, written by
+  its transformer optimizer) below that, for ``--target cuda`` or ``cpu``;
+* nothing for ``--target any`` below opset 23: no other runtime is known to have the op.
+
+The node is built with the slots, allowed types and kernel note the reader gives every node
+(:func:`graphamp.onnx.slots.computing_node`), so classify decides it like any other.
+"""
+
+from __future__ import annotations
+
+from graphamp.graph import FusedKernel, OpNode, TensorInfo
+from graphamp.onnx import kernels, slots
+
+RMS_NORM_OPSET = 23  # ONNX RMSNormalization
+
+
+def fused_kernels(
+    opsets: dict[str, int], target: str, provider: str, tensors: dict[str, TensorInfo]
+) -> dict[str, FusedKernel]:
+    """The fused ops available to a graph at ``opsets`` for ``provider`` (kernels.TARGETS)."""
+    opset = opsets.get("", 0)
+    if opset >= RMS_NORM_OPSET:
+        op = "RMSNormalization"
+    elif provider in kernels.PROVIDERS:
+        op = "SimplifiedLayerNormalization"
+    else:
+        return {}
+    signatures: dict[tuple[object, ...], slots.Slots] = {}
+
+    def build(name: str, inputs: list[str], outputs: list[str]) -> OpNode:
+        node = OpNode(
+            name=name,
+            op=op,
+            inputs=list(inputs),
+            outputs=list(outputs),
+            scope=name,
+            schema_source=f"opset {opset}",
+        )
+        output_types = tuple(tensors[out].dtype for out in outputs)
+        slots.computing_node(
+            node, op, tensors, output_types, opsets, target, signatures, _attribute
+        )
+        node.no_kernel = kernels.missing_kernel(provider, "", op, opset, target)
+        return node
+
+    return {"rms_norm": FusedKernel(op=op, domain="", build=build)}
+
+
+def _attribute(name: str) -> object:
+    return {"axis": -1, "stash_type": 1}.get(name)

@@ -1,0 +1,206 @@
+"""The fuse_norms pass: a decomposed RMSNorm becomes one fused op whose kernel accumulates in
+float32, taking float16 in and out with no Cast, and stays right where squaring the hidden
+values overflows float16 (|x| ~ 2000)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphamp.onnx as gonnx
+from graphamp import verify
+from graphamp.plan import Plan
+from tests.helpers import casts_in
+
+F32 = TensorProto.FLOAT
+WIDTH = 16
+
+
+def rms_model(
+    opset: int = 18,
+    *,
+    square: str = "Pow",
+    inverse: str = "Reciprocal",
+    weight_left: bool = False,
+    own_cast: bool = False,
+) -> onnx.ModelProto:
+    """x -> MatMul -> RMSNorm (decomposed as exporters write it) -> MatMul -> y; the hidden
+    values have two channels near +-2000 (a trained LLM's massive activations)."""
+    rng = np.random.default_rng(0)
+    first = (rng.standard_normal((WIDTH, WIDTH)) * 0.3).astype(np.float32)
+    first[:, :2] = 2000.0 / WIDTH * np.sign(first[:, :2])  # x of ones: channels 0-1 at ~2000
+    weights = {
+        "W1": first,
+        "W2": (rng.standard_normal((WIDTH, 8)) * 0.3).astype(np.float32),
+        "norm.weight": (1.0 + rng.standard_normal(WIDTH) * 0.1).astype(np.float32),
+        "two": np.array(2.0, np.float32),
+        "eps": np.array(1e-6, np.float32),
+        "axes": np.array([-1], np.int64),
+    }
+    if inverse == "Div1":
+        weights["one"] = np.array(1.0, np.float32)
+    if opset < 18:
+        del weights["axes"]
+    if square == "Mul":
+        del weights["two"]
+    h = "h"
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"], name="up")]
+    if own_cast:  # T5: hidden_states.to(torch.float32) on float32 values
+        nodes.append(helper.make_node("Cast", ["h"], ["h32"], to=F32, name="to_float"))
+        h = "h32"
+    squared = [h, h] if square == "Mul" else [h, "two"]
+    nodes.append(helper.make_node(square, squared, ["sq"], name="square"))
+    if opset >= 18:
+        nodes.append(helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], name="mean"))
+    else:
+        nodes.append(helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], name="mean"))
+    nodes += [
+        helper.make_node("Add", ["ms", "eps"], ["var"], name="add_eps"),
+        helper.make_node("Sqrt", ["var"], ["rms"], name="sqrt"),
+    ]
+    if inverse == "Reciprocal":
+        nodes.append(helper.make_node("Reciprocal", ["rms"], ["inv"], name="inverse"))
+        nodes.append(helper.make_node("Mul", [h, "inv"], ["normed"], name="normalise"))
+    elif inverse == "Div1":
+        nodes.append(helper.make_node("Div", ["one", "rms"], ["inv"], name="inverse"))
+        nodes.append(helper.make_node("Mul", [h, "inv"], ["normed"], name="normalise"))
+    else:
+        nodes.append(helper.make_node("Div", [h, "rms"], ["normed"], name="normalise"))
+    scaled = ["norm.weight", "normed"] if weight_left else ["normed", "norm.weight"]
+    nodes += [
+        helper.make_node("Mul", scaled, ["n"], name="scale"),
+        helper.make_node("MatMul", ["n", "W2"], ["y"], name="down"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "rms",
+        [helper.make_tensor_value_info("x", F32, [4, WIDTH])],
+        [helper.make_tensor_value_info("y", F32, [4, 8])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10 if opset >= 23 else 8
+    return model
+
+
+def feeds() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return {"x": (0.5 + rng.random((4, WIDTH))).astype(np.float32)}
+
+
+def error(original: onnx.ModelProto, converted: onnx.ModelProto) -> float:
+    report = verify.verify(original, converted, feeds(), rtol=1e-2)
+    assert all(o.nan_inf == 0 for o in report.outputs)
+    return max(o.max_rel_error for o in report.outputs)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"square": "Mul"},
+        {"inverse": "Div1"},
+        {"inverse": "Div"},
+        {"weight_left": True},
+        {"own_cast": True},
+        {"opset": 17},
+    ],
+    ids=["pow-reciprocal", "mul-square", "div-one", "div-x", "weight-left", "own-cast", "opset17"],
+)
+def test_rms_norm_fused_for_onnxruntime_with_no_cast(variant):
+    model = rms_model(**variant)
+    result = gonnx.convert(model, keep_io_types=True, target="cuda")
+    out, plan = result.to_proto(), result.plan
+    ops = [n.op_type for n in out.graph.node]
+    assert ops.count("SimplifiedLayerNormalization") == 1
+    assert not {"Pow", "ReduceMean", "Sqrt", "Reciprocal"} & set(ops)
+    # only the kept input and output: the norm reads and writes float16
+    assert sorted(c.input[0] for c in casts_in(out)) == ["x", "y__float16"]
+    [rewrite] = plan.rewrites
+    assert rewrite.rule == "fuse_norm" and "float32" in rewrite.reason
+    assert rewrite.attributes == {"axis": -1, "epsilon": pytest.approx(1e-6), "stash_type": 1}
+    assert plan.nodes[rewrite.node].precision == "float16"
+    assert "scale" not in plan.nodes and "square" not in plan.nodes
+    # the constants only the norm read are gone with it
+    names = {i.name for i in out.graph.initializer}
+    assert not {"two", "eps", "one", "axes"} & names
+    assert error(model, out) < 1e-2
+
+
+def test_massive_activations_stay_right_where_a_float16_norm_loses_the_output():
+    model = rms_model()
+    fused = gonnx.convert(model, keep_io_types=True).to_proto()
+    assert error(model, fused) < 5e-3
+    # the same norm all in float16 (what a converter that does not keep it float32 writes)
+    everything = gonnx.convert(
+        model, keep_io_types=True, allow=["Pow", "ReduceMean", "Sqrt", "Reciprocal", "Mul", "Add"]
+    ).to_proto()
+    report = verify.verify(model, everything, feeds(), rtol=1e-2)
+    assert report.outputs[0].max_rel_error > 0.5 or report.outputs[0].nan_inf > 0
+
+
+def test_no_fuse_keeps_the_model_ops():
+    model = rms_model()
+    result = gonnx.convert(model, keep_io_types=True, fuse=False)
+    ops = [n.op_type for n in result.to_proto().graph.node]
+    assert "SimplifiedLayerNormalization" not in ops and "Pow" in ops
+    assert not result.plan.rewrites
+    assert result.plan.policy["fuse"] is False
+
+
+def test_target_any_fuses_only_where_onnx_has_the_op():
+    below = gonnx.convert(rms_model(18), keep_io_types=True, target="any")
+    assert not below.plan.rewrites
+    assert "Pow" in [n.op_type for n in below.to_proto().graph.node]
+    # at most one Cast pair per norm where nothing fuses (besides the kept input's)
+    assert len([c for c in below.plan.casts if c.tensor != "x"]) <= 2
+    model = rms_model(23)
+    at_23 = gonnx.convert(model, keep_io_types=True, target="any")
+    out = at_23.to_proto()
+    assert [r.op for r in at_23.plan.rewrites] == ["RMSNormalization"]
+    assert sorted(c.input[0] for c in casts_in(out)) == ["x", "y__float16"]
+    onnx.checker.check_model(out, full_check=True)
+    assert error(model, out) < 5e-3
+
+
+def test_a_name_rule_on_a_pattern_node_keeps_the_model_ops():
+    result = gonnx.convert(rms_model(), keep_io_types=True, deny_names=["mean"])
+    assert not result.plan.rewrites
+    assert result.plan.nodes["mean"].rule == "deny_name"
+
+
+def test_a_value_read_outside_the_pattern_is_not_fused_away():
+    model = rms_model()
+    model.graph.output.append(helper.make_tensor_value_info("ms", F32, None))
+    result = gonnx.convert(model, keep_io_types=True)
+    assert not result.plan.rewrites
+
+
+def test_both_onnx_paths_write_the_same_model_and_a_plan_reapplies():
+    from graphamp import engine
+    from graphamp.onnx.dialect import OnnxDialect
+    from graphamp.policy import Policy
+
+    model = rms_model()
+    direct = gonnx.convert(model, keep_io_types=True)
+    policy = Policy.create(keep_io_types=True)
+    via_ir = engine.convert(model, policy, dialect=OnnxDialect(direct=False))
+    import onnx_ir as ir
+
+    through_ir = ir.serde.serialize_model(via_ir.model)
+    assert [(n.op_type, list(n.input), list(n.output)) for n in through_ir.graph.node] == [
+        (n.op_type, list(n.input), list(n.output)) for n in direct.to_proto().graph.node
+    ]
+    assert sorted(i.name for i in through_ir.graph.initializer) == sorted(
+        i.name for i in direct.to_proto().graph.initializer
+    )
+    plan = Plan.from_dict(direct.plan.to_dict())
+    assert plan.to_json() == direct.plan.to_json()
+    again = gonnx.convert(model, reviewed=plan)
+    assert again.to_proto().SerializeToString() == direct.to_proto().SerializeToString()
+    # converting the converted model changes no byte
+    converted = direct.to_proto()
+    twice = gonnx.convert(converted, keep_io_types=True).to_proto()
+    assert twice.SerializeToString() == converted.SerializeToString()
