@@ -8,13 +8,38 @@ import transformers
 
 SMALL = {"vocab_size": 96, "max_position_embeddings": 32}
 VOCAB = SMALL["vocab_size"]
+DECODER_SIZE = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "use_cache": False,
+}
+# More decoders (with their language-model heads): config class, model class, extra settings.
+DECODERS = {
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
+}
 
 
 def hf_model(name: str, *, lm_head: bool = False) -> torch.nn.Module:
-    """``bert``, ``gpt2``, ``llama`` or ``qwen2`` (grouped-query attention) or ``vit``, 2
-    layers of width 64, in eval mode; with ``lm_head`` the decoders carry their language-model
-    head."""
+    """``bert``, ``gpt2``, ``llama``, ``qwen2``, ``mistral``, ``gemma2``, ``phi3`` (grouped-
+    query attention) or ``vit``, 2 layers of width 64, in eval mode; with ``lm_head`` the
+    decoders carry their language-model head. ``t5`` is a T5 encoder-decoder with its head
+    (it takes ``input_ids`` and ``decoder_input_ids``)."""
     torch.manual_seed(0)
+    if name in DECODERS:
+        config_class, model_class, extra = DECODERS[name]
+        config = getattr(transformers, config_class)(**DECODER_SIZE, **extra, **SMALL)
+        return getattr(transformers, model_class)(config).eval()
+    if name == "t5":
+        config = transformers.T5Config(
+            vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4
+        )
+        config.use_cache = False
+        return transformers.T5ForConditionalGeneration(config).eval()
     if name == "vit":
         config = transformers.ViTConfig(
             hidden_size=64,

@@ -83,11 +83,15 @@ onnx.save(model, sys.argv[2])
 
 
 def modelopt_python() -> str | None:
-    """The interpreter that runs ModelOpt AutoCast, or None where it is not installed."""
+    """The interpreter that runs ModelOpt AutoCast, or None where it is not installed: the
+    environment tools/setup-modelopt.sh makes, or MODELOPT_PYTHON."""
     import importlib.util
 
     if os.environ.get("MODELOPT_PYTHON"):
         return os.environ["MODELOPT_PYTHON"]
+    own = ROOT / ".venv-modelopt" / "bin" / "python"
+    if own.exists():
+        return str(own)
     return sys.executable if importlib.util.find_spec("modelopt") else None
 
 
@@ -140,27 +144,72 @@ def build_models(folder: Path, full: bool = False, only: set[str] | None = None)
     from tests.test_ort_fused import CASES, optimized
 
     wanted = (lambda name: name in only) if only else (lambda name: True)
+    Logits = _logits()
     models = {case: optimized(case, folder) for case in CASES if wanted(case)}
     if full:
         names = [n for n in ("bert", "gpt") if wanted(f"zoo-{n}-full")]
         models.update({f"zoo-{n}-full": optimized_full(n, folder) for n in names})
     ids = torch.randint(1, 96, (1, 8), generator=torch.Generator().manual_seed(0))
     pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    for name in ("llama", "qwen2", "gpt2", "vit"):
-        for opset in (18, 23):
+    for name, opsets in EXPORTS.items():
+        for opset in opsets:
             path = folder / f"hf-{name}-opset{opset}.onnx"
             if not wanted(path.stem):
                 continue
             model = hf_model(name, lm_head=name != "vit")
-            with warnings.catch_warnings(), torch.no_grad():
-                warnings.simplefilter("ignore")
-                torch.onnx.export(
-                    model, (pixels if name == "vit" else ids,), dynamo=True, opset_version=opset
-                ).save(str(path))
+            # TorchScript takes tensors out, and T5 two inputs: a wrapper gives the logits
+            module = Logits(model) if opset == 17 or name == "t5" else model
+            args = (ids, ids) if name == "t5" else (pixels if name == "vit" else ids,)
+            try:
+                with warnings.catch_warnings(), torch.no_grad():
+                    warnings.simplefilter("ignore")
+                    if opset == 17:  # the TorchScript exporter: dynamo writes 18 and later
+                        torch.onnx.export(module, args, str(path), dynamo=False, opset_version=17)
+                    else:
+                        torch.onnx.export(module, args, dynamo=True, opset_version=opset).save(
+                            str(path)
+                        )
+            except Exception as exc:  # the exporter's own limits (aten::diff at opset 17)
+                print(
+                    f"# {path.stem}: the exporter cannot ({type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0][:100]})"
+                )
+                continue
             models[path.stem] = path
     if "hf-llama-opset18" in models and wanted("hf-llama-opset18-massive"):
         models["hf-llama-opset18-massive"] = massive(models["hf-llama-opset18"])
     return models
+
+
+# Hugging Face models exported by torch.onnx, by opset (17: TorchScript, where it can).
+EXPORTS = {
+    "llama": (17, 18, 23),
+    "qwen2": (18, 23),
+    "mistral": (17, 18, 23),
+    "gemma2": (17, 18, 23),
+    "phi3": (17, 18, 23),
+    "t5": (17, 18, 23),
+    "gpt2": (18, 23),
+    "vit": (18, 23),
+}
+
+
+def _logits():
+    import torch
+
+    class Logits(torch.nn.Module):
+        """Positional token ids (and a T5's decoder ids) -> logits."""
+
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids, decoder_ids=None):  # type: ignore[no-untyped-def]
+            if decoder_ids is None:
+                return self.model(input_ids=ids).logits
+            return self.model(input_ids=ids, decoder_input_ids=decoder_ids).logits
+
+    return Logits
 
 
 def massive(path: Path) -> Path:
@@ -186,6 +235,43 @@ def matrix_low(proto: onnx.ModelProto) -> tuple[int, int]:
     ops = [n for n in proto.graph.node if n.op_type in MATRIX]
     low = sum(types.get(n.input[0]) == onnx.TensorProto.FLOAT16 for n in ops)
     return low, len(ops)
+
+
+def weight_bytes(proto: onnx.ModelProto) -> int:
+    """Bytes of the stored values: initializers and Constant nodes' tensors."""
+    from onnx import numpy_helper
+
+    stored = list(proto.graph.initializer) + [
+        a.t for n in proto.graph.node if n.op_type == "Constant" for a in n.attribute if a.t.dims
+    ]
+    return sum(numpy_helper.to_array(t).nbytes for t in stored)
+
+
+def cast_bytes(proto: onnx.ModelProto) -> int | None:
+    """Bytes the Casts read and write per run, from ONNX shape inference (a symbolic dimension
+    counts 1: the models are exported at batch 1); None where a Cast's shape is unknown."""
+    import numpy as np
+    from onnx import helper
+
+    inferred = onnx.shape_inference.infer_shapes(proto)
+    values = {
+        v.name: v.type.tensor_type
+        for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+    }
+    total = 0
+    for node in proto.graph.node:
+        if node.op_type != "Cast":
+            continue
+        source, target = values.get(node.input[0]), values.get(node.output[0])
+        if source is None or target is None or not source.HasField("shape"):
+            return None
+        elements = int(np.prod([d.dim_value or 1 for d in source.shape.dim]))
+        sizes = [
+            np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)).itemsize
+            for t in (source, target)
+        ]
+        total += elements * sum(sizes)
+    return total
 
 
 def loads(proto: onnx.ModelProto) -> bool:
@@ -215,6 +301,8 @@ def measure(path: Path, tool: str, runs: int, gpu: bool) -> dict[str, object]:
     low, total = matrix_low(converted)
     row: dict[str, object] = {
         "casts": sum(n.op_type == "Cast" for n in converted.graph.node),
+        "weight_bytes": weight_bytes(converted),
+        "cast_bytes": cast_bytes(converted),
         "matrix_low": f"{low}/{total}",
         "convert_s": sorted(times)[len(times) // 2],
         "loads": loads(converted),
@@ -293,23 +381,29 @@ def cuda_run(
 def markdown(results: dict[str, dict[str, dict[str, object]]]) -> str:
     gpu = any("cuda_ms" in row for tools in results.values() for row in tools.values())
     lines = [
-        "| model | tool | Casts | matrix ops in float16 | max rel error | NaN/Inf | loads | "
-        "convert s |" + (" CUDA ms | CUDA error | CUDA NaN/Inf | nodes on CPU |" if gpu else ""),
-        "|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if gpu else ""),
+        "| model | tool | Casts | Cast bytes | weight bytes | matrix ops in float16 | "
+        "max rel error | NaN/Inf | loads | convert s |"
+        + (" CUDA ms | CUDA error | CUDA NaN/Inf | nodes on CPU |" if gpu else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if gpu else ""),
     ]
     for model, tools in results.items():
         for tool, row in tools.items():
             if "failed" in row:
-                lines.append(f"| {model} | {tool} | failed: {row['failed']} ||||||")
+                lines.append(f"| {model} | {tool} | failed: {row['failed']} ||||||||")
                 continue
             error = row.get("max_rel_error")
             lines.append(
-                f"| {model} | {tool} | {row['casts']} | {row['matrix_low']} | "
+                f"| {model} | {tool} | {row['casts']} | {_or_dash(row.get('cast_bytes'))} | "
+                f"{row['weight_bytes']} | {row['matrix_low']} | "
                 f"{'-' if error is None else f'{error:.2e}'} | {row.get('nan_inf', '-')} | "
                 f"{'yes' if row['loads'] else 'NO'} | {row['convert_s']:.2f} |"
                 + (cuda_cells(row) if gpu else "")
             )
     return "\n".join(lines)
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 def cuda_cells(row: dict[str, object]) -> str:
