@@ -69,7 +69,7 @@ class FuseNormsPass(Pass):
             if match is None or not _user_allows(graph, policy, match.nodes):
                 continue
             if any(graph.nodes[n].body for n in match.nodes):
-                continue  # inside a control-flow body: the writers place fused nodes in the main graph
+                continue  # in a control-flow body: fused nodes are written in the main graph
             name = unique_name(f"{final.name}__rms_norm", taken)
             fused = kernel.build(name, [match.x, match.scale], [final.outputs[0]])
             low = policy.dtype
