@@ -173,13 +173,11 @@ class OpNode:
 
 @dataclass(frozen=True)
 class FusedKernel:
-    """A fused op the dialect can write in place of a decomposed pattern (an RMSNorm's Pow,
-    ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul): its op and the node a pass may add for it,
-    with the slots, allowed types and kernel note the dialect's schemas give it."""
+    """A fused op the dialect can write in place of a decomposed pattern (an RMSNorm's ops);
+    ``build(name, inputs, outputs)`` gives its node with the slots the dialect's reader fills."""
 
     op: str
     domain: str
-    # (name, inputs, outputs) -> the OpNode, slots filled as the dialect's reader fills them
     build: Callable[[str, list[str], list[str]], OpNode]
 
 
@@ -227,8 +225,7 @@ class OpGraph:
         self.bodies: dict[str, Body] = {}
         self._consumers: dict[str, list[tuple[str, int]]] | None = None
         self._dataflow: Dataflow | None = None
-        # Fused ops the dialect can write for this graph, by pattern ("rms_norm"): what a
-        # rewrite pass may put in place of the pattern's nodes (none: nothing is fused).
+        # Fused ops the dialect can write for this graph, by pattern ("rms_norm"; none: none)
         self.fused_kernels: dict[str, FusedKernel] = {}
 
     # -- building ---------------------------------------------------------------------------
@@ -275,9 +272,8 @@ class OpGraph:
         self.bodies[body.path] = body
 
     def replace_nodes(self, removed: list[str], node: OpNode) -> None:
-        """Put ``node`` where the last of ``removed`` was and drop them all, with the values
-        only they produced (``node``'s outputs stay, produced by it now). The caller keeps the
-        order topological: ``node`` reads nothing produced after that last one."""
+        """Put ``node`` where the last of ``removed`` was (it must read nothing produced later)
+        and drop them all with the values only they produced; ``node``'s outputs stay."""
         gone = set(removed)
         last = max(removed, key=list(self.nodes).index)
         ordered: dict[str, OpNode] = {}
@@ -286,15 +282,11 @@ class OpGraph:
                 ordered[node.name] = node
             if name not in gone:
                 ordered[name] = existing
-        kept_outputs = set(node.outputs)
-        for name in removed:
-            for out in self.nodes[name].outputs:
-                if out and out not in kept_outputs:
-                    self.tensors.pop(out, None)
+        for out in {o for n in removed for o in self.nodes[n].outputs} - set(node.outputs):
+            self.tensors.pop(out, None)
         self.nodes = ordered
         for out in node.outputs:
-            if out and out in self.tensors:
-                self.tensors[out].producer = node.name
+            self.tensors[out].producer = node.name
         self._changed()
 
     def replace_input(self, node: str, slot: int, tensor: str) -> None:
