@@ -19,6 +19,12 @@ each value has after the decisions so far:
    the body's result to have the type the value has at entry; where the body then gives it
    float32, the value is float32 throughout, and the walk runs again: a fixed point, reached
    after at most one more walk per such value.
+5. A value entering a body that runs once per iteration (a loop-carried value, an input a
+   loop slices) that rule 2 left float32 enters low where every op reading it inside the loop
+   computes low and, for a loop-carried value, the body gives its next value low: the one Cast
+   then runs before the loop instead of once per iteration, and the values read are the same
+   (the low next value widened and narrowed again is exact). The walk runs again with it low;
+   lowering a value only lowers what reads it, so this too reaches a fixed point.
 
 Every node decided here records the input its type came from (``via``).
 """
@@ -28,7 +34,7 @@ from __future__ import annotations
 import logging
 
 from graphamp.dtypes import FLOAT_TYPES, LOW_TYPES
-from graphamp.graph import NodeKind, OpGraph, OpNode
+from graphamp.graph import BodyKind, NodeKind, OpGraph, OpNode
 from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
 from graphamp.records import NodeDecision
 from graphamp.vocab import Precision, Rule
@@ -57,9 +63,11 @@ class PromotePass(Pass):
 def promote(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[str, NodeDecision]:
     """Final precision of every node; ``classes`` comes from the classify pass."""
     carried = [node for node in graph if node.back_inputs]
+    entering = [node for node in graph if _enters_a_loop(graph, node)]
     widened: dict[str, str] = {}  # loop-carried boundary -> the body's float32 result
+    narrowed: set[str] = set()  # boundaries entering a loop low (rule 5)
     while True:
-        decisions, has = _walk(graph, classes, low, widened)
+        decisions, has = _walk(graph, classes, low, widened, narrowed)
         more = {
             node.name: name
             for node in carried
@@ -67,15 +75,53 @@ def promote(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[
             for slot in sorted(node.back_inputs)
             if (name := node.inputs[slot]) and has.get(name) in FLOAT_TYPES and has[name] != low
         }
-        if not more:
+        fewer = {
+            node.name
+            for node in entering
+            if node.name not in widened
+            and node.name not in narrowed
+            and decisions[node.name].precision != low
+            and _can_enter_low(graph, node, decisions, has, low)
+        }
+        if not more and not fewer:
             return decisions
         widened.update(more)
+        narrowed |= fewer
+
+
+def _enters_a_loop(graph: OpGraph, node: OpNode) -> bool:
+    """Whether ``node`` is a boundary whose value is a parameter of a body that runs once per
+    iteration (its first output lives in such a body)."""
+    if node.kind is not NodeKind.BOUNDARY or 0 not in node.follow_outputs:
+        return False
+    body = graph.bodies.get(graph.tensors[node.outputs[0]].body)
+    return body is not None and body.kind is BodyKind.LOOP
+
+
+def _can_enter_low(
+    graph: OpGraph, node: OpNode, decisions: dict[str, NodeDecision], has: dict[str, str], low: str
+) -> bool:
+    """Rule 5's condition: every read of the value inside computes in ``low`` (or reads any
+    type), and a loop-carried value's next value is ``low``."""
+    readers = graph.consumers(node.outputs[0])
+    for reader, slot in readers:
+        other = graph.nodes[reader]
+        if slot in other.any_type_inputs or (other.kind is NodeKind.CAST and slot == 0):
+            continue
+        if slot < 0 or slot not in other.follow_inputs or decisions[reader].precision != low:
+            return False
+    return bool(readers) and all(has.get(node.inputs[s]) == low for s in node.back_inputs)
 
 
 def _walk(
-    graph: OpGraph, classes: dict[str, NodeDecision], low: str, widened: dict[str, str]
+    graph: OpGraph,
+    classes: dict[str, NodeDecision],
+    low: str,
+    widened: dict[str, str],
+    narrowed: set[str],
 ) -> tuple[dict[str, NodeDecision], dict[str, str]]:
-    """One walk in graph order (rules 1-3); ``widened``: loop-carried values found float32."""
+    """One walk in graph order (rules 1-3); ``widened``: loop-carried values found float32;
+    ``narrowed``: values entering a loop low (rule 5)."""
     has = {name: tensor.dtype for name, tensor in graph.tensors.items()}
     decisions = dict(classes)
     low_count = 0
@@ -94,6 +140,17 @@ def _walk(
                 via=graph.tensors[widened[node.name]].producer,
             )
             _set_outputs(node, has, "float32")
+        elif decision.rule in _FOLLOWERS and node.name in narrowed:
+            what = "its next value is" if node.back_inputs else "it is sliced"
+            decisions[node.name] = NodeDecision(
+                op=node.op,
+                precision=Precision(low),
+                rule=decision.rule,
+                reason=f"enters a loop in {low}: every op reading it inside computes in {low} "
+                f"and {what} {low}, so one Cast before the loop replaces one per iteration",
+            )
+            _set_outputs(node, has, low)
+            low_count += 1
         elif decision.rule in _FOLLOWERS:
             decisions[node.name] = _promoted(graph, node, decision, has, low)
             _set_outputs(node, has, str(decisions[node.name].precision))
@@ -128,20 +185,24 @@ def _promoted(
     wide = next((name for name in inputs if has[name] not in LOW_TYPES), None)
     source = wide or (inputs[0] if inputs else None)
     via = graph.tensors[source].producer if source else None
+    # a boundary says which value it is (a cond's output, a loop-carried value)
+    what = node.params.get("boundary") if node.kind is NodeKind.BOUNDARY else None
+    subject = f"{what}," if what else f"{decision.rule} list op"
     if inputs and wide is None and all(has[name] == low for name in inputs):
         return NodeDecision(
             op=node.op,
             precision=Precision(low),
             rule=decision.rule,
-            reason=f"{decision.rule} list op whose inputs are all {low}: computes in {low}, "
-            "as under autocast",
+            reason=f"{subject} whose inputs are all {low}: "
+            + (f"{low} on both sides" if what else f"computes in {low}, as under autocast"),
             via=via,
         )
     reason = (
-        f"{decision.rule} list op reading {wide!r} in {has[wide]}: computes in the promoted "
-        "type, as under autocast"
+        f"{subject} reading {wide!r} in {has[wide]}: "
+        + ("float32 on both sides, the promoted type" if what else "computes in the promoted type")
+        + ", as under autocast"
         if wide is not None
-        else f"{decision.rule} list op with no float input: computes in float32"
+        else f"{subject} with no float input: computes in float32"
     )
     return NodeDecision(
         op=node.op, precision=Precision.FLOAT32, rule=decision.rule, reason=reason, via=via

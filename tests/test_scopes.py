@@ -113,9 +113,33 @@ def test_promote_decides_a_loop_carried_value_to_a_fixed_point():
     context = run(loop_graph(tail="Relu", entry="float16"), autocast)
     assert precisions(context)["loop/carried:h"] == "float16"
     assert precisions(context)["loop/body/tail"] == "float16"
-    # float32 at entry: float32 throughout, as autocast would run it
-    context = run(loop_graph(tail="Relu"), autocast)
+    # float32 at entry, but every op reading it in the body computes low and the body gives
+    # it low: low throughout, the one Cast before the loop instead of two per iteration
+    # (promote's rule 5; autocast itself refuses such a loop: its body returns another type
+    # than it was given)
+    graph = loop_graph(tail="Relu")
+    context = run(graph, dataclasses.replace(autocast, keep_io_types=True))
+    assert precisions(context)["loop/carried:h"] == "float16"
+    assert "one Cast before the loop" in context.decisions["loop/carried:h"].reason
+    assert [(c.tensor, c.dst) for c in context.script.casts] == [("x", "float16")]
+    # one more reader inside that computes float32 (an Exp of it) keeps it float32
+    graph = loop_graph(tail="Relu")
+    graph.add_tensor(TensorInfo("loop/body/side", "float32", shape=(4, 4), body="loop/body"))
+    side = OpNode(
+        "loop/body/side",
+        "Exp",
+        ["loop/body/h"],
+        ["loop/body/side"],
+        follow_inputs=frozenset({0}),
+        follow_outputs=frozenset({0}),
+        allowed_types=FLOATS,
+        compute_type="float32",
+        body="loop/body",
+    )
+    graph.add_node(side)
+    context = run(graph, autocast)
     assert precisions(context)["loop/carried:h"] == "float32"
+    assert precisions(context)["loop/body/tail"] == "float16"
 
 
 def test_an_if_output_has_one_type_in_both_branches():
