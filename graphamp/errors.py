@@ -33,6 +33,11 @@ class SlowPrecisionWarning(UserWarning):
     converted model computes correctly but slower than float32 would."""
 
 
+class BodyWarning(UserWarning):
+    """A node owns bodies graphamp does not enter (a higher-order op it does not know): they
+    run as they are, in float32, and the plan says so (rule ``control_flow``)."""
+
+
 class RecaptureWarning(UserWarning):
     """A training step was captured for many batch signatures (shapes, types): each new one
     costs a capture; padding batches to a few fixed shapes avoids it."""

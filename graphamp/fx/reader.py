@@ -1,43 +1,77 @@
 """Reading a torch.fx GraphModule into the neutral OpGraph.
 
-Per-slot rules come from the aten schema of each op: a tensor argument (``Tensor``,
-``Tensor?``, ``Tensor[]``) holding a float value carries the computation type, and so does a
-float tensor result. An op that writes an argument in place (``Tensor(a!)``) or updates running
-statistics (batch norm) must not have them cast (the write would land in a temporary): only
-its data input follows, and every parameter stays float32, as autocast calls such kernels.
-
+Each node's computation-type slots come from its aten schema (:mod:`graphamp.fx.ops`).
 Names are stable identities, so that a plan survives edits elsewhere in the model: an op is
 ``<module path>/<op>`` (``layers.0.attention.query/linear``; ``_1``, ``_2`` for repeats in one
 module, in graph order), a parameter its module path, an input its argument name.
+
+The bodies of ``torch.cond``, ``torch.while_loop`` and ``torch.map`` calls are read into the
+same graph as scopes (DESIGN.md, "Scopes"; docs/ARCHITECTURE.md, "Bodies are scopes of the
+same graph"): a body's nodes and values are named ``<call>/<attribute>/<name>``
+(``cond/true_graph_0/linear``) and decided by the same passes. A body placeholder bound to an
+operand of the call is not a value of its own: an op inside reads the operand by its name, an
+edge that crosses scopes, so a Cast it needs is made once, outside, and passed in (the writer
+threads it through every call on the way). What must agree across the boundary goes through a
+``BOUNDARY`` node: each output of a cond reads both branches' results, each loop-carried value
+of a while_loop reads its initial value and, as a back input, the body's next value, and gives
+the body's parameter and the loop's output; a map's sliced input and each map output read one
+value and give the other.
 """
 
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import fx, nn
+from torch import fx
 
 from graphamp.dialects.base import ReadGraph
 from graphamp.dtypes import FLOAT_TYPES
-from graphamp.errors import GraphampError
+from graphamp.errors import BodyWarning, GraphampError
+from graphamp.fx import hops
+from graphamp.fx.ops import (
+    SCHEMA_SOURCE,
+    attribute,
+    flat,
+    module_scope,
+    op_name,
+    outputs_of,
+    read_op,
+    tensor_info,
+)
 from graphamp.fx.types import dtype_name
-from graphamp.graph import NodeKind, OpGraph, OpNode, Role, TensorInfo
-
-CAST_OPS = frozenset({"_to_copy", "to", "_convert_element_type"})
-RUNNING_STATS = frozenset({"running_mean", "running_var"})
-SCHEMA_SOURCE = "aten"
+from graphamp.graph import Body, BodyKind, NodeKind, OpGraph, OpNode, Role, TensorInfo
 
 
 @dataclass
 class FxHandles:
     """The fx nodes the OpGraph's tensor names stand for (each value is the node producing it),
-    and the program they were captured from, if any."""
+    and the program they were captured from, if any.
+
+    Bodies of higher-order calls add: ``placeholders``, the node holding a value in a body
+    that receives it as a placeholder, by (name, body graph); ``calls`` by the name of the
+    call's ``CONTROL_FLOW`` node; and ``boundaries``, where each boundary node's slots are."""
 
     nodes: dict[str, fx.Node]
     program: Any = None
+    placeholders: dict[tuple[str, fx.Graph], fx.Node] = field(default_factory=dict)
+    calls: dict[str, hops.HopCall] = field(default_factory=dict)
+    boundaries: dict[str, Boundary] = field(default_factory=dict)
+
+
+@dataclass
+class Boundary:
+    """Where a boundary node's slots are in the fx graphs. ``carried``: slot 0 is the
+    ``index``-th value the loop starts from, slot 1 what its body returns there; ``slice``:
+    slot 0 is the ``index``-th input a map slices; ``output``: slot k is what the k-th body
+    of ``call.results`` returns as the call's ``index``-th output."""
+
+    call: str
+    role: str
+    index: int
 
 
 def read(
@@ -46,30 +80,17 @@ def read(
     master_weights: bool,
     roles: dict[str, tuple[Role, str | None]] | None = None,
 ) -> ReadGraph:
-    """The OpGraph of ``module``'s graph. With master weights, parameters are not stored
-    values to convert but inputs to cast at run time. ``roles`` marks values of a training
-    step (fx node name -> role and, for updates, the name of the value replaced)."""
-    graph = OpGraph("fx")
-    names = stable_names(module)
-    for node in module.graph.nodes:
-        name = names.get(node.name, node.name)
-        if node.op in ("placeholder", "get_attr"):
-            graph.add_tensor(_leaf(module, node, name, master_weights))
-        elif node.op == "call_function" and node.target is not operator.getitem:
-            outputs = _outputs(node, names)
-            for output in outputs:
-                graph.add_tensor(output)
-            graph.add_node(_read_call(node, name, [t.name for t in outputs], graph, names))
-        elif node.op == "call_module" and not node.name.startswith("_guards"):
-            raise GraphampError(
-                f"node {node.name!r}: call_module {node.target!r} is not supported "
-                "after torch.export"
-            )
-        elif node.op == "output":
-            for arg in flat(node.args[0]):
-                if isinstance(arg, fx.Node) and names.get(arg.name) in graph.tensors:
-                    graph.graph_outputs.append(names[arg.name])
-                    graph.tensors[names[arg.name]].is_graph_output = True
+    """The OpGraph of ``module``'s graph and its bodies. With master weights, parameters are
+    not stored values to convert but inputs to cast at run time. ``roles`` marks values of a
+    training step (fx node name -> role and, for updates, the name of the value replaced)."""
+    reader = _Reader(OpGraph("fx"), master_weights)
+    names = reader.read_graph(module, "", {}, "")
+    graph = reader.graph
+    output = next(n for n in module.graph.nodes if n.op == "output")
+    for arg in flat(output.args[0]):
+        if isinstance(arg, fx.Node) and names.get(arg.name) in graph.tensors:
+            graph.graph_outputs.append(names[arg.name])
+            graph.tensors[names[arg.name]].is_graph_output = True
     graph.graph_inputs = [names[n.name] for n in module.graph.nodes if n.op == "placeholder"]
     for fx_name, (role, replaces) in (roles or {}).items():
         tensor = graph.tensors[names.get(fx_name, fx_name)]
@@ -77,13 +98,184 @@ def read(
         tensor.replaces = names.get(replaces, replaces) if replaces else None
     if not any(t.is_float for t in graph.tensors.values()):
         raise GraphampError("the module computes on no floating-point tensor: nothing to convert")
-    by_name = {n.name: n for n in module.graph.nodes}
-    return ReadGraph(graph, module, FxHandles({names.get(n, n): v for n, v in by_name.items()}))
+    return ReadGraph(graph, module, reader.handles)
+
+
+class _Reader:
+    """Reads a GraphModule and, recursively, the bodies of its higher-order calls (see the
+    module docstring)."""
+
+    def __init__(self, graph: OpGraph, master_weights: bool) -> None:
+        self.graph, self.master_weights = graph, master_weights
+        self.handles = FxHandles({})
+
+    def read_graph(
+        self, module: fx.GraphModule, body: str, bound: dict[str, str], scope: str
+    ) -> dict[str, str]:
+        """Read ``module``'s nodes; returns its fx names -> OpGraph names. For a body,
+        ``body`` is its path, ``bound`` maps its placeholders to the OpGraph names of their
+        values and ``scope`` is the module path of the call (what name rules match)."""
+        graph, nodes = self.graph, self.handles.nodes
+        names = stable_names(module, body)
+        for node in module.graph.nodes:
+            if node.op == "placeholder" and body:
+                names[node.name] = bound[node.name]
+                self.handles.placeholders[(bound[node.name], module.graph)] = node
+                continue
+            name = names.get(node.name, node.name)
+            nodes.setdefault(name, node)
+            if _entered_body(module, node):
+                continue  # read with its call
+            if node.op in ("placeholder", "get_attr"):
+                graph.add_tensor(_leaf(module, node, name, self.master_weights))
+                graph.tensors[name].body = body
+            elif (call := hops.call_of(module, node)) is not None:
+                self._read_call(call, name, names, scope or module_scope(node), body)
+            elif node.op == "call_function" and node.target is not operator.getitem:
+                outputs = outputs_of(node, names)
+                for output in outputs:
+                    output.body = body
+                    graph.add_tensor(output)
+                op_node = read_op(node, name, [t.name for t in outputs], graph, names)
+                op_node.body = body
+                if body:
+                    op_node.scope = scope
+                if hops.is_higher_order(node):  # one graphamp does not enter (scan, ...)
+                    op_node.kind = NodeKind.CONTROL_FLOW
+                    warnings.warn(
+                        f"node {name!r}: graphamp does not enter the bodies of "
+                        f"{node.target}: they run as they are, in float32",
+                        BodyWarning,
+                        stacklevel=2,
+                    )
+                graph.add_node(op_node)
+            elif node.op == "call_module" and not node.name.startswith("_guards"):
+                raise GraphampError(
+                    f"node {node.name!r}: call_module {node.target!r} is not supported "
+                    "after torch.export"
+                )
+        return names
+
+    def _read_call(
+        self, call: hops.HopCall, name: str, names: dict[str, str], scope: str, parent: str
+    ) -> None:
+        """A higher-order call: its ``CONTROL_FLOW`` node, the boundary nodes of the values
+        entering its bodies, the bodies, then the boundary nodes of its outputs."""
+        graph, handles = self.graph, self.handles
+        handles.calls[name] = call
+        paths = {attribute_name: f"{name}/{attribute_name}" for attribute_name, _ in call.bodies}
+        kind = BodyKind.BRANCH if call.node.target is hops.COND else BodyKind.LOOP
+        condition = [names[call.node.args[0].name]] if call.node.target is hops.COND else []  # type: ignore[union-attr]
+        graph.add_node(
+            OpNode(
+                name,
+                call.op,
+                condition,
+                [],
+                kind=NodeKind.CONTROL_FLOW,
+                bodies=tuple(paths.values()),
+                body=parent,
+                scope=scope,
+                schema_source=SCHEMA_SOURCE,
+            )
+        )
+        operands = [names[v.name] if isinstance(v, fx.Node) else "" for v in call.operands]
+        # The values a loop carries or a map slices are parameters of the (last) body.
+        main = call.results[0]
+        main_module = dict(call.bodies)[main]
+        values = call.node.meta.get("val") or ()
+        role = "carried" if call.carried else "slice"
+        for index in range(call.fixed):
+            placeholder = hops.placeholders(main_module)[index]
+            parameter = f"{paths[main]}/{placeholder.name}"
+            graph.add_tensor(tensor_info(parameter, placeholder.meta.get("val")))
+            graph.tensors[parameter].body = paths[main]
+            inputs, outputs, back = [operands[index]], [parameter], frozenset()
+            if call.carried:  # the body's next value: set once the body is read
+                inputs.append("")
+                outputs.append(f"{name}.{index}")
+                graph.add_tensor(tensor_info(outputs[1], values[index]))
+                graph.tensors[outputs[1]].body = parent
+                back = frozenset({1})
+            what = "carried value" if call.carried else "slice of input"
+            self._boundary(f"{name}/{role}:{index}", f"{call.op} {what} {index}", inputs, outputs)
+            graph.nodes[f"{name}/{role}:{index}"].back_inputs = back
+            handles.boundaries[f"{name}/{role}:{index}"] = Boundary(name, role, index)
+            operands[index] = parameter
+        results: dict[str, list[str]] = {}
+        for attribute_name, module in call.bodies:
+            path = paths[attribute_name]
+            bound = dict(zip((p.name for p in hops.placeholders(module)), operands, strict=True))
+            body_names = self.read_graph(module, path, bound, scope)
+            results[attribute_name] = [
+                body_names[v.name] if isinstance(v, fx.Node) else "" for v in hops.returned(module)
+            ]
+            graph.add_body(
+                Body(
+                    path,
+                    kind,
+                    owner=name,
+                    parent=parent,
+                    inputs=[bound[p.name] for p in hops.placeholders(module)],
+                    outputs=results[attribute_name],
+                )
+            )
+        for index in range(call.fixed):  # a cast of such a parameter goes into the body
+            parameter = operands[index]
+            handles.nodes[parameter] = handles.placeholders[(parameter, main_module.graph)]
+            if call.carried:
+                carried = graph.nodes[f"{name}/{role}:{index}"]
+                graph.replace_input(carried.name, 1, results[main][index])
+                if carried.follow_inputs:
+                    carried.follow_inputs |= {1}
+        if call.carried:
+            return
+        for index, value in enumerate(values):
+            output = f"{name}.{index}"
+            graph.add_tensor(tensor_info(output, value))
+            graph.tensors[output].body = parent
+            inputs = [results[body][index] for body in call.results]
+            what = "output" if call.node.target is hops.COND else "stacked output"
+            self._boundary(f"{name}/output:{index}", f"{call.op} {what} {index}", inputs, [output])
+            handles.boundaries[f"{name}/output:{index}"] = Boundary(name, "output", index)
+
+    def _boundary(self, name: str, what: str, inputs: list[str], outputs: list[str]) -> None:
+        """A boundary node: every slot holds one value across the boundary, in one type."""
+        graph = self.graph
+        floats = [s for s, value in enumerate(inputs) if value and graph.tensors[value].is_float]
+        float_outputs = [s for s, value in enumerate(outputs) if graph.tensors[value].is_float]
+        first = graph.tensors[inputs[floats[0]]].dtype if floats else None
+        graph.add_node(
+            OpNode(
+                name,
+                what.split(" ")[0],
+                inputs,
+                outputs,
+                kind=NodeKind.BOUNDARY,
+                follow_inputs=frozenset(floats if float_outputs else ()),
+                follow_outputs=frozenset(float_outputs if floats else ()),
+                allowed_types=FLOAT_TYPES,
+                compute_type=first,
+                body=graph.tensors[outputs[-1]].body,
+                schema_source=SCHEMA_SOURCE,
+                params={"boundary": what},
+            )
+        )
+
+
+def _entered_body(module: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether ``node`` reads a body that its calls have the reader enter (the body of a
+    higher-order op it does not enter stays a value of the graph, of no float type)."""
+    return (
+        node.op == "get_attr"
+        and isinstance(attribute(module, node.target), fx.GraphModule)  # type: ignore[arg-type]
+        and all(hops.call_of(module, user) is not None for user in node.users)
+    )
 
 
 def _leaf(module: fx.GraphModule, node: fx.Node, name: str, master_weights: bool) -> TensorInfo:
     """A placeholder (a caller's argument: its type is fixed) or a stored attribute."""
-    tensor = _tensor(name, node.meta.get("val"))
+    tensor = tensor_info(name, node.meta.get("val"))
     tensor.is_graph_input = tensor.type_fixed = node.op == "placeholder"
     if node.op == "get_attr":
         stored = attribute(module, node.target)  # type: ignore[arg-type]
@@ -95,151 +287,24 @@ def _leaf(module: fx.GraphModule, node: fx.Node, name: str, master_weights: bool
     return tensor
 
 
-def stable_names(module: fx.GraphModule) -> dict[str, str]:
-    """fx node name -> stable identity (see the module docstring)."""
+def stable_names(module: fx.GraphModule, prefix: str = "") -> dict[str, str]:
+    """fx node name -> stable identity (see the module docstring); a body's names start with
+    ``prefix`` (its call and attribute)."""
     names: dict[str, str] = {}
     seen: dict[str, int] = {}
     for node in module.graph.nodes:
         if node.op == "get_attr":
-            names[node.name] = str(node.target)
+            names[node.name] = f"{prefix}/{node.target}" if prefix else str(node.target)
         elif node.op == "placeholder":
             names[node.name] = node.name
         elif node.op == "call_function" and node.target is operator.getitem:
             source = node.args[0].name  # type: ignore[union-attr]
             names[node.name] = f"{names.get(source, source)}.{node.args[1]}"
         elif node.op == "call_function":
-            scope = _scope(node)
-            base = f"{scope}/{op_name(node)}" if scope else op_name(node)
+            where = module_scope(node) if not prefix else ""
+            base = f"{where}/{op_name(node)}" if where else op_name(node)
+            base = f"{prefix}/{base}" if prefix else base
             count = seen.get(base, 0)
             seen[base] = count + 1
             names[node.name] = base if count == 0 else f"{base}_{count}"
     return names
-
-
-def op_name(node: fx.Node) -> str:
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return target._opname
-    return getattr(target, "__name__", str(target))
-
-
-def _scope(node: fx.Node) -> str:
-    stack = node.meta.get("nn_module_stack")
-    return list(stack.values())[-1][0] if stack else ""
-
-
-def flat(value: object) -> list[object]:
-    if isinstance(value, tuple | list):
-        return [item for element in value for item in flat(element)]
-    if isinstance(value, dict):
-        return [item for element in value.values() for item in flat(element)]
-    return [value]
-
-
-def _outputs(node: fx.Node, names: dict[str, str]) -> list[TensorInfo]:
-    """One tensor per output; a tuple's elements are ``<name>.<index>``, the names the
-    getitem nodes that read them get."""
-    value = node.meta.get("val")
-    if isinstance(value, tuple | list):
-        return [_tensor(f"{names[node.name]}.{i}", v) for i, v in enumerate(value)]
-    return [_tensor(names[node.name], value)]
-
-
-def _tensor(name: str, value: object) -> TensorInfo:
-    """A tensor of the traced value's type and shape (symbolic dimensions as text)."""
-    shape = getattr(value, "shape", None)
-    dims = None
-    if shape is not None:
-        dims = tuple(d if isinstance(d, int) else str(d) for d in shape)
-    return TensorInfo(name, dtype_name(getattr(value, "dtype", None)), dims)
-
-
-def _read_call(
-    node: fx.Node, name: str, outputs: list[str], graph: OpGraph, names: dict[str, str]
-) -> OpNode:
-    args = [arg for arg in flat([node.args, node.kwargs]) if isinstance(arg, fx.Node)]
-    inputs = [names.get(arg.name, arg.name) for arg in args]
-    op = op_name(node)
-    op_node = OpNode(
-        name=name,
-        op=op,
-        inputs=inputs,
-        outputs=outputs,
-        scope=_scope(node),
-        schema_source=SCHEMA_SOURCE,
-    )
-    if op in CAST_OPS and isinstance(node.kwargs.get("dtype"), torch.dtype):
-        op_node.kind = NodeKind.CAST
-        op_node.cast_to = dtype_name(node.kwargs["dtype"])
-        return op_node
-    follow_in = _follow_inputs(node, args, inputs, graph)
-    follow_out = [i for i, out in enumerate(outputs) if graph.tensors[out].dtype in FLOAT_TYPES]
-    op_node.follow_inputs = frozenset(follow_in)
-    op_node.follow_outputs = frozenset(follow_out)
-    if follow_in:
-        op_node.compute_type = graph.tensors[inputs[follow_in[0]]].dtype
-    elif follow_out:
-        op_node.compute_type = graph.tensors[outputs[follow_out[0]]].dtype
-    op_node.allowed_types = FLOAT_TYPES
-    return op_node
-
-
-def _follow_inputs(
-    node: fx.Node, args: list[fx.Node], inputs: list[str], graph: OpGraph
-) -> list[int]:
-    """The computation-type input slots, from the op's aten schema (module docstring)."""
-    tensor_args = _schema_tensor_args(node)
-    follow = [
-        slot
-        for slot, arg in enumerate(args)
-        if graph.tensors[inputs[slot]].dtype in FLOAT_TYPES
-        and (tensor_args is None or arg.name in tensor_args)
-    ]
-    if follow and _written_args(node):
-        follow = follow[:1]
-    return follow
-
-
-def _schema_tensor_args(node: fx.Node) -> set[str] | None:
-    """Names of the fx nodes passed to tensor-typed schema arguments; None without a schema
-    (Python functions on shapes, higher-order ops): every float input then follows."""
-    schema = getattr(node.target, "_schema", None)
-    if schema is None:
-        return None
-    names: set[str] = set()
-    for position, argument in enumerate(schema.arguments):
-        value = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
-        if "Tensor" in str(argument.type):
-            names.update(arg.name for arg in flat(value) if isinstance(arg, fx.Node))
-    return names
-
-
-def _written_args(node: fx.Node) -> set[str]:
-    """Names of the fx nodes the op writes in place, per its schema (``Tensor(a!)``)."""
-    schema = getattr(node.target, "_schema", None)
-    if schema is None:
-        return set()
-    written = set()
-    for position, argument in enumerate(schema.arguments):
-        value = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
-        writes = argument.alias_info is not None and argument.alias_info.is_write
-        # aten::batch_norm/instance_norm are composite: their schema does not mark the running
-        # statistics they update, so they are named here.
-        if isinstance(value, fx.Node) and (writes or argument.name in RUNNING_STATS):
-            written.add(value.name)
-    return written
-
-
-def attribute(module: nn.Module, target: str) -> object:
-    value: object = module
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
-
-
-def set_attribute(module: nn.Module, target: str, value: object) -> None:
-    *path, last = target.split(".")
-    owner: object = module
-    for part in path:
-        owner = getattr(owner, part)
-    setattr(owner, last, value)

@@ -14,8 +14,10 @@ from torch import fx, nn
 
 from graphamp.dialects.base import ReadGraph
 from graphamp.edits import EditScript
-from graphamp.fx import lowering
-from graphamp.fx.reader import FxHandles, attribute, flat, set_attribute
+from graphamp.errors import InternalError
+from graphamp.fx import hops, lowering
+from graphamp.fx.ops import attribute, flat, set_attribute
+from graphamp.fx.reader import Boundary, FxHandles
 from graphamp.fx.types import torch_dtype
 from graphamp.passes.numerics import FLOAT32_LIMIT, stand_in
 
@@ -26,15 +28,9 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
     graph = module.graph
     handles: FxHandles = read.handles
     values = dict(handles.nodes)  # tensor name -> fx node holding it; grows with the casts
-    body = next(n for n in graph.nodes if n.op not in ("placeholder", "get_attr"))
-
-    def after(source: fx.Node) -> AbstractContextManager[None]:
-        # Casts of inputs and parameters go at the top of the body, after every placeholder.
-        return (
-            graph.inserting_before(body)
-            if source.op in ("placeholder", "get_attr")
-            else graph.inserting_after(source)
-        )
+    body = _first_op(graph)
+    scopes = _Scopes(handles, values)
+    after = scopes.after
 
     for record in script.weights:
         source = values[record.name]
@@ -56,9 +52,10 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
     for record in script.casts:
         source = values[record.tensor]
         with after(source):
-            values[record.output] = graph.call_function(
+            values[record.output] = source.graph.call_function(
                 torch.ops.aten._to_copy.default, (source,), {"dtype": torch_dtype(record.dst)}
             )
+        scopes.casts[record.output] = (record.tensor, record.dst)
 
     for name, initial in script.new_inputs.items():  # state: placeholders after the others
         with graph.inserting_before(body):
@@ -81,16 +78,19 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
         values[record.tensor], values[record.output] = source, cast
 
     for (node_name, slot), tensor in script.rewire.items():
+        if node_name in handles.boundaries:
+            scopes.rewire_boundary(handles.boundaries[node_name], slot, tensor)
+            continue
         # The slot-th tensor argument as traced (the reader's order): a pass that reroutes
         # (the training passes) has already changed the OpGraph's inputs to the new value.
         node = values[node_name]
         old = [a for a in flat([node.args, node.kwargs]) if isinstance(a, fx.Node)][slot]
-        node.replace_input_with(old, values[tensor])  # type: ignore[arg-type]
+        node.replace_input_with(old, scopes.value(tensor, node.graph))  # type: ignore[arg-type]
 
     for node_name in script.hoist_casts:  # right after the producer of its (rewired) input
         node, source = values[node_name], values[node_name].args[0]
         if source.op == "placeholder":  # type: ignore[union-attr]
-            source = [n for n in graph.nodes if n.op == "placeholder"][-1]
+            source = [n for n in source.graph.nodes if n.op == "placeholder"][-1]  # type: ignore[union-attr]
         source.append(node)  # type: ignore[union-attr]
 
     for node_name, dtype in script.retarget_casts.items():
@@ -99,7 +99,7 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
     for node_name in script.remove_nodes:
         node = values[node_name]
         node.replace_all_uses_with(node.args[0])  # type: ignore[arg-type]
-        graph.erase_node(node)
+        node.graph.erase_node(node)
 
     for old, new in script.replace_outputs.items():
         output.replace_input_with(values[old], values[new])
@@ -108,9 +108,91 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
         results = list(results) if isinstance(results, tuple | list) else [results]
         output.args = (tuple(results + [values[name] for name in script.new_outputs]),)
 
+    for call in handles.calls.values():
+        hops.drop_unread_operands(call)
+    for body in scopes.bodies():
+        body.graph.lint()
+        body.recompile()
     graph.lint()
     module.recompile()
     return module
+
+
+def _first_op(graph: fx.Graph) -> fx.Node:
+    return next(n for n in graph.nodes if n.op not in ("placeholder", "get_attr"))
+
+
+class _Scopes:
+    """Values used where they were not made: a value of an enclosing graph read inside a
+    body is passed in as one more operand of each call on the way (once per value and call,
+    so the branches of a cond share it); a cast of a loop-carried value made in one body of
+    the loop is made again in the other that reads it."""
+
+    def __init__(self, handles: FxHandles, values: dict[str, fx.Node]) -> None:
+        self.handles, self.values = handles, values
+        self.local = dict(handles.placeholders)  # (name, graph) -> the node holding it there
+        self.casts: dict[str, tuple[str, str]] = {}  # cast output -> (its tensor, its dtype)
+        self.tops: dict[fx.Graph, fx.Node] = {}
+        self.calls = {  # body graph -> the call running it
+            body.graph: call for call in handles.calls.values() for _, body in call.bodies
+        }
+
+    def after(self, source: fx.Node) -> AbstractContextManager[None]:
+        """Where a cast of ``source`` goes: right after it, or, for an input or a parameter,
+        at the top of its graph after every placeholder (before the graph's first op as read,
+        so such casts keep the order they were made in)."""
+        graph = source.graph
+        if source.op in ("placeholder", "get_attr"):
+            if graph not in self.tops:
+                self.tops[graph] = _first_op(graph)
+            return graph.inserting_before(self.tops[graph])
+        return graph.inserting_after(source)
+
+    def bodies(self) -> list[fx.GraphModule]:
+        return [body for call in self.handles.calls.values() for _, body in call.bodies]
+
+    def value(self, name: str, graph: fx.Graph) -> fx.Node:
+        """The node holding OpGraph value ``name`` in ``graph``."""
+        node = self.values[name]
+        if node.graph is graph:
+            return node
+        if (name, graph) in self.local:
+            return self.local[(name, graph)]
+        call = self.calls.get(graph)
+        if call is not None and self._encloses(node.graph, graph):
+            outer = self.value(name, call.node.graph)
+            for attribute_name, placeholder in hops.add_operand(call, outer).items():
+                self.local[(name, dict(call.bodies)[attribute_name].graph)] = placeholder
+            return self.local[(name, graph)]
+        if name not in self.casts:
+            raise InternalError(f"value {name!r} is read in a graph it cannot reach")
+        source, dtype = self.casts[name]
+        value = self.value(source, graph)
+        with self.after(value):
+            cast = graph.call_function(
+                torch.ops.aten._to_copy.default, (value,), {"dtype": torch_dtype(dtype)}
+            )
+        self.local[(name, graph)] = cast
+        return cast
+
+    def _encloses(self, outer: fx.Graph, graph: fx.Graph) -> bool:
+        while graph is not outer:
+            call = self.calls.get(graph)
+            if call is None:
+                return False
+            graph = call.node.graph
+        return True
+
+    def rewire_boundary(self, boundary: Boundary, slot: int, name: str) -> None:
+        """A boundary node's slot reads ``name``: a loop enters with it, a map slices it, or a
+        body returns it."""
+        call = self.handles.calls[boundary.call]
+        if boundary.role in ("carried", "slice") and slot == 0:
+            value = self.value(name, call.node.graph)
+            hops.set_entering(call.node, boundary.index, value)
+            return
+        body = dict(call.bodies)[call.results[0 if boundary.role == "carried" else slot]]
+        hops.set_returned(body, boundary.index, self.value(name, body.graph))
 
 
 def _to_low(values: torch.Tensor, dtype: str) -> torch.Tensor:

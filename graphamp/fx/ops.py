@@ -1,0 +1,150 @@
+"""Reading one torch.fx node: the slots that carry its computation type, from its aten schema.
+
+A tensor argument (``Tensor``, ``Tensor?``, ``Tensor[]``) holding a float value carries the
+computation type, and so does a float tensor result. An op that writes an argument in place
+(``Tensor(a!)``) or updates running statistics (batch norm) must not have them cast (the
+write would land in a temporary): only its data input follows, and every parameter stays
+float32, as autocast calls such kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx, nn
+
+from graphamp.dtypes import FLOAT_TYPES
+from graphamp.fx.types import dtype_name
+from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo
+
+CAST_OPS = frozenset({"_to_copy", "to", "_convert_element_type"})
+RUNNING_STATS = frozenset({"running_mean", "running_var"})
+SCHEMA_SOURCE = "aten"
+
+
+def op_name(node: fx.Node) -> str:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._opname
+    return getattr(target, "__name__", str(target))
+
+
+def module_scope(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack")
+    return list(stack.values())[-1][0] if stack else ""
+
+
+def flat(value: object) -> list[object]:
+    if isinstance(value, tuple | list):
+        return [item for element in value for item in flat(element)]
+    if isinstance(value, dict):
+        return [item for element in value.values() for item in flat(element)]
+    return [value]
+
+
+def outputs_of(node: fx.Node, names: dict[str, str]) -> list[TensorInfo]:
+    """One tensor per output; a tuple's elements are ``<name>.<index>``, the names the
+    getitem nodes that read them get."""
+    value = node.meta.get("val")
+    if isinstance(value, tuple | list):
+        return [tensor_info(f"{names[node.name]}.{i}", v) for i, v in enumerate(value)]
+    return [tensor_info(names[node.name], value)]
+
+
+def tensor_info(name: str, value: object) -> TensorInfo:
+    """A tensor of the traced value's type and shape (symbolic dimensions as text)."""
+    shape = getattr(value, "shape", None)
+    dims = None
+    if shape is not None:
+        dims = tuple(d if isinstance(d, int) else str(d) for d in shape)
+    return TensorInfo(name, dtype_name(getattr(value, "dtype", None)), dims)
+
+
+def read_op(
+    node: fx.Node, name: str, outputs: list[str], graph: OpGraph, names: dict[str, str]
+) -> OpNode:
+    args = [arg for arg in flat([node.args, node.kwargs]) if isinstance(arg, fx.Node)]
+    inputs = [names.get(arg.name, arg.name) for arg in args]
+    op = op_name(node)
+    op_node = OpNode(
+        name=name,
+        op=op,
+        inputs=inputs,
+        outputs=outputs,
+        scope=module_scope(node),
+        schema_source=SCHEMA_SOURCE,
+    )
+    if op in CAST_OPS and isinstance(node.kwargs.get("dtype"), torch.dtype):
+        op_node.kind = NodeKind.CAST
+        op_node.cast_to = dtype_name(node.kwargs["dtype"])
+        return op_node
+    follow_in = _follow_inputs(node, args, inputs, graph)
+    follow_out = [i for i, out in enumerate(outputs) if graph.tensors[out].dtype in FLOAT_TYPES]
+    op_node.follow_inputs = frozenset(follow_in)
+    op_node.follow_outputs = frozenset(follow_out)
+    if follow_in:
+        op_node.compute_type = graph.tensors[inputs[follow_in[0]]].dtype
+    elif follow_out:
+        op_node.compute_type = graph.tensors[outputs[follow_out[0]]].dtype
+    op_node.allowed_types = FLOAT_TYPES
+    return op_node
+
+
+def _follow_inputs(
+    node: fx.Node, args: list[fx.Node], inputs: list[str], graph: OpGraph
+) -> list[int]:
+    """The computation-type input slots, from the op's aten schema (module docstring)."""
+    tensor_args = _schema_tensor_args(node)
+    follow = [
+        slot
+        for slot, arg in enumerate(args)
+        if graph.tensors[inputs[slot]].dtype in FLOAT_TYPES
+        and (tensor_args is None or arg.name in tensor_args)
+    ]
+    if follow and _written_args(node):
+        follow = follow[:1]
+    return follow
+
+
+def _schema_tensor_args(node: fx.Node) -> set[str] | None:
+    """Names of the fx nodes passed to tensor-typed schema arguments; None without a schema
+    (Python functions on shapes, higher-order ops): every float input then follows."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return None
+    names: set[str] = set()
+    for position, argument in enumerate(schema.arguments):
+        value = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
+        if "Tensor" in str(argument.type):
+            names.update(arg.name for arg in flat(value) if isinstance(arg, fx.Node))
+    return names
+
+
+def _written_args(node: fx.Node) -> set[str]:
+    """Names of the fx nodes the op writes in place, per its schema (``Tensor(a!)``)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return set()
+    written = set()
+    for position, argument in enumerate(schema.arguments):
+        value = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
+        writes = argument.alias_info is not None and argument.alias_info.is_write
+        # aten::batch_norm/instance_norm are composite: their schema does not mark the running
+        # statistics they update, so they are named here.
+        if isinstance(value, fx.Node) and (writes or argument.name in RUNNING_STATS):
+            written.add(value.name)
+    return written
+
+
+def attribute(module: nn.Module, target: str) -> object:
+    value: object = module
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def set_attribute(module: nn.Module, target: str, value: object) -> None:
+    *path, last = target.split(".")
+    owner: object = module
+    for part in path:
+        owner = getattr(owner, part)
+    setattr(owner, last, value)

@@ -1,0 +1,318 @@
+"""torch.cond, torch.while_loop and torch.map: their bodies converted like the rest of the graph.
+
+Tiny modules captured with torch.export: the ops inside a branch or a loop body are decided by
+the same lists as the main graph, the values crossing a boundary keep one type (a cond's
+branches return one type per output; a loop-carried value has one type at entry, in the body
+and at exit), and the converted module exports again (torch.export checks those types). Errors
+are measured against the float32 module and against torch.autocast on the same inputs.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch._higher_order_ops.map import map as torch_map
+
+import graphamp.fx as gfx
+from graphamp import report
+from graphamp.errors import BodyWarning
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class CondNet(nn.Module):
+    """Branches that each do matmul + softmax, on different weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def yes(x: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(self.a(x) @ self.a.weight, -1)
+
+        def no(x: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(self.b(x) @ self.b.weight, -1)
+
+        return torch.cond(x.sum() > 0, yes, no, (x,))
+
+
+class RnnNet(nn.Module):
+    """A while_loop carrying a hidden state through matmul + tanh (+ a bias when asked: the
+    add then promotes the state to float32 under autocast, which can run that one)."""
+
+    def __init__(self, bias: bool = False, steps: int = 8) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 16) / 4)
+        self.b = nn.Parameter(torch.randn(16) / 4) if bias else None
+        self.steps = steps
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        def more(i: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+            return i < self.steps
+
+        def step(i: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            z = h @ self.w
+            return i + 1, torch.tanh(z + self.b if self.b is not None else z)
+
+        return torch.while_loop(more, step, (torch.zeros((), dtype=torch.int64), h))[1]
+
+
+class MapNet(nn.Module):
+    """torch.map of a linear + relu over a batch's first dimension."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, xs: torch.Tensor) -> torch.Tensor:
+        return torch_map(lambda x: torch.relu(self.lin(x)), xs)
+
+
+class Gate(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(
+            x.sum() > 0, lambda x: torch.softmax(self.a(x), -1), lambda x: torch.relu(x), (x,)
+        )
+
+
+class NestedNet(nn.Module):
+    """A cond (in a submodule) inside a while_loop's body."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 16) / 4)
+        self.gate = Gate()
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        def more(i: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+            return i < 3
+
+        def step(i: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return i + 1, self.gate(torch.tanh(h @ self.w))
+
+        return torch.while_loop(more, step, (torch.zeros((), dtype=torch.int64), h))[1]
+
+
+def inputs(seed: int = 0, shape: tuple[int, ...] = (4, 16)) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def error(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert torch.isfinite(got).all()
+    return float((got.float() - want).abs().max())
+
+
+def convert(model: nn.Module, x: torch.Tensor, dtype: str = "bfloat16", **options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no native bfloat16/float16 matrix units here
+        return gfx.convert(model, (x,), device="cpu", dtype=dtype, **options)
+
+
+def autocast_error(model: nn.Module, x: torch.Tensor, dtype: str) -> float:
+    with torch.no_grad(), torch.autocast("cpu", dtype=DTYPES[dtype]):
+        got = model(x)
+    return error(got, model(x))
+
+
+def body(gm: torch.fx.GraphModule, name: str) -> torch.fx.GraphModule:
+    module = gm.get_submodule(name)
+    assert isinstance(module, torch.fx.GraphModule)
+    return module
+
+
+def casts(module: torch.fx.GraphModule) -> list[str]:
+    """The dtype of every cast in ``module``'s own graph."""
+    return [
+        str(n.kwargs["dtype"]).removeprefix("torch.")
+        for n in module.graph.nodes
+        if n.target is torch.ops.aten._to_copy.default
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cond_branches_are_converted_as_autocast_runs_them(dtype):
+    torch.manual_seed(0)
+    model = CondNet().eval()
+    positive, negative = inputs(1).abs(), -inputs(2).abs()  # one input per branch
+    gm, plan = convert(model, positive, dtype)
+    for branch in ("true_graph_0", "false_graph_0"):
+        for op, rule in (("linear", "allow"), ("matmul", "allow"), ("softmax", "clear")):
+            decision = plan.nodes[f"cond/{branch}/{op}"]
+            assert (str(decision.precision), str(decision.rule)) == (dtype, rule)
+    assert str(plan.nodes["cond/output:0"].precision) == dtype
+    assert str(plan.nodes["cond"].rule) == "control_flow"
+    with torch.no_grad():
+        for x in (positive, negative):
+            converted = error(gm(x), model(x))
+            assert 0 < converted <= 1.25 * autocast_error(model, x, dtype)
+    # the input and the weights are cast once, before the cond, and passed in: no cast inside
+    assert casts(gm) == [dtype] * 5
+    assert casts(body(gm, "true_graph_0")) == casts(body(gm, "false_graph_0")) == []
+
+
+def test_a_converted_cond_exports_again_with_one_type_per_output():
+    torch.manual_seed(0)
+    model, x = CondNet().eval(), inputs()
+    gm, _ = convert(model, x)
+    program = torch.export.export(gm, (x,))  # checks both branches return one type
+    assert program.module()(x).dtype == torch.bfloat16
+    assert torch.equal(program.module()(-x), gm(-x))
+
+
+def test_a_branch_kept_float32_by_name_makes_the_other_cast_its_result():
+    torch.manual_seed(0)
+    model, x = CondNet().eval(), inputs()
+    gm, plan = convert(model, x, deny_names=["cond/true_graph_0/*"])
+    assert str(plan.nodes["cond/true_graph_0/matmul"].rule) == "deny_name"
+    assert str(plan.nodes["cond/false_graph_0/matmul"].precision) == "bfloat16"
+    # the output has one type: float32, the type of the branch kept float32
+    assert str(plan.nodes["cond/output:0"].precision) == "float32"
+    assert casts(body(gm, "false_graph_0"))[-1] == "float32"
+    assert casts(body(gm, "true_graph_0")) == []
+    torch.export.export(gm, (x,))
+    assert gm(x).dtype == gm(-x).dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_while_loop_carries_its_state_low_with_one_cast_before_the_loop(dtype):
+    torch.manual_seed(0)
+    model, h = RnnNet().eval(), inputs()
+    gm, plan = convert(model, h, dtype)
+    carried = plan.nodes["while_loop/carried:1"]
+    assert str(carried.precision) == dtype
+    assert "one Cast before the loop" in carried.reason
+    assert str(plan.nodes["while_loop/while_loop_body_graph_0/matmul"].precision) == dtype
+    # the state and the weight are cast once, outside; nothing is cast per iteration
+    assert casts(gm) == [dtype, dtype]
+    assert casts(body(gm, "while_loop_body_graph_0")) == []
+    torch.export.export(gm, (h,))
+    with torch.no_grad():
+        assert error(gm(h), model(h)) > 0
+    # torch.autocast cannot run this loop at all: its body returns another type than it got
+    refused = pytest.raises(Exception, match="same metadata")
+    with refused, torch.autocast("cpu", dtype=DTYPES[dtype]):
+        model(h)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_while_loop_autocast_can_run_converts_within_its_error(dtype):
+    torch.manual_seed(0)
+    model, h = RnnNet(bias=True).eval(), inputs()
+    gm, plan = convert(model, h, dtype)
+    # the bias add promotes the state to float32, as under autocast: float32 throughout; the
+    # body casts it for the matmul and the matmul's result for the float32 add, as autocast
+    assert str(plan.nodes["while_loop/carried:1"].precision) == "float32"
+    assert str(plan.nodes["while_loop/while_loop_body_graph_0/matmul"].precision) == dtype
+    assert casts(body(gm, "while_loop_body_graph_0")) == [dtype, "float32"]
+    torch.export.export(gm, (h,))
+    with torch.no_grad():
+        assert 0 < error(gm(h), model(h)) <= 1.25 * autocast_error(model, h, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_map_casts_the_batch_once_and_converts_its_body(dtype):
+    torch.manual_seed(0)
+    model, xs = MapNet().eval(), inputs(shape=(3, 4, 16))
+    gm, plan = convert(model, xs, dtype)
+    assert str(plan.nodes["map_impl/body_graph_0/linear"].precision) == dtype
+    assert str(plan.nodes["map_impl/slice:0"].precision) == dtype
+    assert str(plan.nodes["map_impl/output:0"].precision) == dtype
+    assert casts(gm) == [dtype] * 3 and casts(body(gm, "body_graph_0")) == []
+    with torch.no_grad():
+        got = gm(xs)
+        assert got.shape == (3, 4, 16)
+        assert 0 < error(got, model(xs)) <= 1.25 * autocast_error(model, xs, dtype)
+
+
+def test_a_cond_nested_in_a_while_loop_is_converted_with_its_casts_outside_both():
+    torch.manual_seed(0)
+    model, h = NestedNet().eval(), inputs()
+    gm, plan = convert(model, h)
+    inner = "while_loop/while_loop_body_graph_0/cond"  # (a body's ops have no module path)
+    assert str(plan.nodes[f"{inner}/true_graph_0/linear"].precision) == "bfloat16"
+    assert str(plan.nodes[f"{inner}/false_graph_0/relu"].precision) == "bfloat16"
+    assert str(plan.nodes[f"{inner}/output:0"].precision) == "bfloat16"
+    assert str(plan.nodes["while_loop/carried:1"].precision) == "bfloat16"
+    loop_body = body(gm, "while_loop_body_graph_0")
+    # gate.a's weight and bias are cast in the outermost graph and passed through both calls
+    assert casts(gm) == ["bfloat16"] * 4
+    # the loop body's one cast is the sum's, for the comparison that picks the branch (gt is
+    # in no list: float32)
+    assert casts(loop_body) == ["float32"]
+    assert str(plan.nodes["while_loop/while_loop_body_graph_0/gt"].rule) == "unlisted"
+    assert casts(body(loop_body, "true_graph_0")) == []
+    torch.export.export(gm, (h,))
+    with torch.no_grad():
+        assert 0 < error(gm(h), model(h)) < 0.05
+
+
+def test_converting_a_converted_module_again_changes_nothing():
+    torch.manual_seed(0)
+    for model, x in ((CondNet(), inputs()), (RnnNet(), inputs()), (NestedNet(), inputs())):
+        gm, _ = convert(model.eval(), x)
+        again, plan = convert(gm, x)
+        assert plan.casts == [] and plan.weights == []
+        assert casts(again) == casts(gm)
+
+
+def test_weights_stored_low_inside_bodies():
+    torch.manual_seed(0)
+    model, x = CondNet().eval(), inputs()
+    gm, _ = convert(model, x, weights="low")
+    assert gm.a.weight.dtype == gm.b.bias.dtype == torch.bfloat16
+    assert casts(gm) == ["bfloat16"]  # the input only
+    with torch.no_grad():
+        assert 0 < error(gm(x), model(x)) <= 1.25 * autocast_error(model, x, "bfloat16")
+
+
+def test_explain_and_diff_name_body_nodes_by_their_path():
+    torch.manual_seed(0)
+    model, x = CondNet().eval(), inputs()
+    _, plan = convert(model, x)
+    _, denied = convert(model, x, deny_names=["cond/false_graph_0/softmax"])
+    text = report.explain(plan, "cond/true_graph_0/softmax")
+    assert "<- cond/true_graph_0/matmul (matmul): bfloat16, rule allow" in text
+    text = report.explain(denied, "cond/output:0")
+    assert text.startswith("cond/output:0 (cond): float32")
+    assert "<- cond/false_graph_0/softmax (softmax): float32, rule deny_name" in text
+    changed = plan.diff(denied).to_dict()
+    assert [c["node"] for c in changed["nodes_changed"]] == [
+        "cond/false_graph_0/softmax",
+        "cond/output:0",
+    ]
+    # the output is float32 now: the other branch casts its result
+    added = {(c["tensor"], c["to"]) for c in changed["casts_added"]}
+    assert ("cond/true_graph_0/softmax", "float32") in added
+
+
+def test_a_higher_order_op_graphamp_does_not_enter_is_kept_whole_with_a_warning():
+    from torch._higher_order_ops.scan import scan
+
+    class ScanNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(16, 16) / 4)
+
+        def forward(self, xs: torch.Tensor) -> torch.Tensor:
+            def f(c: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                c = torch.tanh(c @ self.w + x)
+                return c, c.clone()
+
+            return scan(f, torch.zeros(4, 16), xs)[1]
+
+    model, xs = ScanNet().eval(), inputs(shape=(3, 4, 16))
+    with pytest.warns(BodyWarning, match="'scan'"):
+        gm, plan = gfx.convert(model, (xs,), device="cpu", dtype="float16")
+    decision = plan.nodes["scan"]
+    assert (str(decision.precision), str(decision.rule)) == ("float32", "control_flow")
+    with torch.no_grad():
+        assert error(gm(xs), model(xs)) == 0
