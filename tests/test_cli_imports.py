@@ -73,3 +73,40 @@ def test_a_command_that_runs_imports_what_it_needs() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["True", "True"]
+
+
+def test_converting_a_plain_onnx_file_never_imports_onnx_ir(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A model with no subgraph, local function or external data takes the direct path, which
+    reads and writes the protobuf itself: onnx_ir (and sympy, which it imports: most of a
+    second) is left out; ``graphamp plan`` needs no onnxruntime either. A model with external
+    data goes through onnx_ir, as the probe's last line shows."""
+    import onnx
+
+    from tests.helpers import chain
+
+    source = tmp_path / "m.onnx"
+    onnx.save(chain(["MatMul", "Relu", "MatMul"]), str(source))
+    outside = tmp_path / "outside.onnx"
+    onnx.save(
+        chain(["MatMul", "Relu", "MatMul"]),
+        str(outside),
+        save_as_external_data=True,
+        size_threshold=0,
+    )
+    probe = (
+        "import contextlib, io, sys\n"
+        "from graphamp.cli import main\n"
+        "def run(*argv):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        assert main(list(argv)) == 0\n"
+        "    return [m for m in ('onnx_ir', 'sympy', 'onnxruntime') if m in sys.modules]\n"
+        f"print(run('plan', {str(source)!r}))\n"
+        f"print(run('convert', {str(source)!r}, '-o', {str(tmp_path / 'out.onnx')!r}))\n"
+        f"print(run('convert', {str(outside)!r}, '-o', {str(tmp_path / 'out2.onnx')!r}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == [
+        "[]",
+        "['onnxruntime']",
+        "['onnx_ir', 'sympy', 'onnxruntime']",
+    ], done.stdout

@@ -11,9 +11,9 @@ the policy from keyword overrides and returns ONNX types.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, TypeAlias
 
 import onnx
-import onnx_ir as ir
 
 from graphamp import engine
 from graphamp.errors import GraphampError
@@ -23,6 +23,9 @@ from graphamp.onnx.files import from_proto, inferred_types, load, save
 from graphamp.plan import Plan
 from graphamp.policy import Policy
 from graphamp.ranges import Ranges
+
+if TYPE_CHECKING:  # a file or a ModelProto converts without importing onnx_ir
+    import onnx_ir as ir
 
 __all__ = [
     "Conversion",
@@ -39,7 +42,7 @@ __all__ = [
     "tune",
 ]
 
-Model = str | os.PathLike[str] | onnx.ModelProto | ir.Model
+Model: TypeAlias = "str | os.PathLike[str] | onnx.ModelProto | ir.Model"
 
 
 def calibrate(model: Model, data: object) -> Ranges:

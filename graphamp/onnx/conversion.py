@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
-import onnx_ir as ir
 
 from graphamp import collector, engine
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 
 class Conversion(engine.Conversion):
@@ -23,6 +25,8 @@ class Conversion(engine.Conversion):
     @property  # type: ignore[override]
     def model(self) -> ir.Model:
         if isinstance(self._converted, onnx.ModelProto):
+            import onnx_ir as ir
+
             with collector.paused():
                 self._converted = ir.serde.deserialize_model(self._converted)
         return self._converted
@@ -35,5 +39,7 @@ class Conversion(engine.Conversion):
         """The converted model as a proto (the same object each time on the direct path)."""
         if isinstance(self._converted, onnx.ModelProto):
             return self._converted
+        import onnx_ir as ir
+
         with collector.paused():
             return ir.to_proto(self._converted)

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 
 from graphamp.dialects.base import Dialect, ReadGraph
 from graphamp.edits import EditScript
 from graphamp.errors import GraphampError
 from graphamp.inputs import InputSpec
-from graphamp.onnx import files, proto_reader, proto_writer, reader, runtime, writer
+from graphamp.onnx import files, proto_reader, proto_writer
 from graphamp.onnx.proto_reader import ProtoModel
 from graphamp.policy import Policy
 from graphamp.ranges import Ranges
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 
 class OnnxDialect(Dialect):
@@ -28,6 +31,10 @@ class OnnxDialect(Dialect):
     subgraph, no local function, no external data: :func:`proto_reader.suits`) is read and
     converted as a proto, and ``apply`` returns a new ``ModelProto``: no onnx_ir model is
     built or serialised. ``direct=False`` always converts through onnx_ir.
+
+    onnx_ir (and sympy under it) and onnxruntime are imported only where they are used: the
+    direct path never imports onnx_ir, and only the runtime check, verification and
+    calibration import onnxruntime.
     """
 
     def __init__(self, *, direct: bool = True) -> None:
@@ -37,39 +44,49 @@ class OnnxDialect(Dialect):
     lists = "onnx"
 
     def accepts(self, source: object) -> bool:
-        return isinstance(source, onnx.ModelProto | ir.Model)
+        return isinstance(source, onnx.ModelProto) or _is_ir_model(source)
 
     def load(self, source: object) -> ir.Model:
         if isinstance(source, str | Path):
             return files.load(source, direct=self.direct)
         if isinstance(source, onnx.ModelProto):
             return files.direct(source) if self.direct else files.from_proto(source)
-        if isinstance(source, ir.Model):
+        if _is_ir_model(source):
             return source
         raise GraphampError(f"expected a path or an ONNX model, got {type(source).__name__}")
 
     def read(self, model: ir.Model | ProtoModel, policy: Policy) -> ReadGraph:
         if isinstance(model, ProtoModel):
             return proto_reader.read(model, policy.dtype, policy.target)
+        from graphamp.onnx import reader
+
         return reader.read(model, policy.dtype, policy.target)
 
     def apply(self, read: ReadGraph, script: EditScript) -> ir.Model | onnx.ModelProto:
         if isinstance(read.model, ProtoModel):
             return proto_writer.apply(read, script)
+        from graphamp.onnx import writer
+
         return writer.apply(read, script)
 
     def save(self, model: ir.Model | onnx.ModelProto, path: Path) -> None:
         files.save(model, path)
 
     def check_runtime(self, original: Path, converted: Path) -> list[str]:
+        from graphamp.onnx import runtime
+
         return runtime.check_loads(Path(original), Path(converted))
 
     def input_specs(self, model: Any) -> list[InputSpec]:
+        from graphamp.onnx import runtime
+
         return runtime.input_specs(_proto(model, with_data=False))
 
     def run(
         self, model: Any, feeds: dict[str, np.ndarray], *, provider: str = "cpu"
     ) -> tuple[dict[str, np.ndarray], str]:
+        from graphamp.onnx import runtime
+
         return runtime.run(_proto(model, with_data=True), feeds, provider)
 
     def calibrate(self, model: Any, batches: Iterable[dict[str, np.ndarray]]) -> Ranges:
@@ -85,4 +102,15 @@ def _proto(model: Any, *, with_data: bool) -> onnx.ModelProto:
             return onnx.load(str(model), load_external_data=with_data)
         except Exception as exc:  # protobuf and file errors alike
             raise GraphampError(f"{model}: cannot read the model ({exc})") from None
-    return ir.to_proto(model) if isinstance(model, ir.Model) else model
+    if _is_ir_model(model):
+        import onnx_ir as ir
+
+        return ir.to_proto(model)
+    return model
+
+
+def _is_ir_model(source: object) -> bool:
+    """Whether ``source`` is an onnx_ir model (without importing onnx_ir: one can only exist
+    once something imported it)."""
+    ir = sys.modules.get("onnx_ir")
+    return ir is not None and isinstance(source, ir.Model)

@@ -11,19 +11,20 @@ OpGraph and the same output model over ONNX's node test cases.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-import onnx_ir as ir
+from onnx import numpy_helper
 
 from graphamp import dtypes
 from graphamp.dialects.base import ReadGraph
 from graphamp.dtypes import UNKNOWN
 from graphamp.errors import GraphampError
 from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
-from graphamp.onnx import fusion, kernels, slots, stream
+from graphamp.onnx import fusion, kernels, slots
 from graphamp.onnx.validate_nodes import NodeFields, node_fields
 
 _SUBGRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
@@ -168,7 +169,7 @@ class _Types:
         dtype, shape = self.of(name)
         tensor = TensorInfo(name=name, dtype=dtype, shape=shape, is_graph_input=graph_input)
         if init is not None:
-            tensor.load_value = stream.loader(ir.serde.TensorProtoTensor(init))
+            tensor.load_value = functools.partial(numpy_helper.to_array, init)
             if dtype == UNKNOWN:
                 tensor.dtype = elem_name(init.data_type)
             if shape is None:
@@ -202,7 +203,7 @@ def elem_name(elem_type: int) -> str:
     """The engine's name of an ONNX element type ("unknown" for 0, undefined)."""
     if not elem_type:
         return UNKNOWN
-    return dtypes.from_onnx(elem_type) or ir.DataType(elem_type).name.lower()
+    return dtypes.from_onnx(elem_type) or onnx.TensorProto.DataType.Name(elem_type).lower()
 
 
 def _read_node(
@@ -239,9 +240,9 @@ def _read_node(
 
 def _attach_constant(tensor: TensorInfo, attributes: dict[str, onnx.AttributeProto]) -> None:
     if "value" in attributes and attributes["value"].type == onnx.AttributeProto.TENSOR:
-        const = ir.serde.TensorProtoTensor(attributes["value"].t)
-        tensor.load_value = const.numpy
-        tensor.dtype = elem_name(const.dtype)
+        const = attributes["value"].t
+        tensor.load_value = functools.partial(numpy_helper.to_array, const)
+        tensor.dtype = elem_name(const.data_type)
     elif "value_float" in attributes:
         value = attributes["value_float"].f
         tensor.load_value = lambda: np.array(value, np.float32)

@@ -15,17 +15,16 @@ import functools
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 
 from graphamp import dtypes
 from graphamp.dialects.base import ReadGraph
 from graphamp.edits import EditScript
 from graphamp.errors import InternalError
 from graphamp.graph import OpGraph
+from graphamp.onnx import stream
 from graphamp.onnx.proto_reader import ProtoModel
-from graphamp.onnx.stream import ConvertedTensor
-from graphamp.onnx.writer import CONSTANT_FLOAT_ATTRIBUTES, LOW_PRECISION_ATTRIBUTES
-from graphamp.records import RewriteRecord
+from graphamp.onnx.slots import CONSTANT_FLOAT_ATTRIBUTES, LOW_PRECISION_ATTRIBUTES
+from graphamp.records import RewriteRecord, WeightRecord
 
 _HEAD = 0  # the list's sentinel: nodes are numbered from 1
 
@@ -73,6 +72,17 @@ def _constant_value(node: onnx.NodeProto) -> onnx.TensorProto:
                 np.array(onnx.helper.get_attribute_value(attribute), np.float32)
             )
     raise InternalError(f"weight {node.output[0]!r} has no stored value")
+
+
+def _converted(stored: onnx.TensorProto, record: WeightRecord) -> onnx.TensorProto:
+    """``stored`` rounded to ``record.dst``, chunk by chunk as the streaming writers round it
+    (the counts go into ``record``): type, dims and raw_data, as onnx_ir serialises a tensor."""
+    values = onnx.numpy_helper.to_array(stored)
+    chunks = stream.converted_chunks(stream.array_chunks(values), record.dst, record.name, record)
+    converted = onnx.TensorProto(data_type=dtypes.BY_NAME[record.dst].onnx)
+    converted.dims.extend(stored.dims)
+    converted.raw_data = b"".join(stream.bytes_of(chunk) for chunk in chunks)
+    return converted
 
 
 def _set_attribute(node: onnx.NodeProto, attribute: onnx.AttributeProto) -> None:
@@ -206,8 +216,7 @@ class _Edit:
                 stored = _constant_value(node)
             else:
                 stored = source
-            tensor = ConvertedTensor(ir.serde.TensorProtoTensor(stored), record.dst, "", record)
-            converted = ir.serde.serialize_tensor(tensor)
+            converted = _converted(stored, record)
             if not record.in_place:
                 converted.name = record.stored_as
                 self.new_initializers.append(converted)

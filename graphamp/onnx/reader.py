@@ -17,7 +17,7 @@ from graphamp.dialects.base import ReadGraph
 from graphamp.dtypes import FLOAT_TYPES, UNKNOWN
 from graphamp.errors import GraphampError
 from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
-from graphamp.onnx import fusion, kernels, slots, stream
+from graphamp.onnx import fusion, ir_tensors, kernels, slots, stream
 from graphamp.onnx.types import dtype_name, ir_type
 
 
@@ -105,7 +105,7 @@ def _add_value(
     )
     if value.const_value is not None:
         const = value.const_value
-        tensor.load_value = stream.loader(const, budget)  # on disk until scanned
+        tensor.load_value = ir_tensors.loader(const, budget)  # on disk until scanned
         tensor.on_disk = isinstance(const, ir.ExternalTensor)
         if tensor.dtype == UNKNOWN:
             tensor.dtype = dtype_name(const.dtype)

@@ -249,3 +249,15 @@ def _matrix_flops(
     if op_node.op in ("Conv", "ConvTranspose") and b and all(isinstance(d, int) for d in b):
         return 2 * out_elems * math.prod(b[1:])  # type: ignore[arg-type]
     return None
+
+
+# What the writers (both paths) add or change on a converted node.
+# Attributes an op needs when it runs in a low type: in float16 the fused Attention of opset
+# 23 keeps its softmax in float32, as a separate Softmax would be kept (torch's
+# scaled_dot_product_attention under autocast does the same). Not in bfloat16, which has
+# float32's range: there the op's function body would add a bfloat16 mask to float32 scores.
+LOW_PRECISION_ATTRIBUTES: dict[tuple[str, str, str], dict[str, str]] = {
+    ("", "Attention", "float16"): {"softmax_precision": "float32"},
+}
+# A Constant's float32 value given as a number or list: a converted one becomes its "value".
+CONSTANT_FLOAT_ATTRIBUTES = ("value_float", "value_floats")

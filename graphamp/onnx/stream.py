@@ -3,12 +3,16 @@
 A model of tens of gigabytes of external data converts in memory bounded by its graph and a few
 megabytes of chunks:
 
-* :func:`loader` gives the passes a weight's values as a fresh read-only memory map of the
-  data file, dropped (mapping and resident pages) as soon as the range scan lets go of it;
-* :class:`ConvertedTensor` is a weight rounded to its new type *when its bytes are asked for*:
-  ``tofile`` (what ``onnx_ir.save`` calls for external data) reads, rounds and writes one chunk
-  at a time; ``numpy``/``tobytes`` (an in-memory model, ``to_proto``) round the same chunks into
-  one array, so both paths give the same bytes.
+* :func:`map_values` gives the passes a weight's values as a fresh read-only memory map of the
+  file holding them, dropped (mapping and resident pages) as soon as the range scan lets go of
+  it;
+* :func:`read_chunks` reads a stored tensor a chunk at a time into one reused buffer, and
+  :func:`converted_chunks` rounds such chunks to the new type as they come (what the writers
+  stream to disk; an in-memory model rounds the same chunks into one array, so both give the
+  same bytes).
+
+Nothing here imports onnx_ir: the direct path uses these on the weights of a model file it
+maps (:mod:`graphamp.onnx.infile`), the onnx_ir path through :mod:`graphamp.onnx.ir_tensors`.
 
 Rounding float32 to float16 is done by onnxruntime's Cast kernel (F16C instructions) when the
 chunk holds no NaN: numpy rounds in software at about 1 GB/s, slower than the disk. The two agree
@@ -21,13 +25,10 @@ from __future__ import annotations
 import functools
 import mmap
 import os
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
-import onnx_ir as ir
 
-from graphamp import dtypes
 from graphamp.errors import WeightOverflow
 from graphamp.passes.numerics import (
     FLOAT32_LIMIT,
@@ -92,27 +93,13 @@ def drop_cached(path: str, offset: int, length: int) -> None:
         os.close(fd)
 
 
-def loader(
-    tensor: ir.TensorProtocol, budget: CacheBudget | None = None
-) -> Callable[[], np.ndarray]:
-    """A function returning ``tensor``'s values without keeping them: external data comes as a
-    new read-only memory map on each call (nothing is read until it is touched, and the pages go
-    with the array), anything else as the tensor's own array."""
-    if isinstance(tensor, ir.ExternalTensor) and _plain_numpy(tensor.dtype) and tensor.size:
-        return functools.partial(
-            _map,
-            tensor.path,
-            tensor.offset or 0,
-            tensor.dtype.numpy(),
-            tuple(tensor.shape),
-            budget or CacheBudget(1 << 62),
-        )
-    return tensor.numpy
-
-
-def _plain_numpy(dtype: ir.DataType) -> bool:
-    """Types stored one whole byte-aligned element at a time (not 2/4/6-bit packed)."""
-    return dtype.bitwidth % 8 == 0 and dtype not in (ir.DataType.STRING, ir.DataType.UNDEFINED)
+def map_values(
+    path: str, offset: int, dtype: np.dtype, shape: tuple[int, ...], budget: CacheBudget | None
+) -> np.ndarray:
+    """The values stored at ``offset`` of the file at ``path`` as a new read-only memory map
+    (nothing is read until touched; the array holds the only reference to the map, so dropping
+    it unmaps the file and its resident pages)."""
+    return _map(path, offset, dtype, shape, budget or CacheBudget(1 << 62))
 
 
 def _map(
@@ -134,24 +121,28 @@ def _map(
     return values.reshape(shape)
 
 
-def chunks(tensor: ir.TensorProtocol, size: int = CHUNK_ELEMENTS) -> Iterator[np.ndarray]:
-    """``tensor``'s values flattened, ``size`` elements at a time. External data is read with
-    ``pread`` into one reused buffer: no chunk outlives the next call, nothing is mapped."""
-    if isinstance(tensor, ir.ExternalTensor) and _plain_numpy(tensor.dtype):
-        yield from _read_chunks(tensor, size)
-        return
-    flat = np.asarray(tensor.numpy()).reshape(-1)
-    for start in range(0, flat.size, size):
-        yield flat[start : start + size]
+def read_chunks(
+    path: str,
+    offset: int,
+    dtype: np.dtype,
+    total: int,
+    size: int = CHUNK_ELEMENTS,
+    *,
+    drop: bool = True,
+) -> Iterator[np.ndarray]:
+    """The ``total`` values of ``dtype`` stored at ``offset`` of ``path``, ``size`` at a time,
+    read with ``pread`` into one reused buffer: no chunk outlives the next call, nothing is
+    mapped. With ``drop``, the range leaves the page cache once read (a model's external data
+    is read once, and may be larger than memory)."""
+    return _read_chunks(path, offset, np.dtype(dtype).newbyteorder("<"), total, size, drop)
 
 
-def _read_chunks(tensor: ir.ExternalTensor, size: int) -> Iterator[np.ndarray]:
-    dtype = np.dtype(tensor.dtype.numpy()).newbyteorder("<")
-    total = tensor.size
+def _read_chunks(
+    path: str, offset: int, dtype: np.dtype, total: int, size: int, drop: bool
+) -> Iterator[np.ndarray]:
     buffer = np.empty(min(size, total), dtype)
-    view = _bytes_of(buffer)
-    offset = tensor.offset or 0
-    fd = os.open(tensor.path, os.O_RDONLY)
+    view = bytes_of(buffer)
+    fd = os.open(path, os.O_RDONLY)
     try:
         for start in range(0, total, size):
             count = min(size, total - start)
@@ -160,32 +151,25 @@ def _read_chunks(tensor: ir.ExternalTensor, size: int) -> Iterator[np.ndarray]:
             while got < wanted:  # pread may return less than asked (signals, large reads)
                 n = os.preadv(fd, [view[got:wanted]], offset + start * dtype.itemsize + got)
                 if n == 0:
-                    raise OSError(f"{tensor.path}: external data ends before the tensor does")
+                    raise OSError(f"{path}: the file ends before the tensor does")
                 got += n
             yield buffer[:count]
     finally:
         os.close(fd)
-        # Read for the last time (the conversion reads each weight once): leave the cache
-        # to what is still to come.
-        drop_cached(tensor.path, offset, total * dtype.itemsize)
+        if drop:  # read for the last time: leave the cache to what is still to come
+            drop_cached(path, offset, total * dtype.itemsize)
 
 
-def _bytes_of(values: np.ndarray) -> memoryview:
+def array_chunks(values: np.ndarray, size: int = CHUNK_ELEMENTS) -> Iterator[np.ndarray]:
+    """An in-memory array flattened, ``size`` elements at a time (as :func:`read_chunks`)."""
+    flat = np.asarray(values).reshape(-1)
+    for start in range(0, flat.size, size):
+        yield flat[start : start + size]
+
+
+def bytes_of(values: np.ndarray) -> memoryview:
     """The bytes of a contiguous array as a buffer (bfloat16 has no buffer format of its own)."""
     return memoryview(values.reshape(-1).view(np.uint8))
-
-
-def stored_bytes(tensor: ir.TensorProtocol) -> Iterator[memoryview | bytes]:
-    """``tensor``'s bytes as stored in a data file, a chunk at a time where it can be: a
-    converted weight rounds chunk by chunk, external data is read chunk by chunk."""
-    if isinstance(tensor, ConvertedTensor):
-        for converted in tensor.converted_chunks():
-            yield _bytes_of(converted)
-    elif isinstance(tensor, ir.ExternalTensor) and _plain_numpy(tensor.dtype):
-        for chunk in _read_chunks(tensor, CHUNK_ELEMENTS):
-            yield _bytes_of(chunk)
-    else:
-        yield tensor.tobytes()
 
 
 def convert_chunk(values: np.ndarray, dst: str, name: str) -> np.ndarray:
@@ -256,64 +240,20 @@ def _fast_cast() -> Callable[[np.ndarray], np.ndarray] | None:
     return lambda values: session.run(None, {"x": values})[0]
 
 
-class ConvertedTensor(ir.LazyTensor):
-    """``source`` rounded to ``dst`` (an engine dtype name), computed when read.
-
-    ``tofile`` streams chunk by chunk (what saving with external data calls); ``numpy`` and
-    ``tobytes`` build the whole array from the same chunks. Nothing is cached. Each complete
-    pass writes what it counted (values flushed to zero, values at float32's limit) into
-    ``record``, the plan's entry for the weight: where the range check was left to the
-    conversion (WeightRanges ``speculate``) these counts exist only from here.
-    """
-
-    __slots__ = ("_dst", "_record", "_source")
-
-    def __init__(
-        self, source: ir.TensorProtocol, dst: str, name: str, record: WeightRecord | None = None
-    ) -> None:
-        shape = ir.Shape(tuple(source.shape))
-        dtype = ir.DataType(dtypes.BY_NAME[dst].onnx)
-        super().__init__(lambda: ir.Tensor(self.numpy()), dtype, shape, name=name)
-        self._source = source
-        self._dst = dst
-        self._record = record
-
-    @property
-    def source(self) -> ir.TensorProtocol:
-        """The tensor this one is converted from."""
-        return self._source
-
-    def converted_chunks(self) -> Iterator[np.ndarray]:
-        """The converted values, flattened, a chunk at a time (each valid until the next)."""
-        flushed = at_limit = 0
-        name = self._record.name if self._record is not None else str(self.name)
-        for chunk in chunks(self._source):
-            converted, chunk_flushed, chunk_at_limit = convert_counted(chunk, self._dst, name)
-            flushed += chunk_flushed
-            at_limit += chunk_at_limit
-            yield converted
-        if self._record is not None:
-            self._record.flushed_to_zero = flushed
-            self._record.at_limit = at_limit
-
-    def numpy(self) -> np.ndarray:
-        out = np.empty(self.size, dtypes.numpy_type(self._dst))
-        start = 0
-        for converted in self.converted_chunks():
-            out[start : start + converted.size] = converted
-            start += converted.size
-        return out.reshape(self.shape.numpy())
-
-    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-        values = self.numpy()
-        return values if dtype is None else values.astype(dtype)
-
-    def tobytes(self) -> bytes:
-        return self.numpy().tobytes()
-
-    def tofile(self, file: Any) -> None:
-        for converted in self.converted_chunks():
-            file.write(_bytes_of(converted))
-
-    def __repr__(self) -> str:
-        return f"{self._repr_base()}(name={self.name!r}, source={self._source!r})"
+def converted_chunks(
+    source: Iterable[np.ndarray], dst: str, name: str, record: WeightRecord | None = None
+) -> Iterator[np.ndarray]:
+    """The chunks of ``source`` rounded to ``dst`` (each valid until the next). A complete pass
+    writes what it counted (values flushed to zero, values at float32's limit) into ``record``,
+    the plan's entry for the weight: where the range check was left to the conversion
+    (WeightRanges ``speculate``) these counts exist only from here. ``name`` names the weight
+    in an overflow's error."""
+    flushed = at_limit = 0
+    for chunk in source:
+        converted, chunk_flushed, chunk_at_limit = convert_counted(chunk, dst, name)
+        flushed += chunk_flushed
+        at_limit += chunk_at_limit
+        yield converted
+    if record is not None:
+        record.flushed_to_zero = flushed
+        record.at_limit = at_limit

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import onnx_ir as ir
+from typing import TYPE_CHECKING
 
 from graphamp import dtypes
 from graphamp.dtypes import UNKNOWN
+
+if TYPE_CHECKING:  # the direct path imports this module and never onnx_ir
+    import onnx_ir as ir
 
 
 def dtype_name(dtype: ir.DataType | None) -> str:
@@ -18,6 +21,8 @@ def dtype_name(dtype: ir.DataType | None) -> str:
 def ir_type(name: str) -> ir.DataType:
     """The ONNX element type of an engine dtype name (or of one outside the table, by the
     name :func:`dtype_name` gave it: ``float8e4m3fn``)."""
+    import onnx_ir as ir
+
     if name in dtypes.BY_NAME:
         return ir.DataType(dtypes.BY_NAME[name].onnx)
     return ir.DataType[name.upper()]

@@ -3,7 +3,7 @@
 Inserted Casts go right after their producer (or first, for graph inputs and initializers), so
 the node order stays topological without a re-sort. Weights are converted, never cast at run
 time, and a conversion that would overflow is refused: classify keeps such readers float32.
-A converted weight is a :class:`~graphamp.onnx.stream.ConvertedTensor`: nothing is read or
+A converted weight is a :class:`~graphamp.onnx.ir_tensors.ConvertedTensor`: nothing is read or
 rounded until the model is saved (a chunk at a time) or turned into a proto.
 """
 
@@ -15,22 +15,11 @@ import onnx_ir as ir
 from graphamp.dialects.base import ReadGraph
 from graphamp.edits import EditScript
 from graphamp.errors import InternalError
+from graphamp.onnx.ir_tensors import ConvertedTensor
 from graphamp.onnx.reader import OnnxHandles, subgraph_nodes
-from graphamp.onnx.stream import ConvertedTensor
+from graphamp.onnx.slots import CONSTANT_FLOAT_ATTRIBUTES, LOW_PRECISION_ATTRIBUTES
 from graphamp.onnx.types import ir_type
 from graphamp.records import RewriteRecord
-
-# Attributes an op needs when it runs in a low type: in float16 the fused Attention of opset
-# 23 keeps its softmax in float32, as a separate Softmax would be kept (torch's
-# scaled_dot_product_attention under autocast does the same). Not in bfloat16, which has
-# float32's range: there the op's function body would add a bfloat16 mask to float32 scores.
-LOW_PRECISION_ATTRIBUTES: dict[tuple[str, str, str], dict[str, str]] = {
-    ("", "Attention", "float16"): {"softmax_precision": "float32"},
-}
-
-
-# A Constant's float32 value given as a number or list: a converted one becomes its "value".
-CONSTANT_FLOAT_ATTRIBUTES = ("value_float", "value_floats")
 
 
 def apply(read: ReadGraph, script: EditScript) -> ir.Model:

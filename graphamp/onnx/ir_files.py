@@ -1,0 +1,182 @@
+"""onnx_ir models from protos and into files (the path for models with subgraphs, local
+functions or external data, and for ``onnx_ir.Model`` objects).
+
+A model whose weights lived outside keeps them outside: its data file is written a tensor at a
+time (a converted weight a chunk at a time, see :mod:`graphamp.onnx.ir_tensors` and
+:mod:`graphamp.onnx.datafile`), so memory stays small whatever the model's size.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+
+from graphamp import progress
+from graphamp.errors import GraphampError
+from graphamp.onnx import ir_tensors
+from graphamp.onnx.datafile import DataFileWriter
+from graphamp.onnx.writing import (
+    EXTERNAL_DATA_THRESHOLD,
+    check_room,
+    disk_full_is_an_error,
+    replace_together,
+)
+
+EXTERNAL_DATA_KEY = "graphamp.external_data"
+
+
+def to_ir(
+    proto: onnx.ModelProto, inferred: onnx.ModelProto | None, base_dir: Path | None, where: str
+) -> ir.Model:
+    """The onnx_ir model of ``proto`` (not modified), typed by ``inferred`` (``proto`` after ONNX
+    type inference, or None where it failed)."""
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as exc:
+        raise GraphampError(f"{where}: malformed ONNX model ({exc})") from None
+    if inferred is not None:
+        _apply_inferred_types(model, inferred)
+    if base_dir is not None:
+        ir.external_data.set_base_dir(model.graph, base_dir)
+    # Remembered for save(): a model whose weights lived outside keeps them outside.
+    model.meta[EXTERNAL_DATA_KEY] = _has_external(model)
+    return model
+
+
+def _apply_inferred_types(model: ir.Model, inferred: onnx.ModelProto) -> None:
+    """Type every value that ONNX type inference typed in ``inferred``."""
+    values = {v.name: v for v in model.graph.inputs}
+    for node in model.graph:
+        for value in node.outputs:
+            values[value.name] = value
+    # Values share few distinct types (a chain of 50,000 nodes may have one): each distinct
+    # TypeProto is deserialised once. Every value gets its own type (a retype changes it in
+    # place) and shares a frozen shape (nothing changes a shape; onnx_ir refuses if tried).
+    known: dict[bytes, tuple[ir.TypeProtocol, ir.Shape | None]] = {}
+    for info in [*inferred.graph.value_info, *inferred.graph.output]:
+        value = values.get(info.name)
+        if value is None or (value.type is not None and value.shape is not None):
+            continue
+        if not info.type.HasField("tensor_type"):
+            continue
+        key = info.type.SerializeToString(deterministic=True)
+        if key not in known:
+            shape = None
+            if info.type.tensor_type.HasField("shape"):
+                shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+                shape.freeze()  # type: ignore[union-attr]
+            known[key] = (ir.serde.deserialize_type_proto_for_type(info.type), shape)
+        type_, shape = known[key]
+        if value.type is None:
+            value.type = ir.TensorType(type_.dtype, denotation=type_.denotation)
+        if value.shape is None and shape is not None:
+            value.shape = shape
+
+
+def save(model: ir.Model, path: Path) -> None:
+    """Write ``model`` atomically; weights go to ``<name>.data`` beside it when over 2 GB or
+    when the input kept them there (see :func:`graphamp.onnx.files.save`)."""
+    external = (
+        _weight_bytes(model) > EXTERNAL_DATA_THRESHOLD
+        or _has_external(model)
+        or bool(model.meta.get(EXTERNAL_DATA_KEY))
+    )
+    data_name = f"{path.name}.data"
+    outside = _outside_values(model) if external else []
+    needed = sum(value.const_value.nbytes for value in outside)  # type: ignore[union-attr]
+    check_room(path, needed)
+    with (
+        disk_full_is_an_error(path, needed, "of weights"),
+        tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp,
+    ):
+        tmp_path = Path(tmp) / path.name
+        if external:
+            _save_external(model, outside, tmp_path, data_name, needed)
+            replace_together([(Path(tmp) / data_name, path.parent / data_name)], tmp_path, path)
+        else:
+            ir.save(model, tmp_path)
+            replace_together([], tmp_path, path)
+
+
+EXTERNAL_MIN_BYTES = 1024  # tensors up to this size stay inside the model file
+
+
+def _outside_values(model: ir.Model) -> list[ir.Value]:
+    """The initializers whose data goes to the data file, in the order it is written (every
+    graph's, in declaration order: one layer's weights stay adjacent on disk)."""
+    return [
+        value
+        for graph in model.graphs()
+        for value in graph.initializers.values()
+        if value.const_value is not None and value.const_value.nbytes > EXTERNAL_MIN_BYTES
+    ]
+
+
+def _save_external(
+    model: ir.Model, outside: list[ir.Value], model_path: Path, data_name: str, total: int
+) -> None:
+    """Write the data file tensor by tensor, then the model pointing into it. The model object
+    is left as it was (its tensors are swapped for the written ones only while serialising)."""
+    placed: list[ir.ExternalTensor] = []
+    reporter = progress.current()
+    reporter.begin("writing weights", total, len(outside))
+    writer = DataFileWriter(model_path.parent / data_name)
+    try:
+        for value in outside:
+            tensor = value.const_value
+            offset = writer.length
+            writer.write_all(ir_tensors.stored_bytes(tensor))  # type: ignore[arg-type]
+            placed.append(
+                ir.ExternalTensor(
+                    data_name,
+                    offset,
+                    writer.length - offset,
+                    tensor.dtype,  # type: ignore[union-attr]
+                    shape=ir.Shape(tuple(tensor.shape)),  # type: ignore[union-attr]
+                    name=value.name,
+                    base_dir=model_path.parent,
+                )
+            )
+            reporter.advance(writer.length - offset)
+        writer.close()
+    except BaseException:
+        writer.abandon()
+        raise
+    finally:
+        reporter.end()
+    swapped = [*outside, *_small_external_values(model)]
+    originals = [value.const_value for value in swapped]
+    try:
+        for value, tensor in zip(outside, placed, strict=True):
+            value.const_value = tensor
+        for value in swapped[len(outside) :]:  # small data the input kept outside comes inside
+            value.const_value = ir.Tensor(value.const_value.numpy().copy(), name=value.name)  # type: ignore[union-attr]
+        ir.save(model, model_path)
+    finally:
+        for value, tensor in zip(swapped, originals, strict=True):
+            value.const_value = tensor
+
+
+def _small_external_values(model: ir.Model) -> list[ir.Value]:
+    return [
+        value
+        for graph in model.graphs()
+        for value in graph.initializers.values()
+        if isinstance(value.const_value, ir.ExternalTensor)
+        and value.const_value.nbytes <= EXTERNAL_MIN_BYTES
+    ]
+
+
+def _weight_bytes(model: ir.Model) -> int:
+    return sum(
+        v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
+    )
+
+
+def _has_external(model: ir.Model) -> bool:
+    return any(
+        isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values()
+    )
