@@ -29,6 +29,8 @@ def read_table(path: str | Path) -> dict[str, object]:
         raise GraphampError(f"{path}: policy file not found") from None
     except IsADirectoryError:
         raise GraphampError(f"{path}: is a folder, not a policy file") from None
+    except PermissionError:
+        raise GraphampError(f"{path}: permission denied: cannot read the policy file") from None
     except UnicodeDecodeError as exc:
         raise GraphampError(f"{path}: not a valid TOML file: {exc}") from None
     table = parse(text, str(path)).get("graphamp")

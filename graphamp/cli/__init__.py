@@ -18,10 +18,14 @@ import traceback
 import warnings
 from collections.abc import Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from graphamp.cli import check, convert, debug, demo, diff, explain, lists, plan, tune
 from graphamp.cli.common import Parser
 from graphamp.errors import GraphampError, PolicyWarning, SlowPrecisionWarning
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 COMMANDS: dict[str, ModuleType] = {
     "convert": convert,
@@ -100,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     console = Console(highlight=False)
     try:
-        return COMMANDS[args.command].run(args, console)
+        return _run(COMMANDS[args.command], args, console)
     except GraphampError as exc:
         print(f"graphamp: error: {exc}", file=sys.stderr)
         return 2
@@ -116,6 +120,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 3
+
+
+def _run(module: ModuleType, args: argparse.Namespace, console: Console) -> int:
+    """Run a command: the files it names checked before any work (graphamp.cli.files), its
+    outputs staged in ``args.outputs`` and moved into place together when it returns."""
+    from graphamp.cli.files import Files
+    from graphamp.io import Outputs
+
+    files = module.files(args) if hasattr(module, "files") else Files()
+    files.check()
+    with Outputs(files.writes) as outputs:
+        args.outputs = outputs
+        status = module.run(args, console)
+        outputs.commit()
+    return status
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]

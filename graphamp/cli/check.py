@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from graphamp.cli.common import add_policy_arguments, plan_of
+from graphamp.cli.files import Files
 from graphamp.errors import GraphampError
 
 if TYPE_CHECKING:
@@ -34,21 +35,42 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     add_policy_arguments(parser)
 
 
-def run(args: argparse.Namespace, console: Console) -> int:
+def entries_of(args: argparse.Namespace) -> list[tuple[Path, Path]]:
+    """The (model, baseline) pairs to check: MODEL --baseline, or the --config file's."""
     if args.model:
         if not args.baseline:
             raise GraphampError("check MODEL needs --baseline PLAN.json")
-        entries = [(Path(args.model), Path(args.baseline))]
-    else:
-        if not args.config:
-            raise GraphampError(
-                "check needs MODEL --baseline PLAN.json, or --config FILE with "
-                "[[graphamp.check]] entries"
+        return [(Path(args.model), Path(args.baseline))]
+    if not args.config:
+        raise GraphampError(
+            "check needs MODEL --baseline PLAN.json, or --config FILE with "
+            "[[graphamp.check]] entries"
+        )
+    return check_entries(Path(args.config))
+
+
+def files(args: argparse.Namespace) -> Files:
+    files = Files(new_folders=True).read("--config", args.config)  # --update makes folders
+    for index, (model, baseline) in enumerate(entries_of(args)):
+        what = "MODEL" if args.model else f"entry {index + 1}'s model"
+        files.read_model(f"the model {what}", model)
+        if args.update:
+            files.write(
+                "--update's baseline" if args.model else f"entry {index + 1}'s baseline", baseline
             )
-        entries = check_entries(Path(args.config))
+        else:
+            files.read("--baseline", baseline)
+    return files
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
     drifted = 0
+    entries = entries_of(args)
     for model, baseline in entries:
-        drifted += check_one(model, baseline, args, update=args.update)
+        drifted += check_one(model, baseline, args)
+    if args.update:  # every plan made: the baselines are moved into place together
+        for model, baseline in entries:
+            print(f"{model}: baseline {baseline} written")
     return 1 if drifted else 0
 
 
@@ -73,17 +95,16 @@ def check_entries(config: Path) -> list[tuple[Path, Path]]:
     return entries
 
 
-def check_one(model: Path, baseline: Path, args: argparse.Namespace, *, update: bool) -> int:
-    """0 when ``model``'s plan equals ``baseline`` (or was written to it), 1 when it drifted."""
+def check_one(model: Path, baseline: Path, args: argparse.Namespace) -> int:
+    """0 when ``model``'s plan equals ``baseline`` (or was staged to be written to it, with
+    ``--update``: every baseline is moved into place when all are planned), 1 when it
+    drifted."""
     from graphamp.plan import Plan
 
     _, plan = plan_of(model, args)
     plan.model = model.name
-    if update:
-        if not baseline.parent.is_dir():
-            baseline.parent.mkdir(parents=True)
-        plan.save(baseline)
-        print(f"{model}: baseline {baseline} written")
+    if args.update:
+        plan.save(args.outputs.path(baseline))
         return 0
     if not baseline.exists():
         raise GraphampError(f"{baseline}: no baseline plan; create it with --update")

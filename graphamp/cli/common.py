@@ -246,11 +246,10 @@ def policy_options(args: argparse.Namespace) -> dict[str, object]:
     return {"strict": True} if getattr(args, "strict", False) else {}
 
 
-def emit(text: str, output: str | None) -> None:
-    from graphamp.io import write_atomic
-
-    if output:
-        write_atomic(Path(output), text.encode("utf-8"))
+def emit(text: str, args: argparse.Namespace) -> None:
+    """``text`` to ``-o FILE`` (staged with the command's other outputs), or to stdout."""
+    if getattr(args, "output", None):
+        args.outputs.path(args.output).write_bytes(text.encode("utf-8"))
     else:
         sys.stdout.write(text)
 
@@ -321,20 +320,3 @@ def report_verification(
         )
         return 1
     return 0
-
-
-def check_output_path(source: Path, target: Path) -> None:
-    if target.resolve() == source.resolve():
-        raise GraphampError(
-            f"{target}: the output path is the input; graphamp never overwrites its input"
-        )
-    check_writable(target)
-
-
-def check_writable(path: Path | str, what: str = "output") -> None:
-    """Refuse, before any work, an output path that cannot be written as a file."""
-    path = Path(path)
-    if path.is_dir():
-        raise GraphampError(f"{path}: is a folder; the {what} needs a file name")
-    if not path.parent.is_dir():
-        raise GraphampError(f"{path}: folder {path.parent} does not exist")

@@ -15,14 +15,13 @@ from typing import TYPE_CHECKING
 from graphamp.cli.common import (
     add_policy_arguments,
     add_verify_arguments,
-    check_output_path,
-    check_writable,
     policy_flags_given,
     policy_from_args,
     policy_options,
     report_verification,
     verification_inputs,
 )
+from graphamp.cli.files import Files
 from graphamp.cli.numerics import add_calibrate_argument, calibrated
 from graphamp.cli.summary import nothing_converted, print_summary
 from graphamp.errors import GraphampError, WeightOverflow
@@ -78,15 +77,25 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     add_verify_arguments(parser, flag=True)
 
 
+def files(args: argparse.Namespace) -> Files:
+    return (
+        Files()
+        .read_model("the model IN", args.input)
+        .read("--inputs", args.inputs)
+        .read("--calibrate", args.calibrate)
+        .read("--config", args.config)
+        .read("--from-plan", args.from_plan)
+        .write_model("-o", args.output, args.input)
+        .write("--plan", args.plan)
+    )
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     from graphamp import engine, progress
     from graphamp.dialects.registry import for_file
     from graphamp.plan import Plan
 
     source, target = Path(args.input), Path(args.output)
-    check_output_path(source, target)
-    if args.plan:
-        check_writable(args.plan, "plan")
     if (args.inputs or args.rtol is not None or args.atol) and not args.verify:
         raise GraphampError("--inputs, --rtol and --atol are only used with --verify")
     dialect = for_file(source)
@@ -130,7 +139,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             )
             result, status = attempt(speculate=False)
     if args.plan:
-        result.plan.save(args.plan)
+        result.plan.save(args.outputs.path(args.plan))
     return status
 
 
@@ -150,31 +159,30 @@ def _convert_and_write(
     weights on disk are range-checked as they are written (WeightOverflow on a miss)."""
     from graphamp import engine
     from graphamp.dialects.registry import for_file
-    from graphamp.io import staged
 
     source, target = Path(args.input), Path(args.output)
     dialect = for_file(source)
     options = {**options, "speculate_weights": speculate}
     result = engine.convert(source, policy, dialect=dialect, reviewed=reviewed, options=options)
     status = 0
-    # Written beside OUT and moved into place only when saving (and verifying) raised
-    # nothing: an error leaves no output. Over tolerance (exit 1) the model is kept.
-    with staged(target) as path:
-        try:
-            dialect.save(result.model, path)
-        except GraphampError as exc:  # name OUT, not the folder it is staged in
-            raise GraphampError(str(exc).replace(str(path), str(target))) from None
-        if not args.no_runtime_check:
-            for warning in dialect.check_runtime(source, path):
-                print(f"graphamp: warning: {warning}", file=sys.stderr)
-        print_summary(console, result.plan, time.perf_counter() - start, source, target)
-        note = nothing_converted(result.plan)
-        if note:
-            print(f"graphamp: warning: {note}", file=sys.stderr)
-        if feeds is not None:
-            status = report_verification(
-                console, dialect, source, path, args, policy.dtype, feeds=feeds
-            )
+    # Written beside OUT (args.outputs) and moved into place, with the plan, when the command
+    # returns: an error leaves no output. Over tolerance (exit 1) the model is kept.
+    path = args.outputs.path(target)
+    try:
+        dialect.save(result.model, path)
+    except GraphampError as exc:  # name OUT, not the folder it is staged in
+        raise GraphampError(str(exc).replace(str(path), str(target))) from None
+    if not args.no_runtime_check:
+        for warning in dialect.check_runtime(source, path):
+            print(f"graphamp: warning: {warning}", file=sys.stderr)
+    print_summary(console, result.plan, time.perf_counter() - start, source, target)
+    note = nothing_converted(result.plan)
+    if note:
+        print(f"graphamp: warning: {note}", file=sys.stderr)
+    if feeds is not None:
+        status = report_verification(
+            console, dialect, source, path, args, policy.dtype, feeds=feeds
+        )
     return result, status
 
 

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from graphamp.cli.common import check_writable, emit
+from graphamp.cli.common import emit
+from graphamp.cli.files import Files
 from graphamp.cli.numerics import add_inputs_argument, batches, require_onnx
 
 if TYPE_CHECKING:
@@ -48,18 +49,27 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
 
 
+def files(args: argparse.Namespace) -> Files:
+    return (
+        Files()
+        .read_model("the model IN", args.input)
+        .read_model("the model CONVERTED", args.converted)
+        .read("--inputs", args.inputs)
+        .read("--plan", args.plan)
+        .write("-o", args.output)
+    )
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     from graphamp.dialects.registry import for_file
     from graphamp.onnx.debugging import debug
     from graphamp.plan import Plan
 
-    if args.output:
-        check_writable(args.output, "report")
     source, converted = Path(args.input), Path(args.converted)
     for path in (source, converted):
         require_onnx(for_file(path), path, "debug")
     data = batches(for_file(source), source, args.inputs)
     plan = Plan.load(args.plan) if args.plan else None
     report = debug(source, converted, data, plan=plan)
-    emit(report.to_json() if args.format == "json" else report.to_text(args.top), args.output)
+    emit(report.to_json() if args.format == "json" else report.to_text(args.top), args)
     return 0

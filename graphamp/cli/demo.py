@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from graphamp.cli.common import DTYPES, add_verify_arguments, report_verification
+from graphamp.cli.files import Files
 from graphamp.cli.summary import print_summary
 from graphamp.errors import GraphampError
 
@@ -40,7 +41,30 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     add_verify_arguments(parser, flag=False)
 
 
+def _kept(args: argparse.Namespace) -> list[str]:
+    """The names of the files ``--keep DIR`` keeps."""
+    return [
+        f"{args.model}.onnx",
+        f"{args.model}.{args.dtype}.onnx",
+        f"{args.model}.{args.dtype}.plan.json",
+    ]
+
+
+def files(args: argparse.Namespace) -> Files:
+    files = Files(new_folders=True)
+    if args.keep:
+        if Path(args.keep).exists() and not Path(args.keep).is_dir():
+            raise GraphampError(
+                f"--keep {args.keep}: is a file; name a folder to keep the models in"
+            )
+        for name in _kept(args):
+            files.write_model("--keep", Path(args.keep) / name, Path(args.keep) / name)
+    return files
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
+    import shutil
+
     from graphamp import engine
     from graphamp.models import ZOO, export_onnx
     from graphamp.onnx.dialect import OnnxDialect
@@ -48,11 +72,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     if args.model not in ZOO:
         raise GraphampError(f"--model {args.model!r}: choose one of {', '.join(ZOO)}")
-    if args.keep and Path(args.keep).exists() and not Path(args.keep).is_dir():
-        raise GraphampError(f"--keep {args.keep}: is a file; name a folder to keep the models in")
     with tempfile.TemporaryDirectory(prefix="graphamp-demo-") as tmp:
-        folder = Path(args.keep) if args.keep else Path(tmp)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = Path(tmp)
         source = folder / f"{args.model}.onnx"
         target = folder / f"{args.model}.{args.dtype}.onnx"
         console.print(
@@ -68,6 +89,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         result.plan.save(folder / f"{args.model}.{args.dtype}.plan.json")
         print_summary(console, result.plan, time.perf_counter() - start, source, target)
         status = report_verification(console, dialect, source, target, args, args.dtype)
-        if args.keep:
-            console.print(f"models and plan kept in {folder}")
+        if args.keep:  # staged: moved into DIR together when the command returns
+            for made in sorted(folder.iterdir()):
+                shutil.move(made, args.outputs.path(Path(args.keep) / made.name))
+            console.print(f"models and plan kept in {args.keep}")
         return status

@@ -6,7 +6,8 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from graphamp.cli.common import add_policy_arguments, check_writable, emit, plan_of
+from graphamp.cli.common import add_policy_arguments, emit, plan_of
+from graphamp.cli.files import Files
 from graphamp.errors import GraphampError
 
 if TYPE_CHECKING:
@@ -41,11 +42,19 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     add_policy_arguments(parser)
 
 
+def files(args: argparse.Namespace) -> Files:
+    return (
+        Files()
+        .read_model("A", args.old)
+        .read_model("B", args.new)
+        .read("--config", args.config)
+        .write("-o", args.output)
+    )
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     from graphamp import viewer
 
-    if args.output:
-        check_writable(args.output, "diff")
     old_graph, old = plan_of(args.old, args)
     new_graph, new = plan_of(args.new, args)
     old.model, new.model = str(args.old), str(args.new)
@@ -56,9 +65,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
             raise GraphampError(
                 f"{args.new}: --format html needs a model as A or B to draw, not two plan files"
             )
-        emit(viewer.diff_page(old, new, graph), args.output)
+        emit(viewer.diff_page(old, new, graph), args)
     elif args.format == "json":
-        emit(json.dumps(difference.to_dict(), indent=1) + "\n", args.output)
+        emit(json.dumps(difference.to_dict(), indent=1) + "\n", args)
     elif not difference.empty or args.output:
-        emit(difference.to_text(), args.output)
+        emit(difference.to_text(), args)
     return 1 if args.exit_code and not difference.empty else 0

@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from graphamp.cli.common import add_policy_arguments, plan_of
+from graphamp.cli.files import Files
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -26,6 +27,10 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     parser.add_argument("model", metavar="MODEL", help="a model file (.onnx, .pt2) or a plan")
     parser.add_argument("node", metavar="NODE", help="the node name, as in the plan")
     add_policy_arguments(parser)
+
+
+def files(args: argparse.Namespace) -> Files:
+    return Files().read_model("the model MODEL", args.model).read("--config", args.config)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:

@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from graphamp.cli.common import DTYPES, LISTS
+from graphamp.cli.files import Files
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -25,6 +26,10 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
         default="onnx",
         help="ONNX op lists, or PyTorch's (aten) lists for CPU or CUDA targets",
     )
+
+
+def files(args: argparse.Namespace) -> Files:
+    return Files().read("--config", args.config)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from graphamp.cli.common import add_policy_arguments, check_writable, emit, plan_of
+from graphamp.cli.common import add_policy_arguments, emit, plan_of
+from graphamp.cli.files import Files
 from graphamp.cli.numerics import add_calibrate_argument
 from graphamp.errors import GraphampError
 
@@ -36,11 +37,19 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     add_calibrate_argument(parser)
 
 
+def files(args: argparse.Namespace) -> Files:
+    return (
+        Files()
+        .read_model("the model MODEL", args.model)
+        .read("--calibrate", args.calibrate)
+        .read("--config", args.config)
+        .write("-o", args.output)
+    )
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     from graphamp import report, viewer
 
-    if args.output:
-        check_writable(args.output, "plan")
     graph, plan = plan_of(args.model, args)
     if args.format == "json":
         text = plan.to_json()
@@ -50,5 +59,5 @@ def run(args: argparse.Namespace, console: Console) -> int:
         text = viewer.plan_page(plan, graph)
     else:
         text = report.text_table(plan)
-    emit(text, args.output)
+    emit(text, args)
     return 0

@@ -9,12 +9,11 @@ from typing import TYPE_CHECKING
 
 from graphamp.cli.common import (
     add_policy_arguments,
-    check_output_path,
-    check_writable,
     non_negative,
     policy_from_args,
     policy_options,
 )
+from graphamp.cli.files import Files
 from graphamp.cli.numerics import (
     add_calibrate_argument,
     add_inputs_argument,
@@ -68,15 +67,23 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     add_policy_arguments(parser)
 
 
+def files(args: argparse.Namespace) -> Files:
+    return (
+        Files()
+        .read_model("the model IN", args.input)
+        .read("--inputs", args.inputs)
+        .read("--calibrate", args.calibrate)
+        .read("--config", args.config)
+        .write_model("-o", args.output, args.input)
+        .write("--plan", args.plan)
+    )
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     from graphamp.dialects.registry import for_file
-    from graphamp.io import staged
     from graphamp.onnx.tune import tune
 
     source, target = Path(args.input), Path(args.output)
-    check_output_path(source, target)
-    if args.plan:
-        check_writable(args.plan, "plan")
     dialect = for_file(source)
     require_onnx(dialect, source, "tune")
     dialect.check_target(target)
@@ -111,10 +118,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     )
     print(result.snippet(), flush=True)
     _warn_tf32(result.kept, result.conversion.plan, policy.target, console)
-    with staged(target) as path:
-        dialect.save(result.conversion.model, path)
+    dialect.save(result.conversion.model, args.outputs.path(target))
     if args.plan:
-        result.conversion.plan.save(args.plan)
+        result.conversion.plan.save(args.outputs.path(args.plan))
     return 0
 
 

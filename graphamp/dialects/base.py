@@ -75,6 +75,15 @@ class Dialect(abc.ABC):
         low type, say). Default: nothing to check."""
         return []
 
+    def files(self, path: Path) -> list[Path]:
+        """The files the model at ``path`` consists of, ``path`` first (an ONNX model's
+        external data files): what a command must never write over."""
+        return [Path(path)]
+
+    def written_files(self, path: Path) -> list[Path]:
+        """The files :meth:`save` may write for ``path``, ``path`` first."""
+        return [Path(path)]
+
     def check_target(self, path: Path) -> None:  # noqa: B027 (optional: most accept any path)
         """Refuse, before any work, an output path this dialect cannot write."""
 

@@ -72,6 +72,14 @@ class OnnxDialect(Dialect):
     def save(self, model: ir.Model | onnx.ModelProto, path: Path) -> None:
         files.save(model, path)
 
+    def files(self, path: Path) -> list[Path]:
+        from graphamp.onnx.locations import external_data_files
+
+        return [Path(path), *external_data_files(Path(path))]
+
+    def written_files(self, path: Path) -> list[Path]:
+        return [Path(path), Path(path).parent / f"{Path(path).name}.data"]  # as files.save
+
     def check_runtime(self, original: Path, converted: Path) -> list[str]:
         from graphamp.onnx import runtime
 

@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from graphamp import progress
 from graphamp.errors import GraphampError
+from graphamp.io import temp_prefix
 from graphamp.onnx import ir_tensors
 from graphamp.onnx.datafile import DataFileWriter
 from graphamp.onnx.writing import (
@@ -90,7 +91,7 @@ def save(model: ir.Model, path: Path) -> None:
     check_room(path, needed)
     with (
         disk_full_is_an_error(path, needed, "of weights"),
-        tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp,
+        tempfile.TemporaryDirectory(dir=path.parent, prefix=temp_prefix(path)) as tmp,
     ):
         tmp_path = Path(tmp) / path.name
         if external:

@@ -1,0 +1,171 @@
+"""The files a command reads and writes, checked before any work by one mechanism for every
+command.
+
+Each command module has ``files(args) -> Files``, naming what it reads (models with their
+companion files, such as an ONNX model's external data; ``--inputs`` and ``--calibrate``
+data, files or folders; ``--config``, ``--from-plan``, ``--baseline``, ...) and what it writes
+(``-o``, ``--plan``, ``--update``'s baselines, ``demo --keep``'s files). Before the command
+runs, :func:`graphamp.cli.main` refuses, in one line with exit status 2:
+
+* a path written that is a path read, or that another write of the same command names,
+  compared by identity: the resolved path (symlinks followed), and for files that exist,
+  device and inode (a hard link is the same file);
+* a file read that cannot be read (permission denied);
+* a path written that is a folder, or in a folder that does not exist or cannot be written.
+
+Then every write goes through one :class:`graphamp.io.Outputs` (``args.outputs``): staged
+beside its target and moved into place, all together, when the command returns; on an error
+nothing is written.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from graphamp.errors import GraphampError
+
+MAX_FOLDER_FILES = 100_000  # files of a folder read that are compared with the writes
+
+
+@dataclass
+class Files:
+    """What one command reads and writes, as (what, path) pairs: ``what`` names the argument
+    in messages (``-o``, ``--plan``, ``the model IN``)."""
+
+    reads: list[tuple[str, Path]] = field(default_factory=list)
+    writes: list[tuple[str, Path]] = field(default_factory=list)
+    companions: list[tuple[str, Path]] = field(default_factory=list)  # written with a write
+    new_folders: bool = False  # a written file's folder may not exist yet (created)
+
+    def read(self, what: str, path: str | os.PathLike[str] | None) -> Files:
+        """A file or folder read as it is (data, a policy or plan file)."""
+        if path:
+            self.reads.append((what, Path(path)))
+        return self
+
+    def read_model(self, what: str, path: str | os.PathLike[str] | None) -> Files:
+        """A model file (or plan file) with every file it consists of (external data)."""
+        if path:
+            for index, part in enumerate(_model_files(Path(path))):
+                self.reads.append((what if index == 0 else f"{what}'s data file", part))
+        return self
+
+    def write(self, what: str, path: str | os.PathLike[str] | None) -> Files:
+        if path:
+            self.writes.append((what, Path(path)))
+        return self
+
+    def write_model(
+        self, what: str, path: str | os.PathLike[str] | None, model: str | os.PathLike[str]
+    ) -> Files:
+        """A model written by the dialect of ``model``, with the files it may write beside it
+        (an ONNX model's external data file)."""
+        if path:
+            self.writes.append((what, Path(path)))
+            for part in _written_files(Path(path), Path(model))[1:]:
+                self.companions.append((f"{what}'s data file", part))
+        return self
+
+    def check(self) -> None:
+        """Refuse (GraphampError) what the module docstring lists, before any work."""
+        reads = [(what, part) for what, path in self.reads for part in _expanded(path)]
+        for what, path in reads:
+            _check_readable(what, path)
+        writes = self.writes + self.companions
+        for what, path in self.writes:
+            if path.is_dir():
+                raise GraphampError(f"{path}: is a folder; {what} needs a file name")
+            if not self.new_folders and not _folder(path).is_dir():
+                raise GraphampError(f"{path}: folder {_folder(path)} does not exist")
+        for index, (what, path) in enumerate(writes):
+            for read_what, read in reads:
+                link = _same(path, read)
+                if link is not None:
+                    which = f"{read_what} ({read}{link})" if link else read_what
+                    raise GraphampError(
+                        f"{path}: {what} would overwrite {which}; graphamp never writes over "
+                        "a file it reads; nothing was written"
+                    )
+            for other_what, other in writes[:index]:
+                link = _same(path, other)
+                if link is not None:
+                    raise GraphampError(
+                        f"{path}: {other_what} and {what} name the same file{link}; "
+                        "give each its own; nothing was written"
+                    )
+
+
+def _folder(path: Path) -> Path:
+    return path.parent if str(path.parent) else Path(".")
+
+
+def _model_files(path: Path) -> list[Path]:
+    """``path`` and the files its dialect reads with it (none when it is not a model file
+    that exists: reading it will say what is wrong)."""
+    if not path.is_file():
+        return [path]
+    from graphamp.dialects.registry import for_file
+    from graphamp.plan import is_plan_file
+
+    if is_plan_file(path):
+        return [path]
+    try:
+        return [path, *(p for p in for_file(path).files(path) if p != path)]
+    except (GraphampError, OSError):  # unreadable or not a model: the command says so
+        return [path]
+
+
+def _written_files(path: Path, model: Path) -> list[Path]:
+    from graphamp.dialects.registry import for_file
+
+    try:
+        return for_file(model).written_files(path)
+    except (GraphampError, OSError):
+        return [path]
+
+
+def _expanded(path: Path) -> list[Path]:
+    """A folder read as the files in it (and below); a file as itself."""
+    if not path.is_dir():
+        return [path]
+    found = [path]
+    try:
+        for root, _, names in os.walk(path):
+            found.extend(Path(root) / name for name in sorted(names))
+            if len(found) > MAX_FOLDER_FILES:
+                break
+    except OSError:
+        pass
+    return found
+
+
+def _check_readable(what: str, path: Path) -> None:
+    try:
+        if path.is_dir():
+            os.listdir(path)
+        elif path.exists():
+            with open(path, "rb"):
+                pass
+    except PermissionError:
+        raise GraphampError(f"{path}: permission denied: cannot read {what}") from None
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise GraphampError(f"{path}: permission denied: cannot read {what}") from None
+
+
+def _same(a: Path, b: Path) -> str | None:
+    """None when ``a`` and ``b`` are different files; else "" (the same path), or how they
+    are the same file (", through a link")."""
+    if os.path.abspath(a) == os.path.abspath(b):
+        return ""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return ", through a symbolic link"
+    try:
+        if os.path.samefile(a, b):
+            return ", through a hard link"
+    except OSError:  # one of them does not exist yet
+        pass
+    return None
