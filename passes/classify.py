@@ -65,6 +65,12 @@ class ClassifyPass(Pass):
             node.name: classify_node(node, context.policy, context.weights)
             for node in context.graph
         }
+        for node in context.graph:
+            if node.kind is NodeKind.CONTROL_FLOW and not node.bodies:
+                context.warnings.append(
+                    f"node {node.name!r} ({node.op}): graphamp does not enter the bodies of"
+                    f" {node.op}: kept float32 with its bodies as they are"
+                )
         log.debug("classified %d nodes", len(context.decisions))
         return PassResult(modified=False)
 
@@ -93,9 +99,9 @@ def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDe
             f"{node.op}: computes nothing itself; its bodies ({', '.join(node.bodies)}) are"
             " decided node by node and its outputs by its boundary nodes",
         )
-    if node.kind is NodeKind.BOUNDARY and not node.follow_inputs:
+    if node.kind is NodeKind.BOUNDARY and "kept" in node.params:
         return decide(
-            Precision.NONE, Rule.CONTROL_FLOW, f"{node.params.get('boundary', node.op)}: kept"
+            Precision.NONE, Rule.CONTROL_FLOW, f"{node.params['boundary']}; {node.params['kept']}"
         )
     if node.kind is not NodeKind.OP and node.kind in _KEPT_KINDS:  # (an Enum hash is slow)
         rule, template = _KEPT_KINDS[node.kind]

@@ -1,62 +1,302 @@
-"""If/Loop/Scan: kept float32 with their bodies untouched, and never an invalid model, even
-when a body reads an outer value that the conversion turned into float16."""
+"""If/Loop/Scan bodies converted as if they were inline: their nodes decided by the same lists
+and rules, named by their path; an If output one type in both branches; a loop-carried value
+one type at entry, in the body and at exit; Casts of outer values in the scope that reads them;
+and bad input refused in one line."""
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import pytest
 from onnx import TensorProto, helper
 
+from graphamp.errors import GraphampError
+from graphamp.models.control_flow import CASES
+from graphamp.onnx.runtime import run as run_faithfully
 from tests.helpers import F32, assert_valid, convert, model, run, weight
 
 
-def if_model():
-    # m = MatMul(x, w) (low); If(cond) { then: Relu(m) + m read from the outer scope;
-    # else: Neg(m) }; the If output feeds another MatMul.
+def branches(then_nodes, then_out, else_nodes, else_out, shape=(4, 4)):
     then_body = helper.make_graph(
-        [helper.make_node("Relu", ["m"], ["then_out"], name="then_relu")],
-        "then",
-        [],
-        [helper.make_tensor_value_info("then_out", F32, [4, 4])],
+        then_nodes, "then", [], [helper.make_tensor_value_info(then_out, F32, shape)]
     )
     else_body = helper.make_graph(
-        [helper.make_node("Neg", ["m"], ["else_out"], name="else_neg")],
-        "else",
-        [],
-        [helper.make_tensor_value_info("else_out", F32, [4, 4])],
+        else_nodes, "else", [], [helper.make_tensor_value_info(else_out, F32, shape)]
     )
+    return {"then_branch": then_body, "else_branch": else_body}
+
+
+def if_model(then_nodes, then_out, else_nodes, else_out, *, before=(), after=(), out="y"):
     nodes = [
-        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        *before,
         helper.make_node(
-            "If", ["cond"], ["branch"], name="if", then_branch=then_body, else_branch=else_body
+            "If",
+            ["cond"],
+            ["branch" if after else out],
+            name="if",
+            **branches(then_nodes, then_out, else_nodes, else_out),
         ),
-        helper.make_node("MatMul", ["branch", "w"], ["y"], name="mm2"),
+        *after,
     ]
     proto = model(
         nodes,
         inputs=("x", "cond"),
-        initializers=[weight("w")],
+        outputs=(out,),
+        initializers=[weight("w"), weight("v", seed=1)],
         input_types={"cond": TensorProto.BOOL},
     )
     proto.graph.input[1].type.tensor_type.shape.ClearField("dim")
     return proto
 
 
-def test_if_body_reading_a_converted_outer_value_stays_valid():
-    proto = if_model()
+def body_graph(proto: onnx.ModelProto, node: str, attribute: str) -> onnx.GraphProto:
+    owner = next(n for n in proto.graph.node if n.name == node)
+    return next(a.g for a in owner.attribute if a.name == attribute)
+
+
+def close(proto, out, feeds, tolerance=1e-2):
+    expected = run(proto, feeds)[0]
+    actual = run(out, feeds)[0].astype(np.float32)
+    assert np.abs(actual - expected).max() <= tolerance * np.abs(expected).max()
+
+
+X = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+
+
+def test_body_nodes_are_decided_like_inline_ones_and_named_by_their_path():
+    # m = MatMul(x, w); If { then: Relu(m); else: Neg(m) }; MatMul(branch, w): the branches
+    # lie between two MatMuls, as they would inline.
+    proto = if_model(
+        [helper.make_node("Relu", ["m"], ["then_out"], name="relu")],
+        "then_out",
+        [helper.make_node("Neg", ["m"], ["else_out"], name="neg")],
+        "else_out",
+        before=[helper.make_node("MatMul", ["x", "w"], ["m"], name="mm")],
+        after=[helper.make_node("MatMul", ["branch", "w"], ["y"], name="mm2")],
+    )
     out, plan = convert(proto)
-    assert plan.nodes["if"].precision == "float32"
-    assert plan.nodes["if"].rule == "control_flow"
-    assert plan.nodes["mm"].precision == "float16"
-    # The body now reads a float32 cast of m, not the float16 m.
-    cast = next(c for c in plan.casts if c.tensor == "m")
-    assert cast.dst == "float32" and cast.consumers == ["if"]
-    if_node = next(n for n in out.graph.node if n.op_type == "If")
-    then_branch = next(a.g for a in if_node.attribute if a.name == "then_branch")
-    assert then_branch.node[0].input[0] == cast.output
+    assert plan.nodes["if"].precision == "none" and plan.nodes["if"].rule == "control_flow"
+    for name in ("mm", "if/then_branch/relu", "if/else_branch/neg", "if/output:branch", "mm2"):
+        assert plan.nodes[name].precision == "float16", name
+    assert plan.casts == []  # the body reads the float16 m as it is
     assert_valid(out)
-    x = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
     for cond in (True, False):
-        feeds = {"x": x, "cond": np.array(cond)}
-        expected = run(proto, feeds)[0]
-        actual = run(out, feeds)[0].astype(np.float32)
-        assert np.abs(actual - expected).max() <= 1e-2 * np.abs(expected).max()
+        close(proto, out, {"x": X, "cond": np.array(cond)})
+
+
+def test_an_if_output_has_one_type_with_a_cast_only_in_the_branch_that_differs():
+    # then: MatMul (low); else: Exp (deny, float32): the output is float16, and only the else
+    # branch ends with a Cast.
+    proto = if_model(
+        [helper.make_node("MatMul", ["x", "w"], ["then_out"], name="mm")],
+        "then_out",
+        [helper.make_node("Exp", ["x"], ["else_out"], name="exp")],
+        "else_out",
+        after=[helper.make_node("MatMul", ["branch", "v"], ["y"], name="mm2")],
+    )
+    out, plan = convert(proto, keep_io_types=True)
+    assert plan.nodes["if/output:branch"].precision == "float16"
+    assert plan.nodes["if/else_branch/exp"].precision == "float32"
+    ends = [c for c in plan.casts if c.consumers == ["if/output:branch"]]
+    assert [(c.tensor, c.dst) for c in ends] == [("if/else_branch/else_out", "float16")]
+    else_body = body_graph(out, "if", "else_branch")
+    then_body = body_graph(out, "if", "then_branch")
+    assert [n.op_type for n in else_body.node] == ["Exp", "Cast"]
+    assert else_body.output[0].name == else_body.node[-1].output[0]
+    # the then branch casts only x, which its MatMul reads, and returns the MatMul's result
+    assert [n.op_type for n in then_body.node] == ["Cast", "MatMul"]
+    assert then_body.output[0].name == then_body.node[-1].output[0]
+    assert_valid(out)
+    for cond in (True, False):
+        close(proto, out, {"x": X, "cond": np.array(cond)})
+
+
+def test_a_cast_of_an_outer_value_is_shared_by_both_branches_or_sits_in_the_one_reading_it():
+    both = if_model(
+        [helper.make_node("MatMul", ["x", "w"], ["then_out"], name="mm")],
+        "then_out",
+        [helper.make_node("MatMul", ["x", "v"], ["else_out"], name="mm")],
+        "else_out",
+    )
+    out, plan = convert(both, keep_io_types=True)
+    casts = [c for c in plan.casts if c.tensor == "x"]
+    assert len(casts) == 1 and casts[0].consumers == ["if/else_branch/mm", "if/then_branch/mm"]
+    assert [n.op_type for n in out.graph.node] == ["Cast", "If", "Cast"]  # once, before the If
+    assert_valid(out)
+    one = if_model(
+        [helper.make_node("MatMul", ["x", "w"], ["then_out"], name="mm")],
+        "then_out",
+        [helper.make_node("Exp", ["x"], ["else_out"], name="exp")],
+        "else_out",
+    )
+    out, plan = convert(one, keep_io_types=True)
+    then_body = body_graph(out, "if", "then_branch")
+    assert [n.op_type for n in then_body.node][:2] == ["Cast", "MatMul"]  # only when taken
+    assert [n.op_type for n in out.graph.node] == ["If", "Cast"]  # the output cast back
+    assert_valid(out)
+    for cond in (True, False):
+        close(one, out, {"x": X, "cond": np.array(cond)})
+
+
+def loop_reading(outer: str) -> onnx.ModelProto:
+    """A Loop whose body multiplies the carried h by an outer value 8 times."""
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["h_in", outer], ["h_mm"], name="mm"),
+            helper.make_node("Tanh", ["h_mm"], ["h_out"], name="tanh"),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_in", F32, [4, 4]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_out", F32, [4, 4]),
+        ],
+    )
+    steps = helper.make_tensor("steps_value", TensorProto.INT64, [], [8])
+    nodes = [
+        helper.make_node("Constant", [], ["steps"], value=steps),
+        helper.make_node("Loop", ["steps", "", "x"], ["y"], name="loop", body=body),
+    ]
+    return model(nodes, inputs=("x", "z"), initializers=[weight("w")])
+
+
+def test_a_loop_invariant_outer_value_is_cast_once_outside_the_loop():
+    proto = loop_reading("z")
+    out, plan = convert(proto, keep_io_types=True)
+    assert plan.nodes["loop/body/mm"].precision == "float16"
+    assert plan.nodes["loop/carried:h_in"].precision == "float16"
+    body = body_graph(out, "loop", "body")
+    assert "Cast" not in [n.op_type for n in body.node]  # nothing cast per iteration
+    main = [n.op_type for n in out.graph.node]
+    assert main.count("Cast") == 3  # x and z before the loop, y back to float32 after it
+    assert main.index("Loop") == 3
+    assert_valid(out)
+    feeds = {"x": X, "z": X.T / 2}
+    close(proto, out, feeds)
+    # a weight the body reads is converted, not cast
+    out, plan = convert(loop_reading("w"), keep_io_types=True)
+    assert [w.name for w in plan.weights] == ["w"] and plan.weights[0].dst == "float16"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hand_built_bodies_convert_as_well_as_the_same_computation_unrolled(name, dtype):
+    case = CASES[name]()
+    out, plan = convert(case.model, dtype=dtype)
+    assert_valid(out)
+    again, _ = convert(out, dtype=dtype)
+    assert again.SerializeToString() == out.SerializeToString()
+    matrix = [d for d in plan.nodes.values() if d.op == "MatMul"]
+    assert matrix and all(d.precision == dtype for d in matrix)
+    flats = case.unrolled if isinstance(case.unrolled, list) else [case.unrolled]
+    for feeds, flat in zip(case.feeds, flats * len(case.feeds), strict=False):
+        flat_feeds = {k: v for k, v in feeds.items() if k in {i.name for i in flat.graph.input}}
+        error = _relative_error(out, case.model, feeds)
+        flat_error = _relative_error(convert(flat, dtype=dtype)[0], flat, flat_feeds)
+        assert 0 < error <= 2 * flat_error, (error, flat_error)
+
+
+def _relative_error(converted, original, feeds) -> float:
+    want, _ = run_faithfully(original, feeds)
+    got, how = run_faithfully(converted, feeds)
+    assert "emulated" in how
+    worst = 0.0
+    for key, value in want.items():
+        value64, got64 = np.asarray(value, np.float64), np.asarray(got[key], np.float64)
+        worst = max(worst, np.abs(got64 - value64).max() / np.abs(value64).max())
+    return worst
+
+
+def test_the_rnn_loop_casts_nothing_per_iteration():
+    case = CASES["loop_rnn"]()
+    out, plan = convert(case.model, keep_io_types=True)
+    body = body_graph(out, "loop", "body")
+    assert "Cast" not in [n.op_type for n in body.node]
+    assert plan.nodes["loop/carried:h_in"].precision == "float16"
+    assert plan.nodes["loop/body/step_tanh"].precision == "float16"
+
+
+def test_name_rules_reach_body_nodes_and_deny_spreads_there():
+    case = CASES["if_in_loop"]()
+    # by its own name: every node of that name in any body; by path: that one
+    _, plan = convert(case.model, deny_names=["even_matmul"])
+    assert plan.nodes["loop/body/alternate/then_branch/even_matmul"].rule == "deny_name"
+    assert plan.nodes["loop/body/alternate/then_branch/even_tanh"].rule == "deny_spread"
+    assert plan.nodes["loop/body/alternate/else_branch/odd_matmul"].precision == "float16"
+    _, plan = convert(case.model, deny_names=["loop/body/alternate/else_branch/*"])
+    assert plan.nodes["loop/body/alternate/else_branch/odd_matmul"].rule == "deny_name"
+    assert plan.nodes["loop/body/alternate/then_branch/even_matmul"].precision == "float16"
+    _, plan = convert(case.model, deny_tensors=["odd_mm"])
+    assert plan.nodes["loop/body/alternate/else_branch/odd_matmul"].rule == "deny_tensor"
+
+
+def test_a_body_that_graphamp_does_not_enter_is_kept_whole_with_a_warning():
+    body = helper.make_graph(
+        [helper.make_node("Relu", ["x_elem"], ["y_elem"], name="relu")],
+        "body",
+        [helper.make_tensor_value_info("x_elem", F32, [4, 4])],
+        [helper.make_tensor_value_info("y_elem", F32, [4, 4])],
+    )
+    nodes = [
+        helper.make_node("SequenceConstruct", ["x", "x"], ["seq"]),
+        helper.make_node("SequenceMap", ["seq"], ["mapped"], name="map", body=body),
+        helper.make_node("ConcatFromSequence", ["mapped"], ["y"], axis=0),
+    ]
+    proto = model(nodes)
+    with pytest.warns(UserWarning, match="'map' \\(SequenceMap\\): graphamp does not enter"):
+        out, plan = convert(proto)
+    assert plan.nodes["map"].rule == "control_flow" and plan.nodes["map"].precision == "float32"
+    assert_valid(out)
+
+
+def _loop_with_body_input(dtype: int) -> onnx.ModelProto:
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["h_in"], ["h_out"], name="same"),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_in", dtype, [4, 4]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_out", dtype, [4, 4]),
+        ],
+    )
+    steps = helper.make_tensor("steps_value", TensorProto.INT64, [], [2])
+    nodes = [
+        helper.make_node("Constant", [], ["steps"], value=steps),
+        helper.make_node("Loop", ["steps", "", "x"], ["y"], name="loop", body=body),
+    ]
+    return model(nodes)
+
+
+def test_bad_bodies_are_refused_in_one_line_naming_the_node_and_the_body():
+    with pytest.raises(GraphampError, match="node 'loop' \\(Loop\\): carried value 'h_in'"):
+        convert(_loop_with_body_input(TensorProto.FLOAT16))
+    mismatched = if_model(
+        [helper.make_node("Relu", ["x"], ["then_out"], name="relu")],
+        "then_out",
+        [helper.make_node("Neg", ["x"], ["else_out"], name="neg")],
+        "else_out",
+    )
+    then_body = next(a.g for a in mismatched.graph.node[0].attribute if a.name == "then_branch")
+    then_body.output.append(then_body.output[0])
+    with pytest.raises(GraphampError, match="node 'if' \\(If\\): then_branch returns 2 values"):
+        convert(mismatched)
+    dangling = if_model(
+        [helper.make_node("Relu", ["nowhere"], ["then_out"], name="relu")],
+        "then_out",
+        [helper.make_node("Neg", ["x"], ["else_out"], name="neg")],
+        "else_out",
+    )
+    with pytest.raises(GraphampError, match="node 'if/then_branch/relu' reads 'nowhere'"):
+        convert(dangling)

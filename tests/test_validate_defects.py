@@ -194,11 +194,11 @@ CASES: dict[str, tuple[Callable[[], onnx.ModelProto], str]] = {
     "sparse initializer": (sparse_initializer, "sparse initializer 'sp'"),
     "subgraph reading a value nothing produces": (
         lambda: if_model([helper.make_node("Relu", ["nowhere"], ["a"], name="inner")], "a"),
-        "node 'inner' reads 'nowhere', which no node produces",
+        "node 'if/then_branch/inner' reads 'nowhere', which no node produces",
     ),
     "subgraph reusing a name of the main graph": (
         lambda: if_model([helper.make_node("Relu", ["x"], ["s"], name="inner")], "s"),
-        "value 's' is produced twice (by node 'inner' too)",
+        "value 's' is produced twice (by node 'if/then_branch/inner' too)",
     ),
     "subgraph weight with short raw_data": (
         short_subgraph_weight,

@@ -16,7 +16,7 @@ NOTABLE_RULES = {
     "weight_range": "a weight would overflow",
     "type_unknown": "input type unknown",
     "opaque": "no schema (custom op)",
-    "control_flow": "owns subgraphs",
+    "control_flow": "owns bodies graphamp does not enter",
     "range": "values out of range on data",
     "tuned": "graphamp tune kept it",
 }
@@ -61,7 +61,7 @@ def print_summary(console: Console, plan: Plan, seconds: float, source: Path, ta
         )
     kept: dict[str, int] = {}
     for decision in plan.nodes.values():
-        if decision.rule in NOTABLE_RULES:
+        if decision.rule in NOTABLE_RULES and decision.precision == "float32":
             kept[decision.rule] = kept.get(decision.rule, 0) + 1
     for rule, count in sorted(kept.items()):
         table.add_row(f"kept float32: {NOTABLE_RULES[rule]} ({rule})", str(count))

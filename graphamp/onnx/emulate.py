@@ -6,9 +6,11 @@ it inserts, which hides both the rounding and the overflow of float16 (a hidden 
 model so that every op computes in float32 but every value that is float16/bfloat16 in the
 converted model is rounded to that type right after it is produced (a round trip Cast
 float32 -> low -> float32): storage rounding and overflow as the low type has them, at
-onnxruntime's speed. What it does not reproduce: the accumulation inside a kernel (a float16
-MatMul on a GPU accumulates in float32 or float16 depending on the kernel; here it is always
-float32), and the kernel's own intermediate rounding.
+onnxruntime's speed. The bodies of If, Loop and Scan nodes are rewritten the same way, and
+model-local functions are inlined first (each call site's body then rounds as its own types
+say). What it does not reproduce: the accumulation inside a kernel (a float16 MatMul on a GPU
+accumulates in float32 or float16 depending on the kernel; here it is always float32), and the
+kernel's own intermediate rounding.
 """
 
 from __future__ import annotations
@@ -21,10 +23,16 @@ from graphamp.onnx.session import Weights, is_stub
 
 LOW_CODES = {dtypes.BY_NAME[name].onnx: name for name in dtypes.LOW_TYPES}
 F32 = onnx.TensorProto.FLOAT
+_GRAPH = onnx.AttributeProto.GRAPH
+_GRAPHS = onnx.AttributeProto.GRAPHS
 
 
 def has_low_values(proto: onnx.ModelProto, types: dict[str, int]) -> bool:
-    return any(code in LOW_CODES for code in types.values())
+    """Whether ``proto`` holds a float16/bfloat16 value: in ``types`` (its main graph's), or
+    anywhere in a body or function (a Cast to a low type, a low weight or parameter)."""
+    return any(code in LOW_CODES for code in types.values()) or any(
+        _mentions_low(graph) for graph in _bodies_and_functions(proto)
+    )
 
 
 def emulated(
@@ -38,7 +46,25 @@ def emulated(
         proto = weights.stubbed(proto)
     model = onnx.ModelProto()
     model.CopyFrom(proto)
-    graph = model.graph
+    inferred = None
+    if model.functions or _has_bodies(model.graph):
+        if model.functions:
+            model = onnx.inliner.inline_local_functions(model)
+        # the types inside bodies (and of values inlining made) come from inference
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+        types = {**_graph_types(inferred), **types}
+    _emulate_graph(model.graph, types, inferred, weights)
+    return model
+
+
+def _emulate_graph(
+    graph: onnx.GraphProto,
+    types: dict[str, int],
+    inferred: onnx.GraphProto | None,
+    weights: Weights | None,
+) -> None:
+    """Rewrite ``graph`` (and its bodies) in place; ``inferred``: the same graph after type
+    inference, for its bodies' types."""
     del graph.value_info[:]
     for init in graph.initializer:
         if init.data_type not in LOW_CODES:
@@ -57,10 +83,13 @@ def emulated(
             value.type.tensor_type.elem_type = F32
             rounded_inputs[value.name] = f"{value.name}__emulated"
             nodes += _round_trip(value.name, rounded_inputs[value.name], code)
-    for node in graph.node:
+    inferred_nodes = list(inferred.node) if inferred is not None else []
+    for index, node in enumerate(graph.node):
         _float32_attributes(node)
-        for index, name in enumerate(node.input):
-            node.input[index] = rounded_inputs.get(name, name)
+        if index < len(inferred_nodes):
+            _emulate_bodies(node, inferred_nodes[index], types, weights)
+        for slot, name in enumerate(node.input):
+            node.input[slot] = rounded_inputs.get(name, name)
         if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
             to = next(a for a in node.attribute if a.name == "to")
             if to.i in LOW_CODES:  # keep the rounding, then widen
@@ -70,17 +99,80 @@ def emulated(
                 nodes.append(helper.make_node("Cast", [node.output[0]], [output], to=F32))
                 continue
         low_outputs = [(i, o) for i, o in enumerate(node.output) if o and types.get(o) in LOW_CODES]
-        for index, output in low_outputs:
-            node.output[index] = f"{output}__emulated_raw"
+        for slot, output in low_outputs:
+            node.output[slot] = f"{output}__emulated_raw"
         nodes.append(node)
-        for index, output in low_outputs:
-            nodes += _round_trip(node.output[index], output, types[output])
+        for slot, output in low_outputs:
+            nodes += _round_trip(node.output[slot], output, types[output])
     del graph.node[:]
     graph.node.extend(nodes)
     for value in graph.output:
         if value.type.tensor_type.elem_type in LOW_CODES:
             value.type.tensor_type.elem_type = F32
-    return model
+
+
+def _emulate_bodies(
+    node: onnx.NodeProto,
+    inferred_node: onnx.NodeProto,
+    types: dict[str, int],
+    weights: Weights | None,
+) -> None:
+    inferred = {a.name: a for a in inferred_node.attribute}
+    for attribute in node.attribute:
+        twin = inferred.get(attribute.name)
+        if attribute.type == _GRAPH:
+            pairs = [(attribute.g, twin.g if twin is not None else None)]
+        elif attribute.type == _GRAPHS:
+            others = list(twin.graphs) if twin is not None else []
+            others += [None] * (len(attribute.graphs) - len(others))  # type: ignore[list-item]
+            pairs = list(zip(attribute.graphs, others, strict=False))
+        else:
+            continue
+        for body, inferred_body in pairs:
+            body_types = {**types, **(_graph_types(inferred_body) if inferred_body else {})}
+            _emulate_graph(body, body_types, inferred_body, weights)
+
+
+def _graph_types(graph: onnx.GraphProto) -> dict[str, int]:
+    """Element types of ``graph``'s own values (not its bodies')."""
+    types = {init.name: init.data_type for init in graph.initializer}
+    for info in (*graph.value_info, *graph.input, *graph.output):
+        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
+            types[info.name] = info.type.tensor_type.elem_type
+    return types
+
+
+def _has_bodies(graph: onnx.GraphProto) -> bool:
+    return any(a.type in (_GRAPH, _GRAPHS) for node in graph.node for a in node.attribute)
+
+
+def _bodies_and_functions(proto: onnx.ModelProto) -> list[onnx.GraphProto | onnx.FunctionProto]:
+    found: list[onnx.GraphProto | onnx.FunctionProto] = list(proto.functions)
+    pending = [proto.graph, *proto.functions]
+    while pending:
+        for node in pending.pop().node:
+            for attribute in node.attribute:
+                graphs = [attribute.g] if attribute.type == _GRAPH else list(attribute.graphs)
+                found.extend(graphs)
+                pending.extend(graphs)
+    return found
+
+
+def _mentions_low(graph: onnx.GraphProto | onnx.FunctionProto) -> bool:
+    if isinstance(graph, onnx.GraphProto):
+        if any(init.data_type in LOW_CODES for init in graph.initializer):
+            return True
+        infos = (*graph.input, *graph.output, *graph.value_info)
+        if any(info.type.tensor_type.elem_type in LOW_CODES for info in infos):
+            return True
+    for node in graph.node:
+        if node.op_type in ("Cast", "Constant") and node.domain in ("", "ai.onnx"):
+            for attr in node.attribute:
+                if (attr.name == "to" and attr.i in LOW_CODES) or (
+                    attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in LOW_CODES
+                ):
+                    return True
+    return False
 
 
 def _round_trip(source: str, output: str, code: int) -> list[onnx.NodeProto]:

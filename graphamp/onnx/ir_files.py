@@ -48,16 +48,25 @@ def to_ir(
 
 
 def _apply_inferred_types(model: ir.Model, inferred: onnx.ModelProto) -> None:
-    """Type every value that ONNX type inference typed in ``inferred``."""
-    values = {v.name: v for v in model.graph.inputs}
-    for node in model.graph:
-        for value in node.outputs:
-            values[value.name] = value
+    """Type every value that ONNX type inference typed in ``inferred``, in the main graph and
+    in every body of its nodes."""
     # Values share few distinct types (a chain of 50,000 nodes may have one): each distinct
     # TypeProto is deserialised once. Every value gets its own type (a retype changes it in
     # place) and shares a frozen shape (nothing changes a shape; onnx_ir refuses if tried).
     known: dict[bytes, tuple[ir.TypeProtocol, ir.Shape | None]] = {}
-    for info in [*inferred.graph.value_info, *inferred.graph.output]:
+    _type_graph(model.graph, inferred.graph, known)
+
+
+def _type_graph(
+    graph: ir.Graph,
+    inferred: onnx.GraphProto,
+    known: dict[bytes, tuple[ir.TypeProtocol, ir.Shape | None]],
+) -> None:
+    values = {v.name: v for v in graph.inputs}
+    for node in graph:
+        for value in node.outputs:
+            values[value.name] = value
+    for info in [*inferred.value_info, *inferred.output]:
         value = values.get(info.name)
         if value is None or (value.type is not None and value.shape is not None):
             continue
@@ -75,6 +84,15 @@ def _apply_inferred_types(model: ir.Model, inferred: onnx.ModelProto) -> None:
             value.type = ir.TensorType(type_.dtype, denotation=type_.denotation)
         if value.shape is None and shape is not None:
             value.shape = shape
+    # inference types the values inside bodies too: the same graphs, node for node
+    for node, inferred_node in zip(graph, inferred.node, strict=False):
+        for attribute in inferred_node.attribute:
+            found = node.attributes.get(attribute.name)
+            if attribute.type == onnx.AttributeProto.GRAPH and found is not None:
+                _type_graph(found.value, attribute.g, known)
+            elif attribute.type == onnx.AttributeProto.GRAPHS and found is not None:
+                for body, inferred_body in zip(found.value, attribute.graphs, strict=False):
+                    _type_graph(body, inferred_body, known)
 
 
 def save(model: ir.Model, path: Path) -> None:

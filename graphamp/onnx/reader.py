@@ -3,7 +3,9 @@
 Value types come from ONNX type inference (:mod:`graphamp.onnx.files`), with a local fallback
 from the op schemas (an output bound to the same type variable as a typed input, Cast's ``to``,
 fixed output types), so a tensor that inference missed still gets its casts. Per-slot rules
-come from the op schemas at the model's opset (:mod:`graphamp.onnx.slots`).
+come from the op schemas at the model's opset (:mod:`graphamp.onnx.slots`). The bodies of If,
+Loop and Scan nodes are read into the same OpGraph where their owner is
+(:mod:`graphamp.onnx.bodies`); a node with a body of another kind is kept whole.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import onnx_ir as ir
 from graphamp.dialects.base import ReadGraph
 from graphamp.dtypes import FLOAT_TYPES, UNKNOWN
 from graphamp.errors import GraphampError
-from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
-from graphamp.onnx import fusion, ir_tensors, kernels, slots, stream
+from graphamp.graph import Body, NodeKind, OpGraph, OpNode, TensorInfo, unique_name
+from graphamp.onnx import bodies, fusion, ir_tensors, kernels, slots, stream
 from graphamp.onnx.types import dtype_name, ir_type
 
 
@@ -27,41 +29,31 @@ class OnnxHandles:
 
     nodes: dict[str, ir.Node] = field(default_factory=dict)
     values: dict[str, ir.Value] = field(default_factory=dict)
+    # Boundary nodes: where each input slot is read in the model, as (node, input index) or
+    # (body graph, output index): what rewiring the slot changes.
+    boundaries: dict[str, list[tuple[ir.Node | ir.Graph, int]]] = field(default_factory=dict)
+    # Each body graph read (by id): the Body it is, and the graph its owner sits in.
+    bodies: dict[int, tuple[Body, ir.Graph]] = field(default_factory=dict)
 
 
 def read(model: ir.Model, target: str, provider: str = "any") -> ReadGraph:
-    """The OpGraph of ``model``'s main graph, for ``target`` on ``provider`` (kernels.TARGETS).
+    """The OpGraph of ``model``'s main graph and of the bodies of its If, Loop and Scan
+    nodes, for ``target`` on ``provider`` (kernels.TARGETS).
 
     Unnamed nodes get a name derived from their op and first output, in the model itself, so
     that the plan and the output model agree on it.
     """
-    graph = model.graph
-    opsets = dict(model.opset_imports)
-    op_graph = OpGraph(graph.name or "graph")
-    handles = OnnxHandles()
+    reader = GraphReader(model, target, provider)
+    graph, op_graph = model.graph, reader.op_graph
     _name_nodes(graph)
-
+    # a body's value is named by its path: never the name of a main-graph value
+    reader.taken.update(v.name for v in (*graph.inputs, *graph.initializers.values()))
+    reader.taken.update(v.name for node in graph for v in node.outputs)
+    reader.taken_nodes.update(node.name for node in graph)
     initializer_names = set(graph.initializers)
-    budget = stream.CacheBudget()
     for value in graph.inputs:
-        _add_value(op_graph, handles, value, graph_input=True, budget=budget)
-    for name, value in graph.initializers.items():
-        if name not in handles.values:
-            _add_value(op_graph, handles, value, budget=budget)
-    # Nodes of one op with the same types get the same slots: the schema work is done once
-    # per signature (a graph of 50,000 nodes may have a dozen).
-    signatures: dict[tuple[object, ...], slots.Slots] = {}
-    for node in graph:
-        handles.nodes[node.name] = node
-        for value in node.outputs:
-            _add_value(op_graph, handles, value)
-        op_node = _read_node(op_graph, model, node, opsets, target, signatures)
-        if op_node.kind is NodeKind.OP and op_node.follow_inputs | op_node.follow_outputs:
-            op_node.no_kernel = kernels.missing_kernel(
-                provider, node.domain, node.op_type, slots.opset_of(opsets, node.domain), target
-            )
-        op_graph.add_node(op_node)
-        _fill_output_types(op_graph, node, op_node, opsets)
+        reader.add_value(value, "", graph_input=True)
+    reader.read_graph(graph, "")
     for value in graph.outputs:
         op_graph.graph_outputs.append(value.name)
         op_graph.tensors[value.name].is_graph_output = True
@@ -70,8 +62,134 @@ def read(model: ir.Model, target: str, provider: str = "any") -> ReadGraph:
     ]
     if not any(t.is_float for t in op_graph.tensors.values()):
         raise GraphampError("the model computes on no floating-point tensor: nothing to convert")
-    op_graph.fused_kernels = fusion.fused_kernels(opsets, target, provider, op_graph.tensors)
-    return ReadGraph(op_graph, model, handles)
+    op_graph.fused_kernels = fusion.fused_kernels(reader.opsets, target, provider, op_graph.tensors)
+    return ReadGraph(op_graph, model, reader.handles)
+
+
+class GraphReader:
+    """Reads graphs into one OpGraph: the main graph, and each body where its owner is."""
+
+    def __init__(self, model: ir.Model, target: str, provider: str) -> None:
+        self.model, self.target, self.provider = model, target, provider
+        self.opsets = dict(model.opset_imports)
+        self.op_graph = OpGraph(model.graph.name or "graph")
+        self.handles = OnnxHandles()
+        self.names: dict[ir.Value, str] = {}  # every value read: its name in the OpGraph
+        self.taken: set[str] = set()  # the names given to values, and the main graph's
+        self.taken_nodes: set[str] = set()  # the same for nodes
+        self.budget = stream.CacheBudget()
+        # Nodes of one op with the same types get the same slots: the schema work is done
+        # once per signature (a graph of 50,000 nodes may have a dozen).
+        self.signatures: dict[tuple[object, ...], slots.Slots] = {}
+
+    def name(self, value: ir.Value | None) -> str:
+        """``value``'s name in the OpGraph ("" for an omitted one)."""
+        return self.names[value] if value is not None else ""
+
+    def add_value(self, value: ir.Value, body: str, *, graph_input: bool = False) -> str:
+        """Add ``value``, which lives in ``body``, as a tensor: its name in the OpGraph (a
+        body's value is named by its path)."""
+        if not value.name:
+            name = ""
+        elif body:
+            name = unique_name(f"{body}/{value.name}", self.taken)
+        else:
+            name = value.name
+        self.names[value] = name
+        _add_value(self.op_graph, self.handles, value, name, body, graph_input, self.budget)
+        return name
+
+    def read_body(self, graph: ir.Graph, body: Body, outer: ir.Graph) -> None:
+        """Read the nodes of ``graph``, the body ``body`` of a node in ``outer`` (its
+        parameters are read already, as what its boundary nodes produce)."""
+        self.op_graph.add_body(body)
+        self.handles.bodies[id(graph)] = (body, outer)
+        _name_nodes(graph)
+        self.read_graph(graph, body.path)
+
+    def read_graph(self, graph: ir.Graph, body: str) -> None:
+        """Read ``graph``'s initializers and nodes (its inputs are read already)."""
+        for value in graph.initializers.values():
+            if value not in self.names:
+                self.add_value(value, body)
+        for node in graph:
+            self.read_node(node, body)
+
+    def read_node(self, node: ir.Node, body: str) -> None:
+        op_graph = self.op_graph
+        path = unique_name(f"{body}/{node.name}", self.taken_nodes) if body else node.name
+        self.handles.nodes[path] = node
+        op_node = OpNode(
+            name=path,
+            op=slots.op_name(node.op_type, node.domain),
+            inputs=[self.name(v) for v in node.inputs],
+            outputs=[],
+            domain=node.domain,
+            scope=node.name,
+            schema_source=f"opset {self.opsets.get('', 0)}",
+            body=body,
+        )
+        if bodies.enter(self, node, op_node):
+            return
+        for value in node.outputs:
+            self.add_value(value, body)
+        op_node.outputs = [self.name(v) for v in node.outputs]
+        self._fill(node, op_node)
+        if op_node.kind is NodeKind.OP and op_node.follow_inputs | op_node.follow_outputs:
+            op_node.no_kernel = kernels.missing_kernel(
+                self.provider,
+                node.domain,
+                node.op_type,
+                slots.opset_of(self.opsets, node.domain),
+                self.target,
+            )
+        op_graph.add_node(op_node)
+        _fill_output_types(op_graph, node, op_node, self.opsets)
+
+    def _fill(self, node: ir.Node, op_node: OpNode) -> None:
+        """Kind, slots and schema facts of a node that owns no body the reader entered."""
+        default_domain = node.domain in slots.DEFAULT_DOMAINS
+        if default_domain and node.op_type == "Cast":
+            op_node.kind = NodeKind.CAST
+            op_node.cast_to = dtype_name(ir.DataType(node.attributes["to"].value))
+            return
+        if default_domain and node.op_type == "Constant":
+            op_node.kind = NodeKind.CONSTANT
+            _attach_constant(self.op_graph.tensors[op_node.outputs[0]], node)
+            return
+        attributes = node.attributes.data  # the plain dict: its views are much quicker
+        if node.op_type in slots.CONTROL_FLOW_OPS or (
+            attributes and any(a.type in _SUBGRAPH_ATTRIBUTES for a in attributes.values())
+        ):
+            op_node.kind = NodeKind.CONTROL_FLOW  # kept whole, with its bodies as they are
+            op_node.implicit_inputs = self._outer_scope_reads(node)
+            return
+        output_types = tuple(dtype_name(v.dtype) for v in node.outputs)
+
+        def attribute(name: str) -> object:
+            found = attributes.get(name)
+            return found.value if found is not None else None
+
+        slots.computing_node(
+            op_node,
+            node.op_type,
+            self.op_graph.tensors,
+            output_types,
+            self.opsets,
+            self.target,
+            self.signatures,
+            attribute,
+        )
+
+    def _outer_scope_reads(self, node: ir.Node) -> list[str]:
+        """Names of the values an enclosing graph defines that ``node``'s subgraphs read, in
+        first-use order (the values read so far: none of the subgraphs' own)."""
+        names: dict[str, None] = {}
+        for inner in subgraph_nodes(node):
+            for value in inner.inputs:
+                if value is not None and value in self.names:
+                    names.setdefault(self.names[value])
+        return list(names)
 
 
 def _name_nodes(graph: ir.Graph) -> None:
@@ -92,16 +210,17 @@ def _add_value(
     op_graph: OpGraph,
     handles: OnnxHandles,
     value: ir.Value,
-    *,
-    graph_input: bool = False,
-    budget: stream.CacheBudget | None = None,
+    name: str,
+    body: str,
+    graph_input: bool,
+    budget: stream.CacheBudget,
 ) -> None:
     shape = None
     if value.shape is not None:
         # a symbolic dim's name; None for a dim with neither value nor name
         shape = tuple(d if isinstance(d, int) else d.value for d in value.shape)
     tensor = TensorInfo(
-        name=value.name, dtype=dtype_name(value.dtype), shape=shape, is_graph_input=graph_input
+        name=name, dtype=dtype_name(value.dtype), shape=shape, body=body, is_graph_input=graph_input
     )
     if value.const_value is not None:
         const = value.const_value
@@ -111,55 +230,11 @@ def _add_value(
             tensor.dtype = dtype_name(const.dtype)
         if tensor.shape is None:
             tensor.shape = tuple(int(d) for d in const.shape)
-    handles.values[value.name] = value
+    handles.values[name] = value
     op_graph.add_tensor(tensor)
 
 
 _SUBGRAPH_ATTRIBUTES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-
-
-def _read_node(
-    op_graph: OpGraph,
-    model: ir.Model,
-    node: ir.Node,
-    opsets: dict[str, int],
-    target: str,
-    signatures: dict[tuple[object, ...], slots.Slots],
-) -> OpNode:
-    op_node = OpNode(
-        name=node.name,
-        op=slots.op_name(node.op_type, node.domain),
-        inputs=[v.name if v is not None else "" for v in node.inputs],
-        outputs=[v.name for v in node.outputs],
-        domain=node.domain,
-        scope=node.name,
-        schema_source=f"opset {opsets.get('', 0)}",
-    )
-    default_domain = node.domain in slots.DEFAULT_DOMAINS
-    if default_domain and node.op_type == "Cast":
-        op_node.kind = NodeKind.CAST
-        op_node.cast_to = dtype_name(ir.DataType(node.attributes["to"].value))
-        return op_node
-    if default_domain and node.op_type == "Constant":
-        op_node.kind = NodeKind.CONSTANT
-        _attach_constant(op_graph, node)
-        return op_node
-    attributes = node.attributes.data  # the plain dict: its views are much quicker
-    if node.op_type in slots.CONTROL_FLOW_OPS or (
-        attributes and any(a.type in _SUBGRAPH_ATTRIBUTES for a in attributes.values())
-    ):
-        op_node.kind = NodeKind.CONTROL_FLOW
-        op_node.implicit_inputs = _outer_scope_reads(node, model.graph)
-        return op_node
-    output_types = tuple(dtype_name(v.dtype) for v in node.outputs)
-
-    def attribute(name: str) -> object:
-        found = attributes.get(name)
-        return found.value if found is not None else None
-
-    return slots.computing_node(
-        op_node, node.op_type, op_graph.tensors, output_types, opsets, target, signatures, attribute
-    )
 
 
 def _fill_output_types(
@@ -167,17 +242,17 @@ def _fill_output_types(
 ) -> None:
     """Local type fallback for outputs that type inference left untyped."""
     tensors = op_graph.tensors
-    for slot, value in enumerate(node.outputs):
-        tensor = tensors[value.name]
+    for slot, name in enumerate(op_node.outputs):
+        tensor = tensors[name]
         if tensor.dtype != UNKNOWN:
             continue
         tensor.dtype = slots.output_type_fallback(op_node, node.op_type, slot, opsets) or UNKNOWN
+        value = node.outputs[slot]
         if tensor.dtype in FLOAT_TYPES and value.dtype is None:
             value.dtype = ir_type(tensor.dtype)
 
 
-def _attach_constant(op_graph: OpGraph, node: ir.Node) -> None:
-    tensor = op_graph.tensors[node.outputs[0].name]
+def _attach_constant(tensor: TensorInfo, node: ir.Node) -> None:
     attr = node.attributes.get("value")
     if attr is not None and attr.type is ir.AttributeType.TENSOR:
         const = attr.value
@@ -189,16 +264,6 @@ def _attach_constant(op_graph: OpGraph, node: ir.Node) -> None:
     elif "value_floats" in node.attributes:
         tensor.load_value = lambda v=node.attributes["value_floats"].value: np.array(v, np.float32)
         tensor.dtype = "float32"
-
-
-def _outer_scope_reads(node: ir.Node, main: ir.Graph) -> list[str]:
-    """Names of main-graph values read inside ``node``'s subgraphs, in first-use order."""
-    names: dict[str, None] = {}
-    for inner in subgraph_nodes(node):
-        for value in inner.inputs:
-            if value is not None and value.graph is main:
-                names.setdefault(value.name)
-    return list(names)
 
 
 def subgraph_nodes(node: ir.Node) -> list[ir.Node]:

@@ -164,6 +164,9 @@ class _GraphCheck:
         # of 50,000 nodes has a handful of them.
         self.passed: set[tuple[object, ...]] = set()
         self.subgraphs = False  # met a graph attribute
+        # The path of the body being checked (``<node>/<attribute>/``): errors name a body's
+        # node by its path, as the plan does.
+        self.scope = ""
 
     def run(
         self, graph: onnx.GraphProto, outer: set[str], nodes: list[NodeFields] | None = None
@@ -188,7 +191,10 @@ class _GraphCheck:
                 seen.add(output)
         for output in graph.output:
             if output.name not in seen:
-                raise GraphampError(f"{where}: graph output {output.name!r} is produced by nothing")
+                label = f"body {self.scope[:-1]!r}'s" if self.scope else "graph"
+                raise GraphampError(
+                    f"{where}: {label} output {output.name!r} is produced by nothing"
+                )
 
     def _producers(self, graph: onnx.GraphProto, taken: set[str]) -> dict[str, str]:
         """Which node produces each value; raises on a value produced twice (built only when
@@ -201,9 +207,9 @@ class _GraphCheck:
                 if output in producer or output in taken:
                     raise GraphampError(
                         f"{self.where}: value {output!r} is produced twice (by node "
-                        f"{node.name!r} too)"
+                        f"{self.scope + node.name!r} too)"
                     )
-                producer[output] = node.name
+                producer[output] = self.scope + node.name
         return producer
 
     def _check_node(self, node: onnx.NodeProto, fields: NodeFields, seen: set[str]) -> None:
@@ -215,7 +221,7 @@ class _GraphCheck:
             and domain not in self.function_domains
         ):
             raise GraphampError(
-                f"{where}: node {node.name!r} ({op_type}) is in domain {domain!r}, "
+                f"{where}: node {self.scope + node.name!r} ({op_type}) is in domain {domain!r}, "
                 "which the model does not import"
             )
         attributes = fields.attributes
@@ -223,16 +229,19 @@ class _GraphCheck:
             kind = attr.type
             if kind == _ATTR.UNDEFINED:
                 raise GraphampError(
-                    f"{where}: node {node.name!r} attribute {attr.name!r} has no type"
+                    f"{where}: node {self.scope + node.name!r} attribute {attr.name!r} has no type"
                 )
             if kind in _DATA_ATTRIBUTES:
-                label = f"{where}: node {node.name!r} attribute {attr.name!r}"
+                label = f"{where}: node {self.scope + node.name!r} attribute {attr.name!r}"
                 for tensor in _attribute_tensors(attr):
                     check_tensor(tensor, label, self.base_dir)
             elif kind in _GRAPH_ATTRIBUTES:
                 self.subgraphs = True
+                scope = self.scope
+                self.scope = f"{scope}{node.name or op_type}/{attr.name}/"
                 for subgraph in (attr.g,) if kind == _ATTR.GRAPH else attr.graphs:
                     self.run(subgraph, outer=set(seen))
+                self.scope = scope
         if not self.functions or (domain, op_type) not in self.functions:
             signature = (
                 domain,
@@ -248,17 +257,18 @@ class _GraphCheck:
                 self.passed.add(signature)
 
     def _unavailable(self, node: onnx.NodeProto, name: str, producer: dict[str, str]) -> None:
-        where = self.where
+        where, label = self.where, self.scope + node.name
+        in_body = " (nor any enclosing graph's value)" if self.scope else ""
         if name not in producer:
             raise GraphampError(
-                f"{where}: node {node.name!r} reads {name!r}, which no node produces and "
-                "which is no graph input or initializer"
+                f"{where}: node {label!r} reads {name!r}, which no node produces and which is "
+                f"no graph input or initializer{in_body}"
             )
-        if producer[name] == node.name:
-            raise GraphampError(f"{where}: node {node.name!r} reads its own output {name!r}")
+        if producer[name] == label:
+            raise GraphampError(f"{where}: node {label!r} reads its own output {name!r}")
         raise GraphampError(
-            f"{where}: node {node.name!r} reads {name!r} before node {producer[name]!r} "
-            "produces it (a cycle, or nodes not in topological order)"
+            f"{where}: node {label!r} reads {name!r} before node {producer[name]!r} produces it "
+            "(a cycle, or nodes not in topological order)"
         )
 
 

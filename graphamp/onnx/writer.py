@@ -1,10 +1,14 @@
 """Applying an edit script to an onnx_ir model.
 
 Inserted Casts go right after their producer (or first, for graph inputs and initializers), so
-the node order stays topological without a re-sort. Weights are converted, never cast at run
-time, and a conversion that would overflow is refused: classify keeps such readers float32.
-A converted weight is a :class:`~graphamp.onnx.ir_tensors.ConvertedTensor`: nothing is read or
-rounded until the model is saved (a chunk at a time) or turned into a proto.
+the node order stays topological without a re-sort; a Cast of a value that only a body reads
+goes first in the deepest body that holds every reader, never into a loop body the value does
+not change (:mod:`graphamp.onnx.placement`). Edits inside If, Loop and Scan bodies are made
+there: a boundary node's slot is an input of the body's owner or an output of the body.
+Weights are converted, never cast at run time, and a conversion that would overflow is
+refused: classify keeps such readers float32. A converted weight is a
+:class:`~graphamp.onnx.ir_tensors.ConvertedTensor`: nothing is read or rounded until the model is
+saved (a chunk at a time) or turned into a proto.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import onnx_ir as ir
 from graphamp.dialects.base import ReadGraph
 from graphamp.edits import EditScript
 from graphamp.errors import InternalError
+from graphamp.onnx import placement
 from graphamp.onnx.ir_tensors import ConvertedTensor
 from graphamp.onnx.reader import OnnxHandles, subgraph_nodes
 from graphamp.onnx.slots import CONSTANT_FLOAT_ATTRIBUTES, LOW_PRECISION_ATTRIBUTES
@@ -45,7 +50,7 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
                 type=ir.TensorType(ir_type(record.dst)),
                 const_value=tensor,
             )
-            graph.register_initializer(copy)
+            placement.graph_of(source, graph).register_initializer(copy)
             values[record.stored_as] = copy
         elif source.producer() is not None:  # a Constant node: one value attribute only
             attributes = source.producer().attributes  # type: ignore[union-attr]
@@ -60,19 +65,27 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
     for name, dtype in script.retype.items():
         values[name].dtype = ir_type(dtype)
 
+    readers = placement.reading_graphs(script, handles)
     for record in script.casts:
-        _insert_cast(graph, values, record.tensor, record.dst, record.output)
+        source = values[record.tensor]
+        where = placement.place(source, readers.get(record.output, []), handles, graph)
+        _insert_cast(where, values, record.tensor, record.dst, record.output)
 
     # Output casts before rewiring: a float32 reader of a kept output reads its Cast back.
     for record in script.output_casts:
         low_value = values[record.output]
         low_value.name = record.tensor
         values[record.tensor] = low_value
-        cast_out = _insert_cast(graph, values, record.tensor, record.dst, record.output)
+        where = (graph, low_value.producer())
+        cast_out = _insert_cast(where, values, record.tensor, record.dst, record.output)
         for index, output in enumerate(graph.outputs):
             if output is low_value:
                 graph.outputs[index] = cast_out
+    returns = placement.Returns(model)
     for (node_name, slot), tensor in script.rewire.items():
+        if node_name in handles.boundaries:
+            returns.rewire(handles.boundaries[node_name][slot], values[tensor])
+            continue
         node = nodes[node_name]
         if slot >= 0:
             node.replace_input_with(slot, values[tensor])
@@ -82,14 +95,17 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
 
     for node_name in script.hoist_casts:  # right after the producer of its (rewired) input
         node = nodes[node_name]
-        graph.remove(node)
+        home: ir.Graph = node.graph  # type: ignore[assignment]
+        home.remove(node)
         producer = node.inputs[0].producer() if node.inputs[0] is not None else None
-        if producer is not None and producer.graph is graph:
-            graph.insert_after(producer, node)
+        if producer is not None and producer.graph is home:
+            home.insert_after(producer, node)
         else:
-            graph.insert_before(next(iter(graph)), node)
+            placement.insert_first(home, node)
 
     for node_name, low in script.low_nodes.items():
+        if node_name in handles.boundaries:
+            continue  # a boundary node is no node of the model
         node = nodes[node_name]
         needs = LOW_PRECISION_ATTRIBUTES.get((node.domain, node.op_type, low), {})
         for name, dtype in needs.items():
@@ -98,12 +114,53 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
     for node_name, dtype in script.retarget_casts.items():
         nodes[node_name].attributes["to"] = ir.AttrInt64("to", ir_type(dtype))
 
-    if script.remove_nodes:
-        graph.remove([nodes[name] for name in script.remove_nodes], safe=True)
+    for name in script.remove_nodes:
+        nodes[name].graph.remove(nodes[name], safe=True)  # type: ignore[union-attr]
 
     if script.new_nodes or script.new_inputs:
         raise InternalError("the ONNX dialect adds no training nodes")
     return model
+
+
+def _stored(value: ir.Value) -> ir.TensorProtocol:
+    """The stored tensor behind ``value``: an initializer's, or its Constant node's."""
+    if value.const_value is not None:
+        return value.const_value
+    producer = value.producer()
+    attr = producer.attributes.get("value") if producer is not None else None
+    if attr is not None and attr.type is ir.AttributeType.TENSOR:
+        return attr.value
+    for key in ("value_float", "value_floats"):
+        if producer is not None and key in producer.attributes:
+            return ir.tensor(np.array(producer.attributes[key].value, np.float32))
+    raise InternalError(f"weight {value.name!r} has no stored value")
+
+
+def _insert_cast(
+    where: placement.Place, values: dict[str, ir.Value], tensor: str, dtype: str, output: str
+) -> ir.Value:
+    """A Cast of ``tensor`` to ``dtype`` named ``output``, in ``where``'s graph: right after
+    ``where``'s node, or first."""
+    source = values[tensor]
+    out = ir.Value(name=output, shape=source.shape, type=ir.TensorType(ir_type(dtype)))
+    cast = ir.Node(
+        "", "Cast", [source], [ir.AttrInt64("to", ir_type(dtype))], outputs=[out], name=output
+    )
+    graph, after = where
+    if after is not None:
+        graph.insert_after(after, cast)
+    else:
+        placement.insert_first(graph, cast)
+    values[output] = out
+    return out
+
+
+def _rewire_inside(node: ir.Node, old: ir.Value, new: ir.Value) -> None:
+    """Make the subgraphs of ``node`` read ``new`` wherever they read ``old``."""
+    inner = {id(n) for n in subgraph_nodes(node)}
+    for use in list(old.uses()):
+        if id(use.node) in inner:
+            use.node.replace_input_with(use.idx, new)
 
 
 def _rewrite(
