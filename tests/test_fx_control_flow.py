@@ -18,7 +18,7 @@ from torch._higher_order_ops.map import map as torch_map
 
 import graphamp.fx as gfx
 from graphamp import report
-from graphamp.errors import BodyWarning
+from graphamp.errors import BodyWarning, GraphampError
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -316,3 +316,103 @@ def test_a_higher_order_op_graphamp_does_not_enter_is_kept_whole_with_a_warning(
     assert (str(decision.precision), str(decision.rule)) == ("float32", "control_flow")
     with torch.no_grad():
         assert error(gm(xs), model(xs)) == 0
+
+
+def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((output - target) ** 2).mean()
+
+
+@pytest.mark.parametrize(
+    ("make", "dtype"),
+    [(CondNet, "float16"), (CondNet, "bfloat16"), (RnnNet, "bfloat16"), (MapNet, "bfloat16")],
+)
+def test_train_step_through_bodies_matches_the_converted_forward_trained_eagerly(make, dtype):
+    # torch.func.grad cannot enter a cond, while_loop or map in torch 2.13: the step is traced
+    # with torch.autograd.grad under Python functionalization (a while_loop's with symbolic
+    # shapes); float16 has dynamic loss scaling in the graph
+    torch.manual_seed(0)
+    model = make()
+    x = inputs(shape=(3, 4, 16)) if make is MapNet else inputs()
+    target = torch.randn_like(model(x))
+    reference = make()
+    reference.load_state_dict(model.state_dict())
+    step = gfx.train_step(
+        model, mse, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), dtype=dtype
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        losses = [float(step(x, target)) for _ in range(3)]
+    gm, _ = convert(reference, x, dtype)
+    optimizer = torch.optim.SGD(gm.parameters(), lr=0.1, momentum=0.9)
+    expected = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = mse(gm(x).float(), target)
+        loss.backward()
+        optimizer.step()
+        expected.append(float(loss))
+    assert losses == pytest.approx(expected, rel=1e-6)
+    assert losses[-1] < losses[0]
+    trained, wanted = step.state_dict(), dict(gm.named_parameters())
+    assert max(float((trained[k] - wanted[k]).abs().max()) for k in trained) < 1e-6
+    low = [n for n, d in step.plan.nodes.items() if "/" in n and str(d.precision) == dtype]
+    assert any(n.endswith("/matmul") or n.endswith("/linear") for n in low)
+
+
+def test_train_step_explains_a_body_node():
+    torch.manual_seed(0)
+    model, x = CondNet(), inputs()
+    step = gfx.train_step(model, mse, torch.optim.SGD(model.parameters(), lr=0.1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step(x, torch.zeros(4, 16))
+    assert step.explain("cond/false_graph_0/softmax").startswith(
+        "cond/false_graph_0/softmax (softmax): bfloat16, rule clear"
+    )
+
+
+@torch.library.custom_op("graphamp_tests::doubled", mutates_args=())
+def doubled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@doubled.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_a_step_torch_cannot_differentiate_through_a_cond_is_one_error_naming_it():
+    class NoBackward(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cond(
+                x.sum() > 0, lambda x: doubled(self.lin(x)), lambda x: self.lin(x), (x,)
+            )
+
+    model, x = NoBackward(), inputs()
+    step = gfx.train_step(model, mse, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(GraphampError) as caught, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step(x, torch.zeros(4, 16))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "torch.ops.higher_order.cond" in message and "no autograd formula" in message
+
+
+def test_a_compiled_step_through_a_while_loop_runs_as_the_eager_one():
+    torch.manual_seed(0)
+    model, x = RnnNet(), inputs()
+    target = torch.randn(4, 16)
+    reference = RnnNet()
+    reference.load_state_dict(model.state_dict())
+    eager_step = gfx.train_step(reference, mse, torch.optim.SGD(reference.parameters(), lr=0.1))
+    step = gfx.train_step(model, mse, torch.optim.SGD(model.parameters(), lr=0.1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step.compile(x, target)  # the backward reads the iteration count: a captured scalar
+        losses = [float(step(x, target)) for _ in range(2)]
+        expected = [float(eager_step(x, target)) for _ in range(2)]
+    assert losses == pytest.approx(expected, rel=1e-5)

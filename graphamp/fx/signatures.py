@@ -21,7 +21,7 @@ import torch
 from torch import fx
 
 from graphamp.errors import GraphampError, InternalError, RecaptureWarning
-from graphamp.fx import eager
+from graphamp.fx import differentiate, eager
 from graphamp.graph import OpGraph
 from graphamp.records import NodeDecision
 
@@ -83,7 +83,7 @@ def compiled(graphs: StepGraphs, options: dict[str, Any]) -> StepGraphs:
             result.append(None)
             continue
         eager.for_compile(module)  # type: ignore[arg-type]
-        result.append(torch.compile(module, **options))
+        result.append(differentiate.compiled(module, options))  # type: ignore[arg-type]
     return StepGraphs(graphs.captured, result[0], result[1])
 
 

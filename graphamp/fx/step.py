@@ -17,12 +17,11 @@ from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphamp import report
 from graphamp.distributed import GradientClipping, GradientReduce
 from graphamp.errors import GraphampError
-from graphamp.fx import distributed, eager, marks, optim, reader, signatures, writer
+from graphamp.fx import differentiate, distributed, eager, marks, optim, reader, signatures, writer
 from graphamp.fx.conversion import convert, fx_policy
 from graphamp.fx.signatures import CapturedStep, StepGraphs
 from graphamp.fx.types import torch_dtype
@@ -149,9 +148,7 @@ class TrainStep:
         # functionalize turns the forward's in-place buffer updates into functional ops and a
         # copy back onto the buffer arguments; tracing runs on copies of the state.
         flat = [t.clone() for t in self._flatten()]
-        traced = make_fx(torch.func.functionalize(fn, remove="mutations"))(
-            *flat, *self._learning_rates(), *batch
-        )
+        traced = differentiate.trace(self.forward, fn, [*flat, *self._learning_rates(), *batch])
         read = reader.read(traced, master_weights=True, roles=marks.strip(traced))
         options = {
             "loss_scaling": self.loss_scaling,
@@ -223,7 +220,7 @@ class TrainStep:
 
         # Buffers are an argument, not captured: torch.func refuses to mutate captured tensors.
         rest = {**frozen, **self._traced_buffers}
-        grads, loss = torch.func.grad(seeded_loss, has_aux=True)(trainable, rest)
+        grads, loss = differentiate.grad(self.forward, seeded_loss)(trainable, rest)
         return grads, marks.mark(loss, "loss")
 
     def _accumulate_fn(self, *args: torch.Tensor) -> list[torch.Tensor]:

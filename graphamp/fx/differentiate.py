@@ -1,0 +1,133 @@
+"""How a training step differentiates its forward pass, and through what it traces.
+
+The step is traced with ``make_fx`` over ``torch.func.functionalize`` (the forward's in-place
+buffer updates become functional ops and one copy back) and ``torch.func.grad``. In torch 2.13
+those functorch transforms cannot enter a higher-order op: ``torch.cond``, ``torch.while_loop``
+and ``torch.map`` have no rule for them (``KeyError: TransformType.Grad``). What AOTAutograd
+does instead works: ``torch.autograd.grad`` under Python functionalization
+(``FunctionalTensorMode``), which differentiates each call through its own autograd rule: a
+cond's backward is another cond over the branches' backward graphs, a map's another map. A
+while_loop's backward runs its body backward as many times as the forward ran, a count it
+reads from a tensor, so such a step is traced with symbolic shapes (the count is then a
+symbol, not a value the tracer would have to know). A step torch cannot trace through such
+an op is one :class:`GraphampError` naming the op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+from graphamp.errors import GraphampError
+from graphamp.fx import hops
+
+Gradients = Callable[..., tuple[dict[str, torch.Tensor], Any]]
+
+
+def higher_order_ops(module: fx.GraphModule) -> list[str]:
+    """The higher-order ops ``module`` calls (in its bodies too), in graph order."""
+    found: list[str] = []
+    for graph_module in module.modules():
+        if isinstance(graph_module, fx.GraphModule):
+            for node in graph_module.graph.nodes:
+                if hops.is_higher_order(node) and str(node.target) not in found:
+                    found.append(str(node.target))
+    return found
+
+
+def tracing_mode(module: fx.GraphModule) -> str:
+    """``make_fx``'s tracing mode for a step through ``module``: with real tensors, as for any
+    step, unless it calls a higher-order op other than cond and map (see the module
+    docstring; a scan, kept whole, also needs symbolic shapes to be traced)."""
+    plain = {str(hops.COND), str(hops.MAP)}
+    return "symbolic" if set(higher_order_ops(module)) - plain else "real"
+
+
+def grad(module: fx.GraphModule, f: Callable[..., tuple[torch.Tensor, Any]]) -> Gradients:
+    """``torch.func.grad(f, has_aux=True)`` for a forward through ``module``: the gradients of
+    ``f(trainable, rest)[0]`` with respect to ``trainable`` (a dict), and ``f``'s aux value."""
+    if not higher_order_ops(module):
+        return torch.func.grad(f, has_aux=True)
+
+    def gradients(
+        trainable: dict[str, torch.Tensor], rest: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], Any]:
+        leaves = {name: value.detach().requires_grad_() for name, value in trainable.items()}
+        with torch.enable_grad():
+            value, aux = f(leaves, rest)
+            found = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
+        # an unused parameter's gradient is zeros, as torch.func.grad gives it
+        pairs = zip(found, leaves.values(), strict=True)
+        values = [g if g is not None else torch.zeros_like(p) for g, p in pairs]
+        detached = pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, aux)
+        return dict(zip(leaves, values, strict=True)), detached
+
+    return gradients
+
+
+def functionalize(module: fx.GraphModule, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.func.functionalize(fn, remove="mutations")`` for a step through ``module``:
+    ``fn`` traced with functional ops only, the arguments it wrote copied back at the end."""
+    if not higher_order_ops(module):
+        return torch.func.functionalize(fn, remove="mutations")
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    def unwrap(value: FunctionalTensor) -> torch.Tensor:
+        torch._sync(value)
+        return torch._from_functional_tensor(value.elem)
+
+    def functional(*args: Any) -> Any:
+        written: list[tuple[torch.Tensor, torch.Tensor]] = []
+        exclude = torch._C._ExcludeDispatchKeyGuard(
+            torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
+        )
+        with exclude, FunctionalTensorMode():
+            wrapped = pytree.tree_map_only(torch.Tensor, FunctionalTensor.to_functional, args)
+            result = pytree.tree_map_only(FunctionalTensor, unwrap, fn(*wrapped))
+            for original, value in zip(args, wrapped, strict=True):
+                if isinstance(value, FunctionalTensor):
+                    torch._sync(value)
+                    if torch._functionalize_has_data_mutation(value.elem):
+                        written.append((original, unwrap(value)))
+        for original, value in written:  # functionalize's epilogue: one copy per argument
+            original.copy_(value)
+        return result
+
+    return functional
+
+
+def compiled(module: fx.GraphModule, options: dict[str, Any]) -> Callable[..., Any]:
+    """``torch.compile(module, **options)``; a step graph calling a while_loop (whose backward
+    reads its iteration count from a tensor) runs it with dynamo capturing such scalars."""
+    compiled_module = torch.compile(module, **options)
+    if str(hops.WHILE_LOOP) not in higher_order_ops(module):
+        return compiled_module
+
+    def run(*args: Any) -> Any:
+        with torch._dynamo.config.patch(capture_scalar_outputs=True):
+            return compiled_module(*args)
+
+    return run
+
+
+def trace(module: fx.GraphModule, fn: Callable[..., Any], args: list[Any]) -> fx.GraphModule:
+    """``fn`` (a step through ``module``) traced functionally on ``args``; an error raised in
+    a higher-order op's backward is one line naming the op."""
+    try:
+        return make_fx(functionalize(module, fn), tracing_mode=tracing_mode(module))(*args)
+    except GraphampError:
+        raise
+    except Exception as error:
+        ops = ", ".join(f"torch.ops.higher_order.{op}" for op in higher_order_ops(module))
+        if not ops:
+            raise
+        lines = str(error).strip().splitlines() or [""]
+        raise GraphampError(
+            f"train_step: torch could not trace the step through the forward's {ops}: "
+            f"{type(error).__name__}: {lines[0][:300]}"
+        ) from error
