@@ -27,6 +27,8 @@ class EditScript:
     rewire: dict[tuple[str, int], str] = field(default_factory=dict)
     casts: list[CastRecord] = field(default_factory=list)
     output_casts: list[CastRecord] = field(default_factory=list)  # keep_io_types outputs
+    # an output Cast's node name where it cannot be its output's (a node has that name)
+    cast_nodes: dict[str, str] = field(default_factory=dict)
     weights: list[WeightRecord] = field(default_factory=list)
     retarget_casts: dict[str, str] = field(default_factory=dict)  # Cast node -> new target
     remove_nodes: list[str] = field(default_factory=list)  # pre-existing Casts made redundant

@@ -225,8 +225,8 @@ class OpGraph:
         self.bodies: dict[str, Body] = {}
         self._consumers: dict[str, list[tuple[str, int]]] | None = None
         self._dataflow: Dataflow | None = None
-        # Fused ops the dialect can write for this graph, by pattern ("rms_norm"; none: none)
-        self.fused_kernels: dict[str, FusedKernel] = {}
+        self.fused_kernels: dict[str, FusedKernel] = {}  # by pattern ("rms_norm"), if any
+        self.reserved: set[str] = set()  # names the model holds outside it (graphamp.names)
 
     # -- building ---------------------------------------------------------------------------
 

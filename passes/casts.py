@@ -29,7 +29,8 @@ from collections import defaultdict
 
 from graphamp.dtypes import itemsize
 from graphamp.edits import EditScript
-from graphamp.graph import NodeKind, OpGraph, OpNode, unique_name
+from graphamp.graph import NodeKind, OpGraph, OpNode
+from graphamp.names import Names
 from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
 from graphamp.passes.classify import stored_float32_inputs
 from graphamp.passes.model_casts import share_model_casts
@@ -214,7 +215,7 @@ def plan_casts(
             edits.retarget_casts.pop(node.name, None)
             removed.add(node.name)
 
-    taken = set(graph.tensors) | set(graph.nodes)
+    names = Names(graph)  # every name added is new in the whole model
     shared: dict[str, list[str]] = defaultdict(list)  # output -> readers of its cast back
     for (source, want), slots in cast_readers.items():
         if cast_back.get(source) == want:
@@ -224,7 +225,7 @@ def plan_casts(
             for slot_key in slots:
                 edits.rewire[slot_key] = source
             continue
-        output = unique_name(f"{source}__{want}", taken)
+        output = names.derived(source, f"__{want}")
         edits.casts.append(
             CastRecord(
                 tensor=source,
@@ -237,9 +238,9 @@ def plan_casts(
         for slot_key in slots:
             edits.rewire[slot_key] = output
 
-    _plan_weights(graph, weight_readers, readers, has, edits, taken, weights)
+    _plan_weights(graph, weight_readers, readers, has, edits, names, weights)
     kept = _kept_weights(graph, decisions, weights)
-    plan_output_casts(graph, has, edits, taken, cast_back, shared)
+    plan_output_casts(graph, has, edits, names, cast_back, shared)
     read_low_values(edits, as_is)
     log.info(
         "%d casts inserted, %d retargeted, %d removed, %d weights converted",
@@ -315,7 +316,7 @@ def _plan_weights(
     readers: _Readers,
     has: dict[str, str],
     edits: EditScript,
-    taken: set[str],
+    names: Names,
     weights: WeightRanges,
 ) -> None:
     """Convert stored values: in place if every reader wants ``dtype``, else as a copy."""
@@ -324,7 +325,7 @@ def _plan_weights(
         in_place = len(slots) == len(readers.get(name)) and not tensor.is_graph_output
         stats = weights.stats(name, want)
         elements = stats.elements
-        stored_as = name if in_place else unique_name(f"{name}__{want}", taken)
+        stored_as = name if in_place else names.derived(name, f"__{want}")
         edits.weights.append(
             WeightRecord(
                 name=name,

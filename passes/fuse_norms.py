@@ -39,7 +39,8 @@ import math
 
 import numpy as np
 
-from graphamp.graph import NodeKind, OpGraph, OpNode, unique_name
+from graphamp.graph import NodeKind, OpGraph, OpNode
+from graphamp.names import Names
 from graphamp.passes.base import Pass, PassContext, PassResult, register
 from graphamp.passes.classify import classify_node
 from graphamp.policy import Policy
@@ -61,7 +62,7 @@ class FuseNormsPass(Pass):
     def run(self, context: PassContext) -> PassResult:
         graph, policy = context.graph, context.policy
         kernel = graph.fused_kernels["rms_norm"]
-        taken = set(graph.nodes) | set(graph.tensors)
+        names = Names(graph)
         for final in [n for n in graph if n.op == "Mul" and not n.domain]:
             if final.name not in graph.nodes:
                 continue
@@ -70,7 +71,7 @@ class FuseNormsPass(Pass):
                 continue
             if any(graph.nodes[n].body for n in match.nodes):
                 continue  # in a control-flow body: fused nodes are written in the main graph
-            name = unique_name(f"{final.name}__rms_norm", taken)
+            name = names.node(f"{final.name}__rms_norm")
             fused = kernel.build(name, [match.x, match.scale], [final.outputs[0]])
             low = policy.dtype
             if classify_node(fused, policy, context.weights).precision != low:

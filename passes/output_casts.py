@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from graphamp.dtypes import LOW_TYPES
 from graphamp.edits import EditScript
-from graphamp.graph import OpGraph, unique_name
+from graphamp.graph import OpGraph
+from graphamp.names import Names
 from graphamp.policy import Policy
 from graphamp.records import CastRecord
 
@@ -62,7 +63,7 @@ def plan_output_casts(
     graph: OpGraph,
     has: dict[str, str],
     edits: EditScript,
-    taken: set[str],
+    names: Names,
     cast_back: dict[str, str],
     shared: dict[str, list[str]],
 ) -> None:
@@ -70,7 +71,12 @@ def plan_output_casts(
     for name in graph.graph_outputs:
         if name not in cast_back:
             continue
-        renamed = unique_name(f"{name}__{has[name]}", taken)
+        renamed = names.derived(name, f"__{has[name]}")
+        # The Cast keeps the output's name for its value; its node needs a name no node has
+        # (a Keras-converted model names the output's producer after it).
+        node = names.node(graph.local_name(name), body=graph.tensors[name].body)
+        if node != name:
+            edits.cast_nodes[name] = node
         edits.output_casts.append(
             CastRecord(
                 tensor=renamed,

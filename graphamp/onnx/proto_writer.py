@@ -42,7 +42,8 @@ def apply(read: ReadGraph, script: EditScript) -> onnx.ModelProto:
     for record in script.casts:
         edit.insert_cast(record.tensor, record.dst, record.output)
     for record in script.output_casts:  # before rewiring: float32 readers read the Cast back
-        edit.output_cast(record.tensor, record.dst, record.output)
+        node = script.cast_nodes.get(record.output, record.output)
+        edit.output_cast(record.tensor, record.dst, record.output, node)
     for (node_name, slot), tensor in script.rewire.items():
         edit.node(edit.number[node_name]).input[slot] = tensor
     for node_name in script.hoist_casts:
@@ -147,8 +148,8 @@ class _Edit:
         """Right after the producer of ``tensor``; first of all for a graph input or weight."""
         self.link_after(self.producer_of(tensor), index)
 
-    def insert_cast(self, tensor: str, dtype: str, output: str) -> None:
-        cast = onnx.NodeProto(name=output, op_type="Cast")
+    def insert_cast(self, tensor: str, dtype: str, output: str, node: str = "") -> None:
+        cast = onnx.NodeProto(name=node or output, op_type="Cast")
         cast.input.append(tensor)
         cast.output.append(output)
         cast.attribute.add(name="to", type=onnx.AttributeProto.INT, i=dtypes.BY_NAME[dtype].onnx)
@@ -162,9 +163,9 @@ class _Edit:
         self.types[output] = dtypes.BY_NAME[dtype].onnx
         self.shapes[output] = tensor
 
-    def output_cast(self, low: str, dtype: str, output: str) -> None:
+    def output_cast(self, low: str, dtype: str, output: str, cast_name: str) -> None:
         """Graph output ``output`` becomes ``low`` (every reader follows), read by a Cast
-        named ``output`` back to ``dtype``."""
+        (node ``cast_name``) back to ``dtype`` whose output is ``output``."""
         producer = self.producer_of(output)
         node = self.node(producer)
         node.output[list(node.output).index(output)] = low
@@ -177,7 +178,7 @@ class _Edit:
                         node.input[slot] = low
         self.types[low] = self.types.get(output, self._declared_type(output))
         self.shapes[low] = output
-        self.insert_cast(low, dtype, output)
+        self.insert_cast(low, dtype, output, cast_name)
 
     def rewrite(self, record: RewriteRecord) -> None:
         """The fused node in place of the last node it replaces; the others unlinked."""

@@ -20,6 +20,7 @@ from graphamp.dtypes import FLOAT_TYPES, UNKNOWN
 from graphamp.errors import GraphampError
 from graphamp.graph import Body, NodeKind, OpGraph, OpNode, TensorInfo, unique_name
 from graphamp.onnx import bodies, fusion, ir_tensors, kernels, slots, stream
+from graphamp.onnx.outside import names_outside
 from graphamp.onnx.types import dtype_name, ir_type
 
 
@@ -45,6 +46,7 @@ def read(model: ir.Model, target: str, provider: str = "any") -> ReadGraph:
     """
     reader = GraphReader(model, target, provider)
     graph, op_graph = model.graph, reader.op_graph
+    op_graph.reserved = names_outside(model)  # what graphamp.names must not give out
     _name_nodes(graph)
     # a body's value is named by its path: never the name of a main-graph value
     reader.taken.update(v.name for v in (*graph.inputs, *graph.initializers.values()))

@@ -77,7 +77,8 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
         low_value.name = record.tensor
         values[record.tensor] = low_value
         where = (graph, low_value.producer())
-        cast_out = _insert_cast(where, values, record.tensor, record.dst, record.output)
+        node_name = script.cast_nodes.get(record.output, record.output)
+        cast_out = _insert_cast(where, values, record.tensor, record.dst, record.output, node_name)
         for index, output in enumerate(graph.outputs):
             if output is low_value:
                 graph.outputs[index] = cast_out
@@ -137,15 +138,20 @@ def _stored(value: ir.Value) -> ir.TensorProtocol:
 
 
 def _insert_cast(
-    where: placement.Place, values: dict[str, ir.Value], tensor: str, dtype: str, output: str
+    where: placement.Place,
+    values: dict[str, ir.Value],
+    tensor: str,
+    dtype: str,
+    output: str,
+    node_name: str = "",
 ) -> ir.Value:
-    """A Cast of ``tensor`` to ``dtype`` named ``output``, in ``where``'s graph: right after
-    ``where``'s node, or first."""
+    """A Cast of ``tensor`` to ``dtype`` whose output is ``output`` (and so is its node's name,
+    unless ``node_name`` gives another), in ``where``'s graph: right after ``where``'s node,
+    or first."""
     source = values[tensor]
     out = ir.Value(name=output, shape=source.shape, type=ir.TensorType(ir_type(dtype)))
-    cast = ir.Node(
-        "", "Cast", [source], [ir.AttrInt64("to", ir_type(dtype))], outputs=[out], name=output
-    )
+    attributes = [ir.AttrInt64("to", ir_type(dtype))]
+    cast = ir.Node("", "Cast", [source], attributes, outputs=[out], name=node_name or output)
     graph, after = where
     if after is not None:
         graph.insert_after(after, cast)
