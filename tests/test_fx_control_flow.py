@@ -1,10 +1,11 @@
 """torch.cond, torch.while_loop and torch.map: their bodies converted like the rest of the graph.
 
-Tiny modules captured with torch.export: the ops inside a branch or a loop body are decided by
-the same lists as the main graph, the values crossing a boundary keep one type (a cond's
-branches return one type per output; a loop-carried value has one type at entry, in the body
-and at exit), and the converted module exports again (torch.export checks those types). Errors
-are measured against the float32 module and against torch.autocast on the same inputs.
+Tiny modules (graphamp.models.torch_control_flow) captured with torch.export: the ops inside a
+branch or a loop body are decided by the same lists as the main graph, the values crossing a
+boundary keep one type (a cond's branches return one type per output; a loop-carried value has
+one type at entry, in the body and at exit), and the converted module exports again
+(torch.export checks those types). Errors are measured against the float32 module and against
+torch.autocast on the same inputs.
 """
 
 from __future__ import annotations
@@ -14,92 +15,13 @@ import warnings
 import pytest
 import torch
 from torch import nn
-from torch._higher_order_ops.map import map as torch_map
 
 import graphamp.fx as gfx
 from graphamp import report
 from graphamp.errors import BodyWarning, GraphampError
+from graphamp.models.torch_control_flow import CondNet, MapNet, NestedNet, RnnNet
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class CondNet(nn.Module):
-    """Branches that each do matmul + softmax, on different weights."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(16, 16)
-        self.b = nn.Linear(16, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        def yes(x: torch.Tensor) -> torch.Tensor:
-            return torch.softmax(self.a(x) @ self.a.weight, -1)
-
-        def no(x: torch.Tensor) -> torch.Tensor:
-            return torch.softmax(self.b(x) @ self.b.weight, -1)
-
-        return torch.cond(x.sum() > 0, yes, no, (x,))
-
-
-class RnnNet(nn.Module):
-    """A while_loop carrying a hidden state through matmul + tanh (+ a bias when asked: the
-    add then promotes the state to float32 under autocast, which can run that one)."""
-
-    def __init__(self, bias: bool = False, steps: int = 8) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(16, 16) / 4)
-        self.b = nn.Parameter(torch.randn(16) / 4) if bias else None
-        self.steps = steps
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        def more(i: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-            return i < self.steps
-
-        def step(i: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            z = h @ self.w
-            return i + 1, torch.tanh(z + self.b if self.b is not None else z)
-
-        return torch.while_loop(more, step, (torch.zeros((), dtype=torch.int64), h))[1]
-
-
-class MapNet(nn.Module):
-    """torch.map of a linear + relu over a batch's first dimension."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(16, 16)
-
-    def forward(self, xs: torch.Tensor) -> torch.Tensor:
-        return torch_map(lambda x: torch.relu(self.lin(x)), xs)
-
-
-class Gate(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(16, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cond(
-            x.sum() > 0, lambda x: torch.softmax(self.a(x), -1), lambda x: torch.relu(x), (x,)
-        )
-
-
-class NestedNet(nn.Module):
-    """A cond (in a submodule) inside a while_loop's body."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(16, 16) / 4)
-        self.gate = Gate()
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        def more(i: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-            return i < 3
-
-        def step(i: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return i + 1, self.gate(torch.tanh(h @ self.w))
-
-        return torch.while_loop(more, step, (torch.zeros((), dtype=torch.int64), h))[1]
 
 
 def inputs(seed: int = 0, shape: tuple[int, ...] = (4, 16)) -> torch.Tensor:
