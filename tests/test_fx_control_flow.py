@@ -338,3 +338,38 @@ def test_a_compiled_step_through_a_while_loop_runs_as_the_eager_one():
         losses = [float(step(x, target)) for _ in range(2)]
         expected = [float(eager_step(x, target)) for _ in range(2)]
     assert losses == pytest.approx(expected, rel=1e-5)
+
+
+class Growing(nn.Module):
+    """A loop whose state grows past float16's range (x300 per iteration), after a cond whose
+    first branch scales past it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.eye(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.cond(x.sum() > 0, lambda x: (x @ self.w) * 1e5, lambda x: x @ self.w, (x,))
+
+        def more(i: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+            return i < 3
+
+        def step(i: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return i + 1, (h @ self.w) * 300.0
+
+        return torch.while_loop(more, step, (torch.zeros((), dtype=torch.int64), x / 1e5))[1]
+
+
+def test_calibration_reaches_body_nodes_in_every_iteration():
+    model, x = Growing().eval(), inputs().abs()
+    _, plan = convert(model, x, "float16")
+    assert str(plan.nodes["cond/true_graph_0/mul"].precision) == "float16"
+    _, plan = convert(model, x, "float16", calibrate=[(x,)])
+    decision = plan.nodes["cond/true_graph_0/mul"]
+    assert str(decision.rule) == "range" and "cond/true_graph_0/mul" in decision.reason
+    # the state passes 65504 / 2 in the third iteration: the multiply that makes it and the
+    # carried value (recorded over every iteration) stay float32
+    assert str(plan.nodes["while_loop/while_loop_body_graph_0/mul"].rule) == "range"
+    assert str(plan.nodes["while_loop/carried:1"].precision) == "float32"
+    # the branch the batch did not take has no data: decided by its lists
+    assert str(plan.nodes["cond/false_graph_0/matmul"].precision) == "float16"

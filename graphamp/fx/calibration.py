@@ -16,20 +16,33 @@ import torch
 from torch import fx
 
 from graphamp.errors import GraphampError
+from graphamp.fx import hops
 from graphamp.fx.reader import stable_names
 from graphamp.ranges import Ranges, TensorRange
 
 
 class _Recorder(fx.Interpreter):
-    """Runs the module, keeping each float32 value's range under its reader name."""
+    """Runs the module, keeping each float32 value's range under its reader name. A
+    ``torch.cond``, ``while_loop`` or ``map`` call runs its bodies in recorders of their own,
+    so values inside are recorded under their scope paths too (over every iteration)."""
 
-    def __init__(self, module: fx.GraphModule, names: dict[str, str]) -> None:
+    def __init__(
+        self,
+        module: fx.GraphModule,
+        names: dict[str, str],
+        found: dict[str, TensorRange] | None = None,
+    ) -> None:
         super().__init__(module)
         self.names = names
-        self.found: dict[str, TensorRange] = {}
+        self.found: dict[str, TensorRange] = {} if found is None else found
 
     def run_node(self, node: fx.Node) -> Any:
-        result = super().run_node(node)
+        call = hops.call_of(self.module, node)  # type: ignore[arg-type]
+        if call is None:
+            result = super().run_node(node)
+        else:
+            args, _ = self.fetch_args_kwargs_from_env(node)
+            result = self._call(call, self.names.get(node.name, node.name), args)
         if node.op in ("placeholder", "call_function") and node.name in self.names:
             name = self.names[node.name]
             if isinstance(result, tuple | list):
@@ -39,9 +52,38 @@ class _Recorder(fx.Interpreter):
                 self._record(name, result)
         return result
 
+    def _call(self, call: hops.HopCall, name: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """What ``call`` returns, its bodies run by recorders (the reader's names)."""
+        bodies = dict(call.bodies)
+
+        def run(attribute_name: str, *values: Any) -> tuple[Any, ...]:
+            module, path = bodies[attribute_name], f"{name}/{attribute_name}"
+            names = stable_names(module, path)
+            # a parameter under its path, as the reader names a loop's carried value or slice
+            names.update({p.name: f"{path}/{p.name}" for p in hops.placeholders(module)})
+            recorder = _Recorder(module, names, self.found)
+            result = recorder.run(*values)
+            return tuple(result) if isinstance(result, tuple | list) else (result,)
+
+        target = call.node.target
+        if target is hops.COND:
+            branch = call.results[0] if bool(args[0]) else call.results[1]
+            return run(branch, *args[3])
+        if target is hops.WHILE_LOOP:
+            carried, additional = tuple(args[2]), tuple(args[3])
+            condition, body = (attribute_name for attribute_name, _ in call.bodies)
+            while bool(run(condition, *carried, *additional)[0]):
+                carried = run(body, *carried, *additional)
+            return carried
+        xs, rest = list(args[1]), list(args[2])
+        slices = [run(call.results[0], *(x[i] for x in xs), *rest) for i in range(len(xs[0]))]
+        return tuple(torch.stack(list(outputs)) for outputs in zip(*slices, strict=True))
+
     def _record(self, name: str, value: object) -> None:
         if isinstance(value, torch.Tensor) and value.dtype == torch.float32 and value.numel():
-            self.found[name] = tensor_range(value.detach())
+            found = tensor_range(value.detach())
+            known = self.found.get(name)
+            self.found[name] = found if known is None else known.merged(found)
 
 
 def tensor_range(value: torch.Tensor) -> TensorRange:
