@@ -23,10 +23,19 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
         help=HELP,
         description="Plan MODEL and compare it with the baseline plan: exit 0 when equal, 1 "
         "with the diff when it drifted. Without MODEL, check every [[graphamp.check]] entry "
-        "(model = ..., baseline = ...) of the --config file; paths are relative to that file.",
+        "(model = ..., baseline = ...) of the --config file; paths are relative to that file. "
+        "A folder MODEL checks each model file in it against its plan in the baseline folder "
+        "(decoder_model.onnx against decoder_model.plan.json, as convert --plan PLANDIR names "
+        "them); a baseline there whose model is gone is a drift too.",
     )
-    parser.add_argument("model", metavar="MODEL", nargs="?", help="a model file (.onnx, .pt2)")
-    parser.add_argument("--baseline", metavar="PLAN.json", help="the reviewed plan")
+    parser.add_argument(
+        "model", metavar="MODEL", nargs="?", help="a model file (.onnx, .pt2) or a folder"
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="PLAN.json",
+        help="the reviewed plan (for a folder MODEL, the folder of plans)",
+    )
     parser.add_argument(
         "--update",
         action="store_true",
@@ -35,8 +44,9 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     add_policy_arguments(parser)
 
 
-def entries_of(args: argparse.Namespace) -> list[tuple[Path, Path]]:
-    """The (model, baseline) pairs to check: MODEL --baseline, or the --config file's."""
+def given_entries(args: argparse.Namespace) -> list[tuple[Path, Path]]:
+    """The (model, baseline) pairs given: MODEL --baseline, or the --config file's (a model
+    may be a folder, its baseline a folder of plans)."""
     if args.model:
         if not args.baseline:
             raise GraphampError("check MODEL needs --baseline PLAN.json")
@@ -47,6 +57,13 @@ def entries_of(args: argparse.Namespace) -> list[tuple[Path, Path]]:
             "[[graphamp.check]] entries"
         )
     return check_entries(Path(args.config))
+
+
+def entries_of(args: argparse.Namespace) -> list[tuple[Path, Path]]:
+    """The (model file, baseline plan) pairs to check, a folder's models each on its own."""
+    from graphamp.cli.folder import plan_pairs
+
+    return [pair for model, baseline in given_entries(args) for pair in plan_pairs(model, baseline)]
 
 
 def files(args: argparse.Namespace) -> Files:
@@ -64,12 +81,23 @@ def files(args: argparse.Namespace) -> Files:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from contextlib import nullcontext
+
+    from graphamp.cli.folder import FolderRules, orphan_plans, plan_pairs
+
     drifted = 0
-    entries = entries_of(args)
-    for model, baseline in entries:
-        drifted += check_one(model, baseline, args)
+    for model, baseline in given_entries(args):
+        rules = FolderRules(model, args) if model.is_dir() else None
+        for file, plan in plan_pairs(model, baseline):
+            with rules.model() if rules else nullcontext():
+                drifted += check_one(file, plan, rules.args if rules else args)
+        if rules:
+            rules.report()
+        for orphan in orphan_plans(model, baseline):
+            print(f"{orphan}: a baseline plan whose model is not in {model} (gone or renamed)")
+            drifted += 0 if args.update else 1
     if args.update:  # every plan made: the baselines are moved into place together
-        for model, baseline in entries:
+        for model, baseline in entries_of(args):
             print(f"{model}: baseline {baseline} written")
     return 1 if drifted else 0
 

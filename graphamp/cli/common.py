@@ -320,3 +320,19 @@ def report_verification(
         )
         return 1
     return 0
+
+
+def plan_text(model: str | Path, args: argparse.Namespace) -> str:
+    """The plan of ``model`` in ``args.format``."""
+    from graphamp import report, viewer
+
+    graph, plan = plan_of(model, args)
+    if args.format == "json":
+        text = plan.to_json()
+    elif args.format == "html":
+        if graph is None:
+            raise GraphampError(f"{model}: --format html needs a model, not a plan file")
+        text = viewer.plan_page(plan, graph)
+    else:
+        text = report.text_table(plan)
+    return text

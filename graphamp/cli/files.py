@@ -47,7 +47,14 @@ class Files:
         return self
 
     def read_model(self, what: str, path: str | os.PathLike[str] | None) -> Files:
-        """A model file (or plan file) with every file it consists of (external data)."""
+        """A model file (or plan file) with every file it consists of (external data). A
+        folder is refused here: the commands that take one (convert, plan, check) list its
+        model files themselves."""
+        if path and Path(path).is_dir():
+            raise GraphampError(
+                f"{path}: {what} is a folder; this command takes one model file there "
+                "(graphamp convert, plan and check take a folder of models)"
+            )
         if path:
             for index, part in enumerate(_model_files(Path(path))):
                 self.reads.append((what if index == 0 else f"{what}'s data file", part))

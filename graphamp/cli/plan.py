@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from graphamp.cli.common import add_policy_arguments, emit, plan_of
+from graphamp.cli.common import add_policy_arguments, emit, plan_text
 from graphamp.cli.files import Files
 from graphamp.cli.numerics import add_calibrate_argument
-from graphamp.errors import GraphampError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -23,21 +23,34 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
         description="Decide precisions for MODEL and print the plan: a text table grouped by "
         "precision, the JSON plan (what CI diffs), or one self-contained HTML page: the graph "
         "folded by module path, laid out in layers, with search, precision and rule filters, "
-        "zoom and pan, and each node's reason chain in a side panel.",
+        "zoom and pan, and each node's reason chain in a side panel. For a folder MODEL, "
+        "each model file in it in turn (with -o, a folder that gets one file per model: "
+        "decoder_model.onnx -> decoder_model.plan.json, .plan.html or .plan.txt).",
     )
-    parser.add_argument("model", metavar="MODEL", help="a model file (.onnx, .pt2)")
+    parser.add_argument(
+        "model", metavar="MODEL", help="a model file (.onnx, .pt2), or a folder of them"
+    )
     parser.add_argument(
         "--format",
         choices=("text", "json", "html"),
         default="text",
         help="output format (default text)",
     )
-    parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write to FILE instead of stdout (for a folder MODEL, a folder, made if missing)",
+    )
     add_policy_arguments(parser)
     add_calibrate_argument(parser)
 
 
 def files(args: argparse.Namespace) -> Files:
+    if Path(args.model).is_dir():
+        from graphamp.cli.folder import plan_folder_files
+
+        return plan_folder_files(args)
     return (
         Files()
         .read_model("the model MODEL", args.model)
@@ -48,16 +61,9 @@ def files(args: argparse.Namespace) -> Files:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from graphamp import report, viewer
+    if Path(args.model).is_dir():
+        from graphamp.cli.folder import plan_folder
 
-    graph, plan = plan_of(args.model, args)
-    if args.format == "json":
-        text = plan.to_json()
-    elif args.format == "html":
-        if graph is None:
-            raise GraphampError(f"{args.model}: --format html needs a model, not a plan file")
-        text = viewer.plan_page(plan, graph)
-    else:
-        text = report.text_table(plan)
-    emit(text, args)
+        return plan_folder(args, console)
+    emit(plan_text(args.model, args), args)
     return 0

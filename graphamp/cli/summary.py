@@ -51,7 +51,7 @@ def print_summary(console: Console, plan: Plan, seconds: float, source: Path, ta
             "casts removed / retargeted",
             f"{summary['casts_removed']} / {summary['casts_retargeted']}",
         )
-    table.add_row("weights converted", f"{len(weights)} ({_size(before)} -> {_size(after)})")
+    table.add_row("weights converted", f"{len(weights)} ({size(before)} -> {size(after)})")
     if summary["values_flushed_to_zero"]:
         table.add_row("weight values flushed to zero", str(summary["values_flushed_to_zero"]))
     at_limit = sum(w.at_limit for w in weights)
@@ -86,7 +86,7 @@ def nothing_converted(plan: Plan) -> str | None:
     return f"nothing converted: no node runs in {plan.dtype} under this policy"
 
 
-def _size(count: float) -> str:
+def size(count: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if count < 1024 or unit == "GiB":
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"

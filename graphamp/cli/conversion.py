@@ -1,0 +1,157 @@
+"""Converting one model file and writing it: what ``graphamp convert`` does for a model, and
+for each model of a folder (:mod:`graphamp.cli.folder`)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from graphamp.cli.common import (
+    policy_flags_given,
+    policy_from_args,
+    policy_options,
+    report_verification,
+    verification_inputs,
+)
+from graphamp.cli.numerics import calibrated
+from graphamp.cli.summary import nothing_converted, print_summary
+from graphamp.errors import GraphampError, WeightOverflow
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from graphamp import engine
+    from graphamp.plan import Plan
+    from graphamp.policy import Policy
+
+
+def convert_model(
+    args: argparse.Namespace,
+    console: Console,
+    source: Path,
+    target: Path,
+    from_plan: str | Path | None,
+    *,
+    label: str = "",
+) -> tuple[engine.Conversion, int]:
+    """Convert ``source`` under the flags of ``args`` (or the reviewed plan ``from_plan``) and
+    write it to ``target``, staged in ``args.outputs``; (the conversion, the exit status). The
+    summary table is printed when ``label`` is empty (one model); a folder's conversion passes
+    the file's name as ``label``, which then starts each warning, and prints one table."""
+    from graphamp import engine
+    from graphamp.dialects.registry import for_file
+    from graphamp.plan import Plan
+
+    dialect = for_file(source)
+    dialect.check_target(target)
+    options = policy_options(args)
+    reviewed = None
+    if from_plan:
+        given = policy_flags_given(args)
+        if given:
+            raise GraphampError(f"--from-plan applies the plan's own policy: drop {given[0]}")
+        reviewed = Plan.load(from_plan)
+        policy = engine.reviewed_policy(reviewed, str(from_plan))
+        options["reviewed_where"] = str(from_plan)
+    else:
+        policy = policy_from_args(args, dialect)
+    if args.calibrate and reviewed is not None:
+        raise GraphampError("--from-plan applies the plan's decisions: drop --calibrate")
+    # Inputs are checked before any work, so a bad --inputs file writes nothing.
+    feeds = verification_inputs(dialect, source, args) if args.verify else None
+    start = time.perf_counter()
+    ranges = calibrated(dialect, source, args)
+    if ranges is not None:
+        options["ranges"] = ranges
+    # Weights on disk are range-checked while they are written (read once, not twice);
+    # should one overflow, nothing was kept, and the conversion starts over with every
+    # weight checked first (it then stays float32 with its readers, as always).
+    attempt = functools.partial(
+        _convert_and_write, args, console, policy, options, reviewed, feeds, start
+    )
+    where = (source, target, label)
+    try:
+        # (a reviewed plan is compared with the analysis, counts included: no deferring)
+        return attempt(*where, speculate=reviewed is None)
+    except WeightOverflow as miss:
+        print(
+            f"graphamp: {label}{miss.weight!r} holds values beyond {policy.dtype}: checking "
+            "every weight before converting",
+            file=sys.stderr,
+        )
+        return attempt(*where, speculate=False)
+
+
+def _convert_and_write(
+    args: argparse.Namespace,
+    console: Console,
+    policy: Policy,
+    options: dict[str, object],
+    reviewed: Plan | None,
+    feeds: object,
+    start: float,
+    source: Path,
+    target: Path,
+    label: str,
+    *,
+    speculate: bool,
+) -> tuple[engine.Conversion, int]:
+    """Convert, write ``target`` (staged: moved into place only when the whole command
+    succeeded), print the summary and verify; (the conversion, the exit status). With
+    ``speculate``, weights on disk are range-checked as they are written (WeightOverflow on a
+    miss)."""
+    from graphamp import engine
+    from graphamp.dialects.registry import for_file
+
+    dialect = for_file(source)
+    options = {**options, "speculate_weights": speculate}
+    result = engine.convert(source, policy, dialect=dialect, reviewed=reviewed, options=options)
+    status = 0
+    # Written beside OUT (args.outputs) and moved into place, with the plan, when the command
+    # returns: an error leaves no output. Over tolerance (exit 1) the model is kept.
+    path = args.outputs.path(target)
+    try:
+        dialect.save(result.model, path)
+    except GraphampError as exc:  # name OUT, not the folder it is staged in
+        raise GraphampError(str(exc).replace(str(path), str(target))) from None
+    if not args.no_runtime_check:
+        for warning in dialect.check_runtime(source, path):
+            print(f"graphamp: warning: {label}{warning}", file=sys.stderr)
+    if not label:
+        print_summary(console, result.plan, time.perf_counter() - start, source, target)
+    note = nothing_converted(result.plan)
+    if note:
+        print(f"graphamp: warning: {label}{note}", file=sys.stderr)
+    if feeds is not None:
+        if label:
+            console.print(f"{source}:")
+        status = report_verification(
+            console, dialect, source, path, args, policy.dtype, feeds=feeds
+        )
+    return result, status
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt for the block (in the main thread), so that a killed
+    conversion cleans up its temporary files as an interrupted one does."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
