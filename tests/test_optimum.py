@@ -1,0 +1,106 @@
+"""Optimum's exports, converted as a folder, load in Optimum's ORTModel classes with their cache
+and generate: a T5 seq2seq export (encoder, decoder, decoder with past, merged decoder, one of
+them with its weights in an external data file) and a Llama causal export, each built from a
+small config with random weights (nothing downloaded).
+
+Optimum runs in an environment of its own (tools/optimum_env.sh: optimum-onnx pins its own
+transformers), through tools/optimum_models.py in a subprocess. The tokens a converted folder
+generates are compared on its faithful copy (tests/optimum_exports.py: every float16 value
+rounded as stored), since onnxruntime's CPU provider would compute the float16 ops in
+float32. These tests are skipped only where that environment cannot be made; in CI
+(``CI`` set) that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import onnx
+import pytest
+
+from graphamp.cli import main
+from tests.optimum_exports import (
+    SEQ2SEQ_FILES,
+    OptimumUnavailable,
+    emulated_folder,
+    export,
+    generate,
+    low_values,
+    matrix_ops,
+    optimum_python,
+)
+
+F16 = onnx.TensorProto.FLOAT16
+
+
+@pytest.fixture(scope="module")
+def optimum():
+    try:
+        return optimum_python()
+    except OptimumUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Optimum tests: {exc}")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def t5(optimum, tmp_path_factory):
+    """A T5 export whose decoder_model keeps its weights in decoder_model.onnx_data (as
+    Optimum writes a model over 2 GB)."""
+    folder = export(optimum, "t5", tmp_path_factory.mktemp("t5") / "export")
+    decoder = folder / "decoder_model.onnx"
+    onnx.save_model(
+        onnx.load(str(decoder)),
+        str(decoder),
+        save_as_external_data=True,
+        location="decoder_model.onnx_data",
+        size_threshold=1024,
+    )
+    return folder
+
+
+def test_a_converted_t5_folder_loads_in_optimum_and_generates_the_same_tokens(
+    optimum, t5, tmp_path
+):
+    out, faithful = tmp_path / "fp16", tmp_path / "fp16-emulated"
+    assert main(["convert", str(t5), "-o", str(out), "--plan", str(tmp_path / "plans")]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert "decoder_model.onnx.data" in names and "decoder_model.onnx_data" not in names
+    for name in ("config.json", "generation_config.json", "tokenizer.json"):
+        assert (out / name).read_bytes() == (t5 / name).read_bytes()
+    # (onnx.checker refuses these files: T5's RMSNorm is fused into onnxruntime's
+    # SimplifiedLayerNormalization, an op of the ONNX domain only onnxruntime registers;
+    # Optimum's onnxruntime loads each of them below)
+    # every MatMul/Gemm of the encoder, the decoder and the decoder with past in float16
+    for name in SEQ2SEQ_FILES[:3]:
+        ops = matrix_ops(out / name)
+        assert ops and all(dtype == F16 for _, _, dtype in ops), (name, ops)
+    emulated_folder(out, faithful)
+    assert not any(low_values(onnx.load(str(faithful / n))) for n in SEQ2SEQ_FILES)
+    float32, merged, unmerged, faithful_merged, faithful_unmerged = generate(
+        optimum, t5, out, f"{out}#unmerged", faithful, f"{faithful}#unmerged"
+    )
+    assert merged["decoders"] == ["decoder_model_merged.onnx"]
+    assert unmerged["decoders"] == ["decoder_model.onnx", "decoder_with_past_model.onnx"]
+    for result in (merged, unmerged):  # the converted folder itself loads and generates
+        assert [len(tokens) for tokens in result["tokens"]] == [16] * 4
+    # not one token over and over: the comparison below compares something
+    assert len({token for tokens in float32["tokens"] for token in tokens}) > 8
+    assert faithful_merged["tokens"] == float32["tokens"]
+    assert faithful_unmerged["tokens"] == float32["tokens"]
+
+
+def test_a_converted_llama_folder_loads_in_optimum_and_generates(optimum, tmp_path):
+    folder = export(optimum, "llama", tmp_path / "export")
+    out, faithful = tmp_path / "fp16", tmp_path / "fp16-emulated"
+    assert main(["convert", str(folder), "-o", str(out)]) == 0
+    ops = matrix_ops(out / "model.onnx")
+    assert ops and all(dtype == F16 for _, _, dtype in ops)
+    emulated_folder(out, faithful)
+    float32, converted, emulated = generate(optimum, folder, out, faithful)
+    assert converted["decoders"] == ["model.onnx"]
+    assert [len(tokens) for tokens in converted["tokens"]] == [16] * 4
+    assert len({token for tokens in float32["tokens"] for token in tokens}) > 8
+    assert emulated["tokens"] == float32["tokens"]
+    shutil.rmtree(faithful)
