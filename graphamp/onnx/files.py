@@ -72,14 +72,20 @@ def _validated(
         return ProtoModel(proto, _value_info(proto, where), nodes=checked.nodes)
     from graphamp.onnx import ir_files
 
-    return ir_files.to_ir(proto, _inferred(proto, where), base_dir, where)
+    # No data propagation into bodies: it keys the values it computes by name across scopes,
+    # and the branches of an Optimum merged decoder reuse each other's names, so one branch's
+    # shapes land on the other's values; onnxruntime refuses the model written with them.
+    inferred = _inferred(proto, where, data_prop=not checked.subgraphs)
+    return ir_files.to_ir(proto, inferred, base_dir, where)
 
 
-def _inferred(proto: onnx.ModelProto, where: str) -> onnx.ModelProto | None:
+def _inferred(
+    proto: onnx.ModelProto, where: str, *, data_prop: bool = True
+) -> onnx.ModelProto | None:
     """``proto`` after ONNX type inference (weights left out), or None where it fails."""
     light = _without_large_initializers(proto)
     try:
-        return onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+        return onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=data_prop)
     except Exception as exc:  # inference gives up on some contrib ops: fall back to local rules
         log.warning("%s: ONNX type inference failed (%s); using local type rules", where, exc)
         return None
