@@ -289,7 +289,7 @@ def _print_table(
             f"{low}/{low + nodes.get('float32', 0)}",
             str(summary["casts_inserted"]),
             size(model_after),
-            f"{seconds:.2f} s",
+            f"{seconds:.1f} s",
         )
     table.title = (
         f"{folder.root} -> {output} ({dtype}; weights converted {size(before)} -> {size(after)})"
