@@ -1,7 +1,8 @@
 """Optimum's exports, converted as a folder, load in Optimum's ORTModel classes with their cache
-and generate: a T5 seq2seq export (encoder, decoder, decoder with past, merged decoder, one of
-them with its weights in an external data file) and a Llama causal export, each built from a
-small config with random weights (nothing downloaded).
+and generate (the README's example runs as written): a T5 seq2seq export (encoder, decoder,
+decoder with past, merged decoder, one of them with its weights in an external data file) and
+a Llama causal export, each built from a small config with random weights (nothing
+downloaded).
 
 Optimum runs in an environment of its own (tools/optimum_env.sh: optimum-onnx pins its own
 transformers), through tools/optimum_models.py in a subprocess. The tokens a converted folder
@@ -15,12 +16,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import onnx
 import pytest
 
 from graphamp.cli import main
 from tests.optimum_exports import (
+    MODELS,
     SEQ2SEQ_FILES,
     OptimumUnavailable,
     emulated_folder,
@@ -30,6 +35,7 @@ from tests.optimum_exports import (
     matrix_ops,
     optimum_python,
 )
+from tests.test_readme import OPTIMUM_ENVIRONMENT, readme_blocks
 
 F16 = onnx.TensorProto.FLOAT16
 
@@ -46,9 +52,34 @@ def optimum():
 
 @pytest.fixture(scope="module")
 def t5(optimum, tmp_path_factory):
-    """A T5 export whose decoder_model keeps its weights in decoder_model.onnx_data (as
+    """The README's Optimum examples, run as written on a local T5 checkpoint: the export and
+    the conversion of its folder, then generation with the converted folder. Returns the
+    export, its decoder_model then keeping its weights in decoder_model.onnx_data (as
     Optimum writes a model over 2 GB)."""
-    folder = export(optimum, "t5", tmp_path_factory.mktemp("t5") / "export")
+    work = tmp_path_factory.mktemp("readme")
+    made = subprocess.run(
+        [str(optimum), str(MODELS), "checkpoint", "t5", str(work / "t5-checkpoint")],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr[-3000:]
+    (commands,) = [b for b in readme_blocks("sh") if "optimum-cli export onnx" in b]
+    path = os.pathsep.join([str(optimum.parent), str(Path(sys.executable).parent)])
+    env = {**os.environ, "PATH": f"{path}{os.pathsep}{os.environ['PATH']}"}
+    ran = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", commands], cwd=work, env=env, capture_output=True
+    )
+    assert ran.returncode == 0, ran.stderr.decode()[-3000:]
+    assert sorted(p.name for p in (work / "t5-plans").iterdir()) == sorted(
+        name.replace(".onnx", ".plan.json") for name in SEQ2SEQ_FILES
+    )
+    (loading,) = [b for b in readme_blocks("python") if b.startswith(OPTIMUM_ENVIRONMENT)]
+    generated = subprocess.run(
+        [str(optimum), "-c", loading], cwd=work, env=env, capture_output=True, text=True
+    )
+    assert generated.returncode == 0, generated.stderr[-3000:]
+    assert generated.stdout.startswith("['")
+    folder = work / "t5-onnx"
     decoder = folder / "decoder_model.onnx"
     onnx.save_model(
         onnx.load(str(decoder)),

@@ -15,10 +15,10 @@ VENV=${GRAPHAMP_OPTIMUM_ENV:-.venv-optimum}
 PINS=("torch==2.13.0" "optimum-onnx[onnxruntime]==0.1.0")
 STAMP="$VENV/.graphamp-pins"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "${PINS[*]}" ]; then
-  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" >&2
   PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
-  "${PIP[@]}" "${PINS[0]}"
-  "${PIP[@]}" "${PINS[@]}"
+  "${PIP[@]}" "${PINS[0]}" >&2
+  "${PIP[@]}" "${PINS[@]}" >&2
   "$VENV/bin/python" -c "import optimum.onnxruntime, optimum.exporters.onnx" >/dev/null
   echo "${PINS[*]}" > "$STAMP"
 fi

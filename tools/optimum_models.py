@@ -13,6 +13,7 @@ would read a hub checkpoint.
         # config.json, generation_config.json, tokenizer files (as optimum-cli export onnx
         # --task text2text-generation-with-past writes them)
     python tools/optimum_models.py export llama OUT     # OUT/model.onnx (text-generation-with-past)
+    python tools/optimum_models.py checkpoint t5 DIR    # the model and tokenizer, unexported
     python tools/optimum_models.py generate OUT [OUT2#unmerged ...]   # JSON on stdout
 
 ``generate`` loads each folder with ``ORTModelForSeq2SeqLM`` or ``ORTModelForCausalLM``
@@ -162,14 +163,19 @@ def train(net, *, seq2seq: bool):  # type: ignore[no-untyped-def]
     return net.eval()
 
 
+def save_checkpoint(kind: str, folder: Path) -> None:
+    """The model and its tokenizer saved as a hub checkpoint is, for Optimum to export."""
+    model(kind).save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+
+
 def export(kind: str, output: Path) -> None:
     """Export ``kind`` with its cache, as optimum-cli export onnx does, to ``output``."""
     from optimum.exporters.onnx import main_export
 
     task = "text2text-generation-with-past" if kind in SEQ2SEQ else "text-generation-with-past"
     with tempfile.TemporaryDirectory(prefix="optimum-checkpoint-") as checkpoint:
-        model(kind).save_pretrained(checkpoint)
-        tokenizer().save_pretrained(checkpoint)
+        save_checkpoint(kind, Path(checkpoint))
         main_export(checkpoint, output, task=task, device="cpu")
     for leftover in output.glob("*.py"):  # none expected; keep the folder as users get it
         leftover.unlink()
@@ -241,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     exporting = commands.add_parser("export", help="export a small model to a folder")
     exporting.add_argument("kind", choices=SEQ2SEQ + CAUSAL)
     exporting.add_argument("output", type=Path)
+    saving = commands.add_parser("checkpoint", help="save a small model as a local checkpoint")
+    saving.add_argument("kind", choices=SEQ2SEQ + CAUSAL)
+    saving.add_argument("output", type=Path)
     generating = commands.add_parser("generate", help="greedy generation on exported folders")
     generating.add_argument("folders", nargs="+", metavar="FOLDER[#unmerged]")
     generating.add_argument("--prompts", type=int, default=4)
@@ -248,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     generating.add_argument("--new-tokens", type=int, default=16)
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if args.command == "export":
+    if args.command == "checkpoint":
+        save_checkpoint(args.kind, args.output)
+    elif args.command == "export":
         if args.output.exists() and any(args.output.iterdir()):
             raise SystemExit(f"optimum_models: {args.output} is not empty")
         export(args.kind, args.output)
