@@ -373,3 +373,38 @@ def test_calibration_reaches_body_nodes_in_every_iteration():
     assert str(plan.nodes["while_loop/carried:1"].precision) == "float32"
     # the branch the batch did not take has no data: decided by its lists
     assert str(plan.nodes["cond/false_graph_0/matmul"].precision) == "float16"
+
+
+def test_train_step_through_a_cond_updates_batch_norm_statistics_as_eager_pytorch():
+    # the forward's in-place buffer updates, functionalized, are copied back once per step
+    class NormThenCond(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.BatchNorm1d(16)
+            self.cond = CondNet()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.cond(self.norm(x))
+
+    torch.manual_seed(0)
+    model, x, target = NormThenCond(), inputs(shape=(8, 16)) + 0.5, torch.randn(8, 16)
+    reference = NormThenCond()
+    reference.load_state_dict(model.state_dict())
+    step = gfx.train_step(model, mse, torch.optim.SGD(model.parameters(), lr=0.1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        losses = [float(step(x, target)) for _ in range(3)]
+    step.copy_to()
+    gm, _ = convert(reference, x)
+    optimizer = torch.optim.SGD(gm.parameters(), lr=0.1)
+    expected = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = mse(gm(x).float(), target)
+        loss.backward()
+        optimizer.step()
+        expected.append(float(loss))
+    assert losses == pytest.approx(expected, rel=1e-6)
+    assert int(model.norm.num_batches_tracked) == 3
+    assert torch.allclose(model.norm.running_mean, gm.norm.running_mean, atol=1e-7)
+    assert float(model.norm.running_mean.abs().max()) > 0.1
