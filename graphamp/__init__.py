@@ -21,6 +21,7 @@ from graphamp.errors import (
     PolicyWarning,
     RecaptureWarning,
     SlowPrecisionWarning,
+    StaticShapeWarning,
     TeardownWarning,
 )
 
@@ -48,6 +49,7 @@ __all__ = [
     "RecaptureWarning",
     "SlowPrecisionWarning",
     "StaticLossScaling",
+    "StaticShapeWarning",
     "TeardownWarning",
     "__version__",
 ]

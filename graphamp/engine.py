@@ -129,6 +129,7 @@ def apply(analysis: Analysis) -> Conversion:
     start = time.perf_counter()
     with collector.paused():
         converted = analysis.dialect.apply(analysis.read, analysis.script)
+        analysis.dialect.keep_plan(converted, analysis.plan)
     seconds = {**analysis.seconds, "apply": time.perf_counter() - start}
     log.info("converted in %.2f s", sum(seconds.values()))
     return Conversion(converted, analysis.plan, seconds, analysis.graph)

@@ -46,3 +46,9 @@ class RecaptureWarning(UserWarning):
 class TeardownWarning(UserWarning):
     """Something keeps a torch.distributed process group alive past destroy_process_group, so
     its threads still run when the process exits (a rank can then abort)."""
+
+
+class StaticShapeWarning(UserWarning):
+    """A dimension graphamp.fx.convert makes dynamic by default (the first of each input of two
+    or more dimensions) could not stay dynamic: the converted module runs only at the example's
+    size there."""

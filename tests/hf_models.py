@@ -3,6 +3,8 @@ graphs nobody here wrote, for the PyTorch and ONNX tests."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import transformers
 
@@ -88,3 +90,50 @@ def hf_model(name: str, *, lm_head: bool = False) -> torch.nn.Module:
     )
     cls = transformers.LlamaForCausalLM if lm_head else transformers.LlamaModel
     return cls(config).eval()
+
+
+def as_they_come(name: str) -> tuple[torch.nn.Module, Callable[[int], dict[str, torch.Tensor]]]:
+    """``llama``, ``mistral``, ``t5``, ``whisper`` or ``vit`` with its config's defaults (caches
+    on, sliding windows, relative attention...) but 2 small layers, in eval mode, and a maker of
+    keyword inputs for a batch of a given size."""
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(1)
+
+    def ids(batch: int, length: int) -> torch.Tensor:
+        return torch.randint(1, VOCAB, (batch, length), generator=generator)
+
+    width = {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
+    decoder = {**width, "num_hidden_layers": 2, "num_key_value_heads": 2, **SMALL}
+    if name in ("llama", "mistral"):
+        config_class = transformers.LlamaConfig if name == "llama" else transformers.MistralConfig
+        model_class = transformers.LlamaModel if name == "llama" else transformers.MistralModel
+        return model_class(config_class(**decoder)).eval(), lambda b: {"input_ids": ids(b, 12)}
+    if name == "t5":
+        config = transformers.T5Config(
+            d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=VOCAB
+        )
+        return transformers.T5Model(config).eval(), lambda b: {
+            "input_ids": ids(b, 12),
+            "decoder_input_ids": ids(b, 5),
+        }
+    if name == "whisper":
+        config = transformers.WhisperConfig(
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            num_mel_bins=16,
+            max_source_positions=16,
+            max_target_positions=32,
+        )
+        return transformers.WhisperModel(config).eval(), lambda b: {
+            "input_features": torch.randn(b, 16, 32, generator=generator),
+            "decoder_input_ids": ids(b, 5),
+        }
+    config = transformers.ViTConfig(**width, num_hidden_layers=2, image_size=32, patch_size=8)
+    return transformers.ViTModel(config).eval(), lambda b: {
+        "pixel_values": torch.randn(b, 3, 32, 32, generator=generator)
+    }

@@ -175,8 +175,12 @@ def test_bad_inputs_name_the_problem():
                 return x * 2
             return x
 
-    with pytest.raises(GraphampError, match=r"DataDependent: torch\.export could not capture"):
+    # one line: the file and line of the branch, and what to write instead
+    with pytest.raises(GraphampError) as caught:
         gfx.convert(DataDependent(), (torch.randn(3),))
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("DataDependent: torch.export cannot")
+    assert f"{__file__}:" in message and "if x.sum() > 0:" in message and "torch.cond" in message
     with pytest.raises(GraphampError, match=r"weights="):
         gfx.convert(model, (torch.randn(2, 64),), weights="half")
 

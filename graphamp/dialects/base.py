@@ -68,6 +68,10 @@ class Dialect(abc.ABC):
     def save(self, model: Any, path: Path) -> None:
         """Write ``model`` to ``path`` atomically (nothing is left on error)."""
 
+    def keep_plan(self, model: Any, plan: Any) -> None:  # noqa: B027 (optional)
+        """Keep ``plan`` with the converted ``model``, for a format that stores it (a ``.pt2``
+        archive holds it beside the program). Default: nothing."""
+
     def check_runtime(self, original: Path, converted: Path) -> list[str]:
         """Before a converted file is put in place: raise :class:`InternalError` when the
         runtime refuses the converted model but accepts the original (graphamp produced

@@ -3,6 +3,8 @@ whole training step to one graph.
 
     >>> import graphamp.fx
     >>> gm, plan = graphamp.fx.convert(model, example_inputs)           # doctest: +SKIP
+    >>> graphamp.fx.save(gm, "model.bf16.pt2")                          # doctest: +SKIP
+    >>> gm, plan = graphamp.fx.load("model.bf16.pt2")                   # doctest: +SKIP
     >>> step = graphamp.fx.train_step(model, loss_fn, optimizer)        # doctest: +SKIP
 
 The same passes as for ONNX decide (:mod:`graphamp.engine` over :class:`FxDialect`); the
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from graphamp.fx.conversion import analyse, convert, cpu_has_native
 from graphamp.fx.dialect import FxDialect
+from graphamp.fx.saving import load, save
 from graphamp.fx.step import TrainStep, train_step
 from graphamp.scaling import DynamicLossScaling, StaticLossScaling
 
@@ -24,5 +27,7 @@ __all__ = [
     "analyse",
     "convert",
     "cpu_has_native",
+    "load",
+    "save",
     "train_step",
 ]

@@ -2,10 +2,27 @@
 
 Its op names (``linear``, ``matmul``, ``layer_norm``, ...) are the ones PyTorch's autocast
 lists name, and its nodes carry their module path (``nn_module_stack``), which name rules match.
+
+Shapes: ``dynamic_shapes`` has torch.export's meaning. Left out, the first dimension of every
+input tensor of two or more dimensions is automatic (``Dim.AUTO``: dynamic where the model
+allows it, else static), so a converted module runs at any batch size; the inputs where it
+stayed static are reported (:func:`static_batches`). ``"static"`` keeps every dimension as
+traced.
+
+What a module needs to be exported again (:mod:`graphamp.fx.pt2`) travels with it in
+``module.meta["graphamp"]`` (:class:`Captured`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
+import sys
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,28 +30,244 @@ from torch import fx, nn
 
 from graphamp.errors import GraphampError
 
+STATIC = "static"
+_TORCH = str(Path(torch.__file__).parent)
+_GRAPHAMP = str(Path(__file__).parent.parent)
+
+
+@dataclass
+class Captured:
+    """The example inputs a module was captured on (as the caller passed them) and the ranges
+    of its symbolic dimensions (symbol -> (lowest, highest or None)); ``plan`` once converted."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    ranges: dict[str, tuple[int, int | None]]
+    plan: Any = None
+    static_batches: list[str] = field(default_factory=list)
+
 
 def capture(
-    model: nn.Module | torch.export.ExportedProgram, example_inputs: tuple[Any, ...] | None
+    model: nn.Module | torch.export.ExportedProgram,
+    example_inputs: tuple[Any, ...] | None,
+    example_kwargs: dict[str, Any] | None = None,
+    dynamic_shapes: Any = None,
 ) -> fx.GraphModule:
     """A fresh GraphModule in torch.export's training IR; ``model`` is not changed."""
     if isinstance(model, torch.export.ExportedProgram):
+        if dynamic_shapes is not None:
+            raise GraphampError(
+                "dynamic_shapes: an ExportedProgram's shapes were fixed when it was exported"
+            )
         program = model
     elif isinstance(model, nn.Module):
-        if example_inputs is None:
-            raise GraphampError(
-                f"{type(model).__name__}: example_inputs are needed to capture "
-                "the module with torch.export"
-            )
-        try:
-            program = torch.export.export(model, tuple(example_inputs))
-        except Exception as exc:  # torch.export raises many types; the first line names it
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise GraphampError(
-                f"{type(model).__name__}: torch.export could not capture it: {first[:300]}"
-            ) from None
+        program = _export(model, example_inputs, example_kwargs, dynamic_shapes)
     else:
         raise GraphampError(
             f"expected an nn.Module, GraphModule or ExportedProgram, got {type(model).__name__}"
         )
-    return program.module()
+    module = program.module()
+    args, kwargs = program.example_inputs or ((), {})
+    batches: list[str] = []
+    if isinstance(model, nn.Module):
+        args, kwargs = tuple(example_inputs or ()), dict(example_kwargs or {})
+        batches = static_batches(program) if dynamic_shapes is None else []
+    module.meta["graphamp"] = Captured(args, kwargs, ranges(program), static_batches=batches)
+    return module
+
+
+def _export(
+    model: nn.Module,
+    args: tuple[Any, ...] | None,
+    kwargs: dict[str, Any] | None,
+    dynamic_shapes: Any,
+) -> torch.export.ExportedProgram:
+    name = type(model).__name__
+    if args is None and not kwargs:
+        raise GraphampError(
+            f"{name}: example_inputs (or example_kwargs) are needed to capture the module "
+            "with torch.export"
+        )
+    if "transformers" in sys.modules:  # a Hugging Face model's caches are pytree nodes
+        from graphamp.fx.hf import register_caches
+
+        register_caches()
+    args, kwargs = tuple(args or ()), dict(kwargs or {})
+    if dynamic_shapes is None:
+        dynamic_shapes = _batch_dims(model, args, kwargs)
+    elif isinstance(dynamic_shapes, str):
+        if dynamic_shapes != STATIC:
+            raise GraphampError(
+                f"dynamic_shapes={dynamic_shapes!r}: give torch.export's specification (a dict "
+                f"or tuple of dimensions per input) or {STATIC!r}"
+            )
+        dynamic_shapes = None
+    else:
+        _check_indices(model, args, kwargs, dynamic_shapes)
+    printed = io.StringIO()
+    try:
+        with _quiet(_TORCH_LOGGERS), contextlib.redirect_stderr(printed):
+            program = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+    except Exception as exc:  # torch.export raises many types; say what and where in one line
+        # torch prints the graph traced so far before raising: the error says where instead
+        _replay(printed.getvalue(), drop=str(getattr(exc, "partial_fx_graph", "")))
+        if isinstance(exc, GraphampError):
+            raise
+        raise GraphampError(capture_error(name, exc)) from None
+    _replay(printed.getvalue())
+    return program
+
+
+def _replay(text: str, drop: str = "") -> None:
+    """Write to stderr what torch printed there during the capture, less ``drop``."""
+    if drop:
+        text = text.replace(drop, "")
+    if text.strip():
+        sys.stderr.write(text.strip("\n") + "\n")
+
+
+# torch logs each automatic dimension it fixes and, before raising, the graph traced so far:
+# convert warns once naming the dimensions, and a failure is one line (capture_error).
+_TORCH_LOGGERS = ("torch._export.non_strict_utils", "torch.fx.experimental.symbolic_shapes")
+
+
+@contextlib.contextmanager
+def _quiet(names: tuple[str, ...]) -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in names]
+    previous = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, previous, strict=True):
+            logger.setLevel(level)
+
+
+def _batch_dims(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The default: ``Dim.AUTO`` for the first dimension of every input tensor of two or more
+    dimensions (caches inside the inputs included), every other dimension static."""
+    from torch.export import Dim, ShapesCollection
+
+    shapes = ShapesCollection()
+    for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, torch.Tensor) and leaf.dim() >= 2:
+            shapes[leaf] = {0: Dim.AUTO}
+    try:
+        return shapes.dynamic_shapes(model, args, kwargs)
+    except Exception as exc:  # the inputs do not bind to forward's signature
+        first = _first_line(exc)
+        raise GraphampError(f"{type(model).__name__}: the example inputs: {first}") from None
+
+
+def _check_indices(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any
+) -> None:
+    """Refuse a dimension index past a tensor's last (torch.export ignores it silently);
+    torch.export checks the rest of the specification itself."""
+    from torch.export.dynamic_shapes import _combine_args, _tree_map_with_path
+
+    def check(path: Any, value: Any, shape: Any) -> None:
+        if isinstance(value, torch.Tensor) and isinstance(shape, dict):
+            for index in shape:
+                if not isinstance(index, int) or not 0 <= index < value.dim():
+                    raise GraphampError(
+                        f"dynamic_shapes{torch.utils._pytree.keystr(path)}: no dimension "
+                        f"{index!r} in an input of shape {tuple(value.shape)}"
+                    )
+
+    try:
+        combined = _combine_args(model, args, kwargs)
+        if isinstance(dynamic_shapes, tuple | list):
+            combined = type(dynamic_shapes)(combined.values())
+        _tree_map_with_path(check, combined, dynamic_shapes, tree_name="inputs")
+    except GraphampError:
+        raise
+    except Exception:  # a structure that does not match: torch.export says how
+        return
+
+
+def capture_error(name: str, exc: BaseException) -> str:
+    """One line for an exception torch.export raised: what, where in the model's code, and
+    what to do about a branch on a tensor's value."""
+    where = _model_frame(exc)
+    if isinstance(exc, torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode):
+        at = f" at {where}" if where else ""
+        return (
+            f"{name}: torch.export cannot capture Python control flow on a tensor's value{at}: "
+            "write the branch with torch.cond (or the loop with torch.while_loop), or convert "
+            "the parts of the model around it"
+        )
+    if _is_dynamic_shapes_error(exc):
+        # a violated constraint's first line only names the dimension; its first bullet says why
+        why = [ln.strip()[2:] for ln in str(exc).splitlines() if ln.strip().startswith("- ")]
+        reason = f": {why[0].split('. ')[0]}" if why else ""
+        return f"dynamic_shapes: {_first_line(exc).rstrip('.!')}{reason}"
+    at = f" (at {where})" if where else ""
+    return f"{name}: torch.export could not capture it{at}: {_first_line(exc)}"
+
+
+def _is_dynamic_shapes_error(exc: BaseException) -> bool:
+    from torch._dynamo.exc import UserError, UserErrorType
+    from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
+
+    if isinstance(exc, ConstraintViolationError):
+        return True
+    if isinstance(exc, UserError) and exc.error_type in (
+        UserErrorType.INVALID_INPUT,
+        UserErrorType.CONSTRAINT_VIOLATION,
+    ):
+        return True
+    return "dynamic_shapes" in _first_line(exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    return line.split(" For more information")[0][:300]
+
+
+def _model_frame(exc: BaseException) -> str | None:
+    """``file:line (`code`)`` of the innermost frame of the traceback outside torch and
+    graphamp: the line of the model's code torch.export stopped at."""
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith((_TORCH, _GRAPHAMP)) and "<" not in frame.filename
+    ]
+    if not frames:
+        return None
+    frame = frames[-1]
+    code = f" (`{frame.line.strip()}`)" if frame.line else ""
+    return f"{frame.filename}:{frame.lineno}{code}"
+
+
+def is_static(size: int | torch.SymInt) -> bool:
+    """Whether a traced size is a number (a symbol the capture fixed counts as one)."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+    return is_concrete_int(size)
+
+
+def ranges(program: torch.export.ExportedProgram) -> dict[str, tuple[int, int | None]]:
+    """The program's symbolic dimensions: symbol name -> (lowest, highest or None)."""
+    from torch.utils._sympy.numbers import int_oo
+
+    found: dict[str, tuple[int, int | None]] = {}
+    for symbol, bounds in program.range_constraints.items():
+        upper = None if bounds.upper in (int_oo, float("inf")) else int(bounds.upper)
+        found[str(symbol)] = (int(bounds.lower), upper)
+    return found
+
+
+def static_batches(program: torch.export.ExportedProgram) -> list[str]:
+    """User inputs of two or more dimensions whose first dimension the capture left static."""
+    user = set(program.graph_signature.user_inputs)
+    found = []
+    for node in program.graph.nodes:
+        value = node.meta.get("val")
+        if node.op != "placeholder" or node.name not in user:
+            continue
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and is_static(value.shape[0]):
+            found.append(f"{node.name} (size {int(value.shape[0])})")
+    return found

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from graphamp import engine
-from graphamp.errors import GraphampError, SlowPrecisionWarning
+from graphamp import collector, engine
+from graphamp.errors import GraphampError, SlowPrecisionWarning, StaticShapeWarning
 from graphamp.fx.dialect import FxDialect
 from graphamp.plan import Plan
 from graphamp.policy import Policy
@@ -58,11 +58,18 @@ def analyse(
     model: Model,
     example_inputs: tuple[Any, ...] | None = None,
     *,
+    example_kwargs: dict[str, Any] | None = None,
+    dynamic_shapes: Any = None,
     policy: Policy,
     weights: str = "master",
 ) -> engine.Analysis:
     """Capture ``model`` and run the passes: its graph and plan; nothing is converted."""
-    dialect = FxDialect(weights=weights, example_inputs=example_inputs)
+    dialect = FxDialect(
+        weights=weights,
+        example_inputs=example_inputs,
+        example_kwargs=example_kwargs,
+        dynamic_shapes=dynamic_shapes,
+    )
     return engine.analyse(model, policy, dialect=dialect)
 
 
@@ -70,6 +77,8 @@ def convert(
     model: Model,
     example_inputs: tuple[Any, ...] | None = None,
     *,
+    example_kwargs: dict[str, Any] | None = None,
+    dynamic_shapes: Any = None,
     policy: Policy | None = None,
     device: str | None = None,
     weights: str = "master",
@@ -78,28 +87,50 @@ def convert(
 ) -> tuple[fx.GraphModule, Plan]:
     """Convert ``model`` to a mixed-precision GraphModule; returns it and its Plan.
 
-    ``model`` may be an ``nn.Module`` (captured with torch.export on ``example_inputs``), a
-    ``GraphModule`` or an ``ExportedProgram``; it is never changed. ``device`` picks the
-    default lists ("cpu": PyTorch's CPU autocast lists, default dtype bfloat16; "cuda": its
-    CUDA lists, default float16); by default the device of the model's parameters.
-    ``weights`` is "master" (float32 parameters, cast at use) or "low" (stored in the target
-    type where only low-precision ops read them). ``calibrate`` (batches: tuples of the
-    module's arguments, single tensors, or dicts of arrays by input name) runs the float32
-    module on each and keeps float32, with rule ``range``, every op whose values there leave
-    the target type's range (see :mod:`graphamp.ranges`).
+    ``model`` may be an ``nn.Module`` (captured with torch.export on ``example_inputs`` and
+    ``example_kwargs``), a ``GraphModule`` or an ``ExportedProgram``; it is never changed.
+    ``dynamic_shapes`` has torch.export's meaning; left out, the first dimension of every input
+    tensor of two or more dimensions is dynamic where the model allows it (a
+    :class:`~graphamp.errors.StaticShapeWarning` names the inputs where it does not), and
+    ``"static"`` keeps the example's shapes. ``device`` picks the default lists ("cpu":
+    PyTorch's CPU autocast lists, default dtype bfloat16; "cuda": its CUDA lists, default
+    float16); by default the device of the model's parameters. ``weights`` is "master"
+    (float32 parameters, cast at use) or "low" (stored in the target type where only
+    low-precision ops read them). ``calibrate`` (batches: tuples of the module's arguments,
+    single tensors, or dicts of arrays by input name) runs the float32 module on each and keeps
+    float32, with rule ``range``, every op whose values there leave the target type's range
+    (see :mod:`graphamp.ranges`). :func:`graphamp.fx.save` writes the result as a ``.pt2``
+    program.
     """
-    dialect = FxDialect(weights=weights, example_inputs=example_inputs)
-    policy = fx_policy(model, policy, device, policy_overrides)
-    if calibrate is None:
-        result = engine.convert(model, policy, dialect=dialect)
-        return result.model, result.plan
-    captured = dialect.load(model)
-    ranges = dialect.calibrate(captured, calibrate)
-    analysis = engine.analyse_model(
-        dialect, captured, policy, options={"ranges": ranges}, label=dialect.label(model)
+    dialect = FxDialect(
+        weights=weights,
+        example_inputs=example_inputs,
+        example_kwargs=example_kwargs,
+        dynamic_shapes=dynamic_shapes,
     )
-    result = engine.apply(analysis)
+    policy = fx_policy(model, policy, device, policy_overrides)
+    with collector.paused():  # one block: no full collection between capturing and applying
+        captured = dialect.load(model)
+        _warn_static_batches(captured.meta["graphamp"].static_batches)
+        options = {}
+        if calibrate is not None:
+            options["ranges"] = dialect.calibrate(captured, calibrate)
+        analysis = engine.analyse_model(
+            dialect, captured, policy, options=options, label=dialect.label(model)
+        )
+        result = engine.apply(analysis)  # the plan is kept with the module (FxDialect.keep_plan)
     return result.model, result.plan
+
+
+def _warn_static_batches(inputs: list[str]) -> None:
+    if inputs:
+        warnings.warn(
+            f"the first dimension of input {', '.join(inputs)} stays static: the converted module "
+            "runs only at that size there (torch.export fixes sizes 0 and 1, and the model's "
+            "code can fix others: give an example batch of 2 or more, or pass dynamic_shapes)",
+            StaticShapeWarning,
+            stacklevel=3,
+        )
 
 
 # oneDNN's own tests for low-precision matrix units, and the units they look for

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,8 @@ from graphamp.edits import EditScript
 from graphamp.errors import GraphampError
 from graphamp.fx import reader, writer
 from graphamp.fx.capture import capture
-from graphamp.fx.types import dtype_name, torch_dtype
+from graphamp.fx.samples import embedding_bounds, input_spec
+from graphamp.fx.types import torch_dtype
 from graphamp.inputs import InputSpec
 from graphamp.policy import Policy
 from graphamp.ranges import Ranges
@@ -32,18 +34,30 @@ class FxDialect(Dialect):
     default_dtype = "bfloat16"
 
     def __init__(
-        self, *, weights: str = "master", example_inputs: tuple[Any, ...] | None = None
+        self,
+        *,
+        weights: str = "master",
+        example_inputs: tuple[Any, ...] | None = None,
+        example_kwargs: dict[str, Any] | None = None,
+        dynamic_shapes: Any = None,
     ) -> None:
         if weights not in WEIGHT_MODES:
             raise GraphampError(f"weights={weights!r}: choose 'master' or 'low'")
         self.weights = weights
         self.example_inputs = example_inputs
+        self.example_kwargs = example_kwargs
+        self.dynamic_shapes = dynamic_shapes
 
     def accepts(self, source: object) -> bool:
         return isinstance(source, nn.Module | torch.export.ExportedProgram)
 
     def load(self, source: object) -> fx.GraphModule:
-        return capture(source, self.example_inputs)  # type: ignore[arg-type]
+        return capture(
+            source,  # type: ignore[arg-type]
+            self.example_inputs,
+            self.example_kwargs,
+            self.dynamic_shapes,
+        )
 
     def read(self, model: fx.GraphModule, policy: Policy) -> ReadGraph:
         return reader.read(model, master_weights=self.weights == "master")
@@ -52,7 +66,16 @@ class FxDialect(Dialect):
         return writer.apply(read, script)
 
     def save(self, model: Any, path: Any) -> None:
-        raise GraphampError("a GraphModule is not saved by graphamp: export it with torch.export")
+        """A converted module as a ``.pt2`` program with its plan (:mod:`graphamp.fx.program`)."""
+        from graphamp.fx.program import captured_by, check_target, export, write
+
+        check_target(Path(path))
+        write(export(model), Path(path), captured_by(model).plan)
+
+    def keep_plan(self, model: fx.GraphModule, plan: Any) -> None:
+        captured = model.meta.get("graphamp")
+        if captured is not None:  # a capture's (graphamp.fx.save exports it with its plan)
+            captured.plan = plan
 
     def input_specs(self, model: fx.GraphModule) -> list[InputSpec]:
         placeholders = [n for n in model.graph.nodes if n.op == "placeholder"]
@@ -74,29 +97,6 @@ class FxDialect(Dialect):
 
     def label(self, source: object) -> str:
         return type(source).__name__
-
-
-def input_spec(node: fx.Node, bounds: dict[str, int]) -> InputSpec:
-    value = node.meta.get("val")
-    if not isinstance(value, torch.Tensor):
-        raise GraphampError(f"input {node.name!r} of the program is not a tensor")
-    return InputSpec(
-        node.name,
-        dtype_name(value.dtype),
-        tuple(int(d) for d in value.shape),
-        bounds.get(node.name),
-    )
-
-
-def embedding_bounds(graph: fx.Graph) -> dict[str, int]:
-    """Integer inputs that index an embedding table: the table's rows (token ids stay in it)."""
-    bounds: dict[str, int] = {}
-    for node in graph.nodes:
-        if node.op == "call_function" and getattr(node.target, "_opname", "") == "embedding":
-            table, indices = node.args[0], node.args[1]
-            rows = int(table.meta["val"].shape[0])  # type: ignore[union-attr]
-            bounds[indices.name] = min(rows, bounds.get(indices.name, rows))  # type: ignore[union-attr]
-    return bounds
 
 
 def run_module(

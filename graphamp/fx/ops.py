@@ -30,7 +30,12 @@ def op_name(node: fx.Node) -> str:
 
 def module_scope(node: fx.Node) -> str:
     stack = node.meta.get("nn_module_stack")
-    return list(stack.values())[-1][0] if stack else ""
+    # torch.export marks nodes a pass added outside any module with a placeholder entry
+    paths = [path for key, (path, _) in (stack or {}).items() if key != _NO_MODULE]
+    return paths[-1] if paths else ""
+
+
+_NO_MODULE = "_empty_nn_module_stack_from_metadata_hook"
 
 
 def flat(value: object) -> list[object]:

@@ -20,24 +20,27 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import fx
 
 from graphamp.dialects.base import ReadGraph
 from graphamp.edits import EditScript
 from graphamp.errors import GraphampError
 from graphamp.fx.capture import capture
-from graphamp.fx.dialect import FxDialect, embedding_bounds, input_spec, run_module
-from graphamp.fx.types import torch_dtype
-from graphamp.inputs import InputSpec, random_inputs
-from graphamp.io import write_atomic_with
+from graphamp.fx.dialect import FxDialect, run_module
+from graphamp.fx.samples import embedding_bounds, input_spec, sample_values
+from graphamp.inputs import InputSpec
 
 
-def load(path: str | os.PathLike[str]) -> torch.export.ExportedProgram:
-    """The ExportedProgram saved at ``path`` (one model per archive)."""
+def load(
+    path: str | os.PathLike[str], extra_files: dict[str, str] | None = None
+) -> torch.export.ExportedProgram:
+    """The ExportedProgram saved at ``path`` (one model per archive); as ``torch.export.load``
+    does, each name of ``extra_files`` found in the archive gets its text there."""
     from torch._export.serde import schema
     from torch._export.serde import serialize as serde
 
     path = Path(path)
+    if path.is_dir():
+        raise GraphampError(f"{path}: is a folder, not a .pt2 program")
     if not path.is_file():
         raise GraphampError(f"{path}: no such file")
     try:
@@ -81,10 +84,18 @@ def load(path: str | os.PathLike[str]) -> torch.export.ExportedProgram:
                     )
             return result
 
+        for name in extra_files or {}:
+            if f"{prefix}extra/{name}" in names:
+                extra_files[name] = archive.read(f"{prefix}extra/{name}").decode("utf-8")  # type: ignore[index]
+        program_json = archive.read(f"{prefix}models/{model}.json")
+        if b"transformers.cache_utils." in program_json:  # its inputs or outputs hold caches
+            from graphamp.fx.hf import register_caches
+
+            register_caches(import_transformers=True)
         state_dict = tensors("weights", f"{model}_weights_config.json")
         constants = tensors("constants", f"{model}_constants_config.json")
         artifact = serde.SerializedArtifact(
-            exported_program=archive.read(f"{prefix}models/{model}.json"),
+            exported_program=program_json,
             state_dict=state_dict,  # type: ignore[arg-type]
             constants=constants,  # type: ignore[arg-type]
             example_inputs=((), {}),  # type: ignore[arg-type]
@@ -95,7 +106,7 @@ def load(path: str | os.PathLike[str]) -> torch.export.ExportedProgram:
         raise GraphampError(f"{path}: could not read the exported program ({exc})") from None
     # The archive's own sample inputs are a pickle: make inputs of the traced shapes instead
     # (ExportedProgram.module() binds them to its signature).
-    program.example_inputs = (example_inputs(program), {})
+    program.example_inputs = example_inputs(program)
     return program
 
 
@@ -125,19 +136,18 @@ def input_specs(program: torch.export.ExportedProgram) -> list[InputSpec]:
     return [input_spec(placeholders[name], bounds) for name in user_inputs(program)]
 
 
-def example_inputs(program: torch.export.ExportedProgram, seed: int = 0) -> tuple[Any, ...]:
-    """Random inputs of the traced shapes and types (never zeros), to export the converted
-    module again."""
-    specs = input_specs(program)
-    feeds = random_inputs(specs, seed=seed)
-    return tuple(
-        torch.from_numpy(np.asarray(feeds[spec.name])).to(torch_dtype(spec.dtype)) for spec in specs
-    )
+def example_inputs(
+    program: torch.export.ExportedProgram, seed: int = 0
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Random ``(args, kwargs)`` of the traced shapes and types (never zeros), in the
+    structure the program is called with."""
+    placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+    nodes = [placeholders[name] for name in user_inputs(program)]
+    flat = sample_values(program.graph, nodes, seed)
+    return torch.utils._pytree.tree_unflatten(flat, program.call_spec.in_spec)
 
 
-def save(program: torch.export.ExportedProgram, path: str | os.PathLike[str]) -> None:
-    """Write ``program`` atomically to ``path``."""
-    write_atomic_with(Path(path), lambda tmp: torch.export.save(program, str(tmp)), suffix=".pt2")
+PLAN_META = "graphamp_plan"
 
 
 class Pt2Dialect(FxDialect):
@@ -152,22 +162,25 @@ class Pt2Dialect(FxDialect):
         return load(source)  # type: ignore[arg-type]
 
     def read(self, model: torch.export.ExportedProgram, policy: Any) -> ReadGraph:
-        read = super().read(capture(model, None), policy)
-        read.handles.program = model
-        return read
+        return super().read(capture(model, None), policy)
 
     def apply(self, read: ReadGraph, script: EditScript) -> torch.export.ExportedProgram:
-        module: fx.GraphModule = super().apply(read, script)
-        program = read.handles.program
-        return torch.export.export(module, tuple(program.example_inputs[0]))
+        from graphamp.fx.program import export
+
+        return export(super().apply(read, script))
+
+    def keep_plan(self, model: torch.export.ExportedProgram, plan: Any) -> None:
+        model.graph_module.meta[PLAN_META] = plan  # torch.export.save stores only "custom"
 
     def check_target(self, path: Path) -> None:
         if Path(path).suffix != ".pt2":
             raise GraphampError(f"{path}: a .pt2 program converts to a .pt2 file")
 
     def save(self, model: torch.export.ExportedProgram, path: Any) -> None:
+        from graphamp.fx.program import write
+
         self.check_target(path)
-        save(model, path)
+        write(model, Path(path), model.graph_module.meta.get(PLAN_META))
 
     def input_specs(self, model: Any) -> list[InputSpec]:
         return input_specs(self.load(model))

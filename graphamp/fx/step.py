@@ -117,7 +117,8 @@ class TrainStep:
     def _converted(self, batch: Sequence[torch.Tensor]) -> tuple[fx.GraphModule, Plan]:
         """The model converted on ``batch``'s inputs (float32 master weights): the forward
         module a capture traces through, and its plan."""
-        return convert(self.model, tuple(batch[:-1]), policy=self._policy, weights="master")
+        batch_inputs, static = tuple(batch[:-1]), "static"  # captured per batch signature
+        return convert(self.model, batch_inputs, dynamic_shapes=static, policy=self._policy)
 
     def _use(self, signature: tuple, graphs: StepGraphs) -> None:
         """Make ``graphs`` (captured for ``signature``) the ones the step runs."""
