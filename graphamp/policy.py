@@ -37,7 +37,17 @@ SPREADS = ("tensorflow", "autocast")
 ALIASES = {"white": "allow", "gray": "infer", "grey": "infer", "black": "deny"}
 DTYPES = TARGET_TYPES
 POLICY_KEYS = frozenset(
-    {"dtype", "target", "keep_io_types", "fuse", "deny_names", "deny_tensors", *LISTS, *ALIASES}
+    {
+        "dtype",
+        "target",
+        "keep_io_types",
+        "fuse",
+        "inline_functions",
+        "deny_names",
+        "deny_tensors",
+        *LISTS,
+        *ALIASES,
+    }
 )
 # Runtimes an ONNX model is converted for: an op goes low only where the provider has a kernel
 # for the low type (rule no_kernel); "any" checks no kernels.
@@ -111,6 +121,9 @@ class Policy:
     # Replace decomposed patterns (an RMSNorm's Pow ... Mul) by a fused op where the target
     # has one (the fuse_norms pass); False keeps the model's own ops (--no-fuse).
     fuse: bool = True
+    # Write each call of a model-local function with its body inline instead of as a call of
+    # a function copy specialised to it (--inline-functions); the decisions are the same.
+    inline_functions: bool = False
 
     @classmethod
     def create(
@@ -127,6 +140,7 @@ class Policy:
         keep_io_types: bool | Iterable[str] = False,
         target: str = "cuda",
         fuse: bool = True,
+        inline_functions: bool = False,
         where: str = "policy",
         later_moves: Mapping[str, Iterable[str]] | None = None,
         later_where: str = "command line",
@@ -173,6 +187,7 @@ class Policy:
             source=where,
             target=target,
             fuse=fuse,
+            inline_functions=inline_functions,
         )
 
     @classmethod
@@ -200,8 +215,8 @@ class Policy:
         for key, value in table.items():
             if key in ("dtype", "target") and not isinstance(value, str):
                 raise GraphampError(f"{where}: {key!r} must be a string")
-            if key == "fuse" and not isinstance(value, bool):
-                raise GraphampError(f"{where}: 'fuse' must be true or false")
+            if key in ("fuse", "inline_functions") and not isinstance(value, bool):
+                raise GraphampError(f"{where}: {key!r} must be true or false")
             if key == "keep_io_types" and not (
                 isinstance(value, bool)
                 or (isinstance(value, list) and all(isinstance(item, str) for item in value))
@@ -209,7 +224,8 @@ class Policy:
                 raise GraphampError(
                     f"{where}: 'keep_io_types' must be true, false or a list of strings"
                 )
-            if key not in ("dtype", "target", "keep_io_types", "fuse") and not (
+            plain = ("dtype", "target", "keep_io_types", "fuse", "inline_functions")
+            if key not in plain and not (
                 isinstance(value, list) and all(isinstance(item, str) for item in value)
             ):
                 raise GraphampError(f"{where}: {key!r} must be a list of strings")
@@ -264,6 +280,7 @@ class Policy:
                 # written only when off (a plan from before rewrites existed, made on a model
                 # with a pattern to fuse, is refused by --from-plan: its decisions differ)
                 fuse=bool(record.get("fuse", True)),
+                inline_functions=bool(record.get("inline_functions", False)),
             )
         except (KeyError, TypeError) as exc:
             raise GraphampError(f"{where}: malformed policy in the plan ({exc})") from None
@@ -294,7 +311,7 @@ class Policy:
     def to_dict(self) -> dict[str, object]:
         """The policy as recorded in a plan: enough to reproduce the decisions. ``spread`` is
         written only where it is not TensorFlow's (the default of every plan before it);
-        ``fuse`` only where it is off."""
+        ``fuse`` only where it is off, ``inline_functions`` only where it is on."""
         record: dict[str, object] = {"dtype": self.dtype, "dialect": self.dialect}
         if self.spread != "tensorflow":
             record["spread"] = self.spread
@@ -302,6 +319,8 @@ class Policy:
             record["target"] = self.target
             if not self.fuse:
                 record["fuse"] = False
+            if self.inline_functions:
+                record["inline_functions"] = True
         record.update(
             lists={name: sorted(self.lists.get(name, {})) for name in LISTS},
             deny_names=list(self.deny_names),

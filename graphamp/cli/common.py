@@ -32,6 +32,7 @@ POLICY_FLAGS = (
     "keep_io_types",
     "keep_io",
     "no_fuse",
+    "inline_functions",
     *LISTS,
     "deny_name",
     "deny_tensor",
@@ -88,6 +89,14 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         help="ONNX: keep a decomposed RMSNorm's own ops instead of the fused op that reads "
         "the low type with no Cast (RMSNormalization, opset 23+; SimplifiedLayerNormalization "
         "for --target cuda/cpu; the plan's rewrites)",
+    )
+    group.add_argument(
+        "--inline-functions",
+        action="store_true",
+        default=None,
+        help="ONNX: write each call of a model-local function with its body inline (nodes "
+        "named <call>/<function>/<node>, as in the plan) instead of as a call of a copy of "
+        "the function specialised to its precisions",
     )
     group.add_argument(
         "--keep-io-types",
@@ -196,6 +205,8 @@ def policy_from_args(args: argparse.Namespace, dialect: Dialect) -> Policy:
         overrides["target"] = args.target
     if getattr(args, "no_fuse", None):
         overrides["fuse"] = False
+    if getattr(args, "inline_functions", None):
+        overrides["inline_functions"] = True
     if args.keep_io_types and args.keep_io:
         raise GraphampError("--keep-io-types keeps every input and output: drop --keep-io")
     if args.keep_io_types:

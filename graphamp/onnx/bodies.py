@@ -90,7 +90,7 @@ def _enter_if(reader: GraphReader, node: ir.Node, op_node: OpNode) -> None:
         body.outputs = [reader.name(v) for v in graph.outputs]
     for index, value in enumerate(node.outputs):
         results = [graph.outputs[index] for _, graph in branches]
-        _boundary(
+        boundary(
             reader,
             f"{path}/output:{value.name}",
             "If.output",
@@ -135,7 +135,7 @@ def _enter_scan(reader: GraphReader, node: ir.Node, op_node: OpNode) -> None:
     for index in range(count, len(graph.inputs)):
         parameter = graph.inputs[index]
         source = node.inputs[lengths + index]
-        _boundary(
+        boundary(
             reader,
             f"{path}/scan_input:{parameter.name}",
             "Scan.scan_input",
@@ -171,7 +171,7 @@ def _carried(
         final = node.outputs[index]
         outputs = [reader.add_value(parameter, body.path), reader.add_value(final, body.parent)]
         carried.append(
-            _boundary(
+            boundary(
                 reader,
                 f"{body.owner}/carried:{parameter.name}",
                 f"{node.op_type}.carried",
@@ -201,14 +201,14 @@ def _close(
     output."""
     body.inputs = [reader.name(v) for v in graph.inputs]
     body.outputs = [reader.name(v) for v in graph.outputs]
-    for index, boundary in enumerate(carried):
-        boundary.inputs[1] = body.outputs[first_result + index]
-        _agree(reader, node, boundary)
-        _final_shape(reader, boundary)
+    for index, value in enumerate(carried):
+        value.inputs[1] = body.outputs[first_result + index]
+        _agree(reader, node, value)
+        _final_shape(reader, value)
     for index in range(len(carried), len(node.outputs)):
         value = node.outputs[index]
         result = graph.outputs[first_result + index]
-        _boundary(
+        boundary(
             reader,
             f"{body.owner}/scan_output:{value.name}",
             f"{node.op_type}.scan_output",
@@ -260,7 +260,7 @@ def _agree(reader: GraphReader, node: ir.Node, boundary: OpNode) -> None:
             )
 
 
-def _boundary(
+def boundary(
     reader: GraphReader,
     name: str,
     op: str,

@@ -58,8 +58,10 @@ class OnnxDialect(Dialect):
     def read(self, model: ir.Model | ProtoModel, policy: Policy) -> ReadGraph:
         if isinstance(model, ProtoModel):
             return proto_reader.read(model, policy.dtype, policy.target)
-        from graphamp.onnx import reader
+        from graphamp.onnx import functions, reader
 
+        # the writer puts each call site's body inline instead of a function copy
+        model.meta[functions.INLINE_KEY] = policy.inline_functions
         return reader.read(model, policy.dtype, policy.target)
 
     def apply(self, read: ReadGraph, script: EditScript) -> ir.Model | onnx.ModelProto:

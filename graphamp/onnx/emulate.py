@@ -16,6 +16,7 @@ kernel's own intermediate rounding.
 from __future__ import annotations
 
 import onnx
+import onnx.inliner
 from onnx import helper, numpy_helper
 
 from graphamp import dtypes

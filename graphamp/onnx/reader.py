@@ -19,7 +19,7 @@ from graphamp.dialects.base import ReadGraph
 from graphamp.dtypes import FLOAT_TYPES, UNKNOWN
 from graphamp.errors import GraphampError
 from graphamp.graph import Body, NodeKind, OpGraph, OpNode, TensorInfo, unique_name
-from graphamp.onnx import bodies, fusion, ir_tensors, kernels, slots, stream
+from graphamp.onnx import bodies, functions, fusion, ir_tensors, kernels, slots, stream
 from graphamp.onnx.outside import names_outside
 from graphamp.onnx.types import dtype_name, ir_type
 
@@ -35,6 +35,8 @@ class OnnxHandles:
     boundaries: dict[str, list[tuple[ir.Node | ir.Graph, int]]] = field(default_factory=dict)
     # Each body graph read (by id): the Body it is, and the graph its owner sits in.
     bodies: dict[int, tuple[Body, ir.Graph]] = field(default_factory=dict)
+    # Each call of a model-local function, with the copy read for it, in reading order.
+    calls: list[functions.CallSite] = field(default_factory=list)
 
 
 def read(model: ir.Model, target: str, provider: str = "any") -> ReadGraph:
@@ -48,6 +50,8 @@ def read(model: ir.Model, target: str, provider: str = "any") -> ReadGraph:
     graph, op_graph = model.graph, reader.op_graph
     op_graph.reserved = names_outside(model)  # what graphamp.names must not give out
     _name_nodes(graph)
+    for function in model.functions.values():  # before any call site's copy is made
+        _name_all(function)
     # a body's value is named by its path: never the name of a main-graph value
     reader.taken.update(v.name for v in (*graph.inputs, *graph.initializers.values()))
     reader.taken.update(v.name for node in graph for v in node.outputs)
@@ -83,6 +87,14 @@ class GraphReader:
         # Nodes of one op with the same types get the same slots: the schema work is done
         # once per signature (a graph of 50,000 nodes may have a dozen).
         self.signatures: dict[tuple[object, ...], slots.Slots] = {}
+        self.calling: list[functions.FunctionId] = []  # the functions being read, outermost first
+        # The attributes the innermost function being read was called with (its references
+        # resolve to them); None outside functions.
+        self.bound: dict[str, ir.Attr] | None = None
+
+    def attributes(self, node: ir.Node) -> dict[str, ir.Attr]:
+        """``node``'s attributes, references to a function's attributes resolved."""
+        return functions.resolve(node.attributes.data, self.bound)
 
     def name(self, value: ir.Value | None) -> str:
         """``value``'s name in the OpGraph ("" for an omitted one)."""
@@ -131,7 +143,7 @@ class GraphReader:
             schema_source=f"opset {self.opsets.get('', 0)}",
             body=body,
         )
-        if bodies.enter(self, node, op_node):
+        if functions.enter(self, node, op_node) or bodies.enter(self, node, op_node):
             return
         for value in node.outputs:
             self.add_value(value, body)
@@ -151,15 +163,15 @@ class GraphReader:
     def _fill(self, node: ir.Node, op_node: OpNode) -> None:
         """Kind, slots and schema facts of a node that owns no body the reader entered."""
         default_domain = node.domain in slots.DEFAULT_DOMAINS
+        attributes = self.attributes(node)
         if default_domain and node.op_type == "Cast":
             op_node.kind = NodeKind.CAST
-            op_node.cast_to = dtype_name(ir.DataType(node.attributes["to"].value))
+            op_node.cast_to = dtype_name(ir.DataType(attributes["to"].value))
             return
         if default_domain and node.op_type == "Constant":
             op_node.kind = NodeKind.CONSTANT
-            _attach_constant(self.op_graph.tensors[op_node.outputs[0]], node)
+            _attach_constant(self.op_graph.tensors[op_node.outputs[0]], attributes)
             return
-        attributes = node.attributes.data  # the plain dict: its views are much quicker
         if node.op_type in slots.CONTROL_FLOW_OPS or (
             attributes and any(a.type in _SUBGRAPH_ATTRIBUTES for a in attributes.values())
         ):
@@ -254,18 +266,31 @@ def _fill_output_types(
             value.dtype = ir_type(tensor.dtype)
 
 
-def _attach_constant(tensor: TensorInfo, node: ir.Node) -> None:
-    attr = node.attributes.get("value")
+def _attach_constant(tensor: TensorInfo, attributes: dict[str, ir.Attr]) -> None:
+    attr = attributes.get("value")
     if attr is not None and attr.type is ir.AttributeType.TENSOR:
         const = attr.value
         tensor.load_value = const.numpy
         tensor.dtype = dtype_name(const.dtype)
-    elif "value_float" in node.attributes:
-        tensor.load_value = lambda v=node.attributes["value_float"].value: np.array(v, np.float32)
+    elif "value_float" in attributes:
+        tensor.load_value = lambda v=attributes["value_float"].value: np.array(v, np.float32)
         tensor.dtype = "float32"
-    elif "value_floats" in node.attributes:
-        tensor.load_value = lambda v=node.attributes["value_floats"].value: np.array(v, np.float32)
+    elif "value_floats" in attributes:
+        tensor.load_value = lambda v=attributes["value_floats"].value: np.array(v, np.float32)
         tensor.dtype = "float32"
+
+
+def _name_all(function: ir.Function) -> None:
+    """Name the unnamed nodes of ``function`` and of every body in it (as the reader names a
+    graph's), so that a call site's copy differs from the function only by its edits."""
+    _name_nodes(function)  # type: ignore[arg-type]
+    for node in ir.traversal.RecursiveGraphIterator(function):  # type: ignore[arg-type]
+        for attr in node.attributes.values():
+            if attr.type is ir.AttributeType.GRAPH:
+                _name_nodes(attr.value)
+            elif attr.type is ir.AttributeType.GRAPHS:
+                for graph in attr.value:
+                    _name_nodes(graph)
 
 
 def subgraph_nodes(node: ir.Node) -> list[ir.Node]:

@@ -19,7 +19,7 @@ import onnx_ir as ir
 from graphamp.dialects.base import ReadGraph
 from graphamp.edits import EditScript
 from graphamp.errors import InternalError
-from graphamp.onnx import placement
+from graphamp.onnx import functions, placement
 from graphamp.onnx.ir_tensors import ConvertedTensor
 from graphamp.onnx.reader import OnnxHandles, subgraph_nodes
 from graphamp.onnx.slots import CONSTANT_FLOAT_ATTRIBUTES, LOW_PRECISION_ATTRIBUTES
@@ -42,7 +42,9 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
         # Converted when its bytes are needed; an overflow then raises InternalError: classify
         # keeps the readers of such weights float32, and clamping silently is the one thing
         # graphamp must never do.
-        tensor = ConvertedTensor(_stored(source), record.dst, record.stored_as, record)
+        # (converted in place, it keeps the name it has in its own graph or function)
+        name = source.name if record.in_place and source.name else record.stored_as
+        tensor = ConvertedTensor(_stored(source), record.dst, name, record)
         if not record.in_place:
             copy = ir.Value(
                 name=record.stored_as,
@@ -120,6 +122,7 @@ def apply(read: ReadGraph, script: EditScript) -> ir.Model:
 
     if script.new_nodes or script.new_inputs:
         raise InternalError("the ONNX dialect adds no training nodes")
+    functions.write_back(model, handles)
     return model
 
 
