@@ -73,6 +73,13 @@ def _constant(name: str, value: int) -> onnx.NodeProto:
     )
 
 
+def _true(name: str) -> onnx.NodeProto:
+    # (onnx.reference runs no iteration of a Loop whose condition input is left out)
+    return helper.make_node(
+        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.BOOL, [], [True])
+    )
+
+
 def if_softmax() -> Case:
     weights = [_weight("w_then", 1), _weight("w_else", 2)]
 
@@ -129,7 +136,8 @@ def loop_rnn() -> Case:
     outputs = [_info("h", [1, WIDTH]), _info("hs", [STEPS, 1, WIDTH])]
     nodes = [
         _constant("steps", STEPS),
-        helper.make_node("Loop", ["steps", "", "h0"], ["h", "hs"], name="loop", body=body),
+        _true("go"),
+        helper.make_node("Loop", ["steps", "go", "h0"], ["h", "hs"], name="loop", body=body),
     ]
     model = _model(nodes, [_info("h0", [1, WIDTH])], outputs, weights, "loop_rnn")
     flat, previous = [], "h0"
@@ -233,7 +241,8 @@ def if_in_loop() -> Case:
     )
     nodes = [
         _constant("steps", STEPS),
-        helper.make_node("Loop", ["steps", "", "h0"], ["h"], name="loop", body=body),
+        _true("go"),
+        helper.make_node("Loop", ["steps", "go", "h0"], ["h"], name="loop", body=body),
     ]
     io = ([_info("h0", [1, WIDTH])], [_info("h", [1, WIDTH])])
     model = _model(nodes, *io, weights, "if_in_loop")

@@ -300,3 +300,20 @@ def test_bad_bodies_are_refused_in_one_line_naming_the_node_and_the_body():
     )
     with pytest.raises(GraphampError, match="node 'if/then_branch/relu' reads 'nowhere'"):
         convert(dangling)
+
+
+def test_the_viewer_folds_each_body_under_its_node():
+    from graphamp.viewer.hierarchy import build_hierarchy
+
+    _, plan = convert(CASES["if_in_loop"]().model)
+    hierarchy = build_hierarchy(list(plan.nodes))
+    groups = hierarchy.groups
+    assert groups["loop"].children == ["loop/body"]
+    assert groups["loop/body/alternate"].children == [
+        "loop/body/alternate/then_branch",
+        "loop/body/alternate/else_branch",
+    ]
+    assert hierarchy.group_of["loop/body/alternate/then_branch/even_matmul"] == (
+        "loop/body/alternate/then_branch"
+    )
+    assert hierarchy.group_of["loop/carried:h_in"] == "loop"
