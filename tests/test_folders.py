@@ -267,3 +267,19 @@ def test_a_link_to_a_model_is_read_as_the_model(folder, tmp_path):
     assert main(["convert", str(linked), "-o", str(out)]) == 0
     assert not (out / "decoder.onnx").is_symlink()
     assert first_matmul_input_type(out / "decoder.onnx") == TensorProto.FLOAT16
+
+
+def test_a_reader_that_stops_early_is_no_internal_error(folder):
+    """``graphamp plan DIR | head -1``: the pipe closes before the plans are written."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "graphamp.cli", "plan", str(folder)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    process.stdout.close()
+    error = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141
+    assert "internal error" not in error and "Traceback" not in error, error

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
 import warnings
@@ -111,6 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("graphamp: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed early (graphamp plan DIR | head): as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 141
     except Exception as exc:  # a bug: one line, the traceback under -v
         if args.verbose:
             traceback.print_exc()
