@@ -21,7 +21,7 @@ import pytest
 import graphamp.onnx as gonnx
 from graphamp import progress
 from graphamp.cli import main
-from graphamp.cli.convert import _terminate_as_interrupt
+from graphamp.cli.conversion import terminate_as_interrupt
 from graphamp.onnx import datafile, stream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,7 +220,7 @@ def test_an_interrupt_while_writing_leaves_no_output_and_no_data_file(
 
 def test_sigterm_during_a_conversion_unwinds_like_an_interrupt() -> None:
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(KeyboardInterrupt), _terminate_as_interrupt():
+    with pytest.raises(KeyboardInterrupt), terminate_as_interrupt():
         os.kill(os.getpid(), signal.SIGTERM)
         for _ in range(1000):  # the handler runs between bytecodes
             pass
