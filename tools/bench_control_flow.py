@@ -1,7 +1,7 @@
 """Figures for control flow and functions (issue 27): bodies converted like inline nodes.
 
     python tools/bench_control_flow.py                 # every section
-    python tools/bench_control_flow.py --only hand     # hand_built, node_bodies, functions
+    python tools/bench_control_flow.py --only hand_built   # or node_bodies, functions, optimum
 
 Sections (``SECTIONS``; another section is a function returning its markdown, added there):
 
@@ -20,6 +20,11 @@ Sections (``SECTIONS``; another section is a function returning its markdown, ad
   convert in both dtypes to a valid fixed point within tolerance of float32 under
   ``onnx.reference`` (2e-2 float16, 8e-2 bfloat16, as the node corpus test), and how many of
   their body nodes run low.
+
+* ``optimum``: Optimum's T5 and BART exports converted as folders (tools/bench_optimum.py:
+  MatMul/Gemm in float16 in every file, the merged decoder's Casts against decoder_model's and
+  decoder_with_past_model's, the merged decoder's error against theirs, generation with
+  ORTModelForSeq2SeqLM).
 
 No timing here: every figure is a count or an error, the same on any machine.
 """
@@ -249,10 +254,17 @@ def functions() -> str:
     return _corpus(function_cases(), inline=True)
 
 
+def optimum() -> str:
+    from bench_optimum import section
+
+    return section()
+
+
 SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "hand_built": ("Hand-built control flow beside the same computation unrolled", hand_built),
     "node_bodies": ("ONNX node test cases with If/Loop/Scan bodies", node_bodies),
     "functions": ("ONNX function ops as model-local functions", functions),
+    "optimum": ("Optimum's seq2seq exports converted as folders", optimum),
 }
 
 
