@@ -90,12 +90,18 @@ def promote(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[
 
 
 def _enters_a_loop(graph: OpGraph, node: OpNode) -> bool:
-    """Whether ``node`` is a boundary whose value is a parameter of a body that runs once per
-    iteration (its first output lives in such a body)."""
-    if node.kind is not NodeKind.BOUNDARY or 0 not in node.follow_outputs:
+    """Whether ``node`` is a boundary that takes a value from an enclosing scope into a body
+    that runs once per iteration (a loop-carried value, a sliced input): its first output is a
+    parameter of such a body, its first input a value of a scope around it."""
+    if node.kind is not NodeKind.BOUNDARY or 0 not in node.follow_outputs or not node.inputs:
         return False
-    body = graph.bodies.get(graph.tensors[node.outputs[0]].body)
-    return body is not None and body.kind is BodyKind.LOOP
+    inner = graph.tensors[node.outputs[0]].body
+    body = graph.bodies.get(inner)
+    if body is None or body.kind is not BodyKind.LOOP:
+        return False
+    around = {"", *(scope.path for scope in graph.enclosing(inner)[:-1])}
+    source = graph.tensors.get(node.inputs[0])
+    return source is not None and source.body in around
 
 
 def _can_enter_low(

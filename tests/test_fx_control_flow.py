@@ -19,7 +19,7 @@ from torch import nn
 import graphamp.fx as gfx
 from graphamp import report
 from graphamp.errors import BodyWarning, GraphampError
-from graphamp.models.torch_control_flow import CondNet, MapNet, NestedNet, RnnNet
+from graphamp.models.torch_control_flow import CondNet, Gate, MapNet, NestedNet, RnnNet
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -408,3 +408,36 @@ def test_train_step_through_a_cond_updates_batch_norm_statistics_as_eager_pytorc
     assert int(model.norm.num_batches_tracked) == 3
     assert torch.allclose(model.norm.running_mean, gm.norm.running_mean, atol=1e-7)
     assert float(model.norm.running_mean.abs().max()) > 0.1
+
+
+class CondThenMatmul(nn.Module):
+    """A loop body whose cond's output only a matmul reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 16) / 4)
+        self.gate = Gate()
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        def more(i: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+            return i < 3
+
+        def step(i: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return i + 1, torch.tanh(self.gate(h) @ self.w)
+
+        return torch.while_loop(more, step, (torch.zeros((), dtype=torch.int64), h))[1]
+
+
+def test_a_cond_output_inside_a_loop_keeps_the_promoted_type_of_its_branches():
+    # promote's rule 5 lowers values entering a loop body, not values made inside it: the
+    # inner cond's output stays float32 (its false branch is kept float32 by name) although
+    # only a bfloat16 matmul reads it
+    torch.manual_seed(0)
+    model, h = CondThenMatmul().eval(), inputs()
+    inner = "while_loop/while_loop_body_graph_0/cond"
+    gm, plan = convert(model, h, deny_names=[f"{inner}/false_graph_0/*"])
+    output = plan.nodes[f"{inner}/output:0"]
+    assert str(output.precision) == "float32"
+    assert output.reason.startswith("cond output 0, reading")
+    assert str(plan.nodes["while_loop/while_loop_body_graph_0/matmul"].precision) == "bfloat16"
+    torch.export.export(gm, (h,))
