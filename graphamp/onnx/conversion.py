@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from graphamp import collector, engine
+from graphamp.onnx.infile import StreamedModel
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -17,13 +18,17 @@ class Conversion(engine.Conversion):
 
     A ``ModelProto`` converted directly (``OnnxDialect(direct=True)``) is held as the new
     proto: :meth:`to_proto` returns it as it is, and ``model`` builds the onnx_ir model from
-    it the first time it is asked for.
+    it the first time it is asked for. A file converted directly holds its large weights in
+    the input file (a :class:`~graphamp.onnx.infile.StreamedModel`, which
+    :func:`graphamp.onnx.save` writes as it reads them): they are read into memory the first
+    time :meth:`to_proto` or ``model`` is asked for.
     """
 
-    _converted: ir.Model | onnx.ModelProto
+    _converted: ir.Model | onnx.ModelProto | StreamedModel
 
     @property  # type: ignore[override]
     def model(self) -> ir.Model:
+        self._materialise()
         if isinstance(self._converted, onnx.ModelProto):
             import onnx_ir as ir
 
@@ -37,9 +42,14 @@ class Conversion(engine.Conversion):
 
     def to_proto(self) -> onnx.ModelProto:
         """The converted model as a proto (the same object each time on the direct path)."""
+        self._materialise()
         if isinstance(self._converted, onnx.ModelProto):
             return self._converted
         import onnx_ir as ir
 
         with collector.paused():
             return ir.to_proto(self._converted)
+
+    def _materialise(self) -> None:
+        if isinstance(self._converted, StreamedModel):
+            self._converted = self._converted.to_proto()

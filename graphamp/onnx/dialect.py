@@ -14,7 +14,8 @@ from graphamp.dialects.base import Dialect, ReadGraph
 from graphamp.edits import EditScript
 from graphamp.errors import GraphampError
 from graphamp.inputs import InputSpec
-from graphamp.onnx import files, proto_reader, proto_writer
+from graphamp.onnx import files, infile, proto_reader, proto_writer
+from graphamp.onnx.infile import StreamedModel
 from graphamp.onnx.proto_reader import ProtoModel
 from graphamp.policy import Policy
 from graphamp.ranges import Ranges
@@ -64,14 +65,16 @@ class OnnxDialect(Dialect):
         model.meta[functions.INLINE_KEY] = policy.inline_functions
         return reader.read(model, policy.dtype, policy.target)
 
-    def apply(self, read: ReadGraph, script: EditScript) -> ir.Model | onnx.ModelProto:
+    def apply(
+        self, read: ReadGraph, script: EditScript
+    ) -> ir.Model | onnx.ModelProto | StreamedModel:
         if isinstance(read.model, ProtoModel):
             return proto_writer.apply(read, script)
         from graphamp.onnx import writer
 
         return writer.apply(read, script)
 
-    def save(self, model: ir.Model | onnx.ModelProto, path: Path) -> None:
+    def save(self, model: ir.Model | onnx.ModelProto | StreamedModel, path: Path) -> None:
         files.save(model, path)
 
     def files(self, path: Path) -> list[Path]:
@@ -90,6 +93,10 @@ class OnnxDialect(Dialect):
     def input_specs(self, model: Any) -> list[InputSpec]:
         from graphamp.onnx import runtime
 
+        if isinstance(model, str | Path):  # the inputs and the weights' dims: no weight read
+            mapped = infile.read(model) if Path(model).is_file() else None
+            if mapped is not None:
+                return runtime.input_specs(mapped.proto)
         return runtime.input_specs(_proto(model, with_data=False))
 
     def run(
@@ -116,6 +123,8 @@ def _proto(model: Any, *, with_data: bool) -> onnx.ModelProto:
         import onnx_ir as ir
 
         return ir.to_proto(model)
+    if isinstance(model, StreamedModel):
+        return model.to_proto()
     return model
 
 

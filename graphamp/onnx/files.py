@@ -11,18 +11,27 @@ from __future__ import annotations
 import logging
 import os
 import shutil  # noqa: F401  (tests make its disk look full through this module)
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
+from graphamp import progress
 from graphamp.errors import GraphampError
 from graphamp.io import write_atomic
-from graphamp.onnx import proto_reader
+from graphamp.onnx import infile, proto_reader
+from graphamp.onnx.datafile import DataFileWriter
+from graphamp.onnx.infile import StreamedModel
 from graphamp.onnx.proto_reader import ProtoModel
-from graphamp.onnx.validate import validate
-from graphamp.onnx.writing import EXTERNAL_DATA_THRESHOLD, disk_full_is_an_error
+from graphamp.onnx.validate import Checked, validate
+from graphamp.onnx.writing import (
+    EXTERNAL_DATA_THRESHOLD,
+    check_room,
+    disk_full_is_an_error,
+    replace_together,
+)
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -32,15 +41,30 @@ log = logging.getLogger(__name__)
 
 def load(path: str | os.PathLike[str], *, direct: bool = False) -> ir.Model | ProtoModel:
     """Read an ONNX file (with its external data) and run type inference on it; with
-    ``direct``, a :class:`ProtoModel` where the file suits the direct path."""
+    ``direct``, a :class:`ProtoModel` where the file suits the direct path, its large weights
+    left in the file (:mod:`graphamp.onnx.infile`: read through memory maps, written as they
+    are converted)."""
     path = Path(path)
     if not path.is_file():
         raise GraphampError(f"{path}: no such file")
+    mapped = infile.read(path) if direct else None
+    if mapped is None:
+        return _validated(_parse(path), str(path), path.parent, direct=direct)
+    where, proto = str(path), mapped.proto
+    lengths = {name: tensor.nbytes for name, tensor in mapped.tensors.items()}
+    checked = _checked(proto, where, path.parent, lengths)
+    if proto_reader.suits(proto, subgraphs=checked.subgraphs):
+        value_info = _value_info(proto, where)
+        return ProtoModel(proto, value_info, nodes=checked.nodes, weights=mapped.tensors)
+    # the onnx_ir path reads the weights from the proto: parse the file whole after all
+    return _to_ir(_parse(path) if mapped.tensors else proto, where, path.parent, checked)
+
+
+def _parse(path: Path) -> onnx.ModelProto:
     try:
-        proto = onnx.load(str(path), load_external_data=False)
+        return onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises several unrelated types for bad bytes
         raise GraphampError(f"{path}: not an ONNX model ({type(exc).__name__}: {exc})") from None
-    return _validated(proto, str(path), path.parent, direct=direct)
 
 
 def from_proto(
@@ -63,13 +87,13 @@ def direct(
 def _validated(
     proto: onnx.ModelProto, where: str, base_dir: Path | None, *, direct: bool
 ) -> ir.Model | ProtoModel:
-    if not isinstance(proto, onnx.ModelProto) or not proto.HasField("graph"):
-        raise GraphampError(f"{where}: not an ONNX model (no graph)")
-    if not proto.graph.node:
-        raise GraphampError(f"{where}: the graph has no nodes")
-    checked = validate(proto, where=where, base_dir=base_dir)
+    checked = _checked(proto, where, base_dir)
     if direct and proto_reader.suits(proto, subgraphs=checked.subgraphs):
         return ProtoModel(proto, _value_info(proto, where), nodes=checked.nodes)
+    return _to_ir(proto, where, base_dir, checked)
+
+
+def _to_ir(proto: onnx.ModelProto, where: str, base_dir: Path | None, checked: Checked) -> ir.Model:
     from graphamp.onnx import ir_files
 
     # No data propagation into bodies: it keys the values it computes by name across scopes,
@@ -77,6 +101,19 @@ def _validated(
     # shapes land on the other's values; onnxruntime refuses the model written with them.
     inferred = _inferred(proto, where, data_prop=not checked.subgraphs)
     return ir_files.to_ir(proto, inferred, base_dir, where)
+
+
+def _checked(
+    proto: onnx.ModelProto,
+    where: str,
+    base_dir: Path | None,
+    in_file: dict[str, int] | None = None,
+) -> Checked:
+    if not isinstance(proto, onnx.ModelProto) or not proto.HasField("graph"):
+        raise GraphampError(f"{where}: not an ONNX model (no graph)")
+    if not proto.graph.node:
+        raise GraphampError(f"{where}: the graph has no nodes")
+    return validate(proto, where=where, base_dir=base_dir, in_file=in_file)
 
 
 def _inferred(
@@ -163,7 +200,7 @@ def _copy_field(message, descriptor, value) -> None:  # type: ignore[no-untyped-
         setattr(message, descriptor.name, value)
 
 
-def save(model: ir.Model | onnx.ModelProto, path: str | os.PathLike[str]) -> None:
+def save(model: ir.Model | onnx.ModelProto | StreamedModel, path: str | os.PathLike[str]) -> None:
     """Write ``model`` atomically; weights go to ``<name>.data`` beside it when over 2 GB
     or when the input kept them there (a ``ModelProto``, from the direct path, is written
     as it is when it fits in one file, else through onnx_ir).
@@ -176,7 +213,21 @@ def save(model: ir.Model | onnx.ModelProto, path: str | os.PathLike[str]) -> Non
     one that fills up anyway is the same one-line error.
     """
     path = Path(path)
-    if isinstance(model, onnx.ModelProto):
+    if isinstance(model, StreamedModel):  # weights read (and converted) as they are written
+        size = model.nbytes()
+        if size <= EXTERNAL_DATA_THRESHOLD:
+            check_room(path, size)
+            with (
+                disk_full_is_an_error(path, size),
+                tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp,
+            ):
+                _write_pieces(Path(tmp) / path.name, model, size)
+                replace_together([], Path(tmp) / path.name, path)
+            return
+        from graphamp.onnx import ir_files
+
+        model = ir_files.from_streamed(model)
+    elif isinstance(model, onnx.ModelProto):
         if model.ByteSize() <= EXTERNAL_DATA_THRESHOLD:
             data = model.SerializeToString()
             with disk_full_is_an_error(path, len(data)):
@@ -188,3 +239,22 @@ def save(model: ir.Model | onnx.ModelProto, path: str | os.PathLike[str]) -> Non
     from graphamp.onnx import ir_files
 
     ir_files.save(model, path)
+
+
+def _write_pieces(path: Path, model: StreamedModel, size: int) -> None:
+    """Write the serialised ``model`` to a new file ``path`` a piece at a time (its weights are
+    read, and rounded, as they go), through the data file writer: the disk writes while the
+    next weights are read and rounded, and the bytes skip the page cache."""
+    reporter = progress.current()
+    reporter.begin("writing the model", size, len(model.data))
+    writer = DataFileWriter(path)
+    try:
+        for piece in model.pieces():
+            writer.write(piece)
+            reporter.advance(len(piece), 0)
+        writer.close()
+    except BaseException:
+        writer.abandon()
+        raise
+    finally:
+        reporter.end()

@@ -19,6 +19,7 @@ from graphamp.errors import GraphampError
 from graphamp.io import temp_prefix
 from graphamp.onnx import ir_tensors
 from graphamp.onnx.datafile import DataFileWriter
+from graphamp.onnx.infile import Converted, StreamedModel
 from graphamp.onnx.writing import (
     EXTERNAL_DATA_THRESHOLD,
     check_room,
@@ -199,3 +200,30 @@ def _has_external(model: ir.Model) -> bool:
     return any(
         isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values()
     )
+
+
+def from_streamed(model: StreamedModel) -> ir.Model:
+    """An onnx_ir model of ``model`` whose streamed weights point into the file they are read
+    from (converted ones as :class:`~graphamp.onnx.ir_tensors.ConvertedTensor`): for an output
+    too large for one file, saved with external data a tensor at a time."""
+    converted = ir.serde.deserialize_model(model.proto)
+    values = list(converted.graph.initializers.values())
+    for position, data in model.data.items():
+        value = values[position]
+        source = data.source if isinstance(data, Converted) else data
+        source.check_unchanged()
+        path = Path(source.path)
+        tensor: ir.TensorProtocol = ir.ExternalTensor(
+            path.name,
+            source.offset,
+            source.nbytes,
+            ir.DataType(source.data_type),
+            shape=ir.Shape(source.dims),
+            name=value.name,
+            base_dir=path.parent,
+        )
+        if isinstance(data, Converted):
+            tensor = ir_tensors.ConvertedTensor(tensor, data.dst, str(value.name), data.record)
+        value.const_value = tensor
+    converted.meta[EXTERNAL_DATA_KEY] = True  # too large for one file: that is why it is here
+    return converted

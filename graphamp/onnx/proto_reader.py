@@ -25,6 +25,7 @@ from graphamp.dtypes import UNKNOWN
 from graphamp.errors import GraphampError
 from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
 from graphamp.onnx import fusion, kernels, slots
+from graphamp.onnx.infile import InFileTensor
 from graphamp.onnx.validate_nodes import NodeFields, node_fields
 
 _SUBGRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
@@ -46,6 +47,9 @@ class ProtoModel:
     renamed_nodes: dict[int, str] = field(default_factory=dict)
     # Each typed value's TypeProto, serialised (the writer builds value_info from them).
     type_bytes: dict[str, bytes] = field(default_factory=dict)
+    # Initializers whose data ``proto`` does not hold: where it is in the model file
+    # (graphamp.onnx.infile); their TensorProtos have name, type and dims only.
+    weights: dict[str, InFileTensor] = field(default_factory=dict)
 
 
 def suits(proto: onnx.ModelProto, *, subgraphs: bool | None = None) -> bool:
@@ -78,7 +82,7 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
     model.nodes = None  # its lists become the OpGraph's, which passes change
     model.node_names, model.renamed_nodes = _node_names(nodes)
     initializers = {init.name: init for init in graph.initializer}
-    typed = _Types(model.value_info, model.type_bytes)
+    typed = _Types(model.value_info, model.type_bytes, model.weights)
     for value in graph.input:
         op_graph.add_tensor(typed.tensor(value.name, initializers.get(value.name), True))
     for name, init in initializers.items():
@@ -149,10 +153,14 @@ class _Types:
     once (a chain of 50,000 nodes may have one)."""
 
     def __init__(
-        self, value_info: dict[str, onnx.ValueInfoProto], type_bytes: dict[str, bytes]
+        self,
+        value_info: dict[str, onnx.ValueInfoProto],
+        type_bytes: dict[str, bytes],
+        weights: dict[str, InFileTensor],
     ) -> None:
         self.value_info = value_info
         self.type_bytes = type_bytes
+        self.weights = weights
         self.known: dict[bytes, tuple[str, tuple[int | str | None, ...] | None]] = {}
 
     def of(self, name: str) -> tuple[str, tuple[int | str | None, ...] | None]:
@@ -169,7 +177,11 @@ class _Types:
         dtype, shape = self.of(name)
         tensor = TensorInfo(name=name, dtype=dtype, shape=shape, is_graph_input=graph_input)
         if init is not None:
-            tensor.load_value = functools.partial(numpy_helper.to_array, init)
+            in_file = self.weights.get(name)
+            if in_file is not None:  # mapped when read; left unread when speculating
+                tensor.load_value, tensor.on_disk = in_file.numpy, True
+            else:
+                tensor.load_value = functools.partial(numpy_helper.to_array, init)
             if dtype == UNKNOWN:
                 tensor.dtype = elem_name(init.data_type)
             if shape is None:

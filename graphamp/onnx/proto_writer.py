@@ -6,12 +6,12 @@ everything, for a graph input or a weight), a model Cast that is hoisted moves r
 producer of its input. Node order is kept in a doubly linked list of node numbers, as onnx_ir
 keeps it; only the nodes an edit touches are copied, the rest are the input's own messages,
 copied once into the output by protobuf. Value types go into ``value_info`` for every typed
-node output, as onnx_ir writes them.
+node output, as onnx_ir writes them. A weight the reader left in the model file
+(:mod:`graphamp.onnx.infile`) stays there: the output holds it data-less, and the
+:class:`~graphamp.onnx.infile.StreamedModel` returned reads (and rounds) it as it is written.
 """
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 import onnx
@@ -21,7 +21,8 @@ from graphamp.dialects.base import ReadGraph
 from graphamp.edits import EditScript
 from graphamp.errors import InternalError
 from graphamp.graph import OpGraph
-from graphamp.onnx import stream
+from graphamp.onnx import stream, wire
+from graphamp.onnx.infile import Converted, Data, StreamedModel
 from graphamp.onnx.proto_reader import ProtoModel
 from graphamp.onnx.slots import CONSTANT_FLOAT_ATTRIBUTES, LOW_PRECISION_ATTRIBUTES
 from graphamp.records import RewriteRecord, WeightRecord
@@ -29,8 +30,10 @@ from graphamp.records import RewriteRecord, WeightRecord
 _HEAD = 0  # the list's sentinel: nodes are numbered from 1
 
 
-def apply(read: ReadGraph, script: EditScript) -> onnx.ModelProto:
-    """The converted model: a new proto; ``read.model``'s proto is not changed."""
+def apply(read: ReadGraph, script: EditScript) -> onnx.ModelProto | StreamedModel:
+    """The converted model: a new proto; ``read.model``'s proto is not changed. A model read
+    with its weights left in the file gives a :class:`~graphamp.onnx.infile.StreamedModel`:
+    those weights are read, and converted, as it is written."""
     model: ProtoModel = read.model
     if script.new_nodes or script.new_inputs or any(slot < 0 for _, slot in script.rewire):
         raise InternalError("the ONNX dialect adds no training nodes and reads no subgraphs")
@@ -115,6 +118,7 @@ class _Edit:
         self.shapes: dict[str, str] = {}  # new value -> the value whose shape it has
         self.initializers: dict[str, onnx.TensorProto] = {}  # converted in place
         self.new_initializers: list[onnx.TensorProto] = []
+        self.streamed: dict[str, Data] = {}  # converted weights whose data is in the file
         self.dropped: set[str] = set()  # initializers only replaced nodes read
 
     def node(self, index: int) -> onnx.NodeProto:
@@ -217,7 +221,14 @@ class _Edit:
                 stored = _constant_value(node)
             else:
                 stored = source
-            converted = _converted(stored, record)
+            in_file = self.model.weights.get(record.name) if source is not None else None
+            if in_file is not None:  # its raw_data is streamed from the file when written
+                converted = onnx.TensorProto(data_type=dtypes.BY_NAME[record.dst].onnx)
+                converted.dims.extend(source.dims)  # type: ignore[union-attr]
+                key = record.name if record.in_place else record.stored_as
+                self.streamed[key] = Converted(in_file, record.dst, record)
+            else:
+                converted = _converted(stored, record)
             if not record.in_place:
                 converted.name = record.stored_as
                 self.new_initializers.append(converted)
@@ -238,7 +249,7 @@ class _Edit:
         info = self.model.value_info.get(name)
         return info.type.tensor_type.elem_type if info is not None else 0
 
-    def finish(self) -> onnx.ModelProto:
+    def finish(self) -> onnx.ModelProto | StreamedModel:
         out = onnx.ModelProto()
         out.CopyFrom(self.model.proto)
         graph = out.graph
@@ -251,7 +262,14 @@ class _Edit:
         graph.node.extend(self.nodes[index] for index in order)
         self._write_initializers(graph)
         self._write_types(graph, order)
-        return out
+        if not self.model.weights:
+            return out
+        data: dict[int, Data] = {}
+        for position, init in enumerate(graph.initializer):
+            found = self.streamed.get(init.name) or self.model.weights.get(init.name)
+            if found is not None:
+                data[position] = found
+        return StreamedModel(out, data)
 
     def _write_initializers(self, graph: onnx.GraphProto) -> None:
         if self.dropped:
@@ -313,26 +331,11 @@ class _Edit:
                 continue
             type_field = typed.get(found)
             if type_field is None:
-                type_field = typed[found] = _field(2, found)  # ValueInfoProto.type
+                type_field = typed[found] = wire.field(2, found)  # ValueInfoProto.type
             encoded = name.encode()
-            name_length = _varint(len(encoded))
+            name_length = wire.varint(len(encoded))
             size = 1 + len(name_length) + len(encoded) + len(type_field)
             # GraphProto.value_info (field 13), holding ValueInfoProto.name (1) and type (2)
-            chunks += (b"j", _varint(size), b"\n", name_length, encoded, type_field)
+            chunks += (b"j", wire.varint(size), b"\n", name_length, encoded, type_field)
         del graph.value_info[:]
         graph.MergeFromString(b"".join(chunks))
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field: tag, length, payload."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-@functools.cache  # lengths repeat: a name's, a type's
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)

@@ -200,8 +200,12 @@ def as_proto(model: object, what: str = "model") -> onnx.ModelProto:
     ``onnx_ir`` model."""
     import onnx_ir as ir
 
+    from graphamp.onnx.infile import StreamedModel
+
     if isinstance(model, onnx.ModelProto):
         return model
+    if isinstance(model, StreamedModel):
+        return model.to_proto()
     if isinstance(model, ir.Model):
         return ir.to_proto(model)
     if isinstance(model, str | Path):

@@ -26,6 +26,7 @@ Type rules (a float op fed a string) are the reader's: it knows each value's inf
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -56,9 +57,16 @@ class Checked(NamedTuple):
     nodes: list[NodeFields]
 
 
-def validate(proto: onnx.ModelProto, *, where: str, base_dir: Path | None) -> Checked:
+def validate(
+    proto: onnx.ModelProto,
+    *,
+    where: str,
+    base_dir: Path | None,
+    in_file: Mapping[str, int] | None = None,
+) -> Checked:
     """Raise a GraphampError naming the first problem of ``proto`` (see the module
-    docstring)."""
+    docstring). ``in_file``: the raw_data lengths of main-graph initializers whose data was
+    left in the file (:mod:`graphamp.onnx.infile`), checked as their raw_data would be."""
     graph = proto.graph
     nodes = node_fields(graph)
     opsets = _check_header(proto, nodes, where)
@@ -71,7 +79,7 @@ def validate(proto: onnx.ModelProto, *, where: str, base_dir: Path | None) -> Ch
             "initializers are not supported (store it dense)"
         )
     check = _GraphCheck(where, opsets, functions, base_dir)
-    check.run(graph, outer=set(), nodes=nodes)
+    check.run(graph, outer=set(), nodes=nodes, in_file=in_file or {})
     return Checked(check.subgraphs, nodes)
 
 
@@ -169,14 +177,20 @@ class _GraphCheck:
         self.scope = ""
 
     def run(
-        self, graph: onnx.GraphProto, outer: set[str], nodes: list[NodeFields] | None = None
+        self,
+        graph: onnx.GraphProto,
+        outer: set[str],
+        nodes: list[NodeFields] | None = None,
+        in_file: Mapping[str, int] | None = None,
     ) -> None:
         """Check ``graph``; ``outer`` holds the enclosing graphs' values visible to it;
-        ``nodes``: its nodes' fields, where read already."""
+        ``nodes``: its nodes' fields, where read already; ``in_file``: see validate()."""
         where = self.where
         local = {value.name for value in graph.input} | {t.name for t in graph.initializer}
+        in_file = in_file or {}
         for tensor in graph.initializer:
-            check_tensor(tensor, f"{where}: initializer {tensor.name!r}", self.base_dir)
+            label = f"{where}: initializer {tensor.name!r}"
+            check_tensor(tensor, label, self.base_dir, in_file.get(tensor.name))
         seen = local | outer
         for node, fields in zip(graph.node, nodes or node_fields(graph), strict=True):
             self._check_node(node, fields, seen)

@@ -49,8 +49,12 @@ def type_name(code: int) -> str:
 MAX_RANK = 64
 
 
-def check_tensor(tensor: onnx.TensorProto, where: str, base_dir: Path | None) -> None:
-    """Data as long as dims and type need, in one place; external data inside ``base_dir``."""
+def check_tensor(
+    tensor: onnx.TensorProto, where: str, base_dir: Path | None, raw_bytes: int | None = None
+) -> None:
+    """Data as long as dims and type need, in one place; external data inside ``base_dir``.
+    ``raw_bytes``: the length of raw_data that was left in the file
+    (:mod:`graphamp.onnx.infile`), for a tensor that holds it no more."""
     if tensor.data_type not in KNOWN_TYPES:
         raise GraphampError(f"{where}: has no ONNX element type ({type_name(tensor.data_type)})")
     if any(d < 0 for d in tensor.dims):
@@ -64,11 +68,12 @@ def check_tensor(tensor: onnx.TensorProto, where: str, base_dir: Path | None) ->
         needed = _raw_bytes(tensor.data_type, elements)
         _check_external(tensor, where, base_dir, needed or 0)
         return
-    if tensor.HasField("raw_data"):
+    if raw_bytes is not None or tensor.HasField("raw_data"):
+        held = len(tensor.raw_data) if raw_bytes is None else raw_bytes
         needed = _raw_bytes(tensor.data_type, elements)
-        if needed is not None and len(tensor.raw_data) != needed:
+        if needed is not None and held != needed:
             raise GraphampError(
-                f"{where}: raw_data holds {len(tensor.raw_data)} bytes; dims "
+                f"{where}: raw_data holds {held} bytes; dims "
                 f"{list(tensor.dims)} of {type_name(tensor.data_type)} need {needed}"
             )
         return
