@@ -3,6 +3,10 @@ provider has no kernel (most bfloat16 ops), since that evaluator computes in the
 
 from __future__ import annotations
 
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +16,7 @@ import onnxruntime as ort
 from graphamp import dtypes
 from graphamp.errors import GraphampError, InternalError
 from graphamp.inputs import InputSpec
+from graphamp.onnx import infile
 from graphamp.onnx.emulate import LOW_CODES, emulated, has_low_values
 from graphamp.onnx.files import inferred_types
 
@@ -116,27 +121,20 @@ def run(
 RUNTIME_CHECK_MAX_BYTES = 512 * 1024 * 1024
 
 
-def _session_error(path: Path) -> BaseException | None:
-    """Why onnxruntime's CPU provider refuses the model at ``path`` (None when it loads it)."""
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    ort.set_default_logger_severity(4)
-    try:
-        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime's own error types, one per status
-        return exc
-    return None
-
-
 def check_loads(original: Path, converted: Path) -> list[str]:
     """The converted model must load wherever the original does (CPU provider; models over
     512 MiB are not checked, to keep conversion at disk speed). A missing kernel for the low
-    type is a warning, since the model is valid and runs on a provider that has one."""
+    type is a warning, since the model is valid and runs on a provider that has one.
+
+    The original is loaded only when the converted model is refused (to tell a model the
+    runtime refuses anyway from one graphamp broke), and each load is the cheapest that still
+    has onnxruntime resolve and type-check the whole graph and find a kernel for every node:
+    see :func:`_load_error`."""
     size = sum(p.stat().st_size for p in converted.parent.glob(f"{converted.name}*"))
-    if size > RUNTIME_CHECK_MAX_BYTES or _session_error(original) is not None:
+    if size > RUNTIME_CHECK_MAX_BYTES:
         return []
-    error = _session_error(converted)
-    if error is None:
+    error = _load_error(converted)
+    if error is None or _load_error(original) is not None:
         return []
     if isinstance(error, NotImplementedByOrt):
         return [
@@ -144,6 +142,61 @@ def check_loads(original: Path, converted: Path) -> list[str]:
             f"({_first_line(error)}): it runs on a provider that has one (CUDA)"
         ]
     raise InternalError(f"onnxruntime refuses the converted model: {_first_line(error)}")
+
+
+def _load_error(path: Path) -> BaseException | None:
+    """Why onnxruntime's CPU provider refuses the model at ``path`` (None when it loads it).
+
+    A session built only to be thrown away: no graph optimisations and no pre-packing (which
+    copy and rewrite weights a check never runs), one thread. The graph onnxruntime loads is
+    the file's, but for the weights the file holds: those are referenced as external data of
+    the file itself (its own bytes, where :mod:`graphamp.onnx.infile` finds them), which
+    onnxruntime memory-maps and never reads here, so the load costs the graph, not the
+    weights (reading them in was most of the check's time and twice their size in memory)."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    ort.set_default_logger_severity(4)
+    with _weights_by_reference(path) as model:
+        try:
+            ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime's own error types, one per status
+            return exc
+    return None
+
+
+@contextmanager
+def _weights_by_reference(path: Path) -> Iterator[Path]:
+    """A model file beside ``path`` (removed after the block) whose large in-file weights are
+    external data pointing into ``path``; ``path`` itself where it holds none or the folder
+    takes no file."""
+    mapped = infile.read(path)
+    if mapped is None or not mapped.tensors:
+        yield path
+        return
+    for init in mapped.proto.graph.initializer:
+        tensor = mapped.tensors.get(init.name)
+        if tensor is not None:
+            init.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (
+                ("location", path.name),
+                ("offset", tensor.offset),
+                ("length", tensor.nbytes),
+            ):
+                init.external_data.add(key=key, value=str(value))
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".onnx", dir=path.parent)
+    except OSError:
+        yield path
+        return
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(mapped.proto.SerializeToString())
+        yield Path(name)
+    finally:
+        os.unlink(name)
 
 
 def _typed_feeds(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
