@@ -27,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_onnx import chain_model
 
-import graphamp.onnx as gonnx
 from graphamp import engine
 from graphamp.onnx.conversion import Conversion
 from graphamp.onnx.dialect import OnnxDialect
@@ -61,8 +60,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     proto = chain_model(args.nodes)
-    gonnx.convert(chain_model(1000)).to_proto()  # warm-up: imports, schema caches
     paths = {"direct": True} if args.direct_only else PATHS
+    for direct in paths.values():  # warm-up: imports (onnx_ir only for its path), schema caches
+        convert(chain_model(1000), direct).to_proto()
     rows: dict[str, list[dict[str, float]]] = {label: [] for label in paths}
     for _ in range(args.repeats):
         for label, direct in paths.items():

@@ -1,13 +1,14 @@
 """Does a change leave what graphamp writes alone? Convert the same models with another revision
 of graphamp and with this tree, and compare the output models and plans byte for byte.
 
-    python tools/same_outputs.py --base origin/main             # zoo, small and full, both dtypes
-    python tools/same_outputs.py --base HEAD~3 --sizes small --models bert,gpt
+    python tools/same_outputs.py --base origin/main     # zoo, small and full, both dtypes
+    python tools/same_outputs.py --base HEAD~3 --sizes small --models bert,gpt --flags=
 
 The base revision is checked out as a git worktree under ``--dir`` and run from this
 environment (its ``graphamp``, ``graphamp.passes`` and ``graphamp.models`` found in the worktree
 first), each conversion a whole ``graphamp convert IN -o OUT --plan PLAN --dtype D`` process, as
-users run it; this tree runs the same command. The models are exported once (``--dir``) from
+users run it, with each of ``--flags`` (default: none, then ``--keep-io-types``); this tree runs
+the same commands. The models are exported once (``--dir``) from
 ``graphamp.models`` of this tree. Exit status 1 when any output or plan differs.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -76,9 +78,9 @@ def export(models: list[str], sizes: list[str], folder: Path) -> list[Path]:
     return paths
 
 
-def convert(tree: Path, model: Path, out: Path, plan: Path, dtype: str) -> None:
+def convert(tree: Path, model: Path, out: Path, plan: Path, dtype: str, flags: str) -> None:
     command = [sys.executable, "-c", RUNNER, str(tree), "convert", str(model), "-o", str(out)]
-    command += ["--plan", str(plan), "--dtype", dtype]
+    command += ["--plan", str(plan), "--dtype", dtype, *flags.split()]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command[3:])} failed in {tree}:\n{done.stderr[-2000:]}")
@@ -90,23 +92,30 @@ def main() -> int:
     parser.add_argument("--models", default="simplenet,mnist,resnet,bert,gpt")
     parser.add_argument("--sizes", default="small,full")
     parser.add_argument("--dtypes", default="float16,bfloat16")
+    parser.add_argument(
+        "--flags",
+        default=",--keep-io-types",
+        help="comma-separated sets of extra convert flags, each run (default: none, then "
+        "--keep-io-types)",
+    )
     parser.add_argument("--dir", default=str(ROOT / "bench-out" / "same"), help="work folder")
     args = parser.parse_args()
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
     base = worktree(args.base, folder / "base-tree")
     trees = {"base": base, "this": ROOT}
-    print(f"base {git('-C', str(base), 'log', '--oneline', '-1')}")
-    print(f"this {git('log', '--oneline', '-1')} (+ the working tree's changes)")
+    print(f"base {git('-C', str(base), 'log', '-1', '--format=%h %.70s')}")
+    print(f"this {git('log', '-1', '--format=%h %.70s')} (+ the working tree's changes)")
     differ = 0
     for model in export(args.models.split(","), args.sizes.split(","), folder / "models"):
-        for dtype in args.dtypes.split(","):
+        for dtype, flags in itertools.product(args.dtypes.split(","), args.flags.split(",")):
             files: dict[str, tuple[Path, Path]] = {}
             for label, tree in trees.items():
-                out = folder / "out" / label / f"{model.stem}.{dtype}.onnx"
+                variant = "".join(flags.split()).strip("-") or "default"
+                out = folder / "out" / label / f"{model.stem}.{dtype}.{variant}.onnx"
                 plan = out.with_suffix(".plan.json")
                 out.parent.mkdir(parents=True, exist_ok=True)
-                convert(tree, model, out, plan, dtype)
+                convert(tree, model, out, plan, dtype, flags)
                 files[label] = (out, plan)
             same = [
                 filecmp.cmp(a, b, shallow=False)
@@ -114,7 +123,8 @@ def main() -> int:
             ]
             verdict = "same" if all(same) else "DIFFERENT " + str(same)
             size = files["this"][0].stat().st_size
-            print(f"{model.stem:16} {dtype:9} model and plan: {verdict} ({size} bytes)")
+            label = f"{model.stem} {dtype} {flags}".strip()
+            print(f"{label:40} model and plan: {verdict} ({size} bytes)")
             differ += not all(same)
     print("every output and plan byte-identical" if not differ else f"{differ} differ")
     return 1 if differ else 0

@@ -1,0 +1,272 @@
+"""Whole ``graphamp`` commands as users run them, against the floor of reading and writing the
+model, in one run: wall time and peak memory of each process.
+
+    python tools/bench_command.py                        # zoo BERT and GPT (full size), FX BERT
+    python tools/bench_command.py --section onnx --models bert --runs 5
+    python tools/bench_command.py --section fx --json fx.json
+
+ONNX: each model is exported once into ``--dir`` (``graphamp.models.export_onnx(name, path,
+"full")``: weights inside the file, as every model under 2 GB keeps them). Then one warm-up
+round and ``--runs`` timed rounds; a round runs every command once, in turn, each a fresh
+process whose wall time and peak resident memory (GNU time's ``%M``, the kernel's high-water
+mark) are recorded:
+
+* floor: ``python -c "import onnx; onnx.save(onnx.load(IN), OUT)"``: Python, onnx, and reading
+  and writing the file, nothing else;
+* ``graphamp convert IN -o OUT`` (the runtime check on, as by default), and the same with
+  ``--no-runtime-check``, with ``--plan PLAN`` and with ``--verify``;
+* with ``--compare``: onnxruntime's float16 converter and onnxconverter-common's (load, convert
+  with ``keep_io_types=True``, save);
+* ``graphamp --help`` and ``graphamp convert --help``.
+
+Times are medians over the rounds; a ratio is the median of each round's ratio (to the floor of
+the same round, which shares its load). The runtime check's cost is the median of each round's
+``convert`` less ``convert --no-runtime-check``. Peak memory is the largest over the rounds,
+also given against the input's plus the output's size.
+
+FX: Hugging Face BERT-base (``transformers.BertConfig()``'s defaults, random weights, one
+sequence of 128 tokens) in one process: ``torch.export.export`` alone, and
+``graphamp.fx.convert`` (which captures with it), one warm-up each, then ``--runs`` rounds taking
+turns; medians, the ratio, and convert's phases.
+
+The machine (``lscpu`` model and flags) and the load average are printed with the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import machine
+
+ROOT = Path(__file__).resolve().parent.parent
+FLOOR = "import onnx, sys; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])"
+TOOL = """
+import sys, onnx
+source, target, tool = sys.argv[1:]
+model = onnx.load(source)
+if tool == "onnxconverter-common":
+    from onnxconverter_common import float16
+    converted = float16.convert_float_to_float16(model, keep_io_types=True)
+else:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+    converted = convert_float_to_float16(model, keep_io_types=True)
+onnx.save(converted, target)
+"""
+
+
+def graphamp() -> list[str]:
+    """The ``graphamp`` command of this environment (its console script, as users run it)."""
+    script = Path(sys.executable).parent / "graphamp"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "graphamp.cli"]
+
+
+def run(command: list[str]) -> dict[str, float]:
+    """Run ``command`` as a fresh process: its wall time and peak resident memory (bytes).
+
+    The memory is GNU time's report of its child: the kernel carries a process's peak over
+    ``exec``, so a child of this Python process measured directly would report this one's."""
+    start = time.perf_counter()
+    done = subprocess.run(
+        ["/usr/bin/time", "-f", "graphamp-bench-rss %M", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    kib = next(
+        int(line.split()[-1])
+        for line in reversed(done.stderr.splitlines())
+        if line.startswith("graphamp-bench-rss")
+    )
+    return {"seconds": seconds, "peak_rss": kib * 1024}
+
+
+def onnx_commands(source: Path, folder: Path, compare: bool) -> dict[str, tuple[list[str], Path]]:
+    """Each timed command of the ONNX section and the model file it writes."""
+    stem = source.stem
+    out = folder / f"{stem}.out.onnx"
+    convert = [*graphamp(), "convert", str(source), "-o", str(out)]
+    commands = {
+        "floor (onnx load + save)": (
+            [sys.executable, "-c", FLOOR, str(source), str(folder / f"{stem}.floor.onnx")],
+            folder / f"{stem}.floor.onnx",
+        ),
+        "graphamp convert": (convert, out),
+        "convert --no-runtime-check": ([*convert, "--no-runtime-check"], out),
+        "convert --plan": ([*convert, "--plan", str(folder / f"{stem}.plan.json")], out),
+        "convert --verify": ([*convert, "--verify"], out),
+    }
+    if compare:
+        for tool in ("onnxruntime float16", "onnxconverter-common"):
+            target = folder / f"{stem}.{tool.split()[0]}.onnx"
+            commands[tool] = ([sys.executable, "-c", TOOL, str(source), str(target), tool], target)
+    commands["graphamp --help"] = ([*graphamp(), "--help"], source)
+    commands["graphamp convert --help"] = ([*graphamp(), "convert", "--help"], source)
+    return commands
+
+
+def bench_onnx(name: str, args: argparse.Namespace) -> dict[str, object]:
+    from graphamp.models import export_onnx
+
+    folder = Path(args.dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / f"{name}.onnx"
+    if not source.exists():
+        print(f"... exporting {name} (full size)", file=sys.stderr)
+        export_onnx(name, source, "full")
+    commands = onnx_commands(source, folder, args.compare)
+    rounds: list[dict[str, dict[str, float]]] = []
+    for index in range(args.runs + 1):  # round 0 is the warm-up
+        steps = {label: run(command) for label, (command, _) in commands.items()}
+        if index:
+            rounds.append(steps)
+        print(f"... {name}: round {index} done (0 is the warm-up)", file=sys.stderr)
+    sizes = {label: out.stat().st_size for label, (_, out) in commands.items()}
+    return {"model": name, "input_bytes": source.stat().st_size, "sizes": sizes, "rounds": rounds}
+
+
+def onnx_table(result: dict[str, object]) -> str:
+    rounds: list[dict[str, dict[str, float]]] = result["rounds"]  # type: ignore[assignment]
+    sizes: dict[str, int] = result["sizes"]  # type: ignore[assignment]
+    source = int(result["input_bytes"])  # type: ignore[arg-type]
+    floor = "floor (onnx load + save)"
+    lines = [
+        f"{result['model']} ({source / 2**20:.0f} MiB, weights in the file); medians of "
+        f"{len(rounds)} rounds after a warm-up",
+        "",
+        "| command | time s | vs floor | peak RSS MiB | peak / (in + out) |",
+        "|---|---|---|---|---|",
+    ]
+    for label in rounds[0]:
+        seconds = statistics.median(r[label]["seconds"] for r in rounds)
+        ratio = statistics.median(r[label]["seconds"] / r[floor]["seconds"] for r in rounds)
+        peak = max(r[label]["peak_rss"] for r in rounds)
+        help_only = label.endswith("--help")
+        share = "-" if help_only else f"{peak / (source + sizes[label]):.2f}"
+        versus = "-" if label == floor else f"{ratio:.2f}x"
+        lines.append(f"| {label} | {seconds:.2f} | {versus} | {peak / 2**20:.0f} | {share} |")
+    check = [
+        r["graphamp convert"]["seconds"] - r["convert --no-runtime-check"]["seconds"]
+        for r in rounds
+    ]
+    share = statistics.median(
+        c / r["graphamp convert"]["seconds"] for c, r in zip(check, rounds, strict=True)
+    )
+    lines.append("")
+    lines.append(
+        f"runtime check: {statistics.median(check):.2f} s, {share:.0%} of the command "
+        f"(each round: {' '.join(f'{c:.2f}' for c in check)})"
+    )
+    return "\n".join(lines)
+
+
+def bench_fx(args: argparse.Namespace) -> dict[str, object]:
+    import warnings
+
+    import torch
+    import transformers
+
+    import graphamp.fx as gfx
+    from graphamp import engine
+    from graphamp.fx.conversion import fx_policy
+    from graphamp.fx.dialect import FxDialect
+
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig()).eval()
+    ids = torch.randint(1, 30000, (1, 128), generator=torch.Generator().manual_seed(0))
+    policy = fx_policy(model, None, "cpu", {})
+
+    def export() -> None:
+        torch.export.export(model, (ids,))
+
+    phases: list[dict[str, float]] = []
+
+    def convert() -> None:
+        result = engine.convert(model, policy, dialect=FxDialect(example_inputs=(ids,)))
+        phases.append(result.seconds)
+
+    times: dict[str, list[float]] = {"torch.export.export": [], "graphamp.fx.convert": []}
+    gfx.convert(model, (ids,), device="cpu")  # warm-up: imports, caches, the public path
+    export()
+    for _ in range(args.runs):
+        for label, call in (("torch.export.export", export), ("graphamp.fx.convert", convert)):
+            start = time.perf_counter()
+            call()
+            times[label].append(time.perf_counter() - start)
+    return {"times": times, "phases": phases}
+
+
+def fx_table(result: dict[str, object]) -> str:
+    times: dict[str, list[float]] = result["times"]  # type: ignore[assignment]
+    phases: list[dict[str, float]] = result["phases"]  # type: ignore[assignment]
+    export, convert = times["torch.export.export"], times["graphamp.fx.convert"]
+    ratio = statistics.median(c / e for c, e in zip(convert, export, strict=True))
+    lines = [
+        f"HF BERT-base (random weights), 1 x 128 tokens; medians of {len(export)} rounds",
+        "",
+        "| call | time s | each round |",
+        "|---|---|---|",
+    ]
+    for label, values in times.items():
+        spread = " ".join(f"{v:.2f}" for v in values)
+        lines.append(f"| {label} | {statistics.median(values):.2f} | {spread} |")
+    split = ", ".join(
+        f"{key} {statistics.median(p[key] for p in phases):.2f} s" for key in phases[0]
+    )
+    lines += ["", f"convert / export: {ratio:.2f}x (median of each round's ratio); {split}"]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--section", choices=("onnx", "fx", "both"), default="both")
+    parser.add_argument("--models", default="bert,gpt", help="zoo models (full size)")
+    parser.add_argument("--runs", type=int, default=5, help="timed rounds after the warm-up")
+    parser.add_argument("--dir", default=str(ROOT / "bench-out" / "command"), help="work folder")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="also time the float16 converters of onnxruntime and onnxconverter-common",
+    )
+    parser.add_argument("--json", help="also write the raw results here")
+    args = parser.parse_args()
+    results: dict[str, object] = {
+        "date": date.today().isoformat(),
+        "machine": machine(),
+        "load_before": os.getloadavg(),
+    }
+    tables = []
+    if args.section in ("onnx", "both"):
+        onnx_results = [bench_onnx(name, args) for name in args.models.split(",")]
+        results["onnx"] = onnx_results
+        tables += [onnx_table(result) for result in onnx_results]
+    if args.section in ("fx", "both"):
+        results["fx"] = bench_fx(args)
+        tables.append(fx_table(results["fx"]))  # type: ignore[arg-type]
+    results["load_after"] = os.getloadavg()
+    print(f"{results['machine']}; {results['date']}")
+    print(f"load average before {results['load_before']}, after {results['load_after']}")
+    for table in tables:
+        print()
+        print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
