@@ -104,8 +104,8 @@ def main() -> int:
     folder.mkdir(parents=True, exist_ok=True)
     base = worktree(args.base, folder / "base-tree")
     trees = {"base": base, "this": ROOT}
-    print(f"base {git('-C', str(base), 'log', '-1', '--format=%h %.70s')}")
-    print(f"this {git('log', '-1', '--format=%h %.70s')} (+ the working tree's changes)")
+    print(f"base {git('-C', str(base), 'log', '-1', '--format=%h %<(70,trunc)%s')}")
+    print(f"this {git('log', '-1', '--format=%h %<(70,trunc)%s')} (+ the working tree's changes)")
     differ = 0
     for model in export(args.models.split(","), args.sizes.split(","), folder / "models"):
         for dtype, flags in itertools.product(args.dtypes.split(","), args.flags.split(",")):
