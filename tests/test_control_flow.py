@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+import graphamp.onnx as gonnx
 from graphamp.errors import GraphampError
 from graphamp.models.control_flow import CASES
 from graphamp.onnx.runtime import run as run_faithfully
@@ -237,7 +238,31 @@ def test_name_rules_reach_body_nodes_and_deny_spreads_there():
 
 def test_a_body_that_graphamp_does_not_enter_is_kept_whole_with_a_warning():
     body = helper.make_graph(
-        [helper.make_node("Relu", ["x_elem"], ["y_elem"], name="relu")],
+        [helper.make_node("Relu", ["x"], ["y_elem"], name="relu")],
+        "body",
+        [],
+        [helper.make_tensor_value_info("y_elem", F32, [4, 4])],
+    )
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Apply", ["m"], ["y"], name="apply", domain="custom", body=body),
+    ]
+    proto = model(nodes, initializers=[weight("w")])
+    proto.opset_import.append(helper.make_opsetid("custom", 1))
+    proto.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", F32, [4, 4]))
+    with pytest.warns(UserWarning, match="'apply' \\(custom.Apply\\): graphamp does not enter"):
+        out, plan = convert(proto)
+    assert plan.nodes["apply"].rule == "control_flow" and plan.nodes["apply"].precision == "float32"
+    assert plan.nodes["mm"].precision == "float16"
+    # it reads m, and the x its body reads, as they were: float32
+    apply = next(n for n in out.graph.node if n.name == "apply")
+    assert apply.input[0] != "m"
+    onnx.checker.check_model(out)  # (the full check infers types: none for a custom op)
+
+
+def test_a_sequence_map_body_is_converted_its_sequences_kept():
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["x_elem", "w"], ["y_elem"], name="mm")],
         "body",
         [helper.make_tensor_value_info("x_elem", F32, [4, 4])],
         [helper.make_tensor_value_info("y_elem", F32, [4, 4])],
@@ -247,11 +272,16 @@ def test_a_body_that_graphamp_does_not_enter_is_kept_whole_with_a_warning():
         helper.make_node("SequenceMap", ["seq"], ["mapped"], name="map", body=body),
         helper.make_node("ConcatFromSequence", ["mapped"], ["y"], axis=0),
     ]
-    proto = model(nodes)
-    with pytest.warns(UserWarning, match="'map' \\(SequenceMap\\): graphamp does not enter"):
-        out, plan = convert(proto)
-    assert plan.nodes["map"].rule == "control_flow" and plan.nodes["map"].precision == "float32"
-    assert_valid(out)
+    proto = model(nodes, initializers=[weight("w")])
+    out, plan = convert(proto)
+    assert plan.nodes["map/body/mm"].precision == "float16"
+    assert plan.nodes["map/input:x_elem"].rule == "control_flow"  # a sequence: kept
+    onnx.checker.check_model(out)  # (the full check refuses the float32 model's sequences too)
+    body_out = body_graph(out, "map", "body")
+    assert [n.op_type for n in body_out.node] == ["Cast", "MatMul", "Cast"]
+    expected = run(proto, {"x": X})[0]
+    actual = run(out, {"x": X})[0]
+    assert np.abs(actual - expected).max() <= 1e-2 * np.abs(expected).max()
 
 
 def _loop_with_body_input(dtype: int) -> onnx.ModelProto:
@@ -317,3 +347,25 @@ def test_the_viewer_folds_each_body_under_its_node():
         "loop/body/alternate/then_branch"
     )
     assert hierarchy.group_of["loop/carried:h_in"] == "loop"
+
+
+def test_calibrated_ranges_reach_body_values():
+    # h grows 20x per iteration: past float16's range on the last one
+    proto = loop_reading("w")
+    proto.graph.initializer[0].CopyFrom(
+        onnx.numpy_helper.from_array(np.eye(4, dtype=np.float32) * 20, "w")
+    )
+    proto.graph.node[0].attribute[0].t.CopyFrom(
+        helper.make_tensor("steps_value", TensorProto.INT64, [], [4])
+    )
+    body = body_graph(proto, "loop", "body")
+    body.node[1].op_type = "Identity"  # no Tanh: nothing bounds h
+    feeds = {"x": np.full((4, 4), 1.5, np.float32), "z": X}
+    ranges = gonnx.calibrate(proto, feeds)
+    assert ranges.tensors["loop/body/h_mm"].max_abs == pytest.approx(1.5 * 20**4)
+    assert ranges.tensors["loop/body/h_in"].max_abs == pytest.approx(1.5 * 20**3)
+    _, plan = convert(proto)
+    assert plan.nodes["loop/body/mm"].precision == "float16"
+    result = gonnx.convert(proto, ranges=ranges)
+    assert result.plan.nodes["loop/body/mm"].rule == "range"
+    assert_valid(result.to_proto())

@@ -86,9 +86,9 @@ def test_a_node_case_with_bodies_converts_inside_them(case, dtype):
     entered = {
         name: decision.op
         for name, decision in result.plan.nodes.items()
-        if decision.rule == "control_flow" and decision.op in ("If", "Loop", "Scan")
+        if decision.rule == "control_flow" and decision.op in ("If", "Loop", "Scan", "SequenceMap")
     }
-    if set(owners) <= {"If", "Loop", "Scan"}:  # (the case's names hold no "/")
+    if set(owners) <= {"If", "Loop", "Scan", "SequenceMap"}:  # (the case's names hold no "/")
         assert sorted(op for name, op in entered.items() if "/" not in name) == sorted(owners)
         for owner in entered:
             assert any(name.startswith(f"{owner}/") for name in result.plan.nodes)

@@ -13,11 +13,14 @@ is a ``BOUNDARY`` node whose slots take one type:
   (``<loop>/carried:<parameter>``); one per scan output (``<loop>/scan_output:<name>``);
 * Scan: the same for its state variables and scan outputs, and one per scanned input
   (``<scan>/scan_input:<parameter>``); before opset 9 its first input, the sequence lengths,
-  stays the owner's.
+  stays the owner's;
+* SequenceMap: one per input (``<map>/input:<parameter>``) and output
+  (``<map>/output:<name>``); a sequence cannot be cast, so one over a sequence keeps the
+  sequence's type and the body casts what it needs itself.
 
 The ONNX writer maps a boundary's input slots back to where the model reads them (an input of
 the owner, or an output of a body graph: ``OnnxHandles.boundaries``). A node of another kind
-with a body (SequenceMap, a contrib op's decoder) is kept whole, as it is.
+with a body (a contrib op's beam search, FlexAttention's score functions) is kept whole.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ def enter(reader: GraphReader, node: ir.Node, op_node: OpNode) -> bool:
         _enter_loop(reader, node, op_node)
     elif node.op_type == "Scan":
         _enter_scan(reader, node, op_node)
+    elif node.op_type == "SequenceMap":
+        _enter_sequence_map(reader, node, op_node)
     else:
         return False
     return True
@@ -148,6 +153,45 @@ def _enter_scan(reader: GraphReader, node: ir.Node, op_node: OpNode) -> None:
         )
     reader.read_body(graph, body, node.graph)  # type: ignore[arg-type]
     _close(reader, node, graph, body, carried, first_result=0)
+
+
+def _enter_sequence_map(reader: GraphReader, node: ir.Node, op_node: OpNode) -> None:
+    path, outer = op_node.name, op_node.body
+    graph = _graph(node, "body")
+    _arity(node, path, "its body takes", len(node.inputs), len(graph.inputs))
+    _arity(node, path, "its body returns", len(node.outputs), len(graph.outputs))
+    body = Body(f"{path}/body", BodyKind.LOOP, owner=path, parent=outer)
+    _owner(reader, op_node, [], [body.path])
+    for index, (source, parameter) in enumerate(zip(node.inputs, graph.inputs, strict=True)):
+        boundary(
+            reader,
+            f"{path}/input:{parameter.name}",
+            "SequenceMap.input",
+            inputs=[reader.name(source)],
+            outputs=[reader.add_value(parameter, body.path)],
+            targets=[(node, index)],
+            body=outer,
+            what=f"SequenceMap input {parameter.name!r}: one type outside and in the body",
+            values=[source, parameter],
+            # the first input is a sequence; another is one unless its type says otherwise
+            sequence=index == 0 or source is None or not isinstance(source.type, ir.TensorType),
+        )
+    reader.read_body(graph, body, node.graph)  # type: ignore[arg-type]
+    body.inputs = [reader.name(v) for v in graph.inputs]
+    body.outputs = [reader.name(v) for v in graph.outputs]
+    for index, (result, value) in enumerate(zip(graph.outputs, node.outputs, strict=True)):
+        boundary(
+            reader,
+            f"{path}/output:{value.name}",
+            "SequenceMap.output",
+            inputs=[reader.name(result)],
+            outputs=[reader.add_value(value, outer)],
+            targets=[(graph, index)],
+            body=outer,
+            what=f"SequenceMap output {value.name!r}: one type in the body and after",
+            values=[result, value],
+            sequence=True,
+        )
 
 
 def _carried(
@@ -272,9 +316,11 @@ def boundary(
     what: str,
     values: list[ir.Value | None],
     back: bool = False,
+    sequence: bool = False,
 ) -> OpNode:
     """Add a boundary node; its slots follow one type when every value is a tensor (a
-    sequence cannot be cast) and one of them is float."""
+    sequence cannot be cast: ``sequence`` says one is where the types do not) and one of them
+    is float."""
     op_graph = reader.op_graph
     node = OpNode(
         name=unique_name(name, reader.taken_nodes),
@@ -289,7 +335,9 @@ def boundary(
     )
     dtypes = [op_graph.tensors[n].dtype for n in (*inputs, *outputs) if n]
     floats = [d for d in dtypes if d in FLOAT_TYPES]
-    tensors = all(v is None or v.type is None or isinstance(v.type, ir.TensorType) for v in values)
+    tensors = not sequence and all(
+        v is None or v.type is None or isinstance(v.type, ir.TensorType) for v in values
+    )
     if floats and not tensors:
         node.params = {**node.params, "kept": "a sequence or optional crosses it: kept in its type"}
     elif floats:

@@ -10,9 +10,10 @@ import numpy as np
 import onnx
 
 from graphamp.batches import DataSource, as_batches
+from graphamp.onnx.body_stats import with_body_stats
 from graphamp.onnx.runtime import input_specs
 from graphamp.onnx.session import Session, as_proto
-from graphamp.onnx.statgraph import float32_values, stat_name, with_range_stats
+from graphamp.onnx.statgraph import RANGE_STATS, float32_values, stat_name, with_range_stats
 from graphamp.ranges import Ranges, TensorRange
 
 
@@ -27,7 +28,15 @@ def calibrate(model: object, data: DataSource, *, label: str = "") -> Ranges:
 
 def calibrate_proto(proto: onnx.ModelProto, batches, *, label: str = "") -> Ranges:  # type: ignore[no-untyped-def]
     tensors = float32_values(proto)
-    session = Session(with_range_stats(proto, tensors), what="the calibration model")
+    # the values inside If/Loop/Scan bodies too, by their OpGraph names (body_stats)
+    work = onnx.ModelProto()
+    work.CopyFrom(proto)
+    inner = with_body_stats(work)
+    stats_model = with_range_stats(work, tensors)
+    for name in (stat_name(t, s) for t in inner for s in RANGE_STATS):
+        stats_model.graph.output.append(onnx.ValueInfoProto(name=name))
+    tensors += inner
+    session = Session(stats_model, what="the calibration model")
     ranges = Ranges(model=label)
     for feeds in batches:
         values = session.run(feeds)
