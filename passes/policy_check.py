@@ -52,8 +52,10 @@ def unmatched_rules(context: PassContext) -> list[str]:
                 + _suggest(pattern.replace("*", "").replace("?", ""), names)
             )
     tensors = sorted(graph.tensors)
+    # a body's value by its path or by its own name in the body
+    local = {graph.local_name(t) for t in tensors if graph.tensors[t].body}
     for tensor in sorted(policy.deny_tensors):
-        if tensor not in graph.tensors:
+        if tensor not in graph.tensors and tensor not in local:
             problems.append(
                 f"deny_tensors name {tensor!r} is no tensor" + _suggest(tensor, tensors)
             )

@@ -14,6 +14,7 @@ import graphamp.onnx as gonnx
 from graphamp.errors import GraphampError
 from graphamp.models.control_flow import CASES
 from graphamp.onnx.runtime import run as run_faithfully
+from graphamp.onnx.tune import tune
 from tests.helpers import F32, assert_valid, convert, model, run, weight
 
 
@@ -350,16 +351,7 @@ def test_the_viewer_folds_each_body_under_its_node():
 
 
 def test_calibrated_ranges_reach_body_values():
-    # h grows 20x per iteration: past float16's range on the last one
-    proto = loop_reading("w")
-    proto.graph.initializer[0].CopyFrom(
-        onnx.numpy_helper.from_array(np.eye(4, dtype=np.float32) * 20, "w")
-    )
-    proto.graph.node[0].attribute[0].t.CopyFrom(
-        helper.make_tensor("steps_value", TensorProto.INT64, [], [4])
-    )
-    body = body_graph(proto, "loop", "body")
-    body.node[1].op_type = "Identity"  # no Tanh: nothing bounds h
+    proto = _growing_loop()
     feeds = {"x": np.full((4, 4), 1.5, np.float32), "z": X}
     ranges = gonnx.calibrate(proto, feeds)
     assert ranges.tensors["loop/body/h_mm"].max_abs == pytest.approx(1.5 * 20**4)
@@ -369,3 +361,23 @@ def test_calibrated_ranges_reach_body_values():
     result = gonnx.convert(proto, ranges=ranges)
     assert result.plan.nodes["loop/body/mm"].rule == "range"
     assert_valid(result.to_proto())
+
+
+def _growing_loop() -> onnx.ModelProto:
+    """h grows 20x per iteration: past float16's range on the last of 4."""
+    proto = loop_reading("w")
+    proto.graph.initializer[0].CopyFrom(
+        onnx.numpy_helper.from_array(np.eye(4, dtype=np.float32) * 20, "w")
+    )
+    proto.graph.node[0].attribute[0].t.CopyFrom(
+        helper.make_tensor("steps_value", TensorProto.INT64, [], [4])
+    )
+    body_graph(proto, "loop", "body").node[1].op_type = "Identity"  # nothing bounds h
+    return proto
+
+
+def test_tune_keeps_a_body_node_float32_when_the_model_needs_it():
+    feeds = {"x": np.full((4, 4), 1.5, np.float32) + X * 0.1, "z": X}
+    result = tune(_growing_loop(), feeds, rtol=1e-2)
+    assert result.kept == ("loop/body/mm",) and result.met
+    assert result.conversion.plan.nodes["loop/body/mm"].rule == "tuned"

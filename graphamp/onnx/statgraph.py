@@ -58,11 +58,17 @@ def node_names(graph: onnx.GraphProto) -> list[str]:
 
 
 def named(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``proto`` whose main-graph nodes carry the names the reader gives them."""
+    """A copy of ``proto`` whose nodes carry the names the reader gives them (in the main
+    graph and, each in its own graph, in the bodies of control flow)."""
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
-    for node, name in zip(copy.graph.node, node_names(copy.graph), strict=True):
-        node.name = name
+    pending = [copy.graph]
+    while pending:
+        graph = pending.pop()
+        for node, name in zip(graph.node, node_names(graph), strict=True):
+            node.name = name
+            for attr in node.attribute:
+                pending.extend([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)
     return copy
 
 

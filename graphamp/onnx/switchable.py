@@ -43,6 +43,16 @@ from graphamp.passes.numerics import to_target_limit
 
 F32 = onnx.TensorProto.FLOAT
 FLAG = "graphamp.low/"
+_GRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def _types(graph: onnx.GraphProto) -> dict[str, int]:
+    """Element types of ``graph``'s own values, where it declares them."""
+    types = {init.name: init.data_type for init in graph.initializer}
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
+            types[info.name] = info.type.tensor_type.elem_type
+    return types
 
 
 class Switchable:
@@ -92,43 +102,70 @@ class Switchable:
         graph = model.graph
         graph.input.extend(proto.graph.input)
         graph.output.extend(proto.graph.output)
-        switched = set(self.switched)
         # the values a switched op rounds when low: its computation-type outputs
-        producer = {
+        self._producer = {
             node.outputs[slot]: node.name
             for node in self.graph
             for slot in node.follow_outputs
             if slot < len(node.outputs) and node.outputs[slot]
         }
-        nodes: list[onnx.NodeProto] = []
-        stored = {init.name: init for init in proto.graph.initializer}
-        weights: dict[str, str] = {}  # a weight a switched op reads -> its rounded copy
+        self._stored = {init.name: init for init in proto.graph.initializer}
+        self._weights: dict[str, str] = {}  # a weight a switched op reads -> its rounded copy
         for name in self.switched:
             graph.input.append(
                 helper.make_tensor_value_info(f"{FLAG}{name}", onnx.TensorProto.BOOL, [])
             )
-        for index, original in enumerate(proto.graph.node):
-            op = self.graph.nodes.get(original.name)
-            if op is None or original.name not in switched:
+        inferred = None
+        if any(a.type in _GRAPHS for n in proto.graph.node for a in n.attribute):
+            inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False).graph
+        graph.node.extend(self._switch(proto.graph, inferred, types, ""))
+        graph.initializer.extend(proto.graph.initializer)
+        stored, weights = self._stored, self._weights
+        graph.initializer.extend(self._rounded(model, [stored[w] for w in weights], weights))
+        graph.sparse_initializer.extend(proto.graph.sparse_initializer)
+        return model
+
+    def _switch(
+        self,
+        graph: onnx.GraphProto,
+        inferred: onnx.GraphProto | None,
+        types: dict[str, int],
+        body: str,
+    ) -> list[onnx.NodeProto]:
+        """The nodes of ``graph`` (the main graph, or the body at OpGraph path ``body``) with
+        each switched op rounding as its flag says, bodies included; ``inferred``: the graph
+        after type inference, for its bodies' types."""
+        switched = set(self.switched)
+        nodes: list[onnx.NodeProto] = []
+        twins = list(inferred.node) if inferred is not None else []
+        for index, original in enumerate(graph.node):
+            path = f"{body}/{original.name}" if body else original.name
+            twin = twins[index] if index < len(twins) else None
+            if any(a.type in _GRAPHS for a in original.attribute):
+                nodes.append(self._switch_bodies(original, twin, types, path))
+                continue
+            op = self.graph.nodes.get(path)
+            if op is None or path not in switched:
                 nodes.append(original)
                 continue
             node = onnx.NodeProto()
             node.CopyFrom(original)
-            flag = f"{FLAG}{node.name}"
+            flag = f"{FLAG}{path}"
+            where = f"{index}" if not body else f"{path}."  # tags: new in the whole model
             for slot in sorted(op.follow_inputs):
                 source = node.input[slot] if slot < len(node.input) else ""
                 if not source or types.get(source) != F32:
                     continue
                 cond = flag
-                upstream = producer.get(source)
+                upstream = self._producer.get(op.inputs[slot])
+                tag = f"{where}.in{slot}"
                 if upstream in switched:  # a low producer's value is rounded already
-                    cond = f"{FLAG}{index}.in{slot}|cond"
+                    cond = f"{FLAG}{tag}|cond"
                     nodes.append(helper.make_node("Not", [f"{FLAG}{upstream}"], [f"{cond}|not"]))
                     nodes.append(helper.make_node("And", [flag, f"{cond}|not"], [cond]))
-                rounded = f"{FLAG}{index}.in{slot}|read"
-                tag = f"{index}.in{slot}"
-                if source in stored:  # a weight: rounded once, here, not in every session
-                    low = weights.setdefault(source, f"{FLAG}{source}|{self.dtype}")
+                rounded = f"{FLAG}{tag}|read"
+                if source in self._stored and not body:  # a weight: rounded once, here
+                    low = self._weights.setdefault(source, f"{FLAG}{source}|{self.dtype}")
                     nodes.append(self._choose(cond, low, source, rounded, tag))
                 else:
                     nodes.append(self._if(cond, source, rounded, tag))
@@ -137,16 +174,42 @@ class Switchable:
             for slot in sorted(op.follow_outputs):
                 output = node.output[slot] if slot < len(node.output) else ""
                 if output and types.get(output) == F32:
-                    raw = f"{FLAG}{index}.out{slot}|raw"
+                    raw = f"{FLAG}{where}.out{slot}|raw"
                     node.output[slot] = raw
-                    outputs.append(self._if(flag, raw, output, f"{index}.out{slot}"))
+                    outputs.append(self._if(flag, raw, output, f"{where}.out{slot}"))
             nodes.append(node)
             nodes.extend(outputs)
-        graph.node.extend(nodes)
-        graph.initializer.extend(proto.graph.initializer)
-        graph.initializer.extend(self._rounded(model, [stored[w] for w in weights], weights))
-        graph.sparse_initializer.extend(proto.graph.sparse_initializer)
-        return model
+        return nodes
+
+    def _switch_bodies(
+        self,
+        original: onnx.NodeProto,
+        twin: onnx.NodeProto | None,
+        types: dict[str, int],
+        path: str,
+    ) -> onnx.NodeProto:
+        """A copy of a node that owns bodies, each switched as the main graph is (an op in a
+        body reads its flag from the main graph, an enclosing scope's value)."""
+        node = onnx.NodeProto()
+        node.CopyFrom(original)
+        twins = {a.name: a for a in twin.attribute} if twin is not None else {}
+        for attribute in node.attribute:
+            bodies = [attribute.g] if attribute.type == _GRAPHS[0] else list(attribute.graphs)
+            twin_attribute = twins.get(attribute.name)
+            inferred = (
+                [twin_attribute.g]
+                if twin_attribute is not None and attribute.type == _GRAPHS[0]
+                else list(twin_attribute.graphs)
+                if twin_attribute is not None
+                else []
+            )
+            for index, sub in enumerate(bodies):
+                inner = inferred[index] if index < len(inferred) else None
+                sub_types = {**types, **_types(sub), **(_types(inner) if inner else {})}
+                switched = self._switch(sub, inner, sub_types, f"{path}/{attribute.name}")
+                del sub.node[:]
+                sub.node.extend(switched)
+        return node
 
     def _rounded(
         self, shell: onnx.ModelProto, weights: list[onnx.TensorProto], names: dict[str, str]
