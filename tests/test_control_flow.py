@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx.reference
 import pytest
 from onnx import TensorProto, helper
 
@@ -381,3 +382,51 @@ def test_tune_keeps_a_body_node_float32_when_the_model_needs_it():
     result = tune(_growing_loop(), feeds, rtol=1e-2)
     assert result.kept == ("loop/body/mm",) and result.met
     assert result.conversion.plan.nodes["loop/body/mm"].rule == "tuned"
+
+
+def test_the_faithful_evaluator_rounds_a_low_input_where_a_body_reads_it():
+    # x becomes a float16 graph input that only the branches read: the emulation must read it
+    # rounded there too, as onnx.reference (which computes in float16) does
+    case = CASES["if_softmax"]()
+    out, _ = convert(case.model)
+    for feeds in case.feeds:
+        faithful, _ = run_faithfully(out, feeds)
+        x = feeds["x"].astype(np.float16)
+        reference = onnx.reference.ReferenceEvaluator(out).run(None, {**feeds, "x": x})[0]
+        np.testing.assert_allclose(faithful["y"], reference, rtol=1e-3, atol=1e-6)
+
+
+def test_the_commands_work_on_body_nodes(tmp_path, capsys):
+    from graphamp.cli import main
+
+    source = tmp_path / "if_in_loop.onnx"
+    onnx.save(CASES["if_in_loop"]().model, source)
+    out, plan = tmp_path / "out.onnx", tmp_path / "plan.json"
+    assert main(["convert", str(source), "-o", str(out), "--plan", str(plan)]) == 0
+    node = "loop/body/alternate/then_branch/even_tanh"
+    capsys.readouterr()
+    assert main(["explain", str(plan), node]) == 0
+    explained = capsys.readouterr().out
+    assert explained.startswith(f"{node} (Tanh): float16") and "even_matmul" in explained
+    # a reviewed plan reproduces the model byte for byte; check finds no drift
+    again = tmp_path / "again.onnx"
+    assert main(["convert", str(source), "-o", str(again), "--from-plan", str(plan)]) == 0
+    assert again.read_bytes() == out.read_bytes()
+    assert main(["check", str(source), "--baseline", str(plan)]) == 0
+    denied = tmp_path / "denied.json"
+    assert (
+        main(["plan", str(source), "--deny-name", "even_*", "--format", "json", "-o", str(denied)])
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["diff", str(plan), str(denied), "--exit-code"]) == 1
+    assert f"+{node}  Tanh  float32" in capsys.readouterr().out
+
+
+def test_a_bad_body_is_one_line_exit_2_and_nothing_written(tmp_path):
+    from tests.test_cli import assert_user_error, run_cli
+
+    source, out = tmp_path / "bad.onnx", tmp_path / "out.onnx"
+    onnx.save(_loop_with_body_input(TensorProto.FLOAT16), source)
+    assert_user_error(run_cli("convert", str(source), "-o", str(out)), "node 'loop' (Loop)", "h_in")
+    assert not out.exists()

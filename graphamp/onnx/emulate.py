@@ -54,7 +54,7 @@ def emulated(
         # the types inside bodies (and of values inlining made) come from inference
         inferred = onnx.shape_inference.infer_shapes(model).graph
         types = {**_graph_types(inferred), **types}
-    _emulate_graph(model.graph, types, inferred, weights)
+    _emulate_graph(model.graph, types, inferred, weights, {})
     return model
 
 
@@ -63,9 +63,11 @@ def _emulate_graph(
     types: dict[str, int],
     inferred: onnx.GraphProto | None,
     weights: Weights | None,
+    outer: dict[str, str],
 ) -> None:
     """Rewrite ``graph`` (and its bodies) in place; ``inferred``: the same graph after type
-    inference, for its bodies' types."""
+    inference, for its bodies' types; ``outer``: the enclosing graphs' low inputs, each read
+    under its rounded name (a body reads them as any other value of an enclosing scope)."""
     del graph.value_info[:]
     for init in graph.initializer:
         if init.data_type not in LOW_CODES:
@@ -77,7 +79,7 @@ def _emulate_graph(
                 numpy_helper.from_array(numpy_helper.to_array(init).astype("float32"), init.name)
             )
     nodes: list[onnx.NodeProto] = []
-    rounded_inputs: dict[str, str] = {}  # a low graph input, fed as float32, rounded first
+    rounded_inputs = dict(outer)  # a low graph input, fed as float32, rounded first
     for value in graph.input:
         code = value.type.tensor_type.elem_type
         if code in LOW_CODES:
@@ -88,7 +90,7 @@ def _emulate_graph(
     for index, node in enumerate(graph.node):
         _float32_attributes(node)
         if index < len(inferred_nodes):
-            _emulate_bodies(node, inferred_nodes[index], types, weights)
+            _emulate_bodies(node, inferred_nodes[index], types, weights, rounded_inputs)
         for slot, name in enumerate(node.input):
             node.input[slot] = rounded_inputs.get(name, name)
         if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
@@ -117,6 +119,7 @@ def _emulate_bodies(
     inferred_node: onnx.NodeProto,
     types: dict[str, int],
     weights: Weights | None,
+    outer: dict[str, str],
 ) -> None:
     inferred = {a.name: a for a in inferred_node.attribute}
     for attribute in node.attribute:
@@ -131,7 +134,7 @@ def _emulate_bodies(
             continue
         for body, inferred_body in pairs:
             body_types = {**types, **(_graph_types(inferred_body) if inferred_body else {})}
-            _emulate_graph(body, body_types, inferred_body, weights)
+            _emulate_graph(body, body_types, inferred_body, weights, outer)
 
 
 def _graph_types(graph: onnx.GraphProto) -> dict[str, int]:
