@@ -187,8 +187,10 @@ def _sgd(
             kept = _each(lambda b: b * momentum, old["momentum"])
             damped = _each(lambda k, g: torch.add(k, g, alpha=1 - h["dampening"]), kept, grads)
             new = _each(lambda g, d: torch.where(step == 1, g, d), grads, damped)
-        else:  # the same: the buffer starts at zero
-            new = _each(lambda g, b: torch.add(g, b, alpha=momentum), grads, old["momentum"])
+        else:  # the same: the buffer starts at zero (multiplied, then added: torch.optim's
+            # rounding; one add with alpha rounds the product and the sum once, in an FMA)
+            kept = _each(lambda b: b * momentum, old["momentum"])
+            new = _each(torch.add, kept, grads)
         buffers = {"momentum": new}
         grads = (
             _each(lambda g, b: torch.add(g, b, alpha=momentum), grads, new)
@@ -223,11 +225,15 @@ def _adam(
     if h["amsgrad"]:
         exp_avg_sq = _each(torch.maximum, old["max_exp_avg_sq"], exp_avg_sq)
         moments["max_exp_avg_sq"] = exp_avg_sq
-    bias2_root = (1 - beta2**step).sqrt()
+    # The bias corrections and the step size in float64, as torch.optim computes them in
+    # Python floats (``lr`` is a float64 tensor): each is then rounded to float32 once, where
+    # it multiplies or divides a float32 tensor.
+    step64 = step.double()
+    bias2_root = (1 - beta2**step64).sqrt()
     denom = _each(torch.sqrt, exp_avg_sq)
     denom = _each(lambda d: d / bias2_root, denom)
     denom = _each(lambda d: d + h["eps"], denom)
-    step_size = lr / (1 - beta1**step)
+    step_size = lr / (1 - beta1**step64)
     change = _each(lambda m: step_size * m, exp_avg)
     change = _each(torch.div, change, denom)
     return _each(torch.sub, params, change), moments

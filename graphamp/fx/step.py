@@ -262,7 +262,11 @@ class TrainStep:
         # from the host, which the step would otherwise wait for at every call.
         if rates != self._rates:
             self._rates = rates
-            self._rate_tensors = [torch.tensor(rate, device=self.device) for rate in rates]
+            # float64, as torch.optim's Python floats: Adam's step size lr / (1 - beta1^t)
+            # is then rounded to float32 once, as torch.optim rounds it.
+            self._rate_tensors = [
+                torch.tensor(rate, dtype=torch.float64, device=self.device) for rate in rates
+            ]
         return self._rate_tensors
 
     # use --------------------------------------------------------------------------------------
