@@ -61,6 +61,51 @@ class GradientReduce:
 
 
 @dataclass(frozen=True)
+class Sharding:
+    """Parameters, gradients and optimizer state sharded over a process group of
+    ``world_size`` ranks (named ``group``), as FSDP shards them: each rank holds rows
+    ``[rank * c, (rank + 1) * c)`` of every parameter's first dimension (``c`` = the rows
+    divided by the ranks, rounded up; the last ranks' shards may be shorter or empty). The
+    step gathers the whole parameters before the forward pass, in buckets of about
+    ``bucket_bytes`` (the first: ``first_bucket_bytes``, when given), and reduce-scatters the
+    gradients as ``dtype`` (``dtype_source`` says who chose it); the ranks agree on the finite
+    check with a MAX all-reduce (each sees only its shard)."""
+
+    group: str
+    world_size: int
+    rank: int
+    dtype: str = "float32"
+    dtype_source: str = "grad_dtype"
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    first_bucket_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        GradientReduce(self.group, self.world_size, self.dtype, self.bucket_bytes)  # checks
+        if not 0 <= self.rank < self.world_size:
+            raise GraphampError(f"rank {self.rank} is not in a group of {self.world_size}")
+
+    @property
+    def item_bytes(self) -> int:
+        return BY_NAME[self.dtype].numpy(0).itemsize
+
+    def chunk(self, rows: int) -> int:
+        """The rows of a whole shard of a parameter of ``rows`` rows (the last may be short)."""
+        return -(-rows // self.world_size)
+
+    def local_rows(self, rows: int, rank: int | None = None) -> int:
+        """How many of ``rows`` rank ``rank`` (default: this one) holds."""
+        chunk = self.chunk(rows)
+        start = (self.rank if rank is None else rank) * chunk
+        return max(0, min(chunk, rows - start))
+
+    def describe(self) -> str:
+        return (
+            f"sharded over the {self.world_size} ranks of process group {self.group!r}, "
+            f"gradients reduce-scattered as {self.dtype}"
+        )
+
+
+@dataclass(frozen=True)
 class GradientClipping:
     """Scale the gradients by min(1, max_norm / (total norm + 1e-6)), the total norm being the
     ``norm_type``-norm of all of them together (``torch.nn.utils.clip_grad_norm_``)."""
@@ -73,6 +118,20 @@ class GradientClipping:
             raise GraphampError(f"clip_grad_norm must be a positive number, got {self.max_norm}")
         if not (self.norm_type == math.inf or self.norm_type > 0):
             raise GraphampError(f"norm_type must be positive or inf, got {self.norm_type}")
+
+
+def divide_factors(world: int, dtype: str) -> tuple[float, float]:
+    """What a gradient reduced as ``dtype`` over ``world`` ranks is divided by before the
+    reduction and after it, so that the sum of the ranks' shares is the mean: the world size
+    before, except in float16, whose range is narrow: there, as FSDP2 does, about its square
+    root before (the sum stays below float16's largest value) and the rest after (the shares
+    stay above its smallest normal one)."""
+    if dtype != "float16":
+        return float(world), 1.0
+    before = 1
+    while world % before == 0 and world / before > before:
+        before *= 2
+    return float(before), world / before
 
 
 def buckets(

@@ -43,5 +43,6 @@ class EditScript:
     new_nodes: list[str] = field(default_factory=list)
     # Graph inputs a pass added (state such as the loss scale): tensor -> initial value.
     new_inputs: dict[str, float] = field(default_factory=dict)
+    removed_inputs: list[str] = field(default_factory=list)  # graph inputs nothing reads now
     new_outputs: list[str] = field(default_factory=list)  # graph outputs a pass added
     replace_outputs: dict[str, str] = field(default_factory=dict)  # output -> value it returns

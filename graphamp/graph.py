@@ -58,6 +58,8 @@ class NodeKind(enum.Enum):
     SKIP_COUNT = "skip_count"  # the number of skipped steps, plus this one if skipped
     ALL_REDUCE = "all_reduce"  # values reduced over a process group (mean of gradients, max)
     CLIP_GRAD_NORM = "clip_grad_norm"  # gradients scaled down to a largest global norm
+    ALL_GATHER = "all_gather"  # whole parameters gathered from every rank's shard
+    REDUCE_SCATTER = "reduce_scatter"  # gradients averaged over the ranks, each keeping its shard
 
 
 class BodyKind(enum.StrEnum):

@@ -67,6 +67,8 @@ class Rule(enum.StrEnum):
     SKIP_COUNT = "skip_count"
     ALL_REDUCE = "all_reduce"
     CLIP_GRAD_NORM = "clip_grad_norm"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
 
 
 DENY_SEEDS = frozenset({Rule.DENY, Rule.DENY_NAME, Rule.DENY_TENSOR, Rule.TUNED})

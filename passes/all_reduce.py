@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from graphamp.distributed import GradientClipping, GradientReduce, buckets
+from graphamp.distributed import GradientClipping, GradientReduce, Sharding, buckets
 from graphamp.graph import NodeKind, Role, TensorInfo
 from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
 from graphamp.passes.loss_scale import STEP, add_node, reroute
@@ -33,12 +33,12 @@ from graphamp.vocab import Precision, Rule
 FOUND_INF = "found_inf"
 
 
-def _elements(tensor: TensorInfo) -> int:
+def elements(tensor: TensorInfo) -> int:
     dims = tensor.shape or ()
     return math.prod(d if isinstance(d, int) else 1 for d in dims)
 
 
-def _replace_gradients(
+def replace_gradients(
     context: PassContext, node: str, gradients: list[str], outputs: list[str]
 ) -> None:
     """The optimizer reads ``outputs`` where it read ``gradients``; they carry the role now."""
@@ -48,7 +48,7 @@ def _replace_gradients(
         tensors[gradient].role, tensors[output].role = None, Role.GRADIENT
 
 
-def _by_readiness(context: PassContext, role: Role) -> list[TensorInfo]:
+def by_readiness(context: PassContext, role: Role) -> list[TensorInfo]:
     """The values of ``role`` in the order backward computes them (the node that makes each,
     looking through casts), so the first buckets can travel while backward goes on."""
     graph = context.graph
@@ -78,8 +78,8 @@ class AllReducePass(Pass):
 
     def run(self, context: PassContext) -> PassResult:
         reduce: GradientReduce = context.options["all_reduce"]
-        gradients = {g.name: g for g in _by_readiness(context, Role.GRADIENT)}
-        sizes = [(name, _elements(g) * reduce.item_bytes) for name, g in gradients.items()]
+        gradients = {g.name: g for g in by_readiness(context, Role.GRADIENT)}
+        sizes = [(name, elements(g) * reduce.item_bytes) for name, g in gradients.items()]
         groups = buckets(sizes, reduce.bucket_bytes, reduce.first_bucket_bytes)
         by_name = dict(sizes)
         low = reduce.dtype != "float32"
@@ -113,7 +113,7 @@ class AllReducePass(Pass):
                 name=f"all_reduce.{index}",
                 precision=Precision(reduce.dtype),
             )
-            _replace_gradients(context, node.name, names, node.outputs)
+            replace_gradients(context, node.name, names, node.outputs)
         total = sum(by_name.values())
         return PassResult(
             modified=True, note=f"{len(groups)} buckets, {total} bytes: {reduce.describe()}"
@@ -130,19 +130,24 @@ class AgreeFoundInfPass(Pass):
     after = ("finite_check", "scale_update")
 
     def applies(self, context: PassContext) -> bool:
+        if FOUND_INF not in context.graph.tensors:
+            return False
         reduce = context.options.get("all_reduce")
-        return reduce is not None and reduce.agree_found_inf and FOUND_INF in context.graph.tensors
+        # A sharded step's ranks each check only their own shards: they must agree.
+        return "shard" in context.options or (reduce is not None and reduce.agree_found_inf)
 
     def run(self, context: PassContext) -> PassResult:
-        reduce: GradientReduce = context.options["all_reduce"]
+        sharded = "shard" in context.options
+        reduce: GradientReduce | Sharding = context.options["shard" if sharded else "all_reduce"]
+        why = "each rank checks only its own shards of the gradients, so " if sharded else ""
         node = add_node(
             context,
             NodeKind.ALL_REDUCE,
             [FOUND_INF],
             [(f"{FOUND_INF}.agreed", "bool")],
             Rule.ALL_REDUCE,
-            "found_inf is the largest over the ranks: one rank's inf or NaN skips the step on "
-            "every rank, and every rank's loss scale and skip count move the same way",
+            f"found_inf is the largest over the ranks: {why}one rank's inf or NaN skips the "
+            "step on every rank, and every rank's loss scale and skip count move the same way",
             params={"op": "max", "group": reduce.group, "world_size": reduce.world_size},
             name=f"all_reduce.{FOUND_INF}",
         )
@@ -160,7 +165,7 @@ class ClipGradNormPass(Pass):
 
     name = "clip_grad_norm"
     pipeline = STEP
-    after = ("all_reduce", "loss_scale")
+    after = ("all_reduce", "reduce_scatter", "loss_scale")
     before = ("finite_check",)
 
     def applies(self, context: PassContext) -> bool:
@@ -172,6 +177,14 @@ class ClipGradNormPass(Pass):
         gradients = [g.name for g in context.graph.with_role(Role.GRADIENT)]
         reduced = context.options.get("all_reduce") is not None
         where = " (every rank holds the averaged gradients)" if reduced else ""
+        params: dict[str, float | str] = {
+            "max_norm": clipping.max_norm,
+            "norm_type": clipping.norm_type,
+        }
+        sharding = context.options.get("shard")
+        if sharding is not None:  # each rank holds a shard: the norm needs every rank's part
+            where = f" (each rank's part of it summed over the {sharding.world_size} ranks)"
+            params.update(group=sharding.group, world_size=sharding.world_size)
         node = add_node(
             context,
             NodeKind.CLIP_GRAD_NORM,
@@ -181,7 +194,7 @@ class ClipGradNormPass(Pass):
             f"the {len(gradients)} unscaled gradients scaled down together when their global "
             f"{clipping.norm_type:g}-norm{where} exceeds {clipping.max_norm:g}, as "
             "torch.nn.utils.clip_grad_norm_",
-            params={"max_norm": clipping.max_norm, "norm_type": clipping.norm_type},
+            params=params,
         )
-        _replace_gradients(context, node.name, gradients, node.outputs)
+        replace_gradients(context, node.name, gradients, node.outputs)
         return PassResult(modified=True, note=f"max_norm {clipping.max_norm:g}")

@@ -16,12 +16,15 @@ from __future__ import annotations
 from graphamp.fx.conversion import analyse, convert, cpu_has_native
 from graphamp.fx.dialect import FxDialect
 from graphamp.fx.saving import load, save
-from graphamp.fx.step import TrainStep, train_step
+from graphamp.fx.sharded import ShardedTrainStep
+from graphamp.fx.step import TrainStep
+from graphamp.fx.training import train_step
 from graphamp.scaling import DynamicLossScaling, StaticLossScaling
 
 __all__ = [
     "DynamicLossScaling",
     "FxDialect",
+    "ShardedTrainStep",
     "StaticLossScaling",
     "TrainStep",
     "analyse",

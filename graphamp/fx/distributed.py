@@ -44,12 +44,8 @@ def gradient_reduce(
         if grad_dtype is not None or bucket_bytes is not None or agree_found_inf:
             raise GraphampError("grad_dtype, bucket_bytes and agree_found_inf need a process_group")
         return None
-    if not dist.is_available() or not dist.is_initialized():
-        raise GraphampError(
-            "process_group: torch.distributed is not initialized "
-            "(call torch.distributed.init_process_group first, or run under torchrun)"
-        )
-    _warn_if_group_pinned()
+    require_initialized("process_group")
+    warn_if_group_pinned(stacklevel=4)
     if isinstance(process_group, str) and process_group == "world":
         process_group = dist.group.WORLD
     if not isinstance(process_group, dist.ProcessGroup):
@@ -68,7 +64,7 @@ def gradient_reduce(
     )
 
 
-def _warn_if_group_pinned() -> None:
+def warn_if_group_pinned(stacklevel: int) -> None:
     """Say so when torch.distributed.nn was imported after init_process_group (graphamp.fx
     imported after it, say): its default arguments then keep the process group alive past
     destroy_process_group, and a rank can abort at exit."""
@@ -89,7 +85,16 @@ def _warn_if_group_pinned() -> None:
             "and a rank can abort at exit ('terminate called without an active exception'); "
             "import graphamp.fx before init_process_group",
             TeardownWarning,
-            stacklevel=4,
+            stacklevel=stacklevel,
+        )
+
+
+def require_initialized(what: str) -> None:
+    """Refuse ``what`` (an option that needs other processes) before init_process_group."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise GraphampError(
+            f"{what}: torch.distributed is not initialized "
+            "(call torch.distributed.init_process_group first, or run under torchrun)"
         )
 
 
@@ -110,6 +115,11 @@ def broadcast_from_first(reduce: GradientReduce, tensors: Iterable[torch.Tensor]
 
 WAIT = "_c10d_functional.wait_tensor"
 COLLECTIVE = "_c10d_functional.all_reduce"
+COLLECTIVES = (
+    COLLECTIVE,
+    "_c10d_functional.all_gather_into_tensor",
+    "_c10d_functional.reduce_scatter_tensor",
+)
 
 
 def overlap_communication(module: torch.fx.GraphModule) -> int:
@@ -145,12 +155,38 @@ def _waits_or_writes(node: torch.fx.Node) -> bool:
     return WAIT in target or (schema is not None and schema.is_mutable)
 
 
-def _issue_early(graph: torch.fx.Graph) -> None:
+def schedule_collectives(module: torch.fx.GraphModule) -> None:
+    """Reorder a sharded step's graph so that each collective (the parameters' all-gathers,
+    the gradients' reduce-scatters, the found_inf all-reduce) is issued as soon as its inputs
+    exist, and waited for, with the copies out of its buffer, only right before the first
+    node that reads a result: a bucket of parameters travels while the layers before it
+    compute, a bucket of gradients while backward goes on."""
+    graph = module.graph
+    _issue_early(graph, COLLECTIVES)
+    results: set[torch.fx.Node] = set()  # the waits, and what reads nothing else
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        inputs = node.all_input_nodes
+        if WAIT in str(node.target) or (
+            not _waits_or_writes(node)
+            and any(a in results for a in inputs)
+            and all(a in results or a.op in ("placeholder", "get_attr") for a in inputs)
+        ):
+            results.add(node)
+    for node in [n for n in reversed(graph.nodes) if n in results and n.users]:
+        order = {n: index for index, n in enumerate(graph.nodes)}
+        min(node.users, key=order.__getitem__).prepend(node)
+    graph.lint()
+    module.recompile()
+
+
+def _issue_early(graph: torch.fx.Graph, collectives: tuple[str, ...] = (COLLECTIVE,)) -> None:
     """Move every pure node a collective depends on right after the last of its inputs (in
     graph order, so each lands after its own inputs have moved)."""
     feeding: set[torch.fx.Node] = set()
     for node in reversed(graph.nodes):
-        issues = node.op == "call_function" and COLLECTIVE in str(node.target)
+        issues = node.op == "call_function" and any(c in str(node.target) for c in collectives)
         if issues or any(user in feeding for user in node.users):
             feeding.add(node)
     order = {node: index for index, node in enumerate(graph.nodes)}

@@ -11,6 +11,7 @@ and the finite check (:func:`any_non_finite`, GradScaler's fused kernel); for
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Sequence
 
@@ -19,6 +20,7 @@ from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphamp.errors import InternalError
+from graphamp.fx import collectives
 from graphamp.fx.types import torch_dtype
 from graphamp.graph import NodeKind, OpNode
 from graphamp.scaling import DynamicLossScaling
@@ -232,10 +234,16 @@ def _all_reduce(node: OpNode) -> Lowering:
 def _clip_grad_norm(node: OpNode) -> Lowering:
     max_norm, norm_type = float(node.params["max_norm"]), float(node.params["norm_type"])
 
+    group = node.params.get("group")  # a sharded step: each rank holds a part of the norm
+
     def clipped(*gradients: torch.Tensor) -> list[torch.Tensor]:
         # torch.nn.utils.clip_grad_norm_'s arithmetic: the norm of the per-tensor norms.
         norms = torch.stack([torch.linalg.vector_norm(g, norm_type) for g in gradients])
         total = torch.linalg.vector_norm(norms, norm_type)
+        if group is not None and norm_type == math.inf:
+            total = collectives.over_ranks(total, "max", str(group))
+        elif group is not None:
+            total = collectives.over_ranks(total**norm_type, "sum", str(group)) ** (1 / norm_type)
         coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         return [g * coefficient for g in gradients]
 
@@ -249,6 +257,8 @@ LOWERINGS: dict[NodeKind, Callable[[OpNode], Lowering]] = {
     NodeKind.SCALE_UPDATE: _scale_update,
     NodeKind.ALL_REDUCE: _all_reduce,
     NodeKind.CLIP_GRAD_NORM: _clip_grad_norm,
+    NodeKind.ALL_GATHER: collectives.all_gather,
+    NodeKind.REDUCE_SCATTER: collectives.reduce_scatter,
 }
 
 

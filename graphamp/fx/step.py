@@ -23,13 +23,14 @@ from graphamp.distributed import GradientClipping, GradientReduce
 from graphamp.errors import GraphampError
 from graphamp.fx import differentiate, distributed, eager, marks, optim, reader, signatures, writer
 from graphamp.fx.conversion import convert, fx_policy
+from graphamp.fx.fsdp import local
 from graphamp.fx.signatures import CapturedStep, StepGraphs
 from graphamp.fx.types import torch_dtype
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.loss_scale import STEP
 from graphamp.plan import Plan
 from graphamp.policy import Policy
-from graphamp.scaling import DynamicLossScaling, LossScaling, StaticLossScaling
+from graphamp.scaling import LossScaling
 
 
 class TrainStep:
@@ -73,9 +74,9 @@ class TrainStep:
 
     def _build(self, batch: Sequence[torch.Tensor]) -> None:
         overrides = dict(self.overrides)
-        self._policy = fx_policy(self.model, self.policy, None, overrides, "train_step()")
+        self._policy = fx_policy(self._source(), self.policy, None, overrides, "train_step()")
         self.forward, forward_plan = self._converted(batch)
-        self.params = {n: p.detach().clone() for n, p in self.forward.named_parameters()}
+        self.params = self._own_params()
         # Trainable: in an optimizer group and requiring grad. The others (frozen) are read
         # by the forward pass but get no gradient and no update.
         self.trainable = [name for group in self.groups for name in group.names]
@@ -88,9 +89,8 @@ class TrainStep:
         # PyTorch, on skipped steps too; the step owns its copies.
         self.buffers = {n: b.detach().clone() for n, b in self.forward.named_buffers()}
         initial = optim.initial_state(self.kind, self.groups, self.params)
-        self.opt_state = optim.resume_state(
-            self.kind, self.groups, initial, self.optimizer, self.model
-        )
+        resumed = optim.resume_state(self.kind, self.groups, initial, self.optimizer, self.model)
+        self.opt_state = {k: local(v) for k, v in resumed.items()}  # a shard's own part
         # All state lives where the parameters do, so no step copies between host and device.
         self.device = next(iter(self.params.values())).device
         self.opt_state = {k: v.to(self.device) for k, v in self.opt_state.items()}
@@ -118,7 +118,15 @@ class TrainStep:
         """The model converted on ``batch``'s inputs (float32 master weights): the forward
         module a capture traces through, and its plan."""
         batch_inputs, static = tuple(batch[:-1]), "static"  # captured per batch signature
-        return convert(self.model, batch_inputs, dynamic_shapes=static, policy=self._policy)
+        return convert(self._source(), batch_inputs, dynamic_shapes=static, policy=self._policy)
+
+    def _source(self) -> nn.Module:
+        """The module the forward pass is captured from."""
+        return self.model
+
+    def _own_params(self) -> dict[str, torch.Tensor]:
+        """The parameters the step trains, its own copies: the graphs update them in place."""
+        return {n: p.detach().clone() for n, p in self.forward.named_parameters()}
 
     def _use(self, signature: tuple, graphs: StepGraphs) -> None:
         """Make ``graphs`` (captured for ``signature``) the ones the step runs."""
@@ -146,20 +154,12 @@ class TrainStep:
 
     def _capture(self, fn: Callable[..., list[torch.Tensor]], batch: Sequence) -> CapturedStep:
         """Trace ``fn`` (the plain step), then let the step passes add their nodes."""
-        # functionalize turns the forward's in-place buffer updates into functional ops and a
-        # copy back onto the buffer arguments; tracing runs on copies of the state.
-        flat = [t.clone() for t in self._flatten()]
-        traced = differentiate.trace(self.forward, fn, [*flat, *self._learning_rates(), *batch])
+        traced = self._trace(fn, batch)
         read = reader.read(traced, master_weights=True, roles=marks.strip(traced))
-        options = {
-            "loss_scaling": self.loss_scaling,
-            "all_reduce": self.reduce,
-            "clip_grad_norm": self.clipping,
-        }
-        context = PassManager(pipeline=STEP).run(PassContext(read.graph, self._policy, options))
+        context = PassContext(read.graph, self._policy, self._options(traced))
+        context = PassManager(pipeline=STEP).run(context)
         module = writer.apply(read, context.script)
-        if self.reduce is not None:
-            distributed.overlap_communication(module)
+        self._schedule(module)
         eager.for_eager(module)  # last: its passes read the final order
         script, tensors = context.script, read.graph.tensors
         for name, initial in script.new_inputs.items():
@@ -173,6 +173,25 @@ class TrainStep:
             [(name, str(tensors[name].replaces)) for name in script.new_outputs],
             {name: context.decisions[name] for name in script.new_nodes},
         )
+
+    def _trace(self, fn: Callable[..., list[torch.Tensor]], batch: Sequence) -> fx.GraphModule:
+        """``fn`` traced functionally (the forward's in-place buffer updates become functional
+        ops and a copy back onto the buffer arguments) on copies of the state."""
+        flat = [t.clone() for t in self._flatten()]
+        return differentiate.trace(self.forward, fn, [*flat, *self._learning_rates(), *batch])
+
+    def _options(self, traced: fx.GraphModule) -> dict[str, Any]:
+        """What the step pipeline's passes read."""
+        return {
+            "loss_scaling": self.loss_scaling,
+            "all_reduce": self.reduce,
+            "clip_grad_norm": self.clipping,
+        }
+
+    def _schedule(self, module: fx.GraphModule) -> None:
+        """Order the collectives of ``module``'s graph to overlap with the computation."""
+        if self.reduce is not None:
+            distributed.overlap_communication(module)
 
     def _flatten(self) -> list[torch.Tensor]:
         """The step's state as the graph's leading arguments; buffers come last."""
@@ -238,12 +257,16 @@ class TrainStep:
         total = {n: g.float() for n, g in grads.items()}
         if self.accumulate > 1:
             total = {n: (grad_acc[n] + g) * (1.0 / self.accumulate) for n, g in total.items()}
-        total = {n: marks.mark(g, "gradient") for n, g in total.items()}
+        total = {n: marks.mark(self._as_read(g, params[n]), "gradient") for n, g in total.items()}
         new_params, new_opt = optim.update(self.kind, self.groups, lrs, params, total, opt_state)
         params = {**params, **{n: marks.mark_update(v, params[n]) for n, v in new_params.items()}}
         opt_state = {k: marks.mark_update(new_opt[k], opt_state[k]) for k in opt_state}
         grad_acc = {n: torch.zeros_like(g) for n, g in grad_acc.items()}
         return [loss, *params.values(), *opt_state.values(), *grad_acc.values()]
+
+    def _as_read(self, gradient: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        """A gradient as the optimizer reads it, for ``param`` (a sharded step: a shard)."""
+        return gradient
 
     def _learning_rates(self) -> list[torch.Tensor]:
         """Each group's current ``lr``, read from the optimizer (schedulers change it); every
@@ -314,6 +337,25 @@ class TrainStep:
     def skipped_steps(self) -> torch.Tensor:
         return self.state.get("skipped_steps", torch.tensor(0, dtype=torch.int32))
 
+    def scaling_state_dict(self) -> dict[str, torch.Tensor]:
+        """The loss scale, its counters and the skip count, for a checkpoint."""
+        return {name: value.clone() for name, value in self.state.items()}
+
+    def load_scaling_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Resume the loss scale, its counters and the skip count from
+        :meth:`scaling_state_dict` (before the first call or after it)."""
+        known = ("loss_scale.", "skipped_steps")
+        unknown = [name for name in state if not name.startswith(known)]
+        if unknown:
+            raise GraphampError(f"load_scaling_state_dict: unknown entry {unknown[0]!r}")
+        self.state.update({name: value.detach().clone() for name, value in state.items()})
+
+    def state_bytes(self) -> int:
+        """The bytes of the parameters, optimizer state and carried gradients the step holds
+        (on this rank; a sharded step's are its shards)."""
+        held = [*self.params.values(), *self.opt_state.values(), *self.grad_acc.values()]
+        return sum(t.numel() * t.element_size() for t in held)
+
     def explain(self, node: str) -> str:
         """The chain of reasons for a node of the step's plan (a forward op, or one of the
         nodes the training passes added, such as ``loss_scale`` or ``step_guard``)."""
@@ -341,57 +383,3 @@ class TrainStep:
                 if name not in own:
                     raise GraphampError(f"parameter {name!r} has no counterpart in the model")
                 own[name].copy_(value)
-
-
-def train_step(
-    model: nn.Module,
-    loss_fn: Callable[..., torch.Tensor],
-    optimizer: torch.optim.Optimizer,
-    *,
-    policy: Policy | None = None,
-    loss_scaling: LossScaling | str | None = "default",
-    accumulate: int = 1,
-    process_group: Any = None,
-    grad_dtype: str | None = None,
-    clip_grad_norm: float | None = None,
-    bucket_bytes: int | None = None,
-    agree_found_inf: bool = False,
-    **policy_overrides: Any,
-) -> TrainStep:
-    """A training step for ``model`` as one mixed-precision graph (captured on first call,
-    and again on each batch of a shape or type not seen before: :mod:`graphamp.fx.signatures`).
-
-    ``loss_scaling`` defaults to :class:`DynamicLossScaling` for float16 and to none for
-    bfloat16 (it has float32's range). ``accumulate=k`` keeps the scale fixed over k
-    micro-batches and unscales, checks and updates once per effective batch.
-
-    With ``process_group`` (a torch.distributed ProcessGroup, or ``"world"``) each rank runs
-    the step on its share of the batch and the gradients are averaged over the group inside
-    the graph, in buckets of ``bucket_bytes`` (DDP's 25 MiB by default, and then a first
-    bucket of 1 MiB, as DDP's), travelling as ``grad_dtype`` ("float16", "bfloat16", or None
-    for float32); the ranks agree on skipping a non-finite step (any rank's inf or NaN is in
-    every rank's average; ``agree_found_inf`` also all-reduces the finite check's flag with
-    MAX, a collective more per step).
-    ``clip_grad_norm=max_norm`` clips the unscaled gradients by their global 2-norm, as
-    ``GradScaler.unscale_`` then ``clip_grad_norm_``.
-    """
-    if loss_scaling == "default":
-        dtype = policy.dtype if policy is not None else policy_overrides.get("dtype", "bfloat16")
-        loss_scaling = DynamicLossScaling() if dtype == "float16" else None
-    if loss_scaling is not None and not isinstance(
-        loss_scaling, DynamicLossScaling | StaticLossScaling
-    ):
-        raise GraphampError("loss_scaling: a DynamicLossScaling, a StaticLossScaling or None")
-    reduce = distributed.gradient_reduce(process_group, grad_dtype, bucket_bytes, agree_found_inf)
-    clipping = GradientClipping(float(clip_grad_norm)) if clip_grad_norm is not None else None
-    return TrainStep(
-        model,
-        loss_fn,
-        optimizer,
-        policy,
-        loss_scaling,
-        accumulate,
-        policy_overrides,
-        reduce=reduce,
-        clipping=clipping,
-    )

@@ -100,6 +100,8 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
         node = values[node_name]
         node.replace_all_uses_with(node.args[0])  # type: ignore[arg-type]
         node.graph.erase_node(node)
+    for name in script.removed_inputs:  # a pass gave every reader another value
+        graph.erase_node(values[name])
 
     for old, new in script.replace_outputs.items():
         output.replace_input_with(values[old], values[new])

@@ -1,0 +1,105 @@
+"""``graphamp.fx.train_step``: a training step as one mixed-precision graph, replicated
+(:class:`~graphamp.fx.step.TrainStep`, on one process or data-parallel over a process group)
+or sharded over a device mesh (:class:`~graphamp.fx.sharded.ShardedTrainStep`, FSDP)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from graphamp.distributed import GradientClipping
+from graphamp.errors import GraphampError
+from graphamp.fx import distributed, fsdp
+from graphamp.fx.sharded import ShardedTrainStep, sharding_of
+from graphamp.fx.step import TrainStep
+from graphamp.policy import Policy
+from graphamp.scaling import DynamicLossScaling, LossScaling, StaticLossScaling
+
+
+def train_step(
+    model: nn.Module,
+    loss_fn: Callable[..., torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    *,
+    policy: Policy | None = None,
+    loss_scaling: LossScaling | str | None = "default",
+    accumulate: int = 1,
+    process_group: Any = None,
+    grad_dtype: str | None = None,
+    clip_grad_norm: float | None = None,
+    bucket_bytes: int | None = None,
+    agree_found_inf: bool = False,
+    mesh: Any = None,
+    **policy_overrides: Any,
+) -> TrainStep:
+    """A training step for ``model`` as one mixed-precision graph (captured on first call,
+    and again on each batch of a shape or type not seen before: :mod:`graphamp.fx.signatures`).
+
+    ``loss_scaling`` defaults to :class:`DynamicLossScaling` for float16 and to none for
+    bfloat16 (it has float32's range). ``accumulate=k`` keeps the scale fixed over k
+    micro-batches and unscales, checks and updates once per effective batch.
+
+    With ``process_group`` (a torch.distributed ProcessGroup, or ``"world"``) each rank runs
+    the step on its share of the batch and the gradients are averaged over the group inside
+    the graph, in buckets of ``bucket_bytes`` (DDP's 25 MiB by default, and then a first
+    bucket of 1 MiB, as DDP's), travelling as ``grad_dtype`` ("float16", "bfloat16", or None
+    for float32); the ranks agree on skipping a non-finite step (any rank's inf or NaN is in
+    every rank's average; ``agree_found_inf`` also all-reduces the finite check's flag with
+    MAX, a collective more per step).
+    ``clip_grad_norm=max_norm`` clips the unscaled gradients by their global 2-norm, as
+    ``GradScaler.unscale_`` then ``clip_grad_norm_``.
+
+    A model sharded with FSDP2's ``fully_shard`` (its parameters DTensors), or an unsharded
+    one with ``mesh`` (a 1-D DeviceMesh: the step calls ``fully_shard(model, mesh=mesh)`` and
+    points the optimizer at the shards), trains sharded (:mod:`graphamp.fx.sharded`): each
+    rank holds its shard of every parameter and of the optimizer state; the graph gathers the
+    whole parameters (in the low type where only low-precision ops read them) and
+    reduce-scatters the gradients as ``grad_dtype`` (None: the type the model's FSDP2
+    MixedPrecisionPolicy reduces in, else float32).
+    """
+    if loss_scaling == "default":
+        dtype = policy.dtype if policy is not None else policy_overrides.get("dtype", "bfloat16")
+        loss_scaling = DynamicLossScaling() if dtype == "float16" else None
+    if loss_scaling is not None and not isinstance(
+        loss_scaling, DynamicLossScaling | StaticLossScaling
+    ):
+        raise GraphampError("loss_scaling: a DynamicLossScaling, a StaticLossScaling or None")
+    clipping = GradientClipping(float(clip_grad_norm)) if clip_grad_norm is not None else None
+    if mesh is not None or fsdp.is_sharded(model):
+        if agree_found_inf:
+            raise GraphampError(
+                "agree_found_inf: a sharded step always agrees on found_inf (each rank checks "
+                "only its shards); leave it out"
+            )
+        distributed.require_initialized("mesh" if mesh is not None else "a sharded model")
+        distributed.warn_if_group_pinned(stacklevel=3)
+        if mesh is not None and not fsdp.is_sharded(model):
+            fsdp.shard(model, mesh, optimizer)
+        sharded = fsdp.inspect(model, optimizer, process_group, mesh, grad_dtype)
+        return ShardedTrainStep(
+            model,
+            loss_fn,
+            optimizer,
+            policy,
+            loss_scaling,
+            accumulate,
+            policy_overrides,
+            sharded=sharded,
+            sharding=sharding_of(sharded, grad_dtype, bucket_bytes),
+            clipping=clipping,
+        )
+    reduce = distributed.gradient_reduce(process_group, grad_dtype, bucket_bytes, agree_found_inf)
+    return TrainStep(
+        model,
+        loss_fn,
+        optimizer,
+        policy,
+        loss_scaling,
+        accumulate,
+        policy_overrides,
+        reduce=reduce,
+        clipping=clipping,
+    )
