@@ -27,6 +27,7 @@ only the forward and backward passes read, and the optimizer update on the shard
 from __future__ import annotations
 
 from graphamp.distributed import Sharding, buckets, divide_factors
+from graphamp.dtypes import BY_NAME
 from graphamp.graph import NodeKind, OpGraph, Role, TensorInfo
 from graphamp.passes.all_reduce import by_readiness, elements, replace_gradients
 from graphamp.passes.base import Pass, PassContext, PassResult, register
@@ -36,6 +37,10 @@ from graphamp.vocab import Precision, Rule
 SHARD = "shard"  # the option holding the Sharding
 # the option naming each whole parameter's graph input: (its shard's input, the parameter)
 WHOLES = "whole_parameters"
+
+
+def _item_bytes(dtype: str) -> int:
+    return BY_NAME[dtype].numpy(0).itemsize
 
 
 def _plural(count: int, word: str) -> str:
@@ -49,13 +54,14 @@ def _label(context: PassContext, names: list[str]) -> str:
     return ", ".join(shown) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
-def _gather_type(graph: OpGraph, whole: TensorInfo, low: str) -> tuple[str, str]:
+def _gather_type(context: PassContext, whole: TensorInfo, low: str) -> tuple[str, str]:
     """The type ``whole`` travels in, and why: the low type when every reader is a cast to it."""
+    graph = context.graph
     readers = [graph.nodes[node] for node, _ in graph.consumers(whole.name)]
     other = next((n for n in readers if n.kind is not NodeKind.CAST or n.cast_to != low), None)
     if other is None:
         return low, f"only {low} ops read them"
-    return whole.dtype, f"{other.name} reads one in {whole.dtype}"
+    return whole.dtype, f"{other.name} reads {_label(context, [whole.name])} in {whole.dtype}"
 
 
 def _first_reads(graph: OpGraph, wholes: list[TensorInfo]) -> list[TensorInfo]:
@@ -88,12 +94,11 @@ class AllGatherPass(Pass):
         graph, low = context.graph, context.policy.dtype
         wholes = _first_reads(graph, [graph.tensors[name] for name in context.options[WHOLES]])
         read = [w for w in wholes if graph.consumers(w.name)]
-        typed = {w.name: _gather_type(graph, w, low) for w in read}
+        typed = {w.name: _gather_type(context, w, low) for w in read}
         groups: list[list[str]] = []
         for dtype in dict.fromkeys(dtype for dtype, _ in typed.values()):  # first read first
             same = [w for w in read if typed[w.name][0] == dtype]
-            item = 2 if dtype in ("float16", "bfloat16") else 4
-            sizes = [(w.name, elements(w) * item) for w in same]
+            sizes = [(w.name, elements(w) * _item_bytes(dtype)) for w in same]
             groups += buckets(sizes, sharding.bucket_bytes, sharding.first_bucket_bytes)
         total = 0
         for index, names in enumerate(groups):
@@ -120,7 +125,7 @@ class AllGatherPass(Pass):
         bytes each rank receives."""
         graph = context.graph
         wholes = [graph.tensors[name] for name in names]
-        item = 2 if dtype in ("float16", "bfloat16") else 4
+        item = _item_bytes(dtype)
         rows = [int(w.shape[0]) if w.shape else 1 for w in wholes]  # type: ignore[arg-type]
         received = sum(
             sharding.chunk(r) * sharding.world_size * (elements(w) // max(r, 1)) * item

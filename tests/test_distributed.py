@@ -280,7 +280,9 @@ def test_clipping_follows_grad_scaler_unscale_then_clip_grad_norm():
     assert relative(unclipped, expected) > 10 * relative(step.params, expected)
 
 
-def torchrun(script: Path, nproc: int = 2) -> tuple[int, list[tuple[str, str]], str]:
+def torchrun(
+    script: Path, nproc: int = 2, timeout: int = 240
+) -> tuple[int, list[tuple[str, str]], str]:
     """Run ``script`` under torchrun on ``nproc`` processes: (exit status, each rank's
     (stdout, stderr) from torchrun's per-rank logs, torchrun's own stderr)."""
     logs = script.parent / "logs"
@@ -290,7 +292,7 @@ def torchrun(script: Path, nproc: int = 2) -> tuple[int, list[tuple[str, str]], 
         cwd=script.parent,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout,
     )
     ranks = []
     for rank in range(nproc):

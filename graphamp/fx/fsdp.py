@@ -38,12 +38,15 @@ _HOOK_DICTS = (
 @dataclass
 class ShardedModel:
     """What a sharded step needs of an FSDP2 model: its parameters (DTensors, by the model's
-    names), the mesh they are sharded on and its process group, and the type FSDP2's
-    mixed-precision policy reduces gradients in (None: it sets none)."""
+    names), the mesh they are sharded on, its process group (by name, size and this rank's
+    place: a ProcessGroup object held past destroy_process_group can abort a rank at exit),
+    and the type FSDP2's mixed-precision policy reduces gradients in (None: it sets none)."""
 
     params: dict[str, DTensor]
     mesh: Any  # DeviceMesh
-    group: dist.ProcessGroup
+    group: str
+    world_size: int
+    rank: int
     reduce_dtype: str | None
 
 
@@ -132,7 +135,14 @@ def inspect(
                 "mesh's group (or no process_group)"
             )
     check_optimizer(optimizer, sharded)
-    return ShardedModel(sharded, model_mesh, group, _reduce_dtype(model, grad_dtype))
+    return ShardedModel(
+        sharded,
+        model_mesh,
+        group.group_name,
+        dist.get_world_size(group),
+        dist.get_rank(group),
+        _reduce_dtype(model, grad_dtype),
+    )
 
 
 def _mesh_key(mesh: Any) -> tuple:

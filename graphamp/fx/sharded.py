@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -42,9 +41,9 @@ def sharding_of(
     else:
         dtype, source = "float32", "grad_dtype None"
     return Sharding(
-        group=sharded.group.group_name,
-        world_size=dist.get_world_size(sharded.group),
-        rank=dist.get_rank(sharded.group),
+        group=sharded.group,
+        world_size=sharded.world_size,
+        rank=sharded.rank,
         dtype=dtype,
         dtype_source=source,
         bucket_bytes=DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes,
@@ -82,6 +81,7 @@ class ShardedTrainStep(TrainStep):
         self.sharded, self.sharding = sharded, sharding
         self._skeleton: nn.Module | None = None
         self._wholes: dict[str, torch.Tensor] = {}
+        self._locals: dict[str, torch.Tensor] = {}  # the model's shards, as the step reads them
 
     # what differs from a replicated step ----------------------------------------------------
 
@@ -93,7 +93,8 @@ class ShardedTrainStep(TrainStep):
     def _own_params(self) -> dict[str, torch.Tensor]:
         # The model's shards themselves: the step updates them (in place, or copied back after
         # the call), so the model, its state_dict and a checkpoint always hold the trained ones.
-        return {name: fsdp.local(p) for name, p in self.sharded.params.items()}
+        self._locals = {name: fsdp.local(p) for name, p in self.sharded.params.items()}
+        return dict(self._locals)
 
     def _trace(self, fn: Callable[..., list[torch.Tensor]], batch: Sequence) -> fx.GraphModule:
         """``fn`` traced on fake tensors: the shards and state as they are, and the whole
@@ -142,9 +143,8 @@ class ShardedTrainStep(TrainStep):
 
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
         loss = super().__call__(*batch)
-        for name, param in self.sharded.params.items():
-            own = fsdp.local(param)
-            if self.params[name] is not own:  # the update wrote a new tensor: into the model
+        for name, own in self._locals.items():
+            if self.params[name] is not own:  # the update made a new tensor: into the model
                 with torch.no_grad():
                     own.copy_(self.params[name])
                 self.params[name] = own
