@@ -19,7 +19,6 @@ keeps it float32 with its bodies untouched, under rule ``control_flow``.
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import torch
@@ -51,7 +50,7 @@ class HopCall:
 
     @property
     def op(self) -> str:
-        return "map_impl" if self.node.target is MAP else str(self.node.target.__name__)  # type: ignore[union-attr]
+        return str(self.node.target)  # "cond", "while_loop", "map_impl"
 
 
 def is_higher_order(node: fx.Node) -> bool:
@@ -66,7 +65,7 @@ def call_of(module: fx.GraphModule, node: fx.Node) -> HopCall | None:
 
     def body(arg: object) -> tuple[str, fx.GraphModule]:
         assert isinstance(arg, fx.Node) and arg.op == "get_attr"
-        submodule = getattr(module, str(arg.target))
+        submodule = module.get_submodule(str(arg.target))
         assert isinstance(submodule, fx.GraphModule)
         return str(arg.target), submodule
 
@@ -159,12 +158,3 @@ def drop_unread_operands(call: HopCall) -> None:
     container = tuple if isinstance(node.args[index], tuple) else list
     node.args = (*node.args[:index], container(kept), *node.args[index + 1 :])
     call.operands = [v for i, v in enumerate(call.operands) if i not in unread]
-
-
-def output_nodes(node: fx.Node) -> dict[int, fx.Node]:
-    """The ``getitem`` nodes that read a call's outputs, by index."""
-    return {
-        int(user.args[1]): user  # type: ignore[arg-type]
-        for user in node.users
-        if user.op == "call_function" and user.target is operator.getitem
-    }

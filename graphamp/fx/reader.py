@@ -197,8 +197,8 @@ class _Reader:
                 graph.add_tensor(tensor_info(outputs[1], values[index]))
                 graph.tensors[outputs[1]].body = parent
                 back = frozenset({1})
-            what = "carried value" if call.carried else "slice of input"
-            self._boundary(f"{name}/{role}:{index}", f"{call.op} {what} {index}", inputs, outputs)
+            what = f"{call.op} {'carried value' if call.carried else 'slice of input'} {index}"
+            self._boundary(f"{name}/{role}:{index}", call.op, what, inputs, outputs, parent)
             graph.nodes[f"{name}/{role}:{index}"].back_inputs = back
             handles.boundaries[f"{name}/{role}:{index}"] = Boundary(name, role, index)
             operands[index] = parameter
@@ -224,9 +224,9 @@ class _Reader:
             parameter = operands[index]
             handles.nodes[parameter] = handles.placeholders[(parameter, main_module.graph)]
             if call.carried:
-                carried = graph.nodes[f"{name}/{role}:{index}"]
-                graph.replace_input(carried.name, 1, results[main][index])
-                if carried.follow_inputs:
+                carried, following = graph.nodes[f"{name}/{role}:{index}"], results[main][index]
+                graph.replace_input(carried.name, 1, following)
+                if carried.follow_inputs and following and graph.tensors[following].is_float:
                     carried.follow_inputs |= {1}
         if call.carried:
             return
@@ -235,12 +235,16 @@ class _Reader:
             graph.add_tensor(tensor_info(output, value))
             graph.tensors[output].body = parent
             inputs = [results[body][index] for body in call.results]
-            what = "output" if call.node.target is hops.COND else "stacked output"
-            self._boundary(f"{name}/output:{index}", f"{call.op} {what} {index}", inputs, [output])
+            what = f"{call.op} {'output' if call.node.target is hops.COND else 'stacked output'}"
+            boundary = f"{name}/output:{index}"
+            self._boundary(boundary, call.op, f"{what} {index}", inputs, [output], parent)
             handles.boundaries[f"{name}/output:{index}"] = Boundary(name, "output", index)
 
-    def _boundary(self, name: str, what: str, inputs: list[str], outputs: list[str]) -> None:
-        """A boundary node: every slot holds one value across the boundary, in one type."""
+    def _boundary(
+        self, name: str, op: str, what: str, inputs: list[str], outputs: list[str], body: str
+    ) -> None:
+        """A boundary node (in the call's scope, ``body``): every slot holds one value across
+        the boundary, in one type; ``what`` names that value for reasons."""
         graph = self.graph
         floats = [s for s, value in enumerate(inputs) if value and graph.tensors[value].is_float]
         float_outputs = [s for s, value in enumerate(outputs) if graph.tensors[value].is_float]
@@ -248,7 +252,7 @@ class _Reader:
         graph.add_node(
             OpNode(
                 name,
-                what.split(" ")[0],
+                op,
                 inputs,
                 outputs,
                 kind=NodeKind.BOUNDARY,
@@ -256,7 +260,7 @@ class _Reader:
                 follow_outputs=frozenset(float_outputs if floats else ()),
                 allowed_types=FLOAT_TYPES,
                 compute_type=first,
-                body=graph.tensors[outputs[-1]].body,
+                body=body,
                 schema_source=SCHEMA_SOURCE,
                 params={"boundary": what},
             )
