@@ -26,8 +26,9 @@ also given against the input's plus the output's size.
 
 FX: Hugging Face BERT-base (``transformers.BertConfig()``'s defaults, random weights, one
 sequence of 128 tokens) in one process: ``torch.export.export`` alone, and
-``graphamp.fx.convert`` (which captures with it), one warm-up each, then ``--runs`` rounds taking
-turns; medians, the ratio, and convert's phases.
+``graphamp.fx.convert`` (which captures with it), each by default and with the other's shapes
+(convert makes the batch dimension dynamic by default, export nothing), one warm-up each, then
+``--runs`` rounds taking turns; medians and the ratios.
 
 The machine (``lscpu`` model and flags) and the load average are printed with the tables.
 """
@@ -178,45 +179,44 @@ def bench_fx(args: argparse.Namespace) -> dict[str, object]:
 
     import torch
     import transformers
+    from torch.export import Dim
 
     import graphamp.fx as gfx
-    from graphamp import engine
-    from graphamp.fx.conversion import fx_policy
-    from graphamp.fx.dialect import FxDialect
 
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
     model = transformers.BertModel(transformers.BertConfig()).eval()
     ids = torch.randint(1, 30000, (1, 128), generator=torch.Generator().manual_seed(0))
-    policy = fx_policy(model, None, "cpu", {})
-
-    def export() -> None:
-        torch.export.export(model, (ids,))
-
-    phases: list[dict[str, float]] = []
-
-    def convert() -> None:
-        result = engine.convert(model, policy, dialect=FxDialect(example_inputs=(ids,)))
-        phases.append(result.seconds)
-
-    times: dict[str, list[float]] = {"torch.export.export": [], "graphamp.fx.convert": []}
-    gfx.convert(model, (ids,), device="cpu")  # warm-up: imports, caches, the public path
-    export()
+    # graphamp.fx.convert's default makes the batch dimension dynamic (Dim.AUTO) where the
+    # model allows it; torch.export's makes nothing dynamic: each is timed both ways.
+    batch = {"input_ids": {0: Dim.AUTO}}
+    calls = {
+        "torch.export.export": lambda: torch.export.export(model, (ids,)),
+        "torch.export.export, batch Dim.AUTO": lambda: torch.export.export(
+            model, (ids,), dynamic_shapes=batch
+        ),
+        "graphamp.fx.convert": lambda: gfx.convert(model, (ids,), device="cpu"),
+        "graphamp.fx.convert, dynamic_shapes='static'": lambda: gfx.convert(
+            model, (ids,), device="cpu", dynamic_shapes="static"
+        ),
+    }
+    times: dict[str, list[float]] = {label: [] for label in calls}
+    for call in calls.values():  # warm-up: imports, caches
+        call()
     for _ in range(args.runs):
-        for label, call in (("torch.export.export", export), ("graphamp.fx.convert", convert)):
+        for label, call in calls.items():
             start = time.perf_counter()
             call()
             times[label].append(time.perf_counter() - start)
-    return {"times": times, "phases": phases}
+    return {"times": times}
 
 
 def fx_table(result: dict[str, object]) -> str:
     times: dict[str, list[float]] = result["times"]  # type: ignore[assignment]
-    phases: list[dict[str, float]] = result["phases"]  # type: ignore[assignment]
-    export, convert = times["torch.export.export"], times["graphamp.fx.convert"]
-    ratio = statistics.median(c / e for c, e in zip(convert, export, strict=True))
+    labels = list(times)
     lines = [
-        f"HF BERT-base (random weights), 1 x 128 tokens; medians of {len(export)} rounds",
+        f"HF BERT-base (random weights), 1 x 128 tokens; medians of "
+        f"{len(times[labels[0]])} rounds after a warm-up",
         "",
         "| call | time s | each round |",
         "|---|---|---|",
@@ -224,10 +224,16 @@ def fx_table(result: dict[str, object]) -> str:
     for label, values in times.items():
         spread = " ".join(f"{v:.2f}" for v in values)
         lines.append(f"| {label} | {statistics.median(values):.2f} | {spread} |")
-    split = ", ".join(
-        f"{key} {statistics.median(p[key] for p in phases):.2f} s" for key in phases[0]
-    )
-    lines += ["", f"convert / export: {ratio:.2f}x (median of each round's ratio); {split}"]
+
+    def ratio(convert: str, export: str) -> float:
+        return statistics.median(c / e for c, e in zip(times[convert], times[export], strict=True))
+
+    lines += [
+        "",
+        f"convert / export: {ratio(labels[2], labels[0]):.2f}x (both by default), "
+        f"{ratio(labels[2], labels[1]):.2f}x (both with a dynamic batch), "
+        f"{ratio(labels[3], labels[0]):.2f}x (both static); medians of each round's ratio",
+    ]
     return "\n".join(lines)
 
 
