@@ -121,13 +121,14 @@ class GradientClipping:
 
 
 def divide_factors(world: int, dtype: str) -> tuple[float, float]:
-    """What a gradient reduced as ``dtype`` over ``world`` ranks is divided by before the
-    reduction and after it, so that the sum of the ranks' shares is the mean: the world size
-    before, except in float16, whose range is narrow: there, as FSDP2 does, about its square
-    root before (the sum stays below float16's largest value) and the rest after (the shares
-    stay above its smallest normal one)."""
+    """What a gradient reduce-scattered as ``dtype`` over ``world`` ranks is divided by before
+    the reduction and after it, so that the mean is what each rank keeps: the world size
+    after (the sum of every rank's whole gradient, divided on this rank's shard only: 1/world
+    of the values, as FSDP2's average), except in float16, whose range is narrow: there, as
+    FSDP2 does, about its square root before (the sum stays below float16's largest value)
+    and the rest after (the shares stay above its smallest normal one)."""
     if dtype != "float16":
-        return float(world), 1.0
+        return 1.0, float(world)
     before = 1
     while world % before == 0 and world / before > before:
         before *= 2

@@ -15,10 +15,11 @@ only the forward and backward passes read, and the optimizer update on the shard
   parameters stay until backward has read them (FSDP's ``reshard_after_forward=False``).
 * **reduce_scatter**: the gradients averaged over the ranks in ``dtype``, each rank keeping
   the rows of its own shard (half the bytes of an all-reduce of the same gradients), in
-  buckets in the order backward makes them; in float16 divided by about the square root of
-  the world size before the sum and the rest after, as FSDP2 does (neither overflow nor
-  flush). Under loss scaling the scaled gradients travel
-  and are unscaled after, so small values survive a low-precision reduction.
+  buckets in the order backward makes them. The sum is divided by the world size on this
+  rank's shard (1/world of the values; in float16 about the square root of the world size
+  before the sum and the rest after, as FSDP2 does: neither overflow nor flush). Under loss
+  scaling the scaled gradients travel and are unscaled after, so small values survive a
+  low-precision reduction.
 * The finite check then sees only this rank's shards, so the ranks agree on it with a MAX
   all-reduce of ``found_inf`` (:mod:`graphamp.passes.all_reduce`'s ``all_reduce_found_inf``,
   which a sharded step always runs), as ``ShardedGradScaler`` does.
@@ -182,8 +183,13 @@ class ReduceScatterPass(Pass):
         by_name = dict(sizes)
         low = sharding.dtype != "float32"
         before, after = divide_factors(sharding.world_size, sharding.dtype)
-        divided = f"divided by {before:g} before the sum" + (
-            f" and by {after:g} after it" if after != 1 else ""
+        divided = " and ".join(
+            part
+            for part, factor in (
+                (f"divided by {before:g} before the sum", before),
+                (f"the sum divided by {after:g}", after),
+            )
+            if factor != 1
         )
         scaled = ""
         if context.options.get("loss_scaling") is not None:

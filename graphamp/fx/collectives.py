@@ -73,10 +73,11 @@ def reduce_scatter(node: OpNode) -> Lowering:
     before, after = divide_factors(world, str(node.params["dtype"]))
 
     def scattered(*gradients: torch.Tensor) -> list[torch.Tensor]:
-        # Divided by the world size (in float16 partly before the reduction and partly after
-        # it) so that the sum of the ranks' shares is the mean.
+        # Divided by the world size, after the sum on this rank's shard (in float16 partly
+        # before it: graphamp.distributed.divide_factors), so that what it keeps is the mean.
         pieces = [
-            _padded((g / before).to(sent_as), world * _chunk(g.shape[0], world)) for g in gradients
+            _padded((g / before if before != 1 else g).to(sent_as), world * _chunk(len(g), world))
+            for g in gradients
         ]
         rows = [piece.reshape(world, -1) for piece in pieces]
         flat = (torch.cat(rows, dim=1) if len(rows) > 1 else rows[0]).reshape(-1)
