@@ -104,7 +104,10 @@ def run_graphamp(settings: dict[str, Any], mesh: DeviceMesh) -> dict[str, Any]:
         model = sharded_net(mesh, settings.get("reduce", "float32"))
         step = graphamp_step(model, settings)
     scales, skipped = [], []
-    for index, batch in enumerate(batches(settings.get("poison"))):
+    data = batches(settings.get("poison"))
+    if settings.get("compile"):
+        step.compile(*mine(data[0]))
+    for index, batch in enumerate(data):
         before = int(step.skipped_steps)
         step(*mine(batch))
         scales.append(float(step.loss_scale))

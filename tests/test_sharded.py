@@ -36,6 +36,7 @@ TWO = {
     "adamw": {"optim": "adamw"},
     "clip": {"clip": 0.05},
     "mesh": {"mesh_argument": True, "reference": False},  # train_step shards the model
+    "compiled": {"compile": True, "reference": False},  # step.compile(): under inductor
     "checkpoint": {},
     "bad inputs": {},
 }
@@ -174,6 +175,15 @@ def test_the_step_shards_an_unsharded_model_given_a_mesh(two):
     assert all(
         torch.equal(two[0]["mesh"]["params"][k], v) for k, v in two[0]["float32"]["params"].items()
     )
+
+
+def test_the_compiled_sharded_step_trains_as_the_eager_one(two):
+    """step.compile() hands inductor the functional graph, collectives included: its fusions
+    round differently, so the parameters are close, not equal."""
+    compiled, eager = two[0]["compiled"], two[0]["float32"]
+    assert same_on_every_rank(two, "compiled")
+    assert relative(compiled["params"], eager["params"]) <= 1e-4
+    assert compiled["scales"] == eager["scales"]
 
 
 def test_a_distributed_checkpoint_resumes_to_the_same_parameters(two):
