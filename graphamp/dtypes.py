@@ -61,6 +61,30 @@ def itemsize(name: str) -> int:
     return int(np.dtype(numpy_type(name)).itemsize)
 
 
+# What a symbolic dimension counts in the estimates of bytes moved (the plan's Cast bytes, the
+# cost pass's cut): 1, as for batch 1 and one token, so the weights weigh against one token's
+# activations.
+SYMBOLIC_DIM = 1
+
+
+def estimated_elements(shape: tuple[object, ...] | None) -> int | None:
+    """The element count of ``shape``, a symbolic dimension counted :data:`SYMBOLIC_DIM`;
+    None when the rank is unknown."""
+    if shape is None:
+        return None
+    count = 1
+    for dim in shape:
+        count *= dim if isinstance(dim, int) and dim >= 0 else SYMBOLIC_DIM
+    return count
+
+
+def cast_bytes(shape: tuple[object, ...] | None, src: str, dst: str) -> int | None:
+    """The bytes a Cast of a value of ``shape`` from ``src`` to ``dst`` reads and writes per
+    run (estimated: :func:`estimated_elements`); None when the rank is unknown."""
+    count = estimated_elements(shape)
+    return None if count is None else count * (itemsize(src) + itemsize(dst))
+
+
 def from_onnx(code: int) -> str | None:
     """The name of an ONNX element type, or None for one outside the table."""
     entry = BY_ONNX.get(code)

@@ -91,6 +91,8 @@ class Plan:
         return {
             "nodes": self.counts(),
             "casts_inserted": len(self.casts) + len(self.output_casts),
+            # bytes the inserted Casts read and write per run (those of known shape)
+            "cast_bytes": sum(c.bytes or 0 for c in self.all_casts()),
             "casts_retargeted": len(self.casts_retargeted),
             "casts_removed": len(self.casts_removed),
             "matrix_ops": len(matrix),

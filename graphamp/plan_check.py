@@ -165,7 +165,7 @@ _PLAN: dict[str, Check] = {
     "dtype": _DTYPE,
     "policy": _policy,
     "nodes": _mapping(lambda v, p: _record(v, p, _NODE, optional=_NODE_OPTIONAL)),
-    "casts": _records(_CAST, {}),
+    "casts": _records(_CAST, {"bytes": _count}),
     "weights": _records(_WEIGHT, _WEIGHT_OPTIONAL),
 }
 _REWRITE = (

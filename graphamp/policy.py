@@ -31,15 +31,17 @@ from graphamp.errors import GraphampError
 from graphamp.vocab import ListName
 
 LISTS = tuple(ListName)
-# How precisions spread between listed ops: TensorFlow's rules (the paint pass), or
-# autocast's (the promote pass: an unlisted op computes in the promoted type of its inputs).
-SPREADS = ("tensorflow", "autocast")
+# How infer and clear ops are decided: by the bytes Casts and weights move (the cost pass, a
+# minimum cut: ONNX's default), TensorFlow's colouring (the paint pass), or autocast's type
+# promotion (the promote pass: an op computes in the promoted type of its inputs).
+SPREADS = ("cost", "tensorflow", "autocast")
 ALIASES = {"white": "allow", "gray": "infer", "grey": "infer", "black": "deny"}
 DTYPES = TARGET_TYPES
 POLICY_KEYS = frozenset(
     {
         "dtype",
         "target",
+        "spread",
         "keep_io_types",
         "fuse",
         "inline_functions",
@@ -115,7 +117,7 @@ class Policy:
     # True: every graph input and output keeps its type; a tuple: only those names; False: none.
     keep_io_types: bool | tuple[str, ...] = False
     source: str = "defaults"
-    spread: str = "tensorflow"  # see SPREADS
+    spread: str = "tensorflow"  # see SPREADS (a plan from before "cost" existed: tensorflow)
     moved_ops: tuple[str, ...] = ()  # op types the user named in a list (file or flags)
     target: str = "cuda"  # see TARGETS (ONNX models)
     # Replace decomposed patterns (an RMSNorm's Pow ... Mul) by a fused op where the target
@@ -141,6 +143,7 @@ class Policy:
         target: str = "cuda",
         fuse: bool = True,
         inline_functions: bool = False,
+        spread: str | None = None,
         where: str = "policy",
         later_moves: Mapping[str, Iterable[str]] | None = None,
         later_where: str = "command line",
@@ -165,6 +168,8 @@ class Policy:
         _check_disjoint(moves, where)
         if target not in TARGETS:
             raise GraphampError(f"{where}: target {target!r} is not one of {', '.join(TARGETS)}")
+        if spread is not None and spread not in SPREADS:
+            raise GraphampError(f"{where}: spread {spread!r} is not one of {', '.join(SPREADS)}")
         lists = load_default_lists(dialect, dtype)
         _move(lists, moves, where)
         if later_moves:
@@ -178,7 +183,7 @@ class Policy:
         return cls(
             dtype=dtype,
             dialect=dialect,
-            spread=default_spread(dialect, dtype),
+            spread=spread or default_spread(dialect, dtype),
             moved_ops=tuple(dict.fromkeys(named)),
             lists=lists,
             deny_names=tuple(deny_names),
@@ -213,7 +218,7 @@ class Policy:
         file_moves: dict[str, list[str]] = {}
         kwargs: dict[str, object] = {}
         for key, value in table.items():
-            if key in ("dtype", "target") and not isinstance(value, str):
+            if key in ("dtype", "target", "spread") and not isinstance(value, str):
                 raise GraphampError(f"{where}: {key!r} must be a string")
             if key in ("fuse", "inline_functions") and not isinstance(value, bool):
                 raise GraphampError(f"{where}: {key!r} must be true or false")
@@ -224,7 +229,7 @@ class Policy:
                 raise GraphampError(
                     f"{where}: 'keep_io_types' must be true, false or a list of strings"
                 )
-            plain = ("dtype", "target", "keep_io_types", "fuse", "inline_functions")
+            plain = ("dtype", "target", "spread", "keep_io_types", "fuse", "inline_functions")
             if key not in plain and not (
                 isinstance(value, list) and all(isinstance(item, str) for item in value)
             ):

@@ -37,9 +37,12 @@ class CastRecord:
     output: str
     consumers: list[str]
     purpose: str = "precision boundary"  # or "graph output kept in its original type"
+    # bytes it reads and writes per run, estimated from the value's shape (a symbolic
+    # dimension counts 1); None where the shape is unknown
+    bytes: int | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        record: dict[str, object] = {
             "tensor": self.tensor,
             "from": self.src,
             "to": self.dst,
@@ -47,6 +50,9 @@ class CastRecord:
             "consumers": self.consumers,
             "purpose": self.purpose,
         }
+        if self.bytes is not None:
+            record["bytes"] = self.bytes
+        return record
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> CastRecord:
@@ -57,6 +63,7 @@ class CastRecord:
             output=str(data["output"]),
             consumers=[str(name) for name in data["consumers"]],  # type: ignore[attr-defined]
             purpose=str(data["purpose"]),
+            bytes=int(data["bytes"]) if data.get("bytes") is not None else None,  # type: ignore[call-overload]
         )
 
 

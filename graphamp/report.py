@@ -8,7 +8,7 @@ from collections import defaultdict
 from graphamp.errors import GraphampError
 from graphamp.graph import OpGraph
 from graphamp.plan import Plan
-from graphamp.records import NodeDecision
+from graphamp.records import BOUNDARY, CastRecord, NodeDecision
 
 PRECISION_ORDER = ("float16", "bfloat16", "float32", "float64", "none")
 
@@ -37,10 +37,12 @@ def text_table(plan: Plan) -> str:
                 f"{decision.reason}{via}"
             )
     if plan.all_casts():
-        lines += ["", f"casts ({len(plan.all_casts())})"]
+        lines += ["", f"casts ({len(plan.all_casts())}, {summary['cast_bytes']} bytes per run)"]
         for cast in sorted(plan.all_casts(), key=lambda c: c.output):
             readers = ", ".join(cast.consumers) or cast.purpose
-            lines.append(f"  {cast.tensor}: {cast.src} -> {cast.dst}  (for {readers})")
+            lines.append(
+                f"  {cast.tensor}: {cast.src} -> {cast.dst}{_bytes(cast)}  (for {readers})"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -56,6 +58,9 @@ def explain(plan: Plan, node: str, graph: OpGraph | None = None) -> str:
             f"{node}: replaced by {rewrite.node} ({rewrite.op}), rule {rewrite.rule}: "
             f"{rewrite.reason}\n" + explain(plan, rewrite.node, graph)
         )
+    cast = next((c for c in plan.all_casts() if node in (c.output, c.tensor)), None)
+    if node not in plan.nodes and cast is not None:
+        return explain_cast(plan, cast, graph)
     if node not in plan.nodes:
         import difflib
 
@@ -95,7 +100,9 @@ def explain(plan: Plan, node: str, graph: OpGraph | None = None) -> str:
                 else "stored value"
             )
             cast = next((c for c in plan.casts if c.tensor == tensor and node in c.consumers), None)
-            how = f"; cast {cast.src} -> {cast.dst}" if cast else ""
+            how = (
+                f"; cast {cast.src} -> {cast.dst}{_bytes(cast)} as {cast.output!r}" if cast else ""
+            )
             follows = (
                 "follows the node's precision"
                 if slot in op_node.follow_inputs
@@ -107,3 +114,80 @@ def explain(plan: Plan, node: str, graph: OpGraph | None = None) -> str:
 
 def _count(number: object, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def explain_cast(plan: Plan, cast: CastRecord, graph: OpGraph | None = None) -> str:
+    """Why a Cast sits where it does: the precisions on either side of it, and (with the
+    graph) the bytes it would move one op earlier or later, where that op could have gone
+    the other way (an infer or clear op)."""
+    lines = [
+        f"Cast {cast.output!r}: {cast.tensor!r} {cast.src} -> {cast.dst}{_bytes(cast)}, "
+        f"{cast.purpose}"
+    ]
+    if graph is None or cast.tensor not in graph.tensors:
+        readers = ", ".join(cast.consumers) or "the graph output"
+        return "\n".join([*lines, f"  read by {readers}"]) + "\n"
+    producer = graph.tensors[cast.tensor].producer
+    if producer in plan.nodes:
+        lines.append(f"  {cast.tensor!r} comes from {_side(plan, producer)}")
+    else:
+        lines.append(f"  {cast.tensor!r} is a graph input in {cast.src}")
+    lines += [f"  read by {_side(plan, reader)}" for reader in cast.consumers]
+    moves = []
+    if producer in plan.nodes and plan.nodes[producer].rule in _MOVABLE:
+        before = _cast_total(
+            graph, graph.nodes[producer].inputs, graph.nodes[producer].follow_inputs, cast
+        )
+        if before is not None:
+            moves.append(
+                f"before {producer} (its inputs cast, {producer} in {cast.dst}): {before} bytes"
+            )
+    for reader in cast.consumers:
+        node = graph.nodes.get(reader)
+        if node is None or plan.nodes[reader].rule not in _MOVABLE:
+            continue
+        after = _cast_total(graph, node.outputs, node.follow_outputs, cast)
+        if after is not None:
+            moves.append(
+                f"after {reader} (its outputs cast, {reader} in {cast.src}): {after} bytes"
+            )
+    if moves:
+        lines.append("  one op away it would move: " + "; ".join(moves))
+    elif cast.purpose == BOUNDARY:
+        lines.append(
+            "  neither side can move: both are fixed by their rules (an infer or clear op "
+            "beside it would show what moving the Cast past it costs)"
+        )
+    return "\n".join(lines) + "\n"
+
+
+_MOVABLE = ("infer", "clear")
+
+
+def _side(plan: Plan, node: str) -> str:
+    decision = plan.nodes[node]
+    return f"{node} ({decision.op}): {decision.precision}, rule {decision.rule}: {decision.reason}"
+
+
+def _cast_total(
+    graph: OpGraph, values: list[str], slots: frozenset[int], cast: CastRecord
+) -> int | None:
+    """The bytes Casts of ``values`` at ``slots`` (float values only) would move, as
+    ``cast`` does; None when a shape is unknown."""
+    from graphamp.dtypes import cast_bytes
+
+    total = 0
+    for slot in sorted(slots):
+        name = values[slot] if slot < len(values) else ""
+        tensor = graph.tensors.get(name)
+        if tensor is None or tensor.dtype != "float32" or tensor.is_constant:
+            continue
+        moved = cast_bytes(tensor.shape, cast.src, cast.dst)
+        if moved is None:
+            return None
+        total += moved
+    return total
+
+
+def _bytes(cast: CastRecord) -> str:
+    return f" ({cast.bytes} bytes per run)" if cast.bytes is not None else ""

@@ -51,6 +51,7 @@ class Rule(enum.StrEnum):
     WEIGHT_RANGE = "weight_range"
     RANGE = "range"  # a value beyond the target's range on calibration data
     TUNED = "tuned"  # kept float32 by graphamp tune's search
+    QDQ = "qdq"  # a quantised op between float32 quantisers (passes/qdq.py)
     CONTROL_FLOW = "control_flow"
     OPAQUE = "opaque"
     TYPE_UNKNOWN = "type_unknown"

@@ -6,7 +6,10 @@ the package imports them all, so :class:`PassManager` sees every pass without a 
 chain. The built-in ones:
 
 * :mod:`classify` gives each node its initial class and reason,
+* :mod:`cost` decides infer and clear ops by a minimum cut of Cast and weight bytes (ONNX),
 * :mod:`paint` spreads precisions along the dataflow (TensorFlow's semantics),
+* :mod:`promote` decides them by type promotion (autocast's semantics, PyTorch),
+* :mod:`qdq` keeps the quantised ops of a QDQ model float32 where their quantisers are,
 * :mod:`casts` turns the decisions into casts, weight conversions and cast clean-up,
 * :mod:`reviewed` applies a reviewed plan's decisions instead, and refuses a drifted model,
 * :mod:`loss_scale` adds loss scaling, unscaling, the finite check and the step guard to

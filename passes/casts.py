@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
-from graphamp.dtypes import itemsize
+from graphamp.dtypes import cast_bytes, itemsize
 from graphamp.edits import EditScript
 from graphamp.graph import NodeKind, OpGraph, OpNode
 from graphamp.names import Names
@@ -233,6 +233,7 @@ def plan_casts(
                 dst=want,
                 output=output,
                 consumers=sorted({n for n, _ in slots}),
+                bytes=cast_bytes(graph.tensors[source].shape, has[source], want),
             )
         )
         for slot_key in slots:

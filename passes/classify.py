@@ -20,7 +20,9 @@ Rules, in the order they are tried (the first that applies decides):
 5. The op's list: allow / infer / clear / deny; an unlisted op stays float32 (``unlisted``).
 6. A listed op whose schema does not admit the target type, or which reads a stored weight
    whose values would overflow the target type, stays float32 (``schema`` /
-   ``weight_range``) without spreading deny: weights are never silently clamped.
+   ``weight_range``) without spreading deny: weights are never silently clamped. So does a
+   quantiser (DequantizeLinear, QuantizeLinear) whose stored scale falls below the target's
+   normal range (``weight_range``: a rounded scale would shift every quantisation step).
 
 The result maps every node to a :class:`NodeDecision`; for allow/infer/clear the precision is
 provisional until :class:`~graphamp.passes.paint.PaintPass` runs.
@@ -30,7 +32,10 @@ from __future__ import annotations
 
 import logging
 
-from graphamp.dtypes import LOW_TYPES, UNKNOWN
+import ml_dtypes
+import numpy as np
+
+from graphamp.dtypes import LOW_TYPES, UNKNOWN, numpy_type
 from graphamp.graph import NodeKind, OpNode
 from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
 from graphamp.passes.weights import WeightRanges
@@ -136,6 +141,13 @@ def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDe
                 f"deny_tensors rule: reads or writes {tensor!r}",
             )
 
+    if node.kind is NodeKind.BOUNDARY and low not in node.allowed_types:
+        return decide(
+            Precision.FLOAT32,
+            Rule.SCHEMA,
+            f"{node.params.get('boundary', node.op)}: {node.op.split('.')[0]} at "
+            f"{node.schema_source or 'this opset'} does not admit {low}: kept float32",
+        )
     if node.kind is NodeKind.BOUNDARY:
         return decide(
             Precision.FLOAT32,
@@ -157,6 +169,15 @@ def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDe
         )
     if node.no_kernel:
         return decide(Precision.FLOAT32, Rule.NO_KERNEL, f"{node.no_kernel}: kept float32")
+    tiny = _subnormal_scale(node, weights, low)
+    if tiny is not None:
+        name, value = tiny
+        return decide(
+            Precision.FLOAT32,
+            Rule.WEIGHT_RANGE,
+            f"quantisation scale {name!r} holds {value:.3g}, below {low}'s normal range: kept"
+            " float32, every quantisation step exact",
+        )
     too_large = _overflowing_weight(node, weights)
     if too_large is not None:
         name, value = too_large
@@ -194,3 +215,23 @@ def _overflowing_weight(node: OpNode, weights: WeightRanges) -> tuple[str, float
         if stats.overflows:
             return name, stats.absmax
     return None
+
+
+# Ops whose input 1 is a quantisation scale: a scale rounded to a subnormal loses most of its
+# bits, and every value the op writes or reads is off by that much.
+SCALED_OPS = frozenset({"DequantizeLinear", "QuantizeLinear"})
+
+
+def _subnormal_scale(node: OpNode, weights: WeightRanges, low: str) -> tuple[str, float] | None:
+    """A quantisation op's stored scale with a non-zero magnitude below ``low``'s smallest
+    normal (float16: 6.1e-5), or None."""
+    if node.op not in SCALED_OPS or 1 not in node.follow_inputs or len(node.inputs) < 2:
+        return None
+    name = node.inputs[1]
+    if name not in stored_float32_inputs(node, weights):
+        return None
+    values = np.abs(np.asarray(weights.graph.tensors[name].load_value(), dtype=np.float64))  # type: ignore[misc]
+    values = values[values > 0]
+    smallest = float(values.min()) if values.size else 0.0
+    normal = float(ml_dtypes.finfo(numpy_type(low)).tiny)
+    return (name, smallest) if 0 < smallest < normal else None

@@ -11,7 +11,7 @@ Used by :mod:`casts`; helpers, not a pass.
 
 from __future__ import annotations
 
-from graphamp.dtypes import LOW_TYPES
+from graphamp.dtypes import LOW_TYPES, cast_bytes
 from graphamp.edits import EditScript
 from graphamp.graph import OpGraph
 from graphamp.names import Names
@@ -85,6 +85,7 @@ def plan_output_casts(
                 output=name,
                 consumers=sorted(set(shared.get(name, []))),
                 purpose="graph output kept in its original type",
+                bytes=cast_bytes(graph.tensors[name].shape, has[name], cast_back[name]),
             )
         )
 

@@ -63,37 +63,9 @@ def paint(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[st
         log.info("no allow-list ops: nothing runs in %s", low)
 
     # 2. Deny forward, only along paths that end at a deny or infer node.
-    upstream_of_deny_or_infer: set[str] = set()
-    roots = [n for n in order if rule[n] in DENY_SEEDS or rule[n] is Rule.INFER]
-    _walk(
-        flow.predecessors, roots, upstream_of_deny_or_infer, enter=lambda n: rule[n] is Rule.CLEAR
-    )
-    denied: dict[str, str] = {}
-    for seed in (n for n in order if rule[n] in DENY_SEEDS):
-        # a walk per seed, inline (most seeds reach nothing, and there may be thousands)
-        reached, stack = {seed}, [seed]
-        while stack:
-            for near in flow.successors(stack.pop()):
-                if (
-                    near not in reached
-                    and near in upstream_of_deny_or_infer
-                    and near not in denied
-                    and rule[near] in _FOLLOWERS
-                ):
-                    reached.add(near)
-                    stack.append(near)
-        reached.discard(seed)
-        for name in reached:
-            denied.setdefault(name, seed)
-    for name, seed in denied.items():
-        decisions[name] = NodeDecision(
-            op=classes[name].op,
-            precision=Precision.FLOAT32,
-            rule=Rule.DENY_SPREAD,
-            reason=f"{classes[name].rule} list op downstream of deny op {seed!r} on a path to a"
-            " deny or infer op",
-            via=seed,
-        )
+    spread = deny_spread_decisions(graph, classes)
+    decisions.update(spread)
+    denied = {name: str(d.via) for name, d in spread.items()}
 
     # 3. Clear and infer nodes between allow nodes.
     def can_join(name: str) -> bool:
@@ -176,6 +148,51 @@ def paint(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[st
             )
     log.info("painted %d of %d nodes %s", len(low_set), len(order), low)
     return decisions
+
+
+def deny_spread_decisions(
+    graph: OpGraph, classes: dict[str, NodeDecision]
+) -> dict[str, NodeDecision]:
+    """Rule 2: the infer and clear nodes deny spreads to (float32, rule ``deny_spread``, via
+    the deny node it came from), walking forward from each deny seed through nodes that lie
+    upstream of a deny or infer node through clear nodes only. The cost pass keeps this rule
+    too."""
+    flow = graph.dataflow
+    order = list(graph.nodes)
+    rule = {name: decision.rule for name, decision in classes.items()}
+    upstream_of_deny_or_infer: set[str] = set()
+    roots = [n for n in order if rule[n] in DENY_SEEDS or rule[n] is Rule.INFER]
+    _walk(
+        flow.predecessors, roots, upstream_of_deny_or_infer, enter=lambda n: rule[n] is Rule.CLEAR
+    )
+    denied: dict[str, str] = {}
+    for seed in (n for n in order if rule[n] in DENY_SEEDS):
+        # a walk per seed, inline (most seeds reach nothing, and there may be thousands)
+        reached, stack = {seed}, [seed]
+        while stack:
+            for near in flow.successors(stack.pop()):
+                if (
+                    near not in reached
+                    and near in upstream_of_deny_or_infer
+                    and near not in denied
+                    and rule[near] in _FOLLOWERS
+                ):
+                    reached.add(near)
+                    stack.append(near)
+        reached.discard(seed)
+        for name in reached:
+            denied.setdefault(name, seed)
+    return {
+        name: NodeDecision(
+            op=classes[name].op,
+            precision=Precision.FLOAT32,
+            rule=Rule.DENY_SPREAD,
+            reason=f"{classes[name].rule} list op downstream of deny op {seed!r} on a path to a"
+            " deny or infer op",
+            via=seed,
+        )
+        for name, seed in denied.items()
+    }
 
 
 def _walk(

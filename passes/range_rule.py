@@ -30,7 +30,7 @@ class RangePass(Pass):
     name = "range"
     requires = frozenset({Fact.CLASSIFIED})
     after = ("classify",)
-    before = ("paint", "promote")
+    before = ("paint", "promote", "cost")
 
     def applies(self, context: PassContext) -> bool:
         return context.options.get("ranges") is not None and Fact.DECIDED not in context.facts

@@ -93,7 +93,9 @@ class ReviewedRecordsPass(Pass):
 
     def run(self, context: PassContext) -> PassResult:
         reviewed = _reviewed(context)
-        difference = first_difference(reviewed.to_dict(), context.plan().to_dict())
+        difference = first_difference(
+            _decided(reviewed.to_dict()), _decided(context.plan().to_dict())
+        )
         if difference is not None:
             raise GraphampError(
                 f"{context.options.get('reviewed_where') or reviewed.model or 'the plan'}: "
@@ -104,6 +106,16 @@ class ReviewedRecordsPass(Pass):
 
 
 _SECTIONS = ("dtype", "casts", "casts_retargeted", "casts_removed", "weights")
+
+
+def _decided(plan: dict[str, object]) -> dict[str, object]:
+    """A plan dict without what is estimated rather than decided (a Cast's bytes: a plan
+    written before they were recorded holds the same decisions)."""
+    casts = plan.get("casts")
+    if not isinstance(casts, list):
+        return plan
+    plain = [{k: v for k, v in c.items() if k != "bytes"} for c in casts if isinstance(c, dict)]
+    return {**plan, "casts": plain}
 
 
 def first_difference(reviewed: dict[str, object], derived: dict[str, object]) -> str | None:

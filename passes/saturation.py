@@ -45,7 +45,7 @@ class SaturationPass(Pass):
     name = "saturation"
     requires = frozenset({Fact.CLASSIFIED})
     after = ("classify",)
-    before = ("range", "paint", "promote")
+    before = ("range", "paint", "promote", "cost")
 
     def applies(self, context: PassContext) -> bool:
         return (

@@ -24,7 +24,7 @@ class TunedPass(Pass):
     name = "tuned"
     requires = frozenset({Fact.CLASSIFIED})
     after = ("classify", "range")
-    before = ("paint", "promote")
+    before = ("paint", "promote", "cost")
 
     def applies(self, context: PassContext) -> bool:
         return bool(context.options.get("tuned")) and Fact.DECIDED not in context.facts

@@ -56,10 +56,10 @@ def test_weights_are_converted_in_place_not_cast():
 def test_weight_used_in_both_precisions_is_stored_once_per_precision():
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
-        helper.make_node("Add", ["m", "w"], ["a"], name="add"),  # infer, not between allow ops
+        helper.make_node("Add", ["m", "w"], ["a"], name="add"),  # kept float32 by a name rule
         helper.make_node("Exp", ["a"], ["y"], name="exp"),
     ]
-    out, plan = convert(model(nodes, initializers=[weight("w")]))
+    out, plan = convert(model(nodes, initializers=[weight("w")]), deny_names=["add"])
     assert precisions(plan)["mm"] == "float16" and precisions(plan)["add"] == "float32"
     by_name = {i.name: i.data_type for i in out.graph.initializer}
     assert by_name == {"w": TensorProto.FLOAT, "w__float16": TensorProto.FLOAT16}

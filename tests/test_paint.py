@@ -1,4 +1,5 @@
-"""Painting rules (TensorFlow auto_mixed_precision semantics) on tiny chains and diamonds.
+"""Painting rules (TensorFlow auto_mixed_precision semantics) on tiny chains and diamonds:
+the policy's ``spread = "tensorflow"`` (ONNX's default is ``cost``, tests/test_cost.py).
 
 Naming in the chains: MatMul = allow, Sigmoid/Add = infer, Relu = clear, Exp = deny,
 TopK-free unlisted op: Sin.
@@ -8,9 +9,15 @@ from __future__ import annotations
 
 from onnx import helper
 
-from tests.helpers import chain, convert, model, precisions, weight
+from tests import helpers
+from tests.helpers import chain, model, precisions, weight
 
 LOW, F32 = "float16", "float32"
+
+
+def convert(proto, **policy):
+    """helpers.convert under TensorFlow's colouring."""
+    return helpers.convert(proto, spread="tensorflow", **policy)
 
 
 def paint(ops: list[str], **policy) -> list[str]:

@@ -19,7 +19,7 @@ from tests.opgraphs import GraphBuilder, chain
 
 
 def run(graph, policy=None, **options):  # type: ignore[no-untyped-def]
-    context = PassContext(graph, policy or Policy.create("float16"), options)
+    context = PassContext(graph, policy or Policy.create("float16", spread="tensorflow"), options)
     return PassManager(check=True).run(context)
 
 
@@ -139,7 +139,7 @@ def test_manager_orders_a_new_pass_by_its_declarations_without_editing_a_chain()
 
     passes = [CastsPass, PaintPass, MarkEverythingDeny, ClassifyPass]
     assert [p.name for p in order(passes)] == ["classify", "test_mark", "paint", "casts"]
-    context = PassContext(chain("MatMul", "Relu"), Policy.create("float16"))
+    context = PassContext(chain("MatMul", "Relu"), Policy.create("float16", spread="tensorflow"))
     PassManager(passes, check=True).run(context)
     assert all(d.precision is Precision.FLOAT32 for d in context.decisions.values())
 
@@ -158,7 +158,7 @@ def test_manager_refuses_a_cycle_and_a_missing_fact():
 
     with pytest.raises(InternalError, match="cycle"):
         order([A, B])
-    context = PassContext(chain("MatMul"), Policy.create("float16"))
+    context = PassContext(chain("MatMul"), Policy.create("float16", spread="tensorflow"))
     with pytest.raises(InternalError, match="needs decided"):
         PassManager([CastsPass], check=True).run(context)
 
@@ -177,7 +177,7 @@ def test_invariant_checks_name_the_pass_that_broke_a_rule():
             return PassResult(True)
 
     passes = [ClassifyPass, PaintPass, LowerADenySeed, CastsPass]
-    context = PassContext(chain("Exp"), Policy.create("float16"))
+    context = PassContext(chain("Exp"), Policy.create("float16", spread="tensorflow"))
     with pytest.raises(InternalError, match="after pass 'breaks_deny': deny seed 'exp0'"):
         PassManager(passes, check=True).run(context)
 

@@ -92,7 +92,8 @@ def test_a_loop_carried_value_is_decided_with_its_body_through_the_back_edge():
 
 
 def test_a_deny_op_ending_the_body_costs_one_cast_per_iteration_as_inline():
-    context = run(loop_graph(tail="Exp"))
+    tensorflow = dataclasses.replace(Policy.create("float16"), spread="tensorflow")
+    context = run(loop_graph(tail="Exp"), tensorflow)
     decided = precisions(context)
     assert decided["loop/body/tail"] == "float32"
     assert decided["loop/carried:h"] == decided["loop/body/mm"] == "float16"
@@ -100,6 +101,12 @@ def test_a_deny_op_ending_the_body_costs_one_cast_per_iteration_as_inline():
     # as the same ops unrolled would
     casts = {(c.tensor, c.dst) for c in context.script.casts}
     assert casts == {("loop/body/mm", "float32"), ("loop/body/next", "float16")}
+    # the cost pass finds the same two Casts per iteration with the carried value float32
+    # (h into the MatMul, its result out to Exp): a tie, which stays float32
+    context = run(loop_graph(tail="Exp"))
+    assert precisions(context)["loop/carried:h"] == "float32"
+    casts = {(c.tensor, c.dst) for c in context.script.casts}
+    assert casts == {("loop/body/h", "float16"), ("loop/body/mm", "float32")}
 
 
 def test_promote_decides_a_loop_carried_value_to_a_fixed_point():

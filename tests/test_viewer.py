@@ -52,7 +52,8 @@ def browser():
 def analyses(tmp_path_factory: pytest.TempPathFactory):
     """analyses(name, **policy) -> the small zoo model's analysis (graph and plan), cached.
     Without list moves of its own, LayerNormalization is denied: the residual stream then stays
-    float32, so a page holds nodes of both precisions, deny spreads and casts to look at."""
+    float32, so a page holds nodes of both precisions, deny spreads and casts to look at; the
+    pages were drawn for TensorFlow's colouring (``spread``), which they keep unless told."""
     from graphamp.models import export_onnx
 
     folder = tmp_path_factory.mktemp("viewer-zoo")
@@ -61,6 +62,7 @@ def analyses(tmp_path_factory: pytest.TempPathFactory):
     def get(name: str, **policy):
         if "allow" not in policy and "deny" not in policy:
             policy["deny"] = ["LayerNormalization"]
+        policy.setdefault("spread", "tensorflow")
         key = (name, tuple(sorted((k, str(v)) for k, v in policy.items())))
         if key not in cache:
             path = folder / f"{name}.onnx"

@@ -29,6 +29,7 @@ LISTS = tuple(ListName)
 POLICY_FLAGS = (
     "dtype",
     "target",
+    "spread",
     "keep_io_types",
     "keep_io",
     "no_fuse",
@@ -97,6 +98,14 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         help="ONNX: write each call of a model-local function with its body inline (nodes "
         "named <call>/<function>/<node>, as in the plan) instead of as a call of a copy of "
         "the function specialised to its precisions",
+    )
+    group.add_argument(
+        "--spread",
+        choices=("cost", "tensorflow", "autocast"),
+        help="how infer and clear ops are decided: cost (ONNX default: the precisions and Cast "
+        "places that move the fewest bytes through Casts and stored weights, a minimum cut), "
+        "tensorflow (TensorFlow's colouring, graphamp's rule before cost existed) or autocast "
+        "(type promotion, the default for PyTorch)",
     )
     group.add_argument(
         "--keep-io-types",
@@ -203,6 +212,8 @@ def policy_from_args(args: argparse.Namespace, dialect: Dialect) -> Policy:
         overrides["dtype"] = args.dtype
     if getattr(args, "target", None):
         overrides["target"] = args.target
+    if getattr(args, "spread", None):
+        overrides["spread"] = args.spread
     if getattr(args, "no_fuse", None):
         overrides["fuse"] = False
     if getattr(args, "inline_functions", None):

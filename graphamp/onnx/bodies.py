@@ -32,7 +32,7 @@ import onnx_ir as ir
 from graphamp.dtypes import FLOAT_TYPES, UNKNOWN
 from graphamp.errors import GraphampError
 from graphamp.graph import Body, BodyKind, NodeKind, OpNode, unique_name
-from graphamp.onnx import slots
+from graphamp.onnx import schemas, slots
 from graphamp.onnx.types import ir_type
 
 if TYPE_CHECKING:
@@ -304,6 +304,19 @@ def _agree(reader: GraphReader, node: ir.Node, boundary: OpNode) -> None:
             )
 
 
+def _owner_types(reader: GraphReader, op: str) -> frozenset[str]:
+    """The float types a value crossing an If/Loop/Scan boundary may take: those its owner's
+    schema admits at the model's opset (bfloat16 only from opset 16); any float type across a
+    function's boundary."""
+    owner = op.split(".", 1)[0]
+    if owner not in ("If", "Loop", "Scan"):
+        return FLOAT_TYPES
+    found = schemas.schema(owner, slots.opset_of(reader.opsets, ""), "")
+    if found is None:
+        return FLOAT_TYPES
+    return frozenset().union(*(types & FLOAT_TYPES for types in found.allowed.values()))
+
+
 def boundary(
     reader: GraphReader,
     name: str,
@@ -343,7 +356,8 @@ def boundary(
     elif floats:
         node.follow_inputs = frozenset(range(len(inputs)))
         node.follow_outputs = frozenset(i for i, out in enumerate(outputs) if out)
-        node.allowed_types = FLOAT_TYPES
+        node.allowed_types = _owner_types(reader, op)
+        node.schema_source = f"opset {slots.opset_of(reader.opsets, '')}"
         node.compute_type = floats[0]
         for out in outputs:  # a body parameter declared with no type has the value's
             if out and op_graph.tensors[out].dtype == UNKNOWN:

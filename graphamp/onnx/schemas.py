@@ -47,6 +47,8 @@ def float32_output_note(op_type: str, domain: str, outputs: list[str]) -> str:
 FLOAT32_WHEN_ATTRIBUTE: dict[str, tuple[str, int, int, str]] = {
     "LayerNormalization": ("stash_type", 1, 0, "stash_type=0 (statistics in the input type)"),
     "RMSNormalization": ("stash_type", 1, 0, "stash_type=0 (statistics in the input type)"),
+    # from opset 23 an output_dtype fixes the output's type apart from its scale's
+    "DequantizeLinear": ("output_dtype", 0, 1, "output_dtype=FLOAT (its output type fixed)"),
 }
 
 

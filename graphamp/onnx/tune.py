@@ -53,7 +53,7 @@ from graphamp.ranges import Ranges, TensorRange, range_decisions
 from graphamp.search import find_kept
 
 # The passes that decide precisions (the casts pass is not needed to evaluate a plan).
-_DECIDING = ("policy_check", "classify", "range", "tuned", "paint", "promote")
+_DECIDING = ("policy_check", "classify", "qdq", "range", "tuned", "paint", "promote", "cost")
 
 
 @dataclass

@@ -96,6 +96,7 @@ def page_data(source: PageInput) -> dict[str, object]:
                 0 if c.purpose == BOUNDARY else 1,
                 cast_status[i],
                 c.tensor,
+                -1 if c.bytes is None else c.bytes,
             ]
             for i, c in enumerate(casts)
         ],

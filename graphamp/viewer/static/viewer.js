@@ -311,7 +311,8 @@
         if (producer >= 0) source = N.planned[producer] ? `from ${N.name[producer]} (${prec(producer)})` : `from ${N.name[producer]}`;
         else source = T.flags[t] & GRAPH_INPUT ? "graph input" : "stored value";
         const cast = D.casts.find((c) => c[5] === 0 && c[6] !== 2 && c[0] === t && c[4].includes(i));
-        const how = cast ? `; cast ${S[cast[1]]} -> ${S[cast[2]]}` : "";
+        const moved = cast && cast[8] >= 0 ? ` (${cast[8]} bytes per run)` : "";
+        const how = cast ? `; cast ${S[cast[1]]} -> ${S[cast[2]]}${moved} as ${pyRepr(cast[3])}` : "";
         const follows = N.follows[i].includes(slot) ? "follows the node's precision" : "keeps its type";
         lines.push(`  input ${slot} ${pyRepr(T.name[t])} ${source}, ${follows}${how}`);
       });

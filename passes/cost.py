@@ -1,0 +1,329 @@
+"""cost: the precision of infer and clear ops chosen to move the fewest bytes through Casts.
+
+For policies that say ``spread = "cost"`` (the ONNX default). Every rule a decision obeys
+elsewhere still holds: allow-class ops run low; deny ops, name rules, schema types, the
+target's kernels, weight and value ranges, tune's set keep theirs float32; deny spreads forward
+exactly as under TensorFlow's rules (the paint pass's rule 2). What is left, the infer and
+clear ops (and the boundary nodes of bodies, which follow their neighbours as clear ops do), is
+*free*: each may run low or float32, and the choice is the one that minimises the bytes Casts
+move at run time plus the bytes of the stored weights, a minimum cut:
+
+1. A float32 value costs a Cast where its producer and a reader disagree: one Cast per
+   (value, type) shared by all readers, so the cost is paid once whatever the number of
+   readers (a hyperedge: ``elements x (4 + 2)`` bytes for float16, read and written).
+   Graph inputs not kept by ``keep_io_types`` take the type their readers want; a kept graph
+   output reads float32 (a Cast back where it is computed low), a KV cache's present output
+   the type its past input takes; a Cast already in the model may be retargeted to the low
+   type; a slot that reads any type (``Shape``) costs nothing.
+2. A stored float32 weight costs its bytes in each type some reader wants it in (once stored
+   low, once float32, or both): a weight read only through exact ops (a Gather's table, a
+   Transpose's input) is then stored low when that is cheaper than the Casts it brings,
+   which is almost always (the rows a Gather reads are cast, not the table). A quantisation
+   scale (a DequantizeLinear's or QuantizeLinear's input 1) costs nothing either way: its few
+   bytes would otherwise pull the float ops between a DequantizeLinear and a QuantizeLinear
+   (a residual Add, a pool) into the low type for no Cast saved, and round what the next
+   quantiser reads.
+3. Elements come from shapes; a symbolic dimension counts
+   :data:`graphamp.dtypes.SYMBOLIC_DIM` (1: batch 1, one token; the weights weigh against one
+   token's activations); a value of unknown rank counts one element. A value inside a loop
+   body counts :data:`LOOP_RUNS` times per enclosing loop.
+4. Ties stay float32 (the cut with the fewest ops low).
+
+The free ops split into regions that share no cost (connected through the costs above); each
+region is one minimum cut over a small flow graph (networkx): ops low on the source side,
+float32 on the sink side, each cost an edge or a hyperedge of two edges and an auxiliary node.
+Each free op's reason says what the other choice would cost (its own flip, the rest kept).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from graphamp.dtypes import estimated_elements, itemsize
+from graphamp.graph import BodyKind, NodeKind, OpGraph, OpNode, TensorInfo
+from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.passes.classify import SCALED_OPS
+from graphamp.passes.output_casts import cache_pairs
+from graphamp.passes.paint import deny_spread_decisions
+from graphamp.policy import Policy
+from graphamp.records import NodeDecision
+from graphamp.vocab import Precision, Rule
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+log = logging.getLogger(__name__)
+
+LOOP_RUNS = 10  # what a loop body's iterations count as, per enclosing loop
+LOW, F32 = "S", "T"  # the cut's terminals: the low side (source) and the float32 side (sink)
+_FREE = (Rule.INFER, Rule.CLEAR)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """``cost`` bytes, paid when some member is on another side than ``head``: a value's
+    Cast (head its producer, members its readers) or a weight's copy in one type (head the
+    other type's terminal). Sides are terminals or variables' names."""
+
+    cost: int
+    head: str
+    members: tuple[str, ...]
+
+    def paid(self, side: dict[str, str]) -> bool:
+        head = side.get(self.head, self.head)
+        return any(side.get(m, m) != head for m in self.members)
+
+
+@register
+class CostPass(Pass):
+    """Decide infer and clear ops by a minimum cut of Cast and weight bytes (module
+    docstring)."""
+
+    name = "cost"
+    requires = frozenset({Fact.CLASSIFIED})
+    gives = frozenset({Fact.DECIDED})
+    after = ("classify", "saturation", "range", "tuned")
+
+    def applies(self, context: PassContext) -> bool:
+        return context.policy.spread == "cost"
+
+    def run(self, context: PassContext) -> PassResult:
+        context.decisions = decide_by_cost(context.graph, context.decisions, context.policy)
+        return PassResult(modified=False)
+
+
+def decide_by_cost(
+    graph: OpGraph, classes: dict[str, NodeDecision], policy: Policy
+) -> dict[str, NodeDecision]:
+    """Final precision of every node; ``classes`` comes from classify (and the passes that
+    keep nodes float32 after it)."""
+    low = policy.dtype
+    decisions = dict(classes)
+    decisions.update(deny_spread_decisions(graph, classes))
+    free = {
+        name
+        for name, d in decisions.items()
+        if d.rule in _FREE and graph.nodes[name].kind in (NodeKind.OP, NodeKind.BOUNDARY)
+    }
+    costs = _costs(graph, decisions, free, policy)
+    side = _solve(free, costs)
+    fixed = {
+        name: LOW if d.precision == low and d.rule is not Rule.ALREADY_LOW else F32
+        for name, d in decisions.items()
+        if name not in free
+    }
+    by_node: dict[str, list[Cost]] = defaultdict(list)
+    for cost in costs:
+        for name in {cost.head, *cost.members} & free:
+            by_node[name].append(cost)
+    low_count = 0
+    for node in graph:
+        if node.name not in free:
+            continue
+        here = side[node.name]
+        mine = by_node[node.name]
+        now = sum(c.cost for c in mine if c.paid(side))
+        flipped = dict(side)
+        flipped[node.name] = F32 if here == LOW else LOW
+        other = sum(c.cost for c in mine if c.paid(flipped))
+        decisions[node.name] = _decision(
+            graph, node, classes[node.name], here, now, other, side, fixed, low
+        )
+        low_count += here == LOW
+    log.info("cost: %d of %d free ops %s", low_count, len(free), low)
+    return decisions
+
+
+def _decision(
+    graph: OpGraph,
+    node: OpNode,
+    decision: NodeDecision,
+    here: str,
+    now: int,
+    other: int,
+    side: dict[str, str],
+    fixed: dict[str, str],
+    low: str,
+) -> NodeDecision:
+    what = node.params.get("boundary") if node.kind is NodeKind.BOUNDARY else None
+    subject = f"{what}," if what else f"{decision.rule} list op"
+    plain = what or decision.reason.startswith(f"{decision.rule} list")
+    own = "" if plain else f"; {decision.reason}"
+    if not now and not other:
+        reason = f"{subject} with no Cast or weight at stake either way: float32{own}"
+        return NodeDecision(decision.op, Precision.FLOAT32, decision.rule, reason)
+    there = "float32" if here == LOW else low
+    saving = (
+        f"{there} here would move {other - now} bytes more through Casts and weights"
+        if other > now
+        else f"{there} here would move no fewer bytes (a tie stays float32)"
+    )
+    precision = Precision(low) if here == LOW else Precision.FLOAT32
+    reason = f"{subject} in {precision}, the cheapest cut of its region: {saving}{own}"
+    via = _via(graph, node, side, fixed)
+    return NodeDecision(decision.op, precision, decision.rule, reason, via=via)
+
+
+def _via(graph: OpGraph, node: OpNode, side: dict[str, str], fixed: dict[str, str]) -> str | None:
+    """The dataflow neighbour the decision leans on: one on the same side whose side is fixed
+    (an allow op, a deny op), else a free one on the same side."""
+    here = side[node.name]
+    near = graph.dataflow.neighbours(node.name)
+    return next(
+        (n for n in near if fixed.get(n) == here),
+        next((n for n in near if side.get(n) == here), None),
+    )
+
+
+def _costs(
+    graph: OpGraph, decisions: dict[str, NodeDecision], free: set[str], policy: Policy
+) -> list[Cost]:
+    """Every cost that depends on a free op (rules 1-3 of the module docstring)."""
+    low = policy.dtype
+    caches = cache_pairs(graph)
+
+    def fixed_side(node: OpNode) -> str:
+        d = decisions[node.name]
+        return LOW if d.precision == low and d.rule is not Rule.ALREADY_LOW else F32
+
+    def reader_side(node: OpNode, slot: int) -> str | None:
+        """The side a slot's reader is on (a free op by name), None when it reads any type."""
+        if slot >= 0 and (
+            slot in node.any_type_inputs or (node.kind is NodeKind.CAST and slot == 0)
+        ):
+            return None
+        if slot < 0 or slot not in node.follow_inputs:
+            return F32
+        return node.name if node.name in free else fixed_side(node)
+
+    def producer_side(tensor: TensorInfo) -> str:
+        if tensor.is_graph_input:
+            movable = not (
+                tensor.type_fixed or policy.keeps_io(tensor.name) or tensor.is_graph_output
+            )
+            return f"\0input:{tensor.name}" if movable else F32
+        node = graph.nodes[tensor.producer]  # type: ignore[index]
+        if node.kind is NodeKind.CAST:  # a Cast of the model to float32: retargetable
+            return F32 if tensor.is_graph_output else f"\0cast:{node.name}"
+        if tensor.name not in {node.outputs[s] for s in node.follow_outputs}:
+            return F32
+        return node.name if node.name in free else fixed_side(node)
+
+    # a kept output reads float32 (a Cast back); a KV cache's present output reads the type
+    # its past input takes (a Cast back where they differ: a generation loop feeds it back)
+    past_of = {present: past for past, present in caches.items()}
+    output_side = {
+        name: F32 if policy.keeps_io(name) else producer_side(graph.tensors[past_of[name]])
+        for name in graph.graph_outputs
+        if policy.keeps_io(name) or name in past_of
+    }
+    low_bytes, wide = itemsize(low), itemsize("float32")
+    costs: list[Cost] = []
+    for name, tensor in graph.tensors.items():
+        if tensor.dtype != "float32":
+            continue
+        sides = [reader_side(graph.nodes[n], k) for n, k in graph.consumers(name)]
+        if name in output_side:
+            sides.append(output_side[name])
+        members = tuple(dict.fromkeys(s for s in sides if s is not None))
+        count = estimated_elements(tensor.shape) or 1
+        if tensor.is_constant and not tensor.is_graph_input:
+            if _only_scales(graph, name):
+                continue  # a quantisation scale's bytes decide nothing (module docstring)
+            costs.append(Cost(count * low_bytes, F32, members))  # stored low for some reader
+            costs.append(Cost(count * wide, LOW, members))  # stored float32 for some reader
+            continue
+        loops = sum(b.kind is BodyKind.LOOP for b in graph.enclosing(tensor.body))
+        bytes_moved = count * (low_bytes + wide) * LOOP_RUNS**loops
+        costs.append(Cost(bytes_moved, producer_side(tensor), members))
+    return [c for c in costs if _decides(c, free)]
+
+
+def _only_scales(graph: OpGraph, name: str) -> bool:
+    """Whether every reader of ``name`` reads it as a quantisation scale."""
+    readers = graph.consumers(name)
+    return bool(readers) and all(
+        slot == 1 and graph.nodes[node].op in SCALED_OPS for node, slot in readers
+    )
+
+
+def _decides(cost: Cost, free: set[str]) -> bool:
+    """Whether ``cost`` can be paid or not depending on a free op (the rest decide nothing:
+    paid always, never, or only by a variable no free op shares a cost with, which the region
+    search finds anyway)."""
+    ends = (cost.head, *cost.members)
+    return any(m != cost.head for m in cost.members) and any(m not in (LOW, F32) for m in ends)
+
+
+def _solve(free: set[str], costs: list[Cost]) -> dict[str, str]:
+    """The side of every variable (free ops, movable inputs, model Casts) in a minimum cut;
+    one cut per region of variables that share a cost."""
+    parent: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while parent.setdefault(name, name) != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    regions: dict[str, list[Cost]] = defaultdict(list)
+    for cost in costs:
+        variables = [m for m in (cost.head, *cost.members) if m not in (LOW, F32)]
+        for other in variables[1:]:
+            parent[root(other)] = root(variables[0])
+    for cost in costs:
+        regions[root(next(m for m in (cost.head, *cost.members) if m not in (LOW, F32)))].append(
+            cost
+        )
+    side = dict.fromkeys(free, F32)
+    for region in regions.values():
+        side.update(_cut(region))
+    return side
+
+
+def _cut(costs: list[Cost]) -> dict[str, str]:
+    """One region's minimum cut. A cost paid when some member is on another side than its
+    head is two hyperedges: (head float32, a member low) as member -> aux -> head, and (head
+    low, a member float32) as head -> aux' -> member; the aux edges are unbounded."""
+    variables = list(dict.fromkeys(v for c in costs for v in (c.head, *c.members)))
+    variables = [v for v in variables if v not in (LOW, F32)]
+    if len(variables) == 1:  # one op: try both sides (a tie stays float32)
+        (only,) = variables
+        price = {s: sum(c.cost for c in costs if c.paid({only: s})) for s in (LOW, F32)}
+        return {only: LOW if price[LOW] < price[F32] else F32}
+    import networkx as nx
+
+    flow: nx.DiGraph = nx.DiGraph()
+    flow.add_nodes_from((LOW, F32, *variables))
+    for index, cost in enumerate(costs):
+        if cost.head != LOW and any(m != F32 for m in cost.members):
+            aux = f"\0a{index}"
+            flow.add_edge(aux, cost.head, capacity=cost.cost)
+            flow.add_edges_from((m, aux) for m in cost.members if m != F32)
+        if cost.head != F32 and any(m != LOW for m in cost.members):
+            aux = f"\0b{index}"
+            flow.add_edge(cost.head, aux, capacity=cost.cost)
+            flow.add_edges_from((aux, m) for m in cost.members if m != LOW)
+    low_side = _minimal_source_side(flow)
+    return {v: LOW if v in low_side else F32 for v in variables}
+
+
+def _minimal_source_side(flow: nx.DiGraph) -> set[str]:
+    """The low side of the minimum cut with the fewest nodes on it: what the source reaches in
+    the residual network of a maximum flow (the same set for every maximum flow, so a tie
+    stays float32 whatever the flow algorithm did). networkx's ``minimum_cut`` gives the
+    largest such side instead."""
+    from networkx.algorithms.flow import preflow_push
+
+    residual = preflow_push(flow, LOW, F32)
+    reached, stack = {LOW}, [LOW]
+    while stack:
+        here = stack.pop()
+        for near, edge in residual[here].items():
+            if near not in reached and edge["flow"] < edge["capacity"]:
+                reached.add(near)
+                stack.append(near)
+    return reached

@@ -1,0 +1,92 @@
+"""qdq: a quantised op of a QDQ model stays float32 where its quantisers cannot take the low type.
+
+A QDQ model (what onnxruntime's quantizer, ModelOpt and TensorRT's tools write) marks each
+quantised op with a ``DequantizeLinear`` on every float input and a ``QuantizeLinear`` on
+every float output: ``DQ -> MatMul -> Q``. A runtime fuses such a group into one integer
+kernel. Before opset 19 the schemas fix a DequantizeLinear's output and a QuantizeLinear's
+input to float32, so the op in the low type would pay a Cast after each DequantizeLinear and
+one before each QuantizeLinear, a Cast pair for nothing but breaking the group the runtime
+fuses. Rules:
+
+1. An allow-class op (classify would run it low) whose every computation-type input comes
+   from a DequantizeLinear (directly or through Identity ops: the quantizer's copies of a
+   shared weight) that cannot write the low type (its schema's, its kernel's or its
+   scale's reason), and whose every computation-type output is read only by QuantizeLinear
+   ops that cannot read it (and is no graph output), stays float32 with rule ``qdq``.
+2. From opset 19 the quantisers take the low type themselves (a DequantizeLinear writes its
+   scale's type; the casts pass stores the scale low), so rule 1 finds nothing: the group runs
+   low with no Cast.
+
+The integer tensors are never touched: they are no computation-type slot of any op.
+"""
+
+from __future__ import annotations
+
+from graphamp.graph import OpGraph
+from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.records import NodeDecision
+from graphamp.vocab import Precision, Rule
+
+
+@register
+class QdqPass(Pass):
+    """Keep float32 the quantised ops whose quantisers stay float32 (module docstring)."""
+
+    name = "qdq"
+    requires = frozenset({Fact.CLASSIFIED})
+    after = ("classify",)
+    before = ("range", "tuned", "paint", "promote", "cost")
+
+    def applies(self, context: PassContext) -> bool:
+        return Fact.DECIDED not in context.facts and any(
+            node.op == "DequantizeLinear" for node in context.graph
+        )
+
+    def run(self, context: PassContext) -> PassResult:
+        graph, decisions, low = context.graph, context.decisions, context.policy.dtype
+        kept = 0
+        for node in graph:
+            decision = decisions[node.name]
+            if decision.rule is not Rule.ALLOW or decision.precision != low:
+                continue
+            if not _sandwiched(graph, node.name, decisions):
+                continue
+            decisions[node.name] = NodeDecision(
+                op=decision.op,
+                precision=Precision.FLOAT32,
+                rule=Rule.QDQ,
+                reason="a quantised op (DequantizeLinear on its inputs, QuantizeLinear on its "
+                f"outputs) whose quantisers cannot take {low} at this opset (19 and later "
+                "can): float32, with no Cast pair around it, as the runtime fuses the group",
+            )
+            kept += 1
+        return PassResult(modified=False, note=f"{kept} quantised ops kept float32")
+
+
+def _sandwiched(graph: OpGraph, name: str, decisions: dict[str, NodeDecision]) -> bool:
+    """Rule 1's condition for node ``name``."""
+    node = graph.nodes[name]
+    inputs = [node.inputs[s] for s in sorted(node.follow_inputs) if s < len(node.inputs)]
+    outputs = [node.outputs[s] for s in sorted(node.follow_outputs) if node.outputs[s]]
+    if not inputs or not outputs:
+        return False
+    for value in inputs:
+        producer = graph.tensors[value].producer if value else None
+        while producer is not None and graph.nodes[producer].op == "Identity":
+            source = graph.nodes[producer].inputs[0]  # the quantizer's copy of a shared weight
+            producer = graph.tensors[source].producer
+        if producer is None or graph.nodes[producer].op != "DequantizeLinear":
+            return False
+        if decisions[producer].rule in (Rule.CLEAR, Rule.INFER):
+            return False  # it can write the low type (opset 19+)
+    for value in outputs:
+        readers = graph.consumers(value)
+        if graph.tensors[value].is_graph_output or not readers:
+            return False
+        for reader, slot in readers:
+            quantiser = graph.nodes[reader]
+            if quantiser.op != "QuantizeLinear" or slot != 0:
+                return False
+            if decisions[reader].rule in (Rule.CLEAR, Rule.INFER):
+                return False  # it can read the low type (opset 19+)
+    return True
