@@ -1,27 +1,18 @@
-"""fuse_norms: a decomposed RMSNorm replaced by the fused op the target has.
+"""fuse_norms: a decomposed RMSNorm or LayerNorm replaced by the fused op the target has.
 
-Exporters write an RMSNorm (LLaMA, Mistral, Gemma, Phi-3, T5) below opset 23 as its ops::
-
-    p = Pow(x, 2)  or  Mul(x, x)
-    m = ReduceMean(p) over the last axis, dims kept
-    a = Add(m, eps)                      (eps a stored scalar, either side)
-    s = Sqrt(a)
-    n = Mul(x, Reciprocal(s))  or  Mul(x, Div(1, s))  or  Div(x, s)
-    y = Mul(n, w)  or  Mul(w, n)         (w one value per channel: x's last dimension)
-
-Squaring x overflows float16 past |x| = 256 (the hidden states of trained LLMs carry such
-channels), so these ops keep float32 statistics, a Cast in and a Cast out per norm. A fused
-kernel that accumulates in float32 (``stash_type=1``: ONNX ``RMSNormalization`` at opset 23,
-onnxruntime's ``SimplifiedLayerNormalization`` for ``--target cuda|cpu``; the dialect says
-which in ``graph.fused_kernels``) takes the low type in and out with no Cast, and stays right
-on such values. Rules:
+Exporters write norms as their ops below the opsets that have them (the patterns:
+:mod:`norm_patterns`). Squaring x overflows float16 past |x| = 256 (the hidden states of
+trained LLMs carry such channels), so such ops keep float32 statistics, a Cast in and a Cast
+out per norm. A fused kernel that accumulates in float32 (``stash_type=1``) takes the low type
+in and out with no Cast, and stays right on such values: for an RMSNorm ONNX
+``RMSNormalization`` (opset 23) or onnxruntime's ``SimplifiedLayerNormalization``
+(``--target cuda|cpu``); for a LayerNorm ONNX ``LayerNormalization`` (opset 17, or onnxruntime's
+registration of it below 17 for ``--target cuda|cpu``); the dialect says which in
+``graph.fused_kernels``. Rules:
 
 1. Only with ``policy.fuse`` (``--no-fuse`` keeps the model's ops) and a fused kernel.
-2. The pattern must match exactly: every intermediate value has one reader and is no graph
-   output, shapes are known (the mean keeps every dimension but the last), the exponent is 2
-   and the constants are stored scalars. Where x is the model's own Cast of a value of x's
-   type (T5 casts its float32 hidden states to float32), the fused op reads that value, and
-   the Cast goes when the pattern was its only reader.
+2. The pattern must match exactly (:mod:`norm_patterns`); a LayerNorm is tried before an
+   RMSNorm (an RMSNorm of x - mean(x) is the LayerNorm's inner part), and with its bias first.
 3. The user's rules on the model's ops win: no node of the pattern is named by ``deny_names``
    or reads or writes a ``deny_tensors`` value, and no op of it was moved by the user.
 4. Only in the main graph: a pattern inside a control-flow body or function is left as it is.
@@ -35,14 +26,11 @@ under its output's name.
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
 from graphamp.graph import NodeKind, OpGraph, OpNode
 from graphamp.names import Names
 from graphamp.passes.base import Pass, PassContext, PassResult, register
 from graphamp.passes.classify import classify_node
+from graphamp.passes.norm_patterns import NormMatch, match_layer_norm, match_rms_norm
 from graphamp.policy import Policy
 from graphamp.records import RewriteRecord
 
@@ -51,188 +39,74 @@ RULE = "fuse_norm"
 
 @register
 class FuseNormsPass(Pass):
-    """Replace decomposed RMSNorms by a fused op (see the module docstring)."""
+    """Replace decomposed norms by a fused op (see the module docstring)."""
 
     name = "fuse_norms"
     before = ("policy_check", "reviewed_decisions", "classify", "saturation")
 
     def applies(self, context: PassContext) -> bool:
-        return context.policy.fuse and "rms_norm" in context.graph.fused_kernels
+        return context.policy.fuse and bool(context.graph.fused_kernels.keys() & _KINDS)
 
     def run(self, context: PassContext) -> PassResult:
-        graph, policy = context.graph, context.policy
-        kernel = graph.fused_kernels["rms_norm"]
+        graph = context.graph
         names = Names(graph)
-        for final in [n for n in graph if n.op == "Mul" and not n.domain]:
-            if final.name not in graph.nodes:
+        # a LayerNorm's bias Add first, then the Muls (a LayerNorm without bias, an RMSNorm)
+        finals = [n.name for n in graph if n.op == "Add" and not n.domain]
+        finals += [n.name for n in graph if n.op == "Mul" and not n.domain]
+        for name in finals:
+            final = graph.nodes.get(name)
+            if final is None:  # replaced by an earlier rewrite
                 continue
-            match = match_rms_norm(graph, final)
-            if match is None or not _user_allows(graph, policy, match.nodes):
-                continue
-            if any(graph.nodes[n].body for n in match.nodes):
-                continue  # in a control-flow body: fused nodes are written in the main graph
-            name = names.node(f"{final.name}__rms_norm")
-            fused = kernel.build(name, [match.x, match.scale], [final.outputs[0]])
-            low = policy.dtype
-            if classify_node(fused, policy, context.weights).precision != low:
-                continue
-            ops = ", ".join(graph.nodes[n].op for n in match.nodes)
-            replaced, dropped = _with_own_constants(graph, match.nodes, {match.x, match.scale})
-            graph.replace_nodes(replaced, fused)
-            context.rewrites.append(
-                RewriteRecord(
-                    node=name,
-                    op=kernel.op,
-                    domain=kernel.domain,
-                    inputs=[match.x, match.scale],
-                    outputs=[final.outputs[0]],
-                    attributes={"axis": -1, "epsilon": match.epsilon, "stash_type": 1},
-                    replaces=replaced,
-                    drops=dropped,
-                    rule=RULE,
-                    reason=(
-                        f"decomposed RMSNorm ({ops}) replaced by {kernel.op}, whose kernel "
-                        f"accumulates the mean of squares in float32 (stash_type=1): it reads "
-                        f"and writes {low} with no Cast, where the decomposed ops would keep "
-                        "float32 statistics (x squared overflows float16 past |x| = 256)"
-                    ),
-                )
-            )
+            for match in (match_layer_norm(graph, final), match_rms_norm(graph, final)):
+                if match is not None and self._fuse(context, names, final, match):
+                    break
         count = len(context.rewrites)
-        return PassResult(modified=bool(count), note=f"{count} RMSNorms fused")
+        return PassResult(modified=bool(count), note=f"{count} norms fused")
+
+    @staticmethod
+    def _fuse(context: PassContext, names: Names, final: OpNode, match: NormMatch) -> bool:
+        graph, policy = context.graph, context.policy
+        kernel = graph.fused_kernels.get(match.kind)
+        if kernel is None or not _user_allows(graph, policy, match.nodes):
+            return False
+        if any(graph.nodes[n].body for n in match.nodes):
+            return False  # in a control-flow body: fused nodes are written in the main graph
+        name = names.node(f"{final.name}__{match.kind}")
+        fused = kernel.build(name, match.inputs, [final.outputs[0]])
+        low = policy.dtype
+        if classify_node(fused, policy, context.weights).precision != low:
+            return False
+        ops = ", ".join(graph.nodes[n].op for n in match.nodes)
+        replaced, dropped = _with_own_constants(graph, match.nodes, set(match.inputs))
+        graph.replace_nodes(replaced, fused)
+        what, statistics = _WHAT[match.kind]
+        context.rewrites.append(
+            RewriteRecord(
+                node=name,
+                op=kernel.op,
+                domain=kernel.domain,
+                inputs=match.inputs,
+                outputs=[final.outputs[0]],
+                attributes={"axis": -1, "epsilon": match.epsilon, "stash_type": 1},
+                replaces=replaced,
+                drops=dropped,
+                rule=RULE,
+                reason=(
+                    f"decomposed {what} ({ops}) replaced by {kernel.op}, whose kernel "
+                    f"accumulates {statistics} in float32 (stash_type=1): it reads and writes "
+                    f"{low} with no Cast, where the decomposed ops would keep float32 "
+                    "statistics (x squared overflows float16 past |x| = 256)"
+                ),
+            )
+        )
+        return True
 
 
-class _Match:
-    def __init__(self, x: str, scale: str, epsilon: float, nodes: list[str]) -> None:
-        self.x, self.scale, self.epsilon, self.nodes = x, scale, epsilon, nodes
-
-
-def match_rms_norm(graph: OpGraph, final: OpNode) -> _Match | None:
-    """The RMSNorm ending at ``final`` (the Mul by the weight, on either side), or None."""
-    if len(final.inputs) != 2:
-        return None
-    for normed, scale in (final.inputs, final.inputs[::-1]):
-        found = _normalised(graph, normed)
-        if found is None:
-            continue
-        x, epsilon, nodes = found
-        x_shape = graph.tensors[x].shape
-        scale_info = graph.tensors.get(scale)
-        if (
-            scale_info is None
-            or scale_info.dtype != graph.tensors[x].dtype
-            or not x_shape
-            or not isinstance(x_shape[-1], int)
-            or scale_info.shape != (x_shape[-1],)
-            or graph.tensors[final.outputs[0]].shape != x_shape
-        ):
-            return None
-        nodes = [*nodes, final.name]
-        x, nodes = _through_model_cast(graph, x, nodes)
-        return _Match(x, scale, epsilon, nodes)
-    return None
-
-
-def _through_model_cast(graph: OpGraph, x: str, nodes: list[str]) -> tuple[str, list[str]]:
-    """Where x is the model's own Cast of a value already of x's type (T5's
-    ``hidden_states.to(torch.float32)`` on a float32 model), the fused op reads that value:
-    the Cast would keep the norm's input float32 whatever runs before it. The Cast goes too
-    when the pattern was its only reader."""
-    producer = graph.tensors[x].producer
-    cast = graph.nodes[producer] if producer is not None else None
-    if cast is None or cast.kind is not NodeKind.CAST or not cast.inputs or not cast.inputs[0]:
-        return x, nodes
-    source = graph.tensors.get(cast.inputs[0])
-    if source is None or source.dtype != graph.tensors[x].dtype:
-        return x, nodes
-    readers = {name for name, _ in graph.consumers(x)}
-    if readers <= set(nodes) and not graph.tensors[x].is_graph_output:
-        nodes = [cast.name, *nodes]
-    return source.name, nodes
-
-
-def _normalised(graph: OpGraph, value: str) -> tuple[str, float, list[str]] | None:
-    """(x, eps, the nodes in graph order) when ``value`` is x / sqrt(mean(x**2) + eps)."""
-    node = _only_producer(graph, value)
-    if node is None or node.op not in ("Mul", "Div") or len(node.inputs) != 2:
-        return None
-    if node.op == "Div":
-        x, root_value = node.inputs
-        inverse: list[str] = []
-    else:
-        for candidate, other in (node.inputs, node.inputs[::-1]):
-            inv = _only_producer(graph, other)
-            if inv is not None and inv.op == "Reciprocal":
-                x, root_value, inverse = candidate, inv.inputs[0], [inv.name]
-                break
-            if inv is not None and inv.op == "Div" and _scalar(graph, inv.inputs[0]) == 1.0:
-                x, root_value, inverse = candidate, inv.inputs[1], [inv.name]
-                break
-        else:
-            return None
-    root = _only_producer(graph, root_value)
-    add = _only_producer(graph, root.inputs[0]) if root is not None and root.op == "Sqrt" else None
-    if add is None or add.op != "Add" or len(add.inputs) != 2:
-        return None
-    for mean_value, eps_value in (add.inputs, add.inputs[::-1]):
-        epsilon = _scalar(graph, eps_value)
-        mean = _only_producer(graph, mean_value)
-        if epsilon is not None and mean is not None and mean.op == "ReduceMean":
-            break
-    else:
-        return None
-    if not (0 < epsilon < 1) or not _last_axis_mean(graph, mean):
-        return None
-    square = _only_producer(graph, mean.inputs[0])
-    if square is None or not _squares(graph, square, x):
-        return None
-    nodes = [square.name, mean.name, add.name, root.name, *inverse, node.name]
-    return x, epsilon, nodes
-
-
-def _only_producer(graph: OpGraph, value: str) -> OpNode | None:
-    """The plain op producing ``value`` when it is that value's only reader's input: one
-    reader, no graph output."""
-    tensor = graph.tensors.get(value)
-    if tensor is None or tensor.producer is None or tensor.is_graph_output:
-        return None
-    if len(graph.consumers(value)) != 1:
-        return None
-    node = graph.nodes[tensor.producer]
-    return None if node.domain or len(node.outputs) != 1 else node
-
-
-def _squares(graph: OpGraph, node: OpNode, x: str) -> bool:
-    if node.op == "Mul":
-        return node.inputs == [x, x]
-    return node.op == "Pow" and node.inputs[0] == x and _scalar(graph, node.inputs[1]) == 2.0
-
-
-def _last_axis_mean(graph: OpGraph, mean: OpNode) -> bool:
-    """The mean keeps every dimension of its input and reduces the last to 1 (read from the
-    shapes, which say it whatever the opset writes the axes as)."""
-    before = graph.tensors[mean.inputs[0]].shape
-    after = graph.tensors[mean.outputs[0]].shape
-    return (
-        before is not None
-        and after is not None
-        and len(before) == len(after) >= 1
-        and after[-1] == 1
-        and before[-1] != 1
-        and before[:-1] == after[:-1]
-    )
-
-
-def _scalar(graph: OpGraph, name: str) -> float | None:
-    """The value of a stored one-element float value (not an overridable input), or None."""
-    tensor = graph.tensors.get(name)
-    if tensor is None or not tensor.is_constant or tensor.is_graph_input:
-        return None
-    values = np.asarray(tensor.load_value())  # type: ignore[misc]
-    if values.size != 1 or not np.issubdtype(values.dtype, np.floating):
-        return None
-    value = float(values.reshape(-1)[0])
-    return value if math.isfinite(value) else None
+_KINDS = frozenset({"rms_norm", "layer_norm"})
+_WHAT = {
+    "rms_norm": ("RMSNorm", "the mean of squares"),
+    "layer_norm": ("LayerNorm", "the mean and variance"),
+}
 
 
 def _with_own_constants(

@@ -204,3 +204,92 @@ def test_both_onnx_paths_write_the_same_model_and_a_plan_reapplies():
     converted = direct.to_proto()
     twice = gonnx.convert(converted, keep_io_types=True).to_proto()
     assert twice.SerializeToString() == converted.SerializeToString()
+
+
+def layer_norm_model(tmp_path, opset: int, *, bias: bool = True) -> onnx.ModelProto:
+    """Linear -> nn.LayerNorm -> Linear exported by torch.onnx's TorchScript exporter at opset
+    14 (which decomposes layer_norm: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul,
+    Add) and converted to ``opset``; the hidden values have two channels near +-2000."""
+    import torch
+    from onnx import version_converter
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Linear(WIDTH, WIDTH),
+        torch.nn.LayerNorm(WIDTH, bias=bias),
+        torch.nn.Linear(WIDTH, 8),
+    ).eval()
+    with torch.no_grad():
+        module[0].weight[:2] = 2000.0 / WIDTH  # x near 1: channels 0-1 near 2000
+    path = tmp_path / f"ln{opset}{bias}.onnx"
+    torch.onnx.export(
+        module,
+        (torch.ones(4, WIDTH),),
+        str(path),
+        dynamo=False,
+        opset_version=14,
+        input_names=["x"],
+        output_names=["y"],
+    )
+    model = version_converter.convert_version(onnx.load(str(path)), opset)
+    assert "LayerNormalization" not in [n.op_type for n in model.graph.node]
+    return model
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_decomposed_layer_norm_becomes_layer_normalization(tmp_path, bias):
+    for opset, target in ((14, "cuda"), (14, "cpu"), (17, "any")):
+        model = layer_norm_model(tmp_path, opset, bias=bias)
+        result = gonnx.convert(model, keep_io_types=True, target=target)
+        out, plan = result.to_proto(), result.plan
+        ops = [n.op_type for n in out.graph.node]
+        assert ops.count("LayerNormalization") == 1, (opset, target, ops)
+        assert not {"Pow", "ReduceMean", "Sqrt", "Sub"} & set(ops)
+        [rewrite] = plan.rewrites
+        assert rewrite.op == "LayerNormalization" and rewrite.attributes["stash_type"] == 1
+        assert len(rewrite.inputs) == (3 if bias else 2)
+        assert "decomposed LayerNorm" in rewrite.reason
+        # only the kept input and output are cast: the norm reads and writes float16
+        assert len(casts_in(out)) == 2
+        if opset >= 17:  # below, onnxruntime's own registration: onnxruntime runs it
+            onnx.checker.check_model(out, full_check=True)
+        assert error(model, out) < 5e-3  # the +-2000 channels stay right
+
+
+def test_a_layer_norm_nothing_fuses_keeps_one_cast_pair(tmp_path):
+    model = layer_norm_model(tmp_path, 14)
+    result = gonnx.convert(model, keep_io_types=True, target="any")
+    assert not result.plan.rewrites
+    assert len([c for c in result.plan.casts if c.tensor != "x"]) <= 2
+    assert error(model, result.to_proto()) < 5e-3
+
+
+def test_a_half_precision_export_fuses_its_norms_with_their_casts(tmp_path):
+    """LLaMA exported in float16: each RMSNorm casts x to float32, normalises and casts the
+    result back before its float16 weight; the fused op reads and writes float16 itself."""
+    import warnings
+
+    import torch
+
+    from tests.hf_models import hf_model
+
+    path = tmp_path / "llama16.onnx"
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        model = hf_model("llama").half()
+        torch.onnx.export(
+            model, (torch.randint(1, 96, (1, 8)),), dynamo=True, opset_version=18
+        ).save(str(path))
+    original = onnx.load(str(path))
+    norms = sum(n.op_type == "Sqrt" for n in original.graph.node)
+    result = gonnx.convert(original)
+    out = result.to_proto()
+    assert len(result.plan.rewrites) == norms > 0
+    op_of = {n.name: n.op_type for n in original.graph.node}
+    for rewrite in result.plan.rewrites:  # the Cast to float32 and the Cast back go with it
+        assert [op_of[n] for n in rewrite.replaces].count("Cast") == 2, rewrite.replaces
+    ops = [n.op_type for n in out.graph.node]
+    assert ops.count("SimplifiedLayerNormalization") == norms and "Sqrt" not in ops
+    assert ops.count("Cast") < [n.op_type for n in original.graph.node].count("Cast") - norms
+    report = verify.verify(original, out, verify.random_inputs(original, seed=1), rtol=1e-2)
+    assert report.outputs[0].max_rel_error < 1e-2

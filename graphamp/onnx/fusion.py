@@ -1,5 +1,10 @@
 """The fused ops the ONNX dialect can write in place of a decomposed pattern.
 
+A decomposed LayerNorm (``(x - mean(x)) / sqrt(var(x) + eps) * w + b``, what torch.onnx's
+TorchScript exporter writes below opset 17) is replaced by ``LayerNormalization``
+(``stash_type=1``): ONNX's from opset 17 on any target, onnxruntime's own registration of it
+in ONNX's domain below that for ``--target cuda`` or ``cpu``.
+
 A decomposed RMSNorm (``x * 1/sqrt(mean(x**2) + eps) * w``, what torch.onnx writes for
 LLaMA, Mistral, Gemma, Phi-3 and T5 below opset 23) is replaced by a single op whose kernel
 accumulates the mean of squares in float32 (``stash_type=1``), so it takes low inputs and
@@ -20,6 +25,7 @@ from graphamp.graph import FusedKernel, OpNode, TensorInfo
 from graphamp.onnx import kernels, slots
 
 RMS_NORM_OPSET = 23  # ONNX RMSNormalization
+LAYER_NORM_OPSET = 17  # ONNX LayerNormalization
 
 
 def fused_kernels(
@@ -27,12 +33,29 @@ def fused_kernels(
 ) -> dict[str, FusedKernel]:
     """The fused ops available to a graph at ``opsets`` for ``provider`` (kernels.TARGETS)."""
     opset = opsets.get("", 0)
+    runtime = provider in kernels.PROVIDERS
+    found: dict[str, FusedKernel] = {}
     if opset >= RMS_NORM_OPSET:
-        op = "RMSNormalization"
-    elif provider in kernels.PROVIDERS:
-        op = "SimplifiedLayerNormalization"
-    else:
-        return {}
+        found["rms_norm"] = _kernel("RMSNormalization", opset, opsets, target, provider, tensors)
+    elif runtime:
+        found["rms_norm"] = _kernel(
+            "SimplifiedLayerNormalization", opset, opsets, target, provider, tensors
+        )
+    if opset >= LAYER_NORM_OPSET or runtime:  # below 17: onnxruntime's own registration
+        found["layer_norm"] = _kernel(
+            "LayerNormalization", opset, opsets, target, provider, tensors
+        )
+    return found
+
+
+def _kernel(
+    op: str,
+    opset: int,
+    opsets: dict[str, int],
+    target: str,
+    provider: str,
+    tensors: dict[str, TensorInfo],
+) -> FusedKernel:
     signatures: dict[tuple[object, ...], slots.Slots] = {}
 
     def build(name: str, inputs: list[str], outputs: list[str]) -> OpNode:
@@ -51,7 +74,7 @@ def fused_kernels(
         node.no_kernel = kernels.missing_kernel(provider, "", op, opset, target)
         return node
 
-    return {"rms_norm": FusedKernel(op=op, domain="", build=build)}
+    return FusedKernel(op=op, domain="", build=build)
 
 
 def _attribute(name: str) -> object:
