@@ -287,7 +287,7 @@ class OpGraph:
         for out in {o for n in removed for o in self.nodes[n].outputs} - set(node.outputs):
             self.tensors.pop(out, None)
         self.nodes = ordered
-        for out in node.outputs:
+        for out in filter(None, node.outputs):  # "" is an output left out
             self.tensors[out].producer = node.name
         self._changed()
 

@@ -71,38 +71,58 @@ class FuseNormsPass(Pass):
             return False
         if any(graph.nodes[n].body for n in match.nodes):
             return False  # in a control-flow body: fused nodes are written in the main graph
-        name = names.node(f"{final.name}__{match.kind}")
-        fused = kernel.build(name, match.inputs, [final.outputs[0]])
         low = policy.dtype
-        if classify_node(fused, policy, context.weights).precision != low:
-            return False
-        ops = ", ".join(graph.nodes[n].op for n in match.nodes)
-        replaced, dropped = _with_own_constants(graph, match.nodes, set(match.inputs))
+        inputs, outputs, nodes = match.inputs, [final.outputs[0]], match.nodes
+        attributes: dict[str, float | int] = {"axis": -1, "epsilon": match.epsilon, "stash_type": 1}
+        skip = graph.fused_kernels.get(f"skip_{match.kind}")
+        add = _residual_add(graph, policy, match) if skip is not None else None
+        fused = None
+        if skip is not None and add is not None:  # the residual Add joins the fused op
+            name = names.node(f"{final.name}__skip_{match.kind}")
+            total = add.outputs[0]
+            read_elsewhere = graph.tensors[total].is_graph_output or any(
+                reader not in nodes for reader, _ in graph.consumers(total)
+            )
+            outputs += ["", "", total] if read_elsewhere else []
+            inputs = [*add.inputs, *match.inputs[1:]]
+            fused = skip.build(name, inputs, outputs)
+            if classify_node(fused, policy, context.weights).precision == low:
+                kernel, nodes, attributes = skip, [add.name, *nodes], {"epsilon": match.epsilon}
+            else:
+                fused, inputs, outputs = None, match.inputs, [final.outputs[0]]
+        if fused is None:
+            name = names.node(f"{final.name}__{match.kind}")
+            fused = kernel.build(name, inputs, outputs)
+            if classify_node(fused, policy, context.weights).precision != low:
+                return False
+        ops = ", ".join(graph.nodes[n].op for n in nodes)
+        replaced, dropped = _with_own_constants(graph, nodes, set(inputs))
         graph.replace_nodes(replaced, fused)
         what, statistics = _WHAT[match.kind]
+        with_add = " and the residual Add before it" if len(nodes) > len(match.nodes) else ""
         context.rewrites.append(
             RewriteRecord(
                 node=name,
                 op=kernel.op,
                 domain=kernel.domain,
-                inputs=match.inputs,
-                outputs=[final.outputs[0]],
-                attributes={"axis": -1, "epsilon": match.epsilon, "stash_type": 1},
+                inputs=inputs,
+                outputs=outputs,
+                attributes=attributes,
                 replaces=replaced,
                 drops=dropped,
                 rule=RULE,
                 reason=(
-                    f"decomposed {what} ({ops}) replaced by {kernel.op}, whose kernel "
-                    f"accumulates {statistics} in float32 (stash_type=1): it reads and writes "
-                    f"{low} with no Cast, where the decomposed ops would keep float32 "
-                    "statistics (x squared overflows float16 past |x| = 256)"
+                    f"decomposed {what}{with_add} ({ops}) replaced by {kernel.op}, whose "
+                    f"kernel accumulates {statistics} in float32: it reads and writes {low} "
+                    "with no Cast, where the decomposed ops would keep float32 statistics "
+                    "(x squared overflows float16 past |x| = 256)"
                 ),
             )
         )
         return True
 
 
-_KINDS = frozenset({"rms_norm", "layer_norm"})
+_KINDS = frozenset({"rms_norm", "layer_norm"})  # (their skip_ forms need these)
 _WHAT = {
     "rms_norm": ("RMSNorm", "the mean of squares"),
     "layer_norm": ("LayerNorm", "the mean and variance"),
@@ -133,6 +153,22 @@ def _with_own_constants(
     position = {name: index for index, name in enumerate(graph.nodes)}
     replaced = sorted(inside | set(constants), key=position.__getitem__)
     return replaced, sorted(set(dropped))
+
+
+def _residual_add(graph: OpGraph, policy: Policy, match: NormMatch) -> OpNode | None:
+    """The plain Add producing the norm's input from two values of its shape and type (a
+    residual connection), where a fused op may take it in: in the main graph, named by no
+    rule, no graph input of its own."""
+    producer = graph.tensors[match.x].producer
+    add = graph.nodes.get(producer) if producer is not None else None
+    if add is None or add.op != "Add" or add.domain or add.body or len(add.inputs) != 2:
+        return None
+    x = graph.tensors[match.x]
+    for value in add.inputs:
+        tensor = graph.tensors.get(value)
+        if tensor is None or tensor.shape != x.shape or tensor.dtype != x.dtype:
+            return None
+    return add if _user_allows(graph, policy, [add.name]) else None
 
 
 def _user_allows(graph: OpGraph, policy: Policy, nodes: list[str]) -> bool:

@@ -289,7 +289,72 @@ def test_a_half_precision_export_fuses_its_norms_with_their_casts(tmp_path):
     for rewrite in result.plan.rewrites:  # the Cast to float32 and the Cast back go with it
         assert [op_of[n] for n in rewrite.replaces].count("Cast") == 2, rewrite.replaces
     ops = [n.op_type for n in out.graph.node]
-    assert ops.count("SimplifiedLayerNormalization") == norms and "Sqrt" not in ops
+    fused = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
+    assert sum(op in fused for op in ops) == norms and "Sqrt" not in ops
+    assert ops.count("SkipSimplifiedLayerNormalization") == norms - 1  # all but the first
     assert ops.count("Cast") < [n.op_type for n in original.graph.node].count("Cast") - norms
     report = verify.verify(original, out, verify.random_inputs(original, seed=1), rtol=1e-2)
     assert report.outputs[0].max_rel_error < 1e-2
+
+
+def residual_model(opset: int = 18) -> onnx.ModelProto:
+    """h = MatMul(x, W1) + MatMul(x, W0) (a residual Add), n = RMSNorm(h), y = MatMul(h + n,
+    W2): the Add's sum is read by the norm and by the next residual Add."""
+    model = rms_model(opset)
+    graph = model.graph
+    rng = np.random.default_rng(2)
+    graph.initializer.append(
+        numpy_helper.from_array(
+            (rng.standard_normal((WIDTH, WIDTH)) * 0.3).astype(np.float32), "W0"
+        )
+    )
+    up = next(n for n in graph.node if n.name == "up")
+    up.output[0] = "h_up"
+    index = list(graph.node).index(up)
+    graph.node.insert(index + 1, helper.make_node("MatMul", ["x", "W0"], ["h_side"], name="side"))
+    graph.node.insert(
+        index + 2, helper.make_node("Add", ["h_up", "h_side"], ["h"], name="residual")
+    )
+    down = next(n for n in graph.node if n.name == "down")
+    down.input[0] = "z"
+    graph.node.insert(
+        list(graph.node).index(down), helper.make_node("Add", ["h", "n"], ["z"], name="next")
+    )
+    return model
+
+
+def test_a_residual_add_joins_the_norm_in_onnxruntimes_skip_op():
+    model = residual_model()
+    result = gonnx.convert(model, keep_io_types=True, target="cuda")
+    out = result.to_proto()
+    [rewrite] = result.plan.rewrites
+    assert (rewrite.op, rewrite.domain) == ("SkipSimplifiedLayerNormalization", "com.microsoft")
+    assert rewrite.inputs == ["h_up", "h_side", "norm.weight"]
+    assert rewrite.outputs == ["n", "", "", "h"]  # the sum, which the next Add reads
+    assert rewrite.replaces[0] == "residual" and rewrite.attributes == {
+        "epsilon": pytest.approx(1e-6)
+    }
+    ops = [n.op_type for n in out.graph.node]
+    assert "SkipSimplifiedLayerNormalization" in ops and ops.count("Add") == 1
+    assert {(o.domain, o.version) for o in out.opset_import} >= {("com.microsoft", 1)}
+    assert sorted(c.input[0] for c in casts_in(out)) == ["x", "y__float16"]
+    assert error(model, out) < 5e-3  # the +-2000 channels still right
+    again = gonnx.convert(out, keep_io_types=True, target="cuda").to_proto()
+    assert again.SerializeToString() == out.SerializeToString()
+    # the onnx_ir path writes the same nodes
+    import onnx_ir as ir
+
+    from graphamp import engine
+    from graphamp.onnx.dialect import OnnxDialect
+    from graphamp.policy import Policy
+
+    via_ir = engine.convert(
+        model, Policy.create(keep_io_types=True), dialect=OnnxDialect(direct=False)
+    )
+    through_ir = ir.serde.serialize_model(via_ir.model)
+    assert [(n.op_type, list(n.input), list(n.output)) for n in through_ir.graph.node] == [
+        (n.op_type, list(n.input), list(n.output)) for n in out.graph.node
+    ]
+    # nothing of onnxruntime's own for another runtime
+    plain = gonnx.convert(model, keep_io_types=True, target="any")
+    assert all(r.domain == "" for r in plain.plan.rewrites)

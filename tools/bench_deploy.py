@@ -17,7 +17,11 @@ environment: ``MODELOPT_PYTHON=/path/to/python``). Per model and tool: Casts, th
 (MatMul, Gemm, attention) reading float16, the error against float32 under the faithful
 evaluator (max error relative to max |y|, NaN/Inf count), whether onnxruntime loads the
 output, and the conversion time (median of ``--runs``). ``--full`` adds the zoo's full-size BERT
-and GPT (batch 8 x 128 tokens) through the optimizer. With ``--gpu`` and a CUDA device, also,
+and GPT (batch 8 x 128 tokens) through the optimizer. Mistral, Gemma-2, Phi-3 and T5 at opset
+18 also go through the optimizer where it can (``-opt``), and ResNet and ViT quantized by
+onnxruntime's ``quantize_static`` (QDQ, int8) at opsets 18 and 21 (``qdq-*``). ``--before REV``
+adds graphamp as it was at a git revision (``graphamp convert --keep-io-types`` from a
+worktree), for before/after figures. With ``--gpu`` and a CUDA device, also,
 per converted model on onnxruntime's CUDA provider: the median latency, the error of the
 provider's real float16 arithmetic against the float32 model (max error relative to max |y|,
 NaN/Inf count) and how many nodes ran on the CPU instead (read from onnxruntime's profile: a
@@ -111,6 +115,27 @@ def modelopt_tool(path: Path) -> onnx.ModelProto:
     return onnx.load(str(target))
 
 
+def before_tool(revision: str, folder: Path) -> Callable[[Path], onnx.ModelProto]:
+    """graphamp as it was at ``revision`` (a git worktree in ``folder``), run as users run it:
+    ``graphamp convert IN -o OUT --keep-io-types`` in a process of its own."""
+    from same_outputs import RUNNER, worktree
+
+    tree = worktree(revision, folder)
+
+    def convert(path: Path) -> onnx.ModelProto:
+        target = path.with_suffix(".before.onnx")
+        command = [sys.executable, "-c", RUNNER, str(tree), "convert", str(path)]
+        done = subprocess.run(
+            [*command, "-o", str(target), "--keep-io-types"], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            raise RuntimeError(lines[-1] if lines else f"exit {done.returncode}")
+        return onnx.load(str(target))
+
+    return convert
+
+
 TOOLS: dict[str, Callable[[Path], onnx.ModelProto]] = {
     "graphamp": graphamp_tool,
     "onnxruntime float16": ort_tool,
@@ -178,7 +203,44 @@ def build_models(folder: Path, full: bool = False, only: set[str] | None = None)
             models[path.stem] = path
     if "hf-llama-opset18" in models and wanted("hf-llama-opset18-massive"):
         models["hf-llama-opset18-massive"] = massive(models["hf-llama-opset18"])
+    for name, model_type in OPTIMIZED.items():
+        source = models.get(f"hf-{name}-opset18")
+        if source is not None and wanted(f"hf-{name}-opset18-opt"):
+            found = through_optimizer(source, model_type)
+            if found is not None:
+                models[f"hf-{name}-opset18-opt"] = found
+    from tests.qdq_models import QDQ_MODELS, qdq_model
+
+    for name in QDQ_MODELS:
+        for opset in (18, 21):
+            if wanted(f"qdq-{name}-opset{opset}"):
+                models[f"qdq-{name}-opset{opset}"] = qdq_model(name, folder / "qdq", opset)
     return models
+
+
+# The exports that also go through onnxruntime's transformer optimizer (its model type).
+OPTIMIZED = {"mistral": "gpt2", "gemma2": "gpt2", "phi3": "gpt2", "t5": "t5"}
+
+
+def through_optimizer(source: Path, model_type: str) -> Path | None:
+    """``source`` through onnxruntime's transformer optimizer; None (said) where it fails or
+    writes a model onnxruntime refuses."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    target = source.with_name(f"{source.stem}-opt.onnx")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            optimize_model(
+                str(source), model_type=model_type, num_heads=4, hidden_size=64
+            ).save_model_to_file(str(target))
+    except Exception as exc:  # the optimizer's own limits are a result
+        print(f"# {target.stem}: the optimizer cannot ({type(exc).__name__}: {exc})"[:160])
+        return None
+    if not loads(onnx.load(str(target))):
+        print(f"# {target.stem}: onnxruntime refuses the optimizer's output")
+        return None
+    return target
 
 
 # Hugging Face models exported by torch.onnx, by opset (17: TorchScript, where it can).
@@ -428,8 +490,16 @@ def main() -> None:
     parser.add_argument(
         "--models", nargs="+", metavar="NAME", help="only these models (names as in the table)"
     )
+    parser.add_argument(
+        "--before",
+        metavar="REV",
+        help="also graphamp as it was at git revision REV (a worktree under bench-out/)",
+    )
     args = parser.parse_args()
     print(f"# {date.today()} · {machine()}")
+    if args.before:
+        label = f"graphamp {args.before[:7]}"
+        TOOLS[label] = before_tool(args.before, ROOT / "bench-out" / f"before-{args.before}")
     with tempfile.TemporaryDirectory() as folder:
         models = build_models(Path(folder), args.full, set(args.models or ()))
         results = {

@@ -87,9 +87,10 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-fuse",
         action="store_true",
         default=None,
-        help="ONNX: keep a decomposed RMSNorm's own ops instead of the fused op that reads "
-        "the low type with no Cast (RMSNormalization, opset 23+; SimplifiedLayerNormalization "
-        "for --target cuda/cpu; the plan's rewrites)",
+        help="ONNX: keep a decomposed RMSNorm's or LayerNorm's own ops instead of the fused op "
+        "that reads the low type with no Cast (RMSNormalization at opset 23+, "
+        "LayerNormalization at 17+; onnxruntime's SimplifiedLayerNormalization, "
+        "LayerNormalization and Skip* forms for --target cuda/cpu; the plan's rewrites)",
     )
     group.add_argument(
         "--inline-functions",

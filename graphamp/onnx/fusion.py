@@ -15,6 +15,12 @@ outputs with no Cast where the decomposed ops would need float32 statistics:
   its transformer optimizer) below that, for ``--target cuda`` or ``cpu``;
 * nothing for ``--target any`` below opset 23: no other runtime is known to have the op.
 
+For ``--target cuda|cpu`` a norm whose input is a residual Add of two values of its shape
+(a decoder's ``h = h + attention(...)`` before the next norm) becomes onnxruntime's
+``SkipSimplifiedLayerNormalization`` (RMSNorm) or ``SkipLayerNormalization`` (LayerNorm) in
+``com.microsoft``: one kernel for the Add and the norm, the sum also written as its fourth
+output where others read it.
+
 The node is built with the slots, allowed types and kernel note the reader gives every node
 (:func:`graphamp.onnx.slots.computing_node`), so classify decides it like any other.
 """
@@ -45,7 +51,17 @@ def fused_kernels(
         found["layer_norm"] = _kernel(
             "LayerNormalization", opset, opsets, target, provider, tensors
         )
+    if runtime:  # the residual Add and the norm in one kernel, onnxruntime's own
+        for kind, op in SKIP_NORMS.items():
+            found[kind] = _kernel(op, opset, opsets, target, provider, tensors, RUNTIME_DOMAIN)
     return found
+
+
+RUNTIME_DOMAIN = "com.microsoft"
+SKIP_NORMS = {
+    "skip_rms_norm": "SkipSimplifiedLayerNormalization",
+    "skip_layer_norm": "SkipLayerNormalization",
+}
 
 
 def _kernel(
@@ -55,26 +71,29 @@ def _kernel(
     target: str,
     provider: str,
     tensors: dict[str, TensorInfo],
+    domain: str = "",
 ) -> FusedKernel:
     signatures: dict[tuple[object, ...], slots.Slots] = {}
 
     def build(name: str, inputs: list[str], outputs: list[str]) -> OpNode:
         node = OpNode(
             name=name,
-            op=op,
+            op=slots.op_name(op, domain),
             inputs=list(inputs),
             outputs=list(outputs),
+            domain=domain,
             scope=name,
-            schema_source=f"opset {opset}",
+            schema_source=f"opset {slots.opset_of(opsets, domain)}",
         )
-        output_types = tuple(tensors[out].dtype for out in outputs)
+        output_types = tuple(tensors[out].dtype if out else "" for out in outputs)
         slots.computing_node(
             node, op, tensors, output_types, opsets, target, signatures, _attribute
         )
-        node.no_kernel = kernels.missing_kernel(provider, "", op, opset, target)
+        version = slots.opset_of(opsets, domain) if not domain else 1
+        node.no_kernel = kernels.missing_kernel(provider, domain, op, version, target)
         return node
 
-    return FusedKernel(op=op, domain="", build=build)
+    return FusedKernel(op=op, domain=domain, build=build)
 
 
 def _attribute(name: str) -> object:

@@ -104,6 +104,7 @@ class _Edit:
     def __init__(self, model: ProtoModel, graph: OpGraph) -> None:
         self.model = model
         self.source = model.proto.graph
+        self.domains: set[str] = set()  # domains of the fused ops written
         self.nodes: list[onnx.NodeProto | None] = [None, *self.source.node]
         self.changed: set[int] = set()
         count = len(self.nodes)
@@ -204,9 +205,11 @@ class _Edit:
         for name in record.replaces:
             self.unlink(self.number[name])
         self.number[record.node] = index
-        for output in record.outputs:
+        for output in filter(None, record.outputs):
             self.producer[output] = index
         self.dropped.update(record.drops)
+        if record.domain:
+            self.domains.add(record.domain)
 
     def hoist(self, index: int) -> None:
         self.unlink(index)
@@ -260,6 +263,9 @@ class _Edit:
             index = self.next[index]
         del graph.node[:]
         graph.node.extend(self.nodes[index] for index in order)
+        imported = {entry.domain for entry in out.opset_import}
+        for domain in sorted(self.domains - imported):  # a fused op of onnxruntime's domain
+            out.opset_import.append(onnx.helper.make_opsetid(domain, 1))
         self._write_initializers(graph)
         self._write_types(graph, order)
         if not self.model.weights:

@@ -180,6 +180,9 @@ def _rewrite(
     replaced = [nodes[name] for name in record.replaces]
     outputs = []
     for name in record.outputs:
+        if not name:  # an output left out
+            outputs.append((None, ir.Value(name="")))
+            continue
         old = values[name]
         new = ir.Value(name=name, shape=old.shape, type=old.type)
         outputs.append((old, new))
@@ -196,7 +199,11 @@ def _rewrite(
         name=record.node,
     )
     graph.insert_before(replaced[-1], fused)
+    if record.domain and record.domain not in graph.opset_imports:
+        graph.opset_imports[record.domain] = 1  # a fused op of onnxruntime's domain
     for old, new in outputs:
+        if old is None:
+            continue
         old.replace_all_uses_with(new)
         for index, output in enumerate(graph.outputs):
             if output is old:
