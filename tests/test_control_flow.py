@@ -391,7 +391,11 @@ def test_the_faithful_evaluator_rounds_a_low_input_where_a_body_reads_it():
     # x becomes a float16 graph input that only the branches read: the emulation must read it
     # rounded there too, as onnx.reference (which computes in float16) does
     case = CASES["if_softmax"]()
-    out, _ = convert(case.model)
+    # (TensorFlow's colouring keeps the Softmax float32: in float16 the two evaluators compute
+    # it differently, onnx.reference in numpy's float16 arithmetic, the emulation as a float32
+    # kernel rounded at its output, by more than this test's tolerance; the cost pass runs it
+    # low: no Cast before it)
+    out, _ = convert(case.model, spread="tensorflow")
     for feeds in case.feeds:
         faithful, _ = run_faithfully(out, feeds)
         x = feeds["x"].astype(np.float16)
