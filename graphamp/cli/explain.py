@@ -21,11 +21,15 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
         help=HELP,
         description="Print why NODE of MODEL runs in the precision it does: its rule, the "
         "neighbour its colour spread through (and that one's reason, down to the rule that "
-        "started it), and how each input reaches it. MODEL may be a plan file (a training "
-        "step's plan, say).",
+        "started it), and how each input reaches it. NODE may also name a Cast the conversion "
+        "inserts (its output, x__float16, or the value it casts): then why it sits there, the "
+        "precisions on either side and the bytes it would move one op earlier or later. MODEL "
+        "may be a plan file (a training step's plan, say).",
     )
     parser.add_argument("model", metavar="MODEL", help="a model file (.onnx, .pt2) or a plan")
-    parser.add_argument("node", metavar="NODE", help="the node name, as in the plan")
+    parser.add_argument(
+        "node", metavar="NODE", help="the node name, as in the plan, or an inserted Cast's output"
+    )
     add_policy_arguments(parser)
 
 
