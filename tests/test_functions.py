@@ -212,3 +212,18 @@ def test_onnx_function_ops_as_local_functions_convert_inside(dtype):
                     failures.append((name, f"error {error:.3g}"))
     assert not failures, failures
     assert compared > 250 and low_nodes > 500, (compared, low_nodes)
+
+
+def test_calibrated_ranges_reach_each_call_sites_values():
+    proto = two_blocks()
+    for init in proto.graph.initializer[2:]:  # block1's weights: its values leave float16's range
+        array = numpy_helper.to_array(init) * 300
+        init.CopyFrom(numpy_helper.from_array(array.astype(np.float32), init.name))
+    ranges = gonnx.calibrate(proto, {"x": X})
+    assert (
+        ranges.tensors["block1/Block/o"].max_abs > 65504 > ranges.tensors["block0/Block/o"].max_abs
+    )
+    result = gonnx.convert(proto, ranges=ranges)
+    assert result.plan.nodes["block1/Block/down"].rule == "range"
+    assert result.plan.nodes["block0/Block/down"].precision == "float16"
+    assert_valid(result.to_proto())

@@ -12,9 +12,9 @@ output, so its statistics leave the body the way the body's results do:
 * nested bodies hand theirs on through every level the same way.
 
 Each body value is keyed by its name in the OpGraph (``<node>/<attribute>/<value>``), so a
-calibrated range meets the node that reads it. Not measured: the values inside model-local
-functions (a function's values are its call sites' own: not done yet) and inside a Scan of
-opset 8 (its states carry a batch axis).
+calibrated range meets the node that reads it. Model-local functions are inlined before this
+(:func:`graphamp.onnx.calibration.calibrate_proto`, their values named by call path). Not
+measured: the values inside a Scan of opset 8 (its states carry a batch axis).
 """
 
 from __future__ import annotations

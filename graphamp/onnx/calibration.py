@@ -19,7 +19,8 @@ from graphamp.ranges import Ranges, TensorRange
 
 def calibrate(model: object, data: DataSource, *, label: str = "") -> Ranges:
     """The :class:`~graphamp.ranges.Ranges` of ``model``'s float32 values (graph inputs and
-    node outputs of the main graph) over ``data``: a DATA path (``.npz`` or a folder of them),
+    node outputs, those inside bodies and model-local functions by their OpGraph names) over
+    ``data``: a DATA path (``.npz`` or a folder of them),
     one dict of arrays, or an iterable of such dicts."""
     proto = as_proto(model)
     batches = as_batches(data, input_specs(proto))
@@ -27,6 +28,8 @@ def calibrate(model: object, data: DataSource, *, label: str = "") -> Ranges:
 
 
 def calibrate_proto(proto: onnx.ModelProto, batches, *, label: str = "") -> Ranges:  # type: ignore[no-untyped-def]
+    if proto.functions:  # each call's values, named as the reader names them
+        proto = _functions_inlined(proto)
     tensors = float32_values(proto)
     # the values inside If/Loop/Scan bodies too, by their OpGraph names (body_stats)
     work = onnx.ModelProto()
@@ -42,6 +45,20 @@ def calibrate_proto(proto: onnx.ModelProto, batches, *, label: str = "") -> Rang
         values = session.run(feeds)
         ranges.update(Ranges({t: _range(values, t) for t in tensors}, batches=1))
     return ranges
+
+
+def _functions_inlined(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with every call of a model-local function replaced by its body, the body's
+    values and nodes named by their OpGraph paths (``<call>/<function>/<name>``), as
+    ``--inline-functions`` writes them: their ranges then meet the nodes that read them."""
+    import onnx_ir as ir
+
+    from graphamp.onnx import files, functions, reader
+
+    model = files.from_proto(proto)
+    read = reader.read(model, "float32")
+    functions.inline(model, read.handles.calls, read.handles)
+    return ir.to_proto(model)
 
 
 def _range(values: dict[str, np.ndarray], tensor: str) -> TensorRange:

@@ -212,7 +212,7 @@ def write_back(model: ir.Model, handles: OnnxHandles) -> None:
     if not calls:
         return
     if model.meta.get(INLINE_KEY):
-        _inline(model, calls, handles)
+        inline(model, calls, handles)
         return
     originals = {key: _content(f) for key, f in model.functions.items()}
     called_before = {call.function for call in calls}
@@ -264,7 +264,7 @@ def _called(model: ir.Model) -> set[FunctionId]:
     return found
 
 
-def _inline(model: ir.Model, calls: list[CallSite], handles: OnnxHandles) -> None:
+def inline(model: ir.Model, calls: list[CallSite], handles: OnnxHandles) -> None:
     """Each call replaced by its copy's nodes, innermost first; the nodes and values take
     their names in the OpGraph (``<call>/<function>/<name>``), so a plan of the inlined model
     names them as this conversion's plan does."""
