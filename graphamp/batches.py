@@ -131,6 +131,7 @@ def _check_file(
                 f"{file}: array {spec.name!r} is a scalar: the batch is its first axis"
             )
         _check_type(file, spec, dtype)
+    _check_ids(file, specs)
     rows = {name: shape[0] for name, (shape, _) in headers.items()}
     if len(set(rows.values())) != 1:
         counts = ", ".join(f"{name} {count}" for name, count in sorted(rows.items()))
@@ -164,6 +165,28 @@ def _check_shape(file: Path, spec: InputSpec, shape: tuple[int, ...]) -> None:
         raise GraphampError(
             f"{file}: input {spec.name!r} has shape {shape}, the model declares {declared}"
         )
+
+
+def _check_ids(file: Path, specs: list[InputSpec]) -> None:
+    """Integer ids that index a table (an embedding) must fall inside it, as Gather wants
+    (-rows to rows - 1): onnxruntime stops on the first that does not. Only these arrays are
+    read here."""
+    bounded = [spec for spec in specs if spec.index_bound and spec.dtype != "bool"]
+    if not bounded:
+        return
+    with np.load(file, allow_pickle=False) as archive:
+        for spec in bounded:
+            ids = archive[spec.name]
+            if ids.dtype.kind not in "iu" or ids.size == 0:
+                continue
+            bound = int(spec.index_bound)  # type: ignore[arg-type]
+            low, high = int(ids.min()), int(ids.max())
+            if low < -bound or high >= bound:
+                bad = high if high >= bound else low
+                raise GraphampError(
+                    f"{file}: array {spec.name!r} holds id {bad}, beyond the {bound} rows of the "
+                    f"table it indexes (ids must lie in {-bound} to {bound - 1})"
+                )
 
 
 def _check_type(file: Path, spec: InputSpec, dtype: np.dtype) -> None:

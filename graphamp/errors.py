@@ -52,3 +52,8 @@ class StaticShapeWarning(UserWarning):
     """A dimension graphamp.fx.convert makes dynamic by default (the first of each input of two
     or more dimensions) could not stay dynamic: the converted module runs only at the example's
     size there."""
+
+
+class RepairWarning(UserWarning):
+    """A model's own declaration (a value's type or shape) contradicted type inference or was
+    incomplete, and was repaired from what inference settles; the converted model says so."""

@@ -59,7 +59,7 @@ def structural_cases() -> dict[str, tuple[onnx.ModelProto, str]]:
     )
     return {
         "dangling input": (dangling, "node 'relu1' reads 'nowhere', which no node produces"),
-        "two-node cycle": (cycle, "node 'first' reads 'b' before node 'second' produces it"),
+        "two-node cycle": (cycle, "the graph has a cycle: first -> second -> first"),
         "reads its own output": (own, "node 'loop' reads its own output 'y'"),
         "no opset_import": (no_opset, "imports no opset"),
         "ir_version 0": (ir_zero, "ir_version 0 is not an ONNX IR version"),

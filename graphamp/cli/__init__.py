@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from graphamp.cli import check, convert, debug, demo, diff, explain, lists, plan, tune
 from graphamp.cli.common import Parser
-from graphamp.errors import GraphampError, PolicyWarning, SlowPrecisionWarning
+from graphamp.errors import GraphampError, PolicyWarning, RepairWarning, SlowPrecisionWarning
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -143,7 +143,7 @@ def _run(module: ModuleType, args: argparse.Namespace, console: Console) -> int:
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
     """graphamp's own warnings as one line on stderr; others as Python prints them."""
-    if issubclass(category, PolicyWarning | SlowPrecisionWarning):
+    if issubclass(category, PolicyWarning | SlowPrecisionWarning | RepairWarning):
         print(f"graphamp: warning: {message}", file=sys.stderr)
     else:
         _show_python_warning(message, category, filename, lineno, file, line)

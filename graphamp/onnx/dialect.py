@@ -57,22 +57,28 @@ class OnnxDialect(Dialect):
         raise GraphampError(f"expected a path or an ONNX model, got {type(source).__name__}")
 
     def read(self, model: ir.Model | ProtoModel, policy: Policy) -> ReadGraph:
+        from graphamp.onnx import declared
+
         if isinstance(model, ProtoModel):
-            return proto_reader.read(model, policy.dtype, policy.target)
+            read = proto_reader.read(model, policy.dtype, policy.target)
+            declared.warn(model.repaired)
+            return read
         from graphamp.onnx import functions, reader
 
         # the writer puts each call site's body inline instead of a function copy
         model.meta[functions.INLINE_KEY] = policy.inline_functions
-        return reader.read(model, policy.dtype, policy.target)
+        read = reader.read(model, policy.dtype, policy.target)
+        declared.warn(model.meta.get(declared.REPAIRED_KEY, ""))
+        return read
 
     def apply(
         self, read: ReadGraph, script: EditScript
     ) -> ir.Model | onnx.ModelProto | StreamedModel:
         if isinstance(read.model, ProtoModel):
-            return proto_writer.apply(read, script)
+            return _initializers_need_no_inputs(proto_writer.apply(read, script))
         from graphamp.onnx import writer
 
-        return writer.apply(read, script)
+        return _initializers_need_no_inputs(writer.apply(read, script))
 
     def save(self, model: ir.Model | onnx.ModelProto | StreamedModel, path: Path) -> None:
         files.save(model, path)
@@ -133,3 +139,21 @@ def _is_ir_model(source: object) -> bool:
     once something imported it)."""
     ir = sys.modules.get("onnx_ir")
     return ir is not None and isinstance(source, ir.Model)
+
+
+def _initializers_need_no_inputs(model: Any) -> Any:
+    """IR version 3 makes every initializer a graph input too; onnxruntime loads a model that
+    breaks the rule (some exporters wrote them), the checker refuses it. The converted model
+    says IR version 4, the first without the rule, where an initializer is not an input."""
+    graph = model.graph
+    if model.ir_version >= 4:
+        return model
+    if isinstance(model, onnx.ModelProto):
+        inputs = {value.name for value in graph.input}
+        stored = [tensor.name for tensor in graph.initializer]
+    else:  # an onnx_ir model
+        inputs = {value.name for value in graph.inputs}
+        stored = list(graph.initializers)
+    if any(name not in inputs for name in stored):
+        model.ir_version = 4
+    return model

@@ -21,9 +21,10 @@ import onnx
 from graphamp import progress
 from graphamp.errors import GraphampError
 from graphamp.io import write_atomic
-from graphamp.onnx import infile, proto_reader
+from graphamp.onnx import declared, infile, proto_reader
 from graphamp.onnx.datafile import DataFileWriter
 from graphamp.onnx.infile import StreamedModel
+from graphamp.onnx.order import topologically_sorted
 from graphamp.onnx.proto_reader import ProtoModel
 from graphamp.onnx.validate import Checked, validate
 from graphamp.onnx.writing import (
@@ -50,14 +51,21 @@ def load(path: str | os.PathLike[str], *, direct: bool = False) -> ir.Model | Pr
     mapped = infile.read(path) if direct else None
     if mapped is None:
         return _validated(_parse(path), str(path), path.parent, direct=direct)
-    where, proto = str(path), mapped.proto
+    where = str(path)
     lengths = {name: tensor.nbytes for name, tensor in mapped.tensors.items()}
-    checked = _checked(proto, where, path.parent, lengths)
+    proto, checked = _checked(mapped.proto, where, path.parent, lengths)
+    proto, inferred, note = _settled(proto, where, checked)
     if proto_reader.suits(proto, subgraphs=checked.subgraphs):
-        value_info = _value_info(proto, where)
-        return ProtoModel(proto, value_info, nodes=checked.nodes, weights=mapped.tensors)
-    # the onnx_ir path reads the weights from the proto: parse the file whole after all
-    return _to_ir(_parse(path) if mapped.tensors else proto, where, path.parent, checked)
+        value_info = _value_info(proto, inferred)
+        return ProtoModel(
+            proto, value_info, nodes=checked.nodes, weights=mapped.tensors, repaired=note
+        )
+    if mapped.tensors:  # the onnx_ir path reads the weights from the proto: parse it whole
+        whole = topologically_sorted(_parse(path), where)
+        if proto is not mapped.proto:  # sorted or repaired: so is the whole proto
+            whole, inferred, note = _settled(whole, where, checked)
+        proto = whole
+    return _to_ir(proto, where, path.parent, inferred, note)
 
 
 def _parse(path: Path) -> onnx.ModelProto:
@@ -87,20 +95,26 @@ def direct(
 def _validated(
     proto: onnx.ModelProto, where: str, base_dir: Path | None, *, direct: bool
 ) -> ir.Model | ProtoModel:
-    checked = _checked(proto, where, base_dir)
+    proto, checked = _checked(proto, where, base_dir)
+    proto, inferred, note = _settled(proto, where, checked)
     if direct and proto_reader.suits(proto, subgraphs=checked.subgraphs):
-        return ProtoModel(proto, _value_info(proto, where), nodes=checked.nodes)
-    return _to_ir(proto, where, base_dir, checked)
+        value_info = _value_info(proto, inferred)
+        return ProtoModel(proto, value_info, nodes=checked.nodes, repaired=note)
+    return _to_ir(proto, where, base_dir, inferred, note)
 
 
-def _to_ir(proto: onnx.ModelProto, where: str, base_dir: Path | None, checked: Checked) -> ir.Model:
+def _to_ir(
+    proto: onnx.ModelProto,
+    where: str,
+    base_dir: Path | None,
+    inferred: onnx.ModelProto | None,
+    note: str,
+) -> ir.Model:
     from graphamp.onnx import ir_files
 
-    # No data propagation into bodies: it keys the values it computes by name across scopes,
-    # and the branches of an Optimum merged decoder reuse each other's names, so one branch's
-    # shapes land on the other's values; onnxruntime refuses the model written with them.
-    inferred = _inferred(proto, where, data_prop=not checked.subgraphs)
-    return ir_files.to_ir(proto, inferred, base_dir, where)
+    model = ir_files.to_ir(proto, inferred, base_dir, where)
+    model.meta[declared.REPAIRED_KEY] = note
+    return model
 
 
 def _checked(
@@ -108,32 +122,41 @@ def _checked(
     where: str,
     base_dir: Path | None,
     in_file: dict[str, int] | None = None,
-) -> Checked:
+) -> tuple[onnx.ModelProto, Checked]:
+    """``proto`` (a sorted copy where its nodes were out of topological order, as
+    onnxruntime sorts them) and what validating it found."""
     if not isinstance(proto, onnx.ModelProto) or not proto.HasField("graph"):
         raise GraphampError(f"{where}: not an ONNX model (no graph)")
     if not proto.graph.node:
         raise GraphampError(f"{where}: the graph has no nodes")
-    return validate(proto, where=where, base_dir=base_dir, in_file=in_file)
+    proto = topologically_sorted(proto, where)
+    return proto, validate(proto, where=where, base_dir=base_dir, in_file=in_file)
 
 
-def _inferred(
-    proto: onnx.ModelProto, where: str, *, data_prop: bool = True
-) -> onnx.ModelProto | None:
-    """``proto`` after ONNX type inference (weights left out), or None where it fails."""
-    light = _without_large_initializers(proto)
-    try:
-        return onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=data_prop)
-    except Exception as exc:  # inference gives up on some contrib ops: fall back to local rules
-        log.warning("%s: ONNX type inference failed (%s); using local type rules", where, exc)
-        return None
+def _settled(
+    proto: onnx.ModelProto, where: str, checked: Checked
+) -> tuple[onnx.ModelProto, onnx.ModelProto | None, str]:
+    """(``proto`` or a copy whose main-graph declarations that type inference contradicts
+    are repaired, its inferred types or None, the note of what was repaired):
+    :mod:`graphamp.onnx.declared`, inference run once."""
+    # No data propagation into bodies: it keys the values it computes by name across scopes,
+    # and the branches of an Optimum merged decoder reuse each other's names, so one branch's
+    # shapes land on the other's values; onnxruntime refuses the model written with them.
+    settled = declared.checked(
+        proto, where, _without_large_initializers, data_prop=not checked.subgraphs
+    )
+    if settled[1] is None:
+        log.warning("%s: ONNX type inference failed; using local type rules", where)
+    return settled
 
 
-def _value_info(proto: onnx.ModelProto, where: str) -> dict[str, onnx.ValueInfoProto]:
+def _value_info(
+    proto: onnx.ModelProto, inferred: onnx.ModelProto | None
+) -> dict[str, onnx.ValueInfoProto]:
     """Every value's ValueInfoProto: the model's own where it gives a type and shape, else
     type inference's (as :func:`graphamp.onnx.ir_files.to_ir` types an onnx_ir model)."""
     graph = proto.graph
     own = {info.name: info for info in [*graph.input, *graph.value_info, *graph.output]}
-    inferred = _inferred(proto, where)
     if inferred is None:
         return own
     found = {info.name: info for info in inferred.graph.value_info}

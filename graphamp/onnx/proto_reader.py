@@ -50,6 +50,7 @@ class ProtoModel:
     # Initializers whose data ``proto`` does not hold: where it is in the model file
     # (graphamp.onnx.infile); their TensorProtos have name, type and dims only.
     weights: dict[str, InFileTensor] = field(default_factory=dict)
+    repaired: str = ""  # what graphamp.onnx.declared repaired in ``proto`` ("" for nothing)
 
 
 def suits(proto: onnx.ModelProto, *, subgraphs: bool | None = None) -> bool:

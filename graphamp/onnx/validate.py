@@ -43,6 +43,7 @@ from graphamp.onnx.validate_nodes import (
 )
 
 _ATTR = onnx.AttributeProto
+MIN_OPSET = 6  # the oldest default-domain opset converted (Cast-6: ``to`` is an int)
 _GRAPH_ATTRIBUTES = frozenset({_ATTR.GRAPH, _ATTR.GRAPHS})
 _DATA_ATTRIBUTES = frozenset(
     {_ATTR.TENSOR, _ATTR.TENSORS, _ATTR.SPARSE_TENSOR, _ATTR.SPARSE_TENSORS}
@@ -109,6 +110,13 @@ def _check_header(proto: onnx.ModelProto, nodes: list[NodeFields], where: str) -
         raise GraphampError(
             f"{where}: default-domain opset {default} is not one this onnx knows (1 to {newest})"
         )
+    if default is not None and default < MIN_OPSET and uses_default:
+        raise GraphampError(
+            f"{where}: default-domain opset {default} is older than graphamp converts (opset "
+            f"{MIN_OPSET} and later: the Casts it adds take their type as a number since "
+            "opset 6, and onnxruntime has no Cast kernel before it); upgrade the model first, "
+            "e.g. with onnx.version_converter.convert_version(model, 17)"
+        )
     return opsets
 
 
@@ -135,11 +143,8 @@ def _check_graph_io(graph: onnx.GraphProto, where: str, ir_version: int) -> None
         if tensor.name in stored:
             raise GraphampError(f"{where}: initializer {tensor.name!r} is stored twice")
         stored.add(tensor.name)
-        if ir_version < 4 and tensor.name not in declared:
-            raise GraphampError(
-                f"{where}: initializer {tensor.name!r} is no graph input, which ir_version "
-                f"{ir_version} requires (IR 4 and later do not)"
-            )
+        # (IR 3 wanted every initializer declared as a graph input too; onnxruntime loads a
+        # model that does not, and the converted model says IR 4: OnnxDialect.apply)
 
 
 def _check_elem_type(value: onnx.ValueInfoProto, where: str, *, required: bool) -> None:

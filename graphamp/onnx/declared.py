@@ -1,0 +1,145 @@
+"""Declared types and shapes that type inference contradicts, repaired before converting.
+
+A model's ``value_info`` and graph outputs declare each value's type and shape. When a
+declaration contradicts what ONNX type inference derives from the graph (a damaged dim, a
+wrong rank or element type), or a graph output's type lost its ``shape`` field,
+``onnx.checker.check_model(full_check=True)`` refuses the model, and a converted copy would
+be refused too. Inference settles such a declaration, so the model is repaired before it is
+read: a contradicted ``value_info`` entry is dropped (inference gives the value its type
+again), a graph output takes the inferred type and shape, and one line says which values'
+declarations were overridden (an output that only lacked a shape gets the inferred one
+without a line: nothing it said is undone). Only the main graph's declarations are repaired
+(a body's or function's are read as they are); what inference cannot settle (a
+contradiction that stays) is refused with exit status 2.
+
+The check costs nothing extra on a sound model: strict inference runs once, and its result
+is the one the readers use.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import onnx
+
+from graphamp.errors import GraphampError, RepairWarning
+
+# what ONNX inference says when a declaration contradicts it
+CONTRADICTIONS = ("Inferred shape and existing shape differ", "Inferred elem type differs")
+REPAIRED_KEY = "graphamp.repaired"  # an onnx_ir model's meta: the note of what was repaired
+
+
+def checked(
+    proto: onnx.ModelProto,
+    where: str,
+    light: Callable[[onnx.ModelProto], onnx.ModelProto],
+    *,
+    data_prop: bool = True,
+) -> tuple[onnx.ModelProto, onnx.ModelProto | None, str]:
+    """(``proto`` or a repaired copy, its inferred types or None where inference gives up,
+    the note that says what was repaired, to show once the model is read: "" for none);
+    ``light(proto)`` is ``proto`` without large weights, for inference."""
+    failure = ""
+    if not any(_lacks_shape(output) for output in proto.graph.output):
+        try:
+            strict = onnx.shape_inference.infer_shapes(
+                light(proto), strict_mode=True, data_prop=data_prop
+            )
+            return proto, strict, ""
+        except Exception as exc:  # a contradiction, or an op inference cannot take
+            failure = str(exc).strip()
+    own = _inferred_alone(light(proto), data_prop)
+    if own is None:
+        return proto, _inferred(light(proto), data_prop), ""
+    inferred = {info.name: info for info in (*own.graph.value_info, *own.graph.output)}
+    repaired = onnx.ModelProto()
+    repaired.CopyFrom(proto)
+    graph, names = repaired.graph, []
+    kept = []
+    for info in graph.value_info:
+        if info.name in inferred and _contradicts(info, inferred[info.name]):
+            names.append(info.name)
+        else:
+            kept.append(info)
+    if len(kept) != len(graph.value_info):
+        del graph.value_info[:]
+        graph.value_info.extend(kept)
+    filled = []  # outputs that lacked a shape inference gives: nothing they said is undone
+    for output in graph.output:
+        found = inferred.get(output.name)
+        if found is not None and _contradicts(output, found):
+            names.append(output.name)
+        elif _lacks_shape(output) and found is not None and not _lacks_shape(found):
+            filled.append(output.name)
+        else:
+            continue
+        output.type.CopyFrom(found.type)
+    if not names and not filled:
+        if any(sign in failure for sign in CONTRADICTIONS):  # in a body or function
+            first = failure.splitlines()[0]
+            raise GraphampError(f"{where}: type inference refuses the model: {first}")
+        return proto, _inferred(light(proto), data_prop), ""  # the readers name what is wrong
+    try:
+        result = onnx.shape_inference.infer_shapes(
+            light(repaired), strict_mode=True, data_prop=data_prop
+        )
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GraphampError(f"{where}: type inference refuses the model: {first}") from None
+    if not names:
+        return repaired, result, ""
+    shown = ", ".join(repr(name) for name in names[:5]) + (" ..." if len(names) > 5 else "")
+    note = (
+        f"{where}: {len(names)} declared type(s) contradicted type inference ({shown}): "
+        "repaired with the inferred ones"
+    )
+    return repaired, result, note
+
+
+def warn(note: str) -> None:
+    """Say what :func:`checked` repaired (once the model was read without error)."""
+    if note:
+        warnings.warn(note, RepairWarning, stacklevel=3)
+
+
+def _lacks_shape(info: onnx.ValueInfoProto) -> bool:
+    return info.type.HasField("tensor_type") and not info.type.tensor_type.HasField("shape")
+
+
+def _inferred(proto: onnx.ModelProto, data_prop: bool) -> onnx.ModelProto | None:
+    try:
+        return onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=data_prop)
+    except Exception:  # inference gives up on some contrib ops: the readers' local rules
+        return None
+
+
+def _inferred_alone(proto: onnx.ModelProto, data_prop: bool) -> onnx.ModelProto | None:
+    """Inference's own view: ``proto``'s types inferred with its value_info left out and its
+    outputs' declarations reduced to their element types."""
+    bare = onnx.ModelProto()
+    bare.CopyFrom(proto)
+    del bare.graph.value_info[:]
+    for output in bare.graph.output:
+        if output.type.HasField("tensor_type"):
+            output.type.tensor_type.ClearField("shape")
+            output.type.tensor_type.elem_type = 0
+    return _inferred(bare, data_prop)
+
+
+def _contradicts(declared: onnx.ValueInfoProto, inferred: onnx.ValueInfoProto) -> bool:
+    """Whether a declared tensor type disagrees with an inferred one (element type, rank, or
+    a dimension both give as a number)."""
+    if not (declared.type.HasField("tensor_type") and inferred.type.HasField("tensor_type")):
+        return False
+    mine, theirs = declared.type.tensor_type, inferred.type.tensor_type
+    if mine.elem_type and theirs.elem_type and mine.elem_type != theirs.elem_type:
+        return True
+    if not (mine.HasField("shape") and theirs.HasField("shape")):
+        return False
+    if len(mine.shape.dim) != len(theirs.shape.dim):
+        return True
+    return any(
+        a.HasField("dim_value") and b.HasField("dim_value") and a.dim_value != b.dim_value
+        for a, b in zip(mine.shape.dim, theirs.shape.dim, strict=True)
+    )

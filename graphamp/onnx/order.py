@@ -1,0 +1,119 @@
+"""Nodes out of topological order, sorted as onnxruntime sorts them when it loads a model.
+
+ONNX asks for nodes in topological order, and onnxruntime loads a model whose nodes are not
+(it sorts them itself); graphamp converts such a model and writes it sorted. Only a real
+cycle is refused, naming its nodes. A node depends on the producers of what it reads and of
+what its subgraphs read from enclosing graphs; each graph (main, bodies, functions) is sorted
+on its own, keeping the given order wherever the dependencies allow (so a model already in
+order is left as it is, object and bytes).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import onnx
+
+from graphamp.errors import GraphampError
+
+log = logging.getLogger(__name__)
+_GRAPH = onnx.AttributeProto.GRAPH
+_GRAPHS = onnx.AttributeProto.GRAPHS
+
+
+def topologically_sorted(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    """``proto`` itself when every graph is in order; else a sorted copy (``proto`` is never
+    changed). A cycle is a GraphampError naming its nodes."""
+    graphs = [proto.graph, *(function for function in proto.functions)]
+    if all(_in_order(graph) for graph in graphs):
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    moved = sum(_sort(graph, where) for graph in [copy.graph, *copy.functions])
+    log.info("%s: %d graph(s) had nodes out of topological order: sorted", where, moved)
+    return copy
+
+
+def _in_order(graph: onnx.GraphProto | onnx.FunctionProto) -> bool:
+    produced = _producers(graph)
+    for index, node in enumerate(graph.node):
+        if any(produced.get(name, -1) >= index for name in _reads(node)):
+            return False
+        if not all(_in_order(sub) for sub in _subgraphs(node)):
+            return False
+    return True
+
+
+def _sort(graph: onnx.GraphProto | onnx.FunctionProto, where: str) -> int:
+    """Sort ``graph`` (and the bodies of its nodes) in place; how many graphs changed."""
+    import networkx as nx
+
+    changed = 0
+    for node in graph.node:
+        for sub in _subgraphs(node):
+            changed += _sort(sub, where)
+    if _in_order(graph):
+        return changed
+    produced = _producers(graph)
+    nodes = list(graph.node)
+    deps = nx.DiGraph()
+    deps.add_nodes_from(range(len(nodes)))
+    for index, node in enumerate(nodes):
+        for name in _reads(node):
+            if name in produced and produced[name] != index:
+                deps.add_edge(produced[name], index)
+            elif produced.get(name) == index:
+                raise GraphampError(
+                    f"{where}: node {_label(node, index)!r} reads its own output {name!r}"
+                )
+    try:
+        order = list(nx.lexicographical_topological_sort(deps))
+    except nx.NetworkXUnfeasible:
+        cycle = [a for a, _ in nx.find_cycle(deps)]
+        start = cycle.index(min(cycle))  # from the first node of the cycle in the file
+        cycle = [*cycle[start:], *cycle[:start], cycle[start]]
+        names = " -> ".join(_label(nodes[index], index) for index in cycle)
+        raise GraphampError(f"{where}: the graph has a cycle: {names}") from None
+    del graph.node[:]
+    graph.node.extend(nodes[index] for index in order)
+    return changed + 1
+
+
+def _producers(graph: onnx.GraphProto | onnx.FunctionProto) -> dict[str, int]:
+    produced: dict[str, int] = {}
+    for index, node in enumerate(graph.node):
+        for output in node.output:
+            if output:
+                produced.setdefault(output, index)
+    return produced
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """What ``node`` reads: its inputs, and what its subgraphs read from outside them."""
+    names = {name for name in node.input if name}
+    for sub in _subgraphs(node):
+        names |= _free(sub)
+    return names
+
+
+def _free(graph: onnx.GraphProto) -> set[str]:
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    read: set[str] = set()
+    for node in graph.node:
+        read |= _reads(node) - defined
+        defined.update(node.output)
+    return read
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    found = []
+    for attribute in node.attribute:
+        if attribute.type == _GRAPH:
+            found.append(attribute.g)
+        elif attribute.type == _GRAPHS:
+            found.extend(attribute.graphs)
+    return found
+
+
+def _label(node: onnx.NodeProto, index: int) -> str:
+    return node.name or f"{node.op_type} #{index}"
