@@ -46,3 +46,8 @@ class EditScript:
     removed_inputs: list[str] = field(default_factory=list)  # graph inputs nothing reads now
     new_outputs: list[str] = field(default_factory=list)  # graph outputs a pass added
     replace_outputs: dict[str, str] = field(default_factory=dict)  # output -> value it returns
+
+    @property
+    def empty(self) -> bool:
+        """Whether applying it changes nothing."""
+        return not any(getattr(self, name) for name in self.__dataclass_fields__)

@@ -51,6 +51,7 @@ class Conversion:
     plan: Plan
     seconds: dict[str, float]
     graph: OpGraph
+    script: EditScript | None = None  # the edits applied (what the summary reports on)
 
 
 def analyse(
@@ -132,7 +133,7 @@ def apply(analysis: Analysis) -> Conversion:
         analysis.dialect.keep_plan(converted, analysis.plan)
     seconds = {**analysis.seconds, "apply": time.perf_counter() - start}
     log.info("converted in %.2f s", sum(seconds.values()))
-    return Conversion(converted, analysis.plan, seconds, analysis.graph)
+    return Conversion(converted, analysis.plan, seconds, analysis.graph, analysis.script)
 
 
 def range_options(ranges: object | None, tuned: object | None = None) -> dict[str, Any]:

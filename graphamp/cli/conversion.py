@@ -118,14 +118,18 @@ def _convert_and_write(
     # returns: an error leaves no output. Over tolerance (exit 1) the model is kept.
     path = args.outputs.path(target)
     try:
-        dialect.save(result.model, path)
+        # nothing converted: the input's own bytes, where the dialect would write it as it is
+        unchanged = result.script is not None and result.script.empty
+        if not (unchanged and dialect.save_unchanged(source, path)):
+            dialect.save(result.model, path)
     except GraphampError as exc:  # name OUT, not the folder it is staged in
         raise GraphampError(str(exc).replace(str(path), str(target))) from None
     if not args.no_runtime_check:
         for warning in dialect.check_runtime(source, path):
             print(f"graphamp: warning: {label}{warning}", file=sys.stderr)
     if not label:
-        print_summary(console, result.plan, time.perf_counter() - start, source, target)
+        seconds = time.perf_counter() - start
+        print_summary(console, result.plan, seconds, source, target, result)
     note = nothing_converted(result.plan)
     if note:
         print(f"graphamp: warning: {label}{note}", file=sys.stderr)

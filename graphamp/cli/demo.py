@@ -87,7 +87,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         result = engine.convert(source, policy, dialect=dialect)
         dialect.save(result.model, target)
         result.plan.save(folder / f"{args.model}.{args.dtype}.plan.json")
-        print_summary(console, result.plan, time.perf_counter() - start, source, target)
+        seconds = time.perf_counter() - start
+        print_summary(console, result.plan, seconds, source, target, result)
         status = report_verification(console, dialect, source, target, args, args.dtype)
         if args.keep:  # staged: moved into DIR together when the command returns
             for made in sorted(folder.iterdir()):

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from graphamp.engine import Conversion
     from graphamp.plan import Plan
 
 # Rules that keep an op float32 for a reason of the graph itself, shown in the summary.
@@ -22,7 +23,17 @@ NOTABLE_RULES = {
 }
 
 
-def print_summary(console: Console, plan: Plan, seconds: float, source: Path, target: Path) -> None:
+def print_summary(
+    console: Console,
+    plan: Plan,
+    seconds: float,
+    source: Path,
+    target: Path,
+    conversion: Conversion | None = None,
+) -> None:
+    """The table after a conversion; with ``conversion`` (its graph and edits) also the weight
+    bytes kept float32 and why, and then, below the table, each graph input and output
+    whose type changed (what the caller's feeding code must follow)."""
     from rich.table import Table
 
     summary = plan.summary()
@@ -65,8 +76,86 @@ def print_summary(console: Console, plan: Plan, seconds: float, source: Path, ta
             kept[decision.rule] = kept.get(decision.rule, 0) + 1
     for rule, count in sorted(kept.items()):
         table.add_row(f"kept float32: {NOTABLE_RULES[rule]} ({rule})", str(count))
+    if conversion is not None:
+        for label, value in kept_weights(conversion):
+            table.add_row(label, value)
     table.add_row("time", f"{seconds:.2f} s")
     console.print(table)
+    changed = io_changes(conversion) if conversion is not None else []
+    if changed:
+        listed = ", ".join(f"{name} {old} -> {new}" for name, old, new in changed)
+        console.print(
+            f"[yellow]graph inputs/outputs whose type changed[/]: {listed}: feed and read them "
+            "in the new type, or convert with --keep-io-types (or --keep-io NAMES) to keep "
+            "them float32"
+        )
+
+
+def io_changes(conversion: Conversion) -> list[tuple[str, str, str]]:
+    """(name, old type, new type) of each graph input and output the conversion retyped (an
+    output cast back to its type by --keep-io-types keeps it)."""
+    graph, script = conversion.graph, conversion.script
+    if script is None:
+        return []
+    kept = {record.output for record in script.output_casts}
+    changed = []
+    for name in (*graph.graph_inputs, *graph.graph_outputs):
+        new = script.retype.get(name)
+        tensor = graph.tensors.get(name)
+        if new is None or tensor is None or name in kept or tensor.is_constant:
+            continue
+        if new != tensor.dtype and (name, tensor.dtype, new) not in changed:
+            changed.append((name, tensor.dtype, new))
+    return changed
+
+
+def kept_weights(conversion: Conversion) -> list[tuple[str, str]]:
+    """Rows for the float32 weights the conversion did not store low, by why: the rule of the
+    node that reads them (a float32 reader keeps its weight float32), or their values."""
+    graph, plan = conversion.graph, conversion.plan
+    converted = {w.name for w in plan.weights if w.dst != w.src}
+    out_of_range = {w.name for w in plan.weights if w.dst == w.src}
+    by_reason: dict[str, list[int]] = {}
+    largest: tuple[int, str, str] | None = None
+    for name, tensor in graph.tensors.items():
+        if not tensor.is_constant or tensor.dtype != "float32" or name in converted:
+            continue
+        elements = _elements(tensor.shape)
+        if elements is None or elements < 2:  # scalars and unknown shapes: not worth a line
+            continue
+        readers = [node for node, _ in graph.consumers(name)]
+        if not readers:
+            continue
+        if name in out_of_range:
+            reason = "values beyond the target type (weight_range)"
+        else:
+            decision = plan.nodes.get(readers[0])
+            rule = decision.rule if decision is not None else "?"
+            reason = f"read by a float32 node (rule {rule})"
+        count = by_reason.setdefault(reason, [0, 0])
+        count[0] += 1
+        count[1] += 4 * elements
+        if largest is None or 4 * elements > largest[0]:
+            largest = (4 * elements, name, f"{readers[0]}, {reason}")
+    rows = []
+    total = sum(b for _, b in by_reason.values())
+    if by_reason:
+        weights = sum(c for c, _ in by_reason.values())
+        rows.append(("weights kept float32", f"{weights} ({size(total)})"))
+        for reason, (count, nbytes) in sorted(by_reason.items(), key=lambda item: -item[1][1]):
+            rows.append((f"  {reason}", f"{count} ({size(nbytes)})"))
+    if largest is not None:
+        rows.append((f"  largest: {largest[1]!r} ({largest[2]})", size(largest[0])))
+    return rows
+
+
+def _elements(shape: tuple[int | str | None, ...] | None) -> int | None:
+    if shape is None or any(not isinstance(d, int) for d in shape):
+        return None
+    count = 1
+    for d in shape:
+        count *= d  # type: ignore[operator]
+    return count
 
 
 def nothing_converted(plan: Plan) -> str | None:

@@ -72,6 +72,12 @@ class Dialect(abc.ABC):
         """Keep ``plan`` with the converted ``model``, for a format that stores it (a ``.pt2``
         archive holds it beside the program). Default: nothing."""
 
+    def save_unchanged(self, source: Path, path: Path) -> bool:
+        """When a conversion changed nothing: write the file ``source`` to ``path`` byte for
+        byte and say True, where the dialect would write it as it is; False leaves the
+        writing to :meth:`save`. Default: False."""
+        return False
+
     def check_runtime(self, original: Path, converted: Path) -> list[str]:
         """Before a converted file is put in place: raise :class:`InternalError` when the
         runtime refuses the converted model but accepts the original (graphamp produced

@@ -83,6 +83,11 @@ class OnnxDialect(Dialect):
     def save(self, model: ir.Model | onnx.ModelProto | StreamedModel, path: Path) -> None:
         files.save(model, path)
 
+    def save_unchanged(self, source: Path, path: Path) -> bool:
+        from graphamp.onnx.unchanged import copy_if_sound
+
+        return copy_if_sound(Path(source), Path(path))
+
     def files(self, path: Path) -> list[Path]:
         from graphamp.onnx.locations import external_data_files
 
