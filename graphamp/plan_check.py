@@ -149,7 +149,11 @@ _NODE = {
     "rule": _one_of("a rule", frozenset(Rule)),
     "reason": _string,
 }
-_NODE_OPTIONAL = {"via": _optional(_string), "flops": _optional(_count)}
+_NODE_OPTIONAL = {
+    "via": _optional(_string),
+    "flops": _optional(_count),
+    "module": _optional(_string),
+}
 _CAST = {name: _string for name in ("tensor", "from", "to", "output", "purpose")} | {
     "consumers": _strings
 }

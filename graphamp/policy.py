@@ -45,6 +45,7 @@ POLICY_KEYS = frozenset(
         "keep_io_types",
         "fuse",
         "inline_functions",
+        "allow_names",
         "deny_names",
         "deny_tensors",
         *LISTS,
@@ -114,6 +115,8 @@ class Policy:
     lists: dict[str, dict[str, str]] = field(default_factory=dict)
     deny_names: tuple[str, ...] = ()
     deny_tensors: frozenset[str] = frozenset()
+    # globs on node names and module paths: low wherever schema, kernel and weights allow
+    allow_names: tuple[str, ...] = ()
     # True: every graph input and output keeps its type; a tuple: only those names; False: none.
     keep_io_types: bool | tuple[str, ...] = False
     source: str = "defaults"
@@ -139,6 +142,7 @@ class Policy:
         deny: Iterable[str] = (),
         deny_names: Iterable[str] = (),
         deny_tensors: Iterable[str] = (),
+        allow_names: Iterable[str] = (),
         keep_io_types: bool | Iterable[str] = False,
         target: str = "cuda",
         fuse: bool = True,
@@ -188,6 +192,7 @@ class Policy:
             lists=lists,
             deny_names=tuple(deny_names),
             deny_tensors=frozenset(deny_tensors),
+            allow_names=tuple(allow_names),
             keep_io_types=keep,
             source=where,
             target=target,
@@ -246,7 +251,7 @@ class Policy:
         moves = {
             name: [op for op in file_moves.get(name, []) if op not in flagged] for name in LISTS
         }
-        for key in ("deny_names", "deny_tensors"):
+        for key in ("deny_names", "deny_tensors", "allow_names"):
             if key in overrides:
                 kwargs[key] = [*kwargs.get(key, []), *overrides.pop(key)]  # type: ignore[misc]
         kwargs.update(overrides)
@@ -278,6 +283,7 @@ class Policy:
                 lists=lists,
                 deny_names=tuple(record.get("deny_names", ())),  # type: ignore[arg-type]
                 deny_tensors=frozenset(record.get("deny_tensors", ())),  # type: ignore[arg-type]
+                allow_names=tuple(record.get("allow_names", ())),  # type: ignore[arg-type]
                 keep_io_types=keep if isinstance(keep, bool) else tuple(keep),  # type: ignore[arg-type]
                 source=where,
                 # plans written before targets existed checked no kernels
@@ -303,6 +309,14 @@ class Policy:
     def denied_name(self, *names: str) -> str | None:
         """The first ``deny_names`` glob matching any of ``names``, or None."""
         for pattern in self.deny_names:
+            for name in names:
+                if name and fnmatch.fnmatchcase(name, pattern):
+                    return pattern
+        return None
+
+    def allowed_name(self, *names: str) -> str | None:
+        """The first ``allow_names`` glob matching any of ``names``, or None."""
+        for pattern in self.allow_names:
             for name in names:
                 if name and fnmatch.fnmatchcase(name, pattern):
                     return pattern
@@ -334,4 +348,6 @@ class Policy:
             if isinstance(self.keep_io_types, bool)
             else list(self.keep_io_types),
         )
+        if self.allow_names:  # (written only when set: plans before it had none)
+            record["allow_names"] = list(self.allow_names)
         return record

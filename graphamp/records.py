@@ -25,6 +25,8 @@ class NodeDecision:
     reason: str
     via: str | None = None
     flops: int | None = None  # matrix ops with known shapes: 2 x multiply-adds
+    # the module that made it, where its name does not say (torch.onnx's dynamo exporter)
+    module: str | None = None
 
 
 @dataclass

@@ -19,7 +19,10 @@ def text_table(plan: Plan) -> str:
     for name, decision in sorted(plan.nodes.items()):
         groups[decision.precision].append((name, decision))
     order = [p for p in PRECISION_ORDER if p in groups] + sorted(set(groups) - set(PRECISION_ORDER))
-    width = max((len(name) for name in plan.nodes), default=4)
+    labels = {  # the module a node came from, where its name does not say (dynamo exports)
+        name: f"{name} ({d.module})" if d.module else name for name, d in plan.nodes.items()
+    }
+    width = max((len(label) for label in labels.values()), default=4)
     op_width = max((len(d.op) for d in plan.nodes.values()), default=2)
     summary = plan.summary()
     lines = [
@@ -33,7 +36,7 @@ def text_table(plan: Plan) -> str:
         for name, decision in groups[precision]:
             via = f" [via {decision.via}]" if decision.via else ""
             lines.append(
-                f"  {name:<{width}}  {decision.op:<{op_width}}  {decision.rule:<12} "
+                f"  {labels[name]:<{width}}  {decision.op:<{op_width}}  {decision.rule:<12} "
                 f"{decision.reason}{via}"
             )
     if plan.all_casts():

@@ -43,6 +43,7 @@ class Rule(enum.StrEnum):
     # spreading along the dataflow
     DENY_SPREAD = "deny_spread"
     # name rules
+    ALLOW_NAME = "allow_name"
     DENY_NAME = "deny_name"
     DENY_TENSOR = "deny_tensor"
     # what the graph itself says

@@ -77,6 +77,8 @@ class PassContext:
                 continue
             if node.flops is not None and decision.flops != node.flops:
                 decision = dataclasses.replace(decision, flops=node.flops)
+            if _module_not_in_name(node.name, node.scope) and decision.module != node.scope:
+                decision = dataclasses.replace(decision, module=node.scope)
             decisions[node.name] = decision
         script = self.script
         return Plan(
@@ -92,6 +94,12 @@ class PassContext:
             rewrites=script.rewrites,
             model=label,
         )
+
+
+def _module_not_in_name(name: str, scope: str) -> bool:
+    """Whether ``scope`` is a module path the node's name does not carry (torch.onnx's dynamo
+    exporter: ``node_MatMul_3`` from ``layers.0.attention``), which the plan then records."""
+    return bool(scope) and scope != name and not name.startswith(f"{scope}/")
 
 
 @dataclass(frozen=True)

@@ -155,11 +155,13 @@ def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDe
             f"{node.params.get('boundary', node.op)}: follows its neighbours as a clear-list op",
         )
     list_name, list_reason = policy.list_of(node.op)
-    if list_name is None:
+    # allow_names: low whatever the lists say, where the schema, kernel and weights allow
+    allowed = policy.allowed_name(node.name, node.scope) if policy.allow_names else None
+    if list_name is None and allowed is None:
         return decide(
             Precision.FLOAT32, Rule.UNLISTED, f"{node.op} is in no list: unlisted ops stay float32"
         )
-    if list_name is ListName.DENY:
+    if list_name is ListName.DENY and allowed is None:
         return decide(Precision.FLOAT32, Rule.DENY, f"deny list: {list_reason}")
     if low not in node.allowed_types:
         return decide(
@@ -187,6 +189,8 @@ def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDe
             f"weight {name!r} holds |x| up to {value:.6g}, beyond {low}'s range:"
             " kept float32 instead of clamping",
         )
+    if allowed is not None:
+        return decide(low, Rule.ALLOW_NAME, f"allow_names rule {allowed!r}")
     precision = low if list_name is ListName.ALLOW else Precision.FLOAT32
     return decide(precision, _LIST_RULES[list_name], f"{list_name} list: {list_reason}")
 

@@ -58,7 +58,7 @@ def paint(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[st
     decisions = dict(classes)
     low_precision = Precision(low)
 
-    allow = {name for name in order if rule[name] is Rule.ALLOW}
+    allow = {name for name in order if rule[name] in (Rule.ALLOW, Rule.ALLOW_NAME)}
     if not allow:
         log.info("no allow-list ops: nothing runs in %s", low)
 

@@ -45,12 +45,13 @@ def unmatched_rules(context: PassContext) -> list[str]:
                 + _suggest(op, ops)
             )
     names = sorted({n for node in graph for n in (node.name, node.scope) if n})
-    for pattern in policy.deny_names:
-        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
-            problems.append(
-                f"deny_names rule {pattern!r} matches no node"
-                + _suggest(pattern.replace("*", "").replace("?", ""), names)
-            )
+    for key, patterns in (("deny_names", policy.deny_names), ("allow_names", policy.allow_names)):
+        for pattern in patterns:
+            if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+                problems.append(
+                    f"{key} rule {pattern!r} matches no node"
+                    + _suggest(pattern.replace("*", "").replace("?", ""), names)
+                )
     tensors = sorted(graph.tensors)
     # a body's value by its path or by its own name in the body
     local = {graph.local_name(t) for t in tensors if graph.tensors[t].body}

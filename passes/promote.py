@@ -133,7 +133,7 @@ def _walk(
     low_count = 0
     for node in graph:
         decision = classes[node.name]
-        if decision.rule is Rule.ALLOW:
+        if decision.rule in (Rule.ALLOW, Rule.ALLOW_NAME):
             _set_outputs(node, has, low)
             low_count += 1
         elif decision.rule in _FOLLOWERS and node.name in widened:

@@ -20,7 +20,7 @@ from graphamp.vocab import Precision, Rule
 
 # The classes the rule overrides: those that may end low. A node already float32 for a reason
 # of its own (deny lists, name rules, schema) keeps that reason.
-_LOWERABLE = frozenset({Rule.ALLOW, Rule.INFER, Rule.CLEAR})
+_LOWERABLE = frozenset({Rule.ALLOW, Rule.ALLOW_NAME, Rule.INFER, Rule.CLEAR})
 
 
 @register

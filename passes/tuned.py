@@ -14,7 +14,7 @@ from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
 from graphamp.records import NodeDecision
 from graphamp.vocab import Precision, Rule
 
-_LOWERABLE = frozenset({Rule.ALLOW, Rule.INFER, Rule.CLEAR})
+_LOWERABLE = frozenset({Rule.ALLOW, Rule.ALLOW_NAME, Rule.INFER, Rule.CLEAR})
 
 
 @register

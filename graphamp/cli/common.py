@@ -36,6 +36,7 @@ POLICY_FLAGS = (
     "inline_functions",
     *LISTS,
     "deny_name",
+    "allow_name",
     "deny_tensor",
     "config",
 )
@@ -139,7 +140,16 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="GLOB",
-        help="keep nodes whose name matches GLOB in float32 (repeatable)",
+        help="keep nodes whose name or module path matches GLOB in float32 (repeatable)",
+    )
+    group.add_argument(
+        "--allow-name",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="run nodes whose name or module path matches GLOB low wherever their schema, "
+        "kernel and weights allow, whatever the op lists say (repeatable; plan rule "
+        "allow_name; a --deny-name match wins)",
     )
     group.add_argument(
         "--deny-tensor",
@@ -230,6 +240,8 @@ def policy_from_args(args: argparse.Namespace, dialect: Dialect) -> Policy:
             overrides[name] = getattr(args, name)
     if args.deny_name:
         overrides["deny_names"] = args.deny_name
+    if args.allow_name:
+        overrides["allow_names"] = args.allow_name
     if args.deny_tensor:
         overrides["deny_tensors"] = args.deny_tensor
     if args.config:

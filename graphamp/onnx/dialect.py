@@ -150,15 +150,16 @@ def _initializers_need_no_inputs(model: Any) -> Any:
     """IR version 3 makes every initializer a graph input too; onnxruntime loads a model that
     breaks the rule (some exporters wrote them), the checker refuses it. The converted model
     says IR version 4, the first without the rule, where an initializer is not an input."""
-    graph = model.graph
-    if model.ir_version >= 4:
+    proto = getattr(model, "proto", model)  # a StreamedModel's proto holds its graph
+    graph = proto.graph
+    if proto.ir_version >= 4:
         return model
-    if isinstance(model, onnx.ModelProto):
+    if isinstance(proto, onnx.ModelProto):
         inputs = {value.name for value in graph.input}
         stored = [tensor.name for tensor in graph.initializer]
     else:  # an onnx_ir model
         inputs = {value.name for value in graph.inputs}
         stored = list(graph.initializers)
     if any(name not in inputs for name in stored):
-        model.ir_version = 4
+        proto.ir_version = 4
     return model

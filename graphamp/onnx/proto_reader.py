@@ -26,6 +26,7 @@ from graphamp.errors import GraphampError
 from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
 from graphamp.onnx import fusion, kernels, slots
 from graphamp.onnx.infile import InFileTensor
+from graphamp.onnx.scopes import module_path_of_entries
 from graphamp.onnx.validate_nodes import NodeFields, node_fields
 
 _SUBGRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
@@ -92,7 +93,8 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
     signatures: dict[tuple[object, ...], slots.Slots] = {}
     tensors = op_graph.tensors
     source = f"opset {opsets.get('', 0)}"
-    for fields, name in zip(nodes, model.node_names, strict=True):
+    protos = model.proto.graph.node
+    for fields, name, proto in zip(nodes, model.node_names, protos, strict=True):
         op_type, domain, outputs = fields.op_type, fields.domain, fields.outputs
         for output in outputs:
             if output:
@@ -103,7 +105,7 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
             inputs=fields.inputs,
             outputs=outputs,
             domain=domain,
-            scope=name,
+            scope=module_path_of_entries(proto.metadata_props) or name,
             schema_source=source,
         )
         _read_node(op_node, fields.attributes, op_type, opsets, target, signatures, tensors)

@@ -21,6 +21,7 @@ from graphamp.errors import GraphampError
 from graphamp.graph import Body, NodeKind, OpGraph, OpNode, TensorInfo, unique_name
 from graphamp.onnx import bodies, functions, fusion, ir_tensors, kernels, slots, stream
 from graphamp.onnx.outside import names_outside
+from graphamp.onnx.scopes import module_path
 from graphamp.onnx.types import dtype_name, ir_type
 
 
@@ -139,7 +140,7 @@ class GraphReader:
             inputs=[self.name(v) for v in node.inputs],
             outputs=[],
             domain=node.domain,
-            scope=node.name,
+            scope=module_path(node.metadata_props) or node.name,
             schema_source=f"opset {self.opsets.get('', 0)}",
             body=body,
         )
