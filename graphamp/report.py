@@ -67,6 +67,14 @@ def explain(plan: Plan, node: str, graph: OpGraph | None = None) -> str:
     if node not in plan.nodes:
         import difflib
 
+        of_type = sorted(name for name, d in plan.nodes.items() if d.op == node)
+        if of_type:  # an op type, not a node name: name the nodes of that type
+            shown = ", ".join(repr(name) for name in of_type[:5])
+            more = f" and {len(of_type) - 5} more" if len(of_type) > 5 else ""
+            raise GraphampError(
+                f"no node named {node!r} in the plan; {node} is an op type: explain one of "
+                f"its {len(of_type)} node(s), e.g. {shown}{more}"
+            )
         close = difflib.get_close_matches(node, plan.nodes, n=3)
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         raise GraphampError(f"no node named {node!r} in the plan{hint}")

@@ -29,10 +29,16 @@ class ZooEntry:
     builder: str  # the function in that module: size -> (module, example inputs)
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
-    description: str
+    description: str  # formatted with one size's settings (the module's ``sizes`` table)
+    sizes: str = "SIZES"  # the table of sizes in the module: size -> settings
 
     def build_fn(self) -> Callable[[str], tuple[object, tuple[object, ...]]]:
         return getattr(importlib.import_module(f"graphamp.models.{self.module}"), self.builder)
+
+    def describe(self, size: str) -> str:
+        """What ``build(name, size)`` builds, from the settings that build it."""
+        table = getattr(importlib.import_module(f"graphamp.models.{self.module}"), self.sizes)
+        return self.description.format(**table[size])
 
 
 ZOO: dict[str, ZooEntry] = {
@@ -44,7 +50,7 @@ ZOO: dict[str, ZooEntry] = {
             "build",
             ("x",),
             ("y",),
-            "the seeds' SimpleNet: 3 x Linear 4096 with ReLU, batch 512",
+            "the seeds' SimpleNet: 3 x Linear {width} with ReLU, batch {batch}",
         ),
         ZooEntry(
             "mnist",
@@ -52,7 +58,7 @@ ZOO: dict[str, ZooEntry] = {
             "build",
             ("image",),
             ("probabilities",),
-            "the seeds' MNIST CNN: conv, batch norm, max pool, fc, softmax",
+            "the seeds' MNIST CNN: conv, batch norm, max pool, fc, softmax; batch {batch}",
         ),
         ZooEntry(
             "resnet",
@@ -60,7 +66,8 @@ ZOO: dict[str, ZooEntry] = {
             "build",
             ("image",),
             ("logits",),
-            "ResNet-50-style CNN: bottlenecks [3, 4, 6, 3], 224x224",
+            "ResNet-style CNN: bottlenecks {blocks}, width {width}, {image}x{image}, {classes} "
+            "classes",
         ),
         ZooEntry(
             "bert",
@@ -68,7 +75,9 @@ ZOO: dict[str, ZooEntry] = {
             "build_bert",
             ("input_ids", "token_type_ids"),
             ("hidden_states", "pooled"),
-            "BERT-base-style encoder: 12 x 768, seq 128",
+            "BERT-style encoder: {layers} layers x {hidden} wide, {heads} heads, vocab {vocab},"
+            " seq {seq}",
+            "BERT_SIZES",
         ),
         ZooEntry(
             "gpt",
@@ -76,7 +85,9 @@ ZOO: dict[str, ZooEntry] = {
             "build_gpt",
             ("input_ids",),
             ("logits",),
-            "GPT-2-style decoder: 12 x 768, causal, tied LM head, seq 128",
+            "GPT-2-style decoder: {layers} layers x {hidden} wide, {heads} heads, causal, tied LM "
+            "head, vocab {vocab}, seq {seq}",
+            "GPT_SIZES",
         ),
     )
 }

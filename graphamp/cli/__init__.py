@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from graphamp import __version__
 from graphamp.cli import check, convert, debug, demo, diff, explain, lists, plan, tune
 from graphamp.cli.common import Parser
 from graphamp.errors import GraphampError, PolicyWarning, RepairWarning, SlowPrecisionWarning
@@ -83,9 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="log each pass (-vv: every decision) to stderr, check the passes' invariants, "
         "and show the traceback of an internal error",
     )
+    parser.add_argument("--version", action="version", version=f"graphamp {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for module in COMMANDS.values():
         module.add_parser(commands, EXAMPLES)
+    for command in commands.choices.values():  # -v after the command counts as before it
+        command.add_argument(
+            "-v",
+            "--verbose",
+            dest="verbose_after",
+            action="count",
+            default=0,
+            help="as graphamp -v: log each pass (-vv: every decision) to stderr",
+        )
     return parser
 
 
@@ -95,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    args.verbose += args.verbose_after
     logging.basicConfig(
         level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
         format="graphamp: %(message)s",

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from graphamp.cli.common import emit
+from graphamp.cli.common import emit, positive_int
 from graphamp.cli.files import Files
 from graphamp.cli.numerics import add_inputs_argument, batches, require_onnx
 
@@ -41,7 +41,7 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     )
     parser.add_argument(
         "--top",
-        type=int,
+        type=positive_int,
         default=15,
         metavar="N",
         help="text format: show the N nodes adding the most error (default 15)",

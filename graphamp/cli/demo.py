@@ -77,7 +77,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         source = folder / f"{args.model}.onnx"
         target = folder / f"{args.model}.{args.dtype}.onnx"
         console.print(
-            f"building [bold]{args.model}[/] ({ZOO[args.model].description}; "
+            f"building [bold]{args.model}[/] ({ZOO[args.model].describe(args.size)}; "
             f"size {args.size}, random weights) and exporting it to ONNX ..."
         )
         export_onnx(args.model, source, args.size)

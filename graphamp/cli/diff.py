@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import TYPE_CHECKING
 
-from graphamp.cli.common import add_policy_arguments, emit, plan_of
+from graphamp.cli.common import add_policy_arguments, emit, plan_of, policy_flags_given
 from graphamp.cli.files import Files
 from graphamp.errors import GraphampError
 
@@ -57,6 +58,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     old_graph, old = plan_of(args.old, args)
     new_graph, new = plan_of(args.new, args)
+    given = policy_flags_given(args) + (["--strict"] if args.strict else [])
+    if old_graph is None and new_graph is None and given:
+        print(
+            f"graphamp: warning: {', '.join(given)} change nothing here: A and B are plan files, "
+            "whose decisions are made; the policy flags apply to models",
+            file=sys.stderr,
+        )
     old.model, new.model = str(args.old), str(args.new)
     difference = old.diff(new)
     if args.format == "html":

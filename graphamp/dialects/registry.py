@@ -81,7 +81,7 @@ class Entry:
             except ImportError as exc:
                 raise GraphampError(
                     f"the {self.name} dialect needs {exc.name or 'a package'}, which is not "
-                    f"installed (pip install 'graphamp[torch]' for PyTorch models)"
+                    f"installed (pip install torch==2.13.0, the version graphamp is tested with)"
                 ) from None
         return self.target
 
@@ -176,6 +176,13 @@ def for_file(path: str | Path) -> Dialect:
             head = handle.read(16)
     except OSError:
         head = b""
+    if _pickled(path, head):
+        raise GraphampError(
+            f"{path}: a PyTorch file saved with torch.save (pickled: graphamp never unpickles a "
+            "model file); export the model and convert that: torch.export.save("
+            "torch.export.export(model, example_inputs), 'model.pt2'), or "
+            "torch.onnx.export(model, example_inputs, 'model.onnx')"
+        )
     for entry in entries():
         if entry.magic and head.startswith(entry.magic):
             return entry.load_class()()
@@ -206,3 +213,22 @@ def matrix_ops_for(lists: str) -> frozenset[str]:
         if lists in entry.lists:
             return entry.matrix_ops
     return frozenset()
+
+
+def _pickled(path: Path, head: bytes) -> bool:
+    """Whether the file is a torch.save file: a pickle, or a zip archive holding one and no
+    torch.export program (which ``archive_format`` marks)."""
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return True  # a pickle (torch.save's legacy format)
+    if not head.startswith(b"PK\x03\x04"):
+        return False
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return any(n.endswith("data.pkl") for n in names) and not any(
+        n.endswith("archive_format") for n in names
+    )

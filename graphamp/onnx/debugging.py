@@ -26,6 +26,7 @@ import onnx
 
 from graphamp import dtypes
 from graphamp.batches import DataSource, as_batches
+from graphamp.errors import GraphampError
 from graphamp.onnx.emulate import LOW_CODES, emulated, has_low_values
 from graphamp.onnx.files import inferred_types
 from graphamp.onnx.runtime import input_specs
@@ -120,8 +121,9 @@ def debug(
     ``plan`` (the conversion's) adds each node's rule and gives the precisions."""
     reference = as_proto(original, "original")
     target = as_proto(converted, "converted")
-    batches = as_batches(data, input_specs(reference))
     types = inferred_types(target)
+    _check_pair(reference, target, types)
+    batches = as_batches(data, input_specs(reference))
     faithful, evaluator = target, "onnxruntime cpu"
     if has_low_values(target, types):
         faithful = emulated(target, types)
@@ -133,6 +135,35 @@ def debug(
     stats, outputs = compare(reference, faithful, tensors, batches)
     precision_of = _precisions(target, types, plan)
     return report(reference, stats, outputs, precision_of, plan, evaluator, len(batches))
+
+
+def _check_pair(reference: onnx.ModelProto, target: onnx.ModelProto, types: dict) -> None:  # type: ignore[type-arg]
+    """Refuse, in one line, two models that are not a float32 model and its conversion: the
+    two given the other way round, or models of different graphs."""
+    for what, ours, theirs in (
+        ("inputs", reference.graph.input, target.graph.input),
+        ("outputs", reference.graph.output, target.graph.output),
+    ):
+        mine = [v.name for v in ours]
+        other = [v.name for v in theirs]
+        if sorted(mine) != sorted(other) and not (what == "inputs" and set(other) <= set(mine)):
+            shown = [", ".join(names[:4]) or "none" for names in (mine, other)]
+            raise GraphampError(
+                f"the two models are not a model and its conversion: their graph {what} differ "
+                f"(IN: {shown[0]}; CONVERTED: {shown[1]})"
+            )
+    names = {node.name for node in reference.graph.node if node.name}
+    shared = names & {node.name for node in target.graph.node}
+    if names and len(shared) < len(names) / 2:
+        raise GraphampError(
+            "the two models are not a model and its conversion: CONVERTED has "
+            f"{len(shared)} of IN's {len(names)} node names"
+        )
+    if has_low_values(reference, inferred_types(reference)) and not has_low_values(target, types):
+        raise GraphampError(
+            "IN computes in a low-precision type and CONVERTED does not: the models look "
+            "swapped; give the float32 model first (graphamp debug IN CONVERTED)"
+        )
 
 
 def compare(
