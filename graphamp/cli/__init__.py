@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from graphamp import __version__
 from graphamp.cli import check, convert, debug, demo, diff, explain, lists, plan, tune
-from graphamp.cli.common import Parser
+from graphamp.cli.parser import Parser
 from graphamp.errors import GraphampError, PolicyWarning, RepairWarning, SlowPrecisionWarning
 
 if TYPE_CHECKING:

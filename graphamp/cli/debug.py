@@ -6,9 +6,10 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from graphamp.cli.common import emit, positive_int
+from graphamp.cli.common import emit
 from graphamp.cli.files import Files
 from graphamp.cli.numerics import add_inputs_argument, batches, require_onnx
+from graphamp.cli.parser import positive_int
 
 if TYPE_CHECKING:
     from rich.console import Console
