@@ -154,10 +154,18 @@ class Outputs:
         if folder in self._staging:
             return
         existing = folder
-        while not existing.exists() and existing != existing.parent:
-            existing = existing.parent
-        if not existing.is_dir():
-            raise GraphampError(f"{target}: {existing} is not a folder; cannot write the {what}")
+        try:
+            while not existing.exists() and existing != existing.parent:
+                existing = existing.parent
+            if not existing.is_dir():
+                raise GraphampError(
+                    f"{target}: {existing} is not a folder; cannot write the {what}"
+                )
+        except PermissionError:
+            raise GraphampError(
+                f"{existing}: permission denied: cannot write the {what} ({target}) there; "
+                "nothing was written"
+            ) from None
         remove_stale(existing)
         try:
             staging = Path(tempfile.mkdtemp(prefix=temp_prefix(target), dir=existing))

@@ -9,6 +9,7 @@ anything): the effective user is switched for the command, in folders everyone m
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -56,12 +57,25 @@ def data(folder: Path) -> Path:
     return path
 
 
+@functools.cache
+def warm_imports() -> None:
+    """Convert and plan a model once as root: the interpreter's standard library may lie where
+    the unprivileged user cannot read it (a Python under /root), so what the commands import
+    lazily is imported first; the user's own Python is readable to them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "m.onnx"
+        onnx.save(chain(["MatMul", "Softmax", "MatMul"]), str(model))
+        assert main(["convert", str(model), "-o", str(Path(tmp) / "o.onnx")]) == 0
+        assert main(["plan", str(model), "-o", str(Path(tmp) / "p.txt")]) == 0
+
+
 @contextmanager
 def unprivileged() -> Iterator[None]:
     """Run the block as a user without root's right to read and write anything."""
     if os.geteuid() != 0:
         yield
         return
+    warm_imports()
     os.setegid(NOBODY)
     os.seteuid(NOBODY)
     try:
@@ -288,3 +302,16 @@ def test_a_temporary_file_left_by_sigkill_is_removed_by_the_next_run(folder, sma
     assert main(["convert", str(small), "-o", str(folder / "out.onnx")]) == 0
     assert not left[0].exists()
     assert mine.exists() and other.exists()
+
+
+def test_a_file_in_a_folder_the_user_may_not_enter_says_permission_denied(capsys, folder):
+    closed = folder / "closed"
+    closed.mkdir()
+    onnx.save(chain(["MatMul", "Relu"]), str(closed / "m.onnx"))
+    closed.chmod(0o700)  # root's: an unprivileged user may not enter it
+    out = folder / "out.onnx"
+    with unprivileged():
+        refused(capsys, ["convert", str(closed / "m.onnx"), "-o", str(out)], "permission denied")
+        refused(capsys, ["plan", str(closed / "m.onnx")], "permission denied")
+        refused(capsys, ["plan", str(closed)], "permission denied")  # a folder MODEL too
+    assert not out.exists()

@@ -10,7 +10,10 @@ Seed by seed, one damaged file goes through ``graphamp.cli.main`` in-process:
   untyped, external data outside the folder or missing or short, a string that is not UTF-8,
   a node removed);
 * a plan file (``--from-plan``, ``explain``, ``diff``) or a policy file (``--config``) whose
-  JSON or TOML values are replaced, deleted or added at random.
+  JSON or TOML values are replaced, deleted or added at random;
+* a command whose output is a file it reads (by path, symbolic or hard link), two outputs
+  naming one file, an input it may not read or an output folder it may not write
+  (``tools/fuzz_files.py``): one line, exit 2, no file changed.
 
 The command must exit 0, 1 or 2 (never 3, an internal error, nor a crash), print no traceback,
 say one line when it refuses, and write no output after a failure; and when it converts a model
@@ -368,20 +371,43 @@ def _toml_value(item: object) -> str:
 
 
 def check_cli(seed: int, folder: Path) -> list[str]:
-    """One damaged file through the command line, its kind chosen by the seed."""
+    """One damaged file through the command line, its kind chosen by the seed (seed % 8, as
+    the regression seeds were found); one seed in five then also runs a file case."""
+    problems = _check_damaged(seed, folder)
+    if seed % 5 == 4:
+        problems += _in_folder(seed, folder, lambda sub: _check_files(seed, sub))
+    return problems
+
+
+def _check_damaged(seed: int, folder: Path) -> list[str]:
     kind = seed % 8
+    if kind < 4:
+        return _in_folder(seed, folder, lambda sub: check_model_file(seed, sub, mutated(seed)))
+    if kind < 6:
+        return _in_folder(
+            seed, folder, lambda sub: check_model_file(seed, sub, targeted(seed, sub))
+        )
+    if kind == 6:
+        return _in_folder(seed, folder, lambda sub: check_plan_file(seed, sub))
+    return _in_folder(seed, folder, lambda sub: check_config_file(seed, sub))
+
+
+def _check_files(seed: int, sub: Path) -> list[str]:
+    from fuzz_files import check_files  # clobbering and permission cases
+
+    return check_files(seed, sub, run, _judge, outcomes)
+
+
+def _in_folder(seed: int, folder: Path, check) -> list[str]:  # type: ignore[no-untyped-def]
+    """``check(sub)`` in a fresh folder ``s<seed>`` of ``folder``, removed after."""
     sub = folder / f"s{seed}"
     sub.mkdir(exist_ok=True)
     try:
-        if kind < 4:
-            return check_model_file(seed, sub, mutated(seed))
-        if kind < 6:
-            return check_model_file(seed, sub, targeted(seed, sub))
-        if kind == 6:
-            return check_plan_file(seed, sub)
-        return check_config_file(seed, sub)
+        return check(sub)
     finally:
         for path in sorted(sub.rglob("*"), reverse=True):
+            if path.is_dir() and not path.is_symlink():
+                path.chmod(0o755)
             path.unlink() if not path.is_dir() or path.is_symlink() else path.rmdir()
         sub.rmdir()
         for outside in folder.glob(f"{sub.name}-outside.bin"):

@@ -121,6 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GraphampError as exc:
         print(f"graphamp: error: {exc}", file=sys.stderr)
         return 2
+    except PermissionError as exc:  # the user's file or folder: theirs to grant, not a bug
+        where = exc.filename or "a file"
+        print(f"graphamp: error: {where}: permission denied; nothing was written", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("graphamp: interrupted", file=sys.stderr)
         return 130

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,9 +84,9 @@ class Files:
             _check_readable(what, path)
         writes = self.writes + self.companions
         for what, path in self.writes:
-            if path.is_dir():
+            if _kind(path, what) == "folder":
                 raise GraphampError(f"{path}: is a folder; {what} needs a file name")
-            if not self.new_folders and not _folder(path).is_dir():
+            if not self.new_folders and _kind(_folder(path), what) != "folder":
                 raise GraphampError(f"{path}: folder {_folder(path)} does not exist")
         for index, (what, path) in enumerate(writes):
             for read_what, read in reads:
@@ -109,10 +110,27 @@ def _folder(path: Path) -> Path:
     return path.parent if str(path.parent) else Path(".")
 
 
+def _kind(path: Path, what: str) -> str:
+    """ "file", "folder", "" (nothing there) or "other"; a path in a folder the user may not
+    enter is refused, naming it."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return ""
+    except PermissionError:
+        raise GraphampError(f"{path}: permission denied: cannot reach {what}") from None
+    except OSError:
+        return ""
+    return "folder" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
+
+
 def _model_files(path: Path) -> list[Path]:
     """``path`` and the files its dialect reads with it (none when it is not a model file
     that exists: reading it will say what is wrong)."""
-    if not path.is_file():
+    try:
+        if not path.is_file():
+            return [path]
+    except OSError:  # a folder it may not enter: the check says so
         return [path]
     from graphamp.dialects.registry import for_file
     from graphamp.plan import is_plan_file
@@ -136,7 +154,10 @@ def _written_files(path: Path, model: Path) -> list[Path]:
 
 def _expanded(path: Path) -> list[Path]:
     """A folder read as the files in it (and below); a file as itself."""
-    if not path.is_dir():
+    try:
+        if not path.is_dir():
+            return [path]
+    except OSError:
         return [path]
     found = [path]
     try:
@@ -150,10 +171,11 @@ def _expanded(path: Path) -> list[Path]:
 
 
 def _check_readable(what: str, path: Path) -> None:
+    kind = _kind(path, what)
     try:
-        if path.is_dir():
+        if kind == "folder":
             os.listdir(path)
-        elif path.exists():
+        elif kind:
             with open(path, "rb"):
                 pass
     except PermissionError:

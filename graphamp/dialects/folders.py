@@ -152,4 +152,6 @@ def _within(path: Path, folder: Path) -> Path | None:
 
 
 def _raise(error: OSError) -> None:
+    if isinstance(error, PermissionError):  # said as every other permission refusal says it
+        raise GraphampError(f"{error.filename}: permission denied: cannot read the folder")
     raise GraphampError(f"{error.filename}: cannot read the folder ({error.strerror})")
