@@ -5,17 +5,21 @@ Exporters write norms as their ops below the opsets that have them (the patterns
 trained LLMs carry such channels), so such ops keep float32 statistics, a Cast in and a Cast
 out per norm. A fused kernel that accumulates in float32 (``stash_type=1``) takes the low type
 in and out with no Cast, and stays right on such values: for an RMSNorm ONNX
-``RMSNormalization`` (opset 23) or onnxruntime's ``SimplifiedLayerNormalization``
-(``--target cuda|cpu``); for a LayerNorm ONNX ``LayerNormalization`` (opset 17, or onnxruntime's
-registration of it below 17 for ``--target cuda|cpu``); the dialect says which in
+``RMSNormalization`` (opset 23), for a LayerNorm ONNX ``LayerNormalization`` (opset 17), and
+for either after a residual Add a runtime's kernel taking the Add in too (onnxruntime's Skip
+norms for ``--target cuda|cpu``, at any opset); the dialect says which in
 ``graph.fused_kernels``. Rules:
 
-1. Only with ``policy.fuse`` (``--no-fuse`` keeps the model's ops) and a fused kernel.
+1. Only with ``policy.fuse`` (``--no-fuse`` keeps the model's ops) and a fused kernel: the
+   plain one, or the Skip one where a residual Add produces the norm's input.
 2. The pattern must match exactly (:mod:`norm_patterns`); a LayerNorm is tried before an
    RMSNorm (an RMSNorm of x - mean(x) is the LayerNorm's inner part), and with its bias first.
 3. The user's rules on the model's ops win: no node of the pattern is named by ``deny_names``
    or reads or writes a ``deny_tensors`` value, and no op of it was moved by the user.
-4. Only in the main graph: a pattern inside a control-flow body or function is left as it is.
+4. In the main graph and in If/Loop/Scan bodies (the fused op written in the pattern's own
+   body, an If branch's norm as the main graph's); every op of the pattern in one scope; a
+   pattern inside a model-local function is left as it is (a function's body is written once
+   per distinct content, not per call).
 5. The fused node must run low under the policy (classify would give it the low type: listed
    allow, its schema and the target's kernel admit the type); otherwise the model's ops stay.
 
@@ -26,7 +30,7 @@ under its output's name.
 
 from __future__ import annotations
 
-from graphamp.graph import NodeKind, OpGraph, OpNode
+from graphamp.graph import BodyKind, NodeKind, OpGraph, OpNode
 from graphamp.names import Names
 from graphamp.passes.base import Pass, PassContext, PassResult, register
 from graphamp.passes.classify import classify_node
@@ -67,14 +71,15 @@ class FuseNormsPass(Pass):
     def _fuse(context: PassContext, names: Names, final: OpNode, match: NormMatch) -> bool:
         graph, policy = context.graph, context.policy
         kernel = graph.fused_kernels.get(match.kind)
-        if kernel is None or not _user_allows(graph, policy, match.nodes):
+        skip = graph.fused_kernels.get(f"skip_{match.kind}")
+        if (kernel is None and skip is None) or not _user_allows(graph, policy, match.nodes):
             return False
-        if any(graph.nodes[n].body for n in match.nodes):
-            return False  # in a control-flow body: fused nodes are written in the main graph
+        body = _one_body(graph, match.nodes)
+        if body is None:
+            return False
         low = policy.dtype
         inputs, outputs, nodes = match.inputs, [final.outputs[0]], match.nodes
         attributes: dict[str, float | int] = {"axis": -1, "epsilon": match.epsilon, "stash_type": 1}
-        skip = graph.fused_kernels.get(f"skip_{match.kind}")
         add = _residual_add(graph, policy, match) if skip is not None else None
         fused = None
         if skip is not None and add is not None:  # the residual Add joins the fused op
@@ -86,13 +91,18 @@ class FuseNormsPass(Pass):
             outputs += ["", "", total] if read_elsewhere else []
             inputs = [*add.inputs, *match.inputs[1:]]
             fused = skip.build(name, inputs, outputs)
-            if classify_node(fused, policy, context.weights).precision == low:
+            fused.body = body
+            in_order = not read_elsewhere or _read_after(graph, total, [add.name, *nodes])
+            if in_order and classify_node(fused, policy, context.weights).precision == low:
                 kernel, nodes, attributes = skip, [add.name, *nodes], {"epsilon": match.epsilon}
             else:
                 fused, inputs, outputs = None, match.inputs, [final.outputs[0]]
         if fused is None:
+            if kernel is None:  # no plain fused op at this opset: the model's ops stay
+                return False
             name = names.node(f"{final.name}__{match.kind}")
             fused = kernel.build(name, inputs, outputs)
+            fused.body = body
             if classify_node(fused, policy, context.weights).precision != low:
                 return False
         ops = ", ".join(graph.nodes[n].op for n in nodes)
@@ -122,7 +132,7 @@ class FuseNormsPass(Pass):
         return True
 
 
-_KINDS = frozenset({"rms_norm", "layer_norm"})  # (their skip_ forms need these)
+_KINDS = frozenset({"rms_norm", "layer_norm", "skip_rms_norm", "skip_layer_norm"})
 _WHAT = {
     "rms_norm": ("RMSNorm", "the mean of squares"),
     "layer_norm": ("LayerNorm", "the mean and variance"),
@@ -157,11 +167,13 @@ def _with_own_constants(
 
 def _residual_add(graph: OpGraph, policy: Policy, match: NormMatch) -> OpNode | None:
     """The plain Add producing the norm's input from two values of its shape and type (a
-    residual connection), where a fused op may take it in: in the main graph, named by no
+    residual connection), where a fused op may take it in: in the norm's scope, named by no
     rule, no graph input of its own."""
     producer = graph.tensors[match.x].producer
     add = graph.nodes.get(producer) if producer is not None else None
-    if add is None or add.op != "Add" or add.domain or add.body or len(add.inputs) != 2:
+    if add is None or add.op != "Add" or add.domain or len(add.inputs) != 2:
+        return None
+    if add.body != graph.nodes[match.nodes[-1]].body:  # the Add in the norm's own scope
         return None
     x = graph.tensors[match.x]
     for value in add.inputs:
@@ -169,6 +181,30 @@ def _residual_add(graph: OpGraph, policy: Policy, match: NormMatch) -> OpNode | 
         if tensor is None or tensor.shape != x.shape or tensor.dtype != x.dtype:
             return None
     return add if _user_allows(graph, policy, [add.name]) else None
+
+
+def _one_body(graph: OpGraph, nodes: list[str]) -> str | None:
+    """The scope every node of the pattern sits in ("" for the main graph), or None where they
+    sit in several or inside a function: a function's body is written once per distinct
+    content (graphamp.onnx.functions), with no place for a rewrite of one call's copy."""
+    bodies = {graph.nodes[name].body for name in nodes}
+    if len(bodies) != 1:
+        return None
+    (body,) = bodies
+    if any(scope.kind is BodyKind.FUNCTION for scope in graph.enclosing(body)):
+        return None
+    return body
+
+
+def _read_after(graph: OpGraph, value: str, nodes: list[str]) -> bool:
+    """Whether every reader of ``value`` outside ``nodes`` comes after the last of them: the
+    fused op is written where the pattern's last op was, so a reader of the residual sum
+    before it (T5's own Cast of the sum, kept for another reader) would read it too early."""
+    position = {name: index for index, name in enumerate(graph.nodes)}
+    last = max(position[name] for name in nodes)
+    return all(
+        position[reader] > last for reader, _ in graph.consumers(value) if reader not in nodes
+    )
 
 
 def _user_allows(graph: OpGraph, policy: Policy, nodes: list[str]) -> bool:

@@ -74,8 +74,8 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="ONNX: keep a decomposed RMSNorm's or LayerNorm's own ops instead of the fused op "
         "that reads the low type with no Cast (RMSNormalization at opset 23+, "
-        "LayerNormalization at 17+; onnxruntime's SimplifiedLayerNormalization, "
-        "LayerNormalization and Skip* forms for --target cuda/cpu; the plan's rewrites)",
+        "LayerNormalization at 17+; onnxruntime's Skip* forms after a residual Add for "
+        "--target cuda/cpu; the plan's rewrites)",
     )
     group.add_argument(
         "--inline-functions",

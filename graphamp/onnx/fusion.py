@@ -1,25 +1,27 @@
 """The fused ops the ONNX dialect can write in place of a decomposed pattern.
 
 A decomposed LayerNorm (``(x - mean(x)) / sqrt(var(x) + eps) * w + b``, what torch.onnx's
-TorchScript exporter writes below opset 17) is replaced by ``LayerNormalization``
-(``stash_type=1``): ONNX's from opset 17 on any target, onnxruntime's own registration of it
-in ONNX's domain below that for ``--target cuda`` or ``cpu``.
+TorchScript exporter writes below opset 17) is replaced by ONNX ``LayerNormalization``
+(``stash_type=1``) where the model's opset has it (17 and later), on any target.
 
 A decomposed RMSNorm (``x * 1/sqrt(mean(x**2) + eps) * w``, what torch.onnx writes for
-LLaMA, Mistral, Gemma, Phi-3 and T5 below opset 23) is replaced by a single op whose kernel
-accumulates the mean of squares in float32 (``stash_type=1``), so it takes low inputs and
-outputs with no Cast where the decomposed ops would need float32 statistics:
-
-* ONNX ``RMSNormalization`` where the model's opset has it (23 and later), on any target;
-* onnxruntime's ``SimplifiedLayerNormalization`` (registered in ONNX's own domain, written by
-  its transformer optimizer) below that, for ``--target cuda`` or ``cpu``;
-* nothing for ``--target any`` below opset 23: no other runtime is known to have the op.
+LLaMA, Mistral, Gemma, Phi-3 and T5 below opset 23) is replaced by ONNX ``RMSNormalization``
+(``stash_type=1``, the mean of squares accumulated in float32) where the model's opset has it
+(23 and later), on any target.
 
 For ``--target cuda|cpu`` a norm whose input is a residual Add of two values of its shape
 (a decoder's ``h = h + attention(...)`` before the next norm) becomes onnxruntime's
 ``SkipSimplifiedLayerNormalization`` (RMSNorm) or ``SkipLayerNormalization`` (LayerNorm) in
-``com.microsoft``: one kernel for the Add and the norm, the sum also written as its fourth
-output where others read it.
+``com.microsoft``, at any opset: one kernel for the Add and the norm, the sum also written as
+its fourth output where others read it.
+
+No op is written in ONNX's own domain below the opset that defines it: onnxruntime registers
+``SimplifiedLayerNormalization`` (and ``LayerNormalization`` before 17) there and its
+transformer optimizer writes them, but ``onnx.checker`` refuses a model holding them (no such
+op in ONNX's domain at that opset), and every converted model passes the full check. Below
+those opsets a norm with no residual Add before it keeps its ops (float32 statistics between
+one Cast pair); ``com.microsoft`` has no plain RMSNorm or LayerNorm that every onnxruntime
+release loads.
 
 The node is built with the slots, allowed types and kernel note the reader gives every node
 (:func:`graphamp.onnx.slots.computing_node`), so classify decides it like any other.
@@ -39,19 +41,14 @@ def fused_kernels(
 ) -> dict[str, FusedKernel]:
     """The fused ops available to a graph at ``opsets`` for ``provider`` (kernels.TARGETS)."""
     opset = opsets.get("", 0)
-    runtime = provider in kernels.PROVIDERS
     found: dict[str, FusedKernel] = {}
     if opset >= RMS_NORM_OPSET:
         found["rms_norm"] = _kernel("RMSNormalization", opset, opsets, target, provider, tensors)
-    elif runtime:
-        found["rms_norm"] = _kernel(
-            "SimplifiedLayerNormalization", opset, opsets, target, provider, tensors
-        )
-    if opset >= LAYER_NORM_OPSET or runtime:  # below 17: onnxruntime's own registration
+    if opset >= LAYER_NORM_OPSET:
         found["layer_norm"] = _kernel(
             "LayerNormalization", opset, opsets, target, provider, tensors
         )
-    if runtime:  # the residual Add and the norm in one kernel, onnxruntime's own
+    if provider in kernels.PROVIDERS:  # the residual Add and the norm in one kernel
         for kind, op in SKIP_NORMS.items():
             found[kind] = _kernel(op, opset, opsets, target, provider, tensors, RUNTIME_DOMAIN)
     return found

@@ -175,17 +175,22 @@ def _rewire_inside(node: ir.Node, old: ir.Value, new: ir.Value) -> None:
 def _rewrite(
     graph: ir.Graph, values: dict[str, ir.Value], nodes: dict[str, ir.Node], record: RewriteRecord
 ) -> None:
-    """The fused node in place of the last node it replaces, writing the same values; the
+    """The fused node in place of the last node it replaces, in that node's graph (the main
+    graph or an If/Loop/Scan body), writing the same values under their own names; the
     replaced nodes removed."""
     replaced = [nodes[name] for name in record.replaces]
-    outputs = []
+    owner = replaced[-1].graph
+    if not isinstance(owner, ir.Graph):
+        raise InternalError(f"rewrite {record.node!r}: {record.replaces[-1]!r} is in no graph")
+    outputs: list[tuple[str, ir.Value, ir.Value]] = []
+    written = []
     for name in record.outputs:
-        if not name:  # an output left out
-            outputs.append((None, ir.Value(name="")))
-            continue
-        old = values[name]
-        new = ir.Value(name=name, shape=old.shape, type=old.type)
-        outputs.append((old, new))
+        new = ir.Value(name="")  # an output left out
+        if name:
+            old = values[name]
+            new = ir.Value(name=old.name, shape=old.shape, type=old.type)
+            outputs.append((name, old, new))
+        written.append(new)
     attributes = [
         ir.AttrInt64(key, value) if isinstance(value, int) else ir.AttrFloat32(key, value)
         for key, value in record.attributes.items()
@@ -195,21 +200,22 @@ def _rewrite(
         record.op,
         [values[name] for name in record.inputs],
         attributes,
-        outputs=[new for _, new in outputs],
+        outputs=written,
         name=record.node,
     )
-    graph.insert_before(replaced[-1], fused)
+    owner.insert_before(replaced[-1], fused)
     if record.domain and record.domain not in graph.opset_imports:
         graph.opset_imports[record.domain] = 1  # a fused op of onnxruntime's domain
-    for old, new in outputs:
-        if old is None:
-            continue
+    for name, old, new in outputs:
         old.replace_all_uses_with(new)
-        for index, output in enumerate(graph.outputs):
+        for index, output in enumerate(owner.outputs):
             if output is old:
-                graph.outputs[index] = new
-        values[new.name] = new
-    graph.remove(replaced, safe=True)
+                owner.outputs[index] = new
+        values[name] = new
+    owner.remove(replaced, safe=True)
     nodes[record.node] = fused
     for name in record.drops:
-        graph.initializers.pop(name, None)
+        dropped = values.get(name)  # an initializer of the graph it sits in
+        home = dropped.graph if dropped is not None else None
+        if dropped is not None and dropped.name and isinstance(home, ir.Graph):
+            home.initializers.pop(dropped.name, None)
