@@ -25,7 +25,9 @@ worktree), for before/after figures. With ``--gpu`` and a CUDA device, also,
 per converted model on onnxruntime's CUDA provider: the median latency, the error of the
 provider's real float16 arithmetic against the float32 model (max error relative to max |y|,
 NaN/Inf count) and how many nodes ran on the CPU instead (read from onnxruntime's profile: a
-node without a CUDA kernel falls back silently, with copies).
+node without a CUDA kernel falls back silently, with copies). After the table, graphamp against
+issue 28's bars per model (Casts, weight bytes, error against the other tools whose output
+loads; Cast bytes against ``--before``), with the bars it misses named.
 """
 
 from __future__ import annotations
@@ -464,6 +466,57 @@ def markdown(results: dict[str, dict[str, dict[str, object]]]) -> str:
     return "\n".join(lines)
 
 
+def bars(results: dict[str, dict[str, dict[str, object]]]) -> str:
+    """graphamp against issue 28's bars, per model, from the other tools whose output loads:
+    Casts <= the fewest + 1, weight bytes <= the fewest x 1.01, max rel error <=
+    max(1.25 x the lowest, 2e-3), and Cast bytes <= a ``--before`` revision's."""
+    lines = [
+        "| model | Casts (best other) | weight bytes / best other | error (bar) | "
+        "Cast bytes (before) | bars missed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for model, tools in results.items():
+        ours = tools.get("graphamp", {})
+        if "failed" in ours:
+            lines.append(f"| {model} | graphamp failed: {ours['failed']} |||||")
+            continue
+        others = [
+            row
+            for tool, row in tools.items()
+            if not tool.startswith("graphamp") and "failed" not in row and row["loads"]
+        ]
+        before = next((r for t, r in tools.items() if t.startswith("graphamp ")), None)
+        missed, cells = [], [model]
+        if others:
+            fewest = min(_number(r, "casts") for r in others)
+            ratio = _number(ours, "weight_bytes") / min(_number(r, "weight_bytes") for r in others)
+            errors = [_number(r, "max_rel_error") for r in others if "max_rel_error" in r]
+            bar = max(1.25 * min(errors), 2e-3) if errors else None
+            error = _number(ours, "max_rel_error") if "max_rel_error" in ours else None
+            cells += [f"{ours['casts']} ({fewest:.0f})", f"x{ratio:.4f}"]
+            cells.append("-" if error is None or bar is None else f"{error:.2e} ({bar:.2e})")
+            missed += ["Casts"] if _number(ours, "casts") > fewest + 1 else []
+            missed += ["weight bytes"] if ratio > 1.01 else []
+            missed += ["error"] if error is not None and bar is not None and error > bar else []
+        else:
+            cells += ["- (no other valid)", "-", "-"]
+        if before is not None and "failed" not in before:
+            ours_bytes, their_bytes = ours.get("cast_bytes"), before.get("cast_bytes")
+            cells.append(f"{_or_dash(ours_bytes)} ({_or_dash(their_bytes)})")
+            if _number(ours, "cast_bytes") > _number(before, "cast_bytes"):
+                missed.append("Cast bytes")
+        else:
+            cells.append("-")
+        cells.append(", ".join(missed) or "none")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _number(row: dict[str, object], key: str) -> float:
+    value = row.get(key)
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
 def _or_dash(value: object) -> str:
     return "-" if value is None else str(value)
 
@@ -507,6 +560,8 @@ def main() -> None:
             for name, path in models.items()
         }
     print(markdown(results))
+    print()
+    print(bars(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
