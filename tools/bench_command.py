@@ -72,13 +72,16 @@ def graphamp() -> list[str]:
 
 
 def run(command: list[str]) -> dict[str, float]:
-    """Run ``command`` as a fresh process: its wall time and peak resident memory (bytes).
+    """Run ``command`` as a fresh process: its wall time, CPU time (user + system, every thread)
+    and peak resident memory (bytes).
 
-    The memory is GNU time's report of its child: the kernel carries a process's peak over
-    ``exec``, so a child of this Python process measured directly would report this one's."""
+    The memory and CPU time are GNU time's report of its child: the kernel carries a process's
+    peak over ``exec``, so a child of this Python process measured directly would report this
+    one's. On a shared machine the CPU time is the steadier figure (wall time waits for cores
+    the others hold); it leaves out time spent waiting for the disk."""
     start = time.perf_counter()
     done = subprocess.run(
-        ["/usr/bin/time", "-f", "graphamp-bench-rss %M", *command],
+        ["/usr/bin/time", "-f", "graphamp-bench-rss %M %U %S", *command],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -87,12 +90,12 @@ def run(command: list[str]) -> dict[str, float]:
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
-    kib = next(
-        int(line.split()[-1])
+    kib, user, system = next(
+        line.split()[1:]
         for line in reversed(done.stderr.splitlines())
         if line.startswith("graphamp-bench-rss")
     )
-    return {"seconds": seconds, "peak_rss": kib * 1024}
+    return {"seconds": seconds, "cpu": float(user) + float(system), "peak_rss": int(kib) * 1024}
 
 
 def onnx_commands(source: Path, folder: Path, compare: bool) -> dict[str, tuple[list[str], Path]]:
@@ -148,29 +151,36 @@ def onnx_table(result: dict[str, object]) -> str:
         f"{result['model']} ({source / 2**20:.0f} MiB, weights in the file); medians of "
         f"{len(rounds)} rounds after a warm-up",
         "",
-        "| command | time s | vs floor | peak RSS MiB | peak / (in + out) |",
-        "|---|---|---|---|---|",
+        "| command | time s | vs floor | CPU s | CPU vs floor | peak RSS MiB | peak / (in + out) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for label in rounds[0]:
         seconds = statistics.median(r[label]["seconds"] for r in rounds)
         ratio = statistics.median(r[label]["seconds"] / r[floor]["seconds"] for r in rounds)
+        cpu = statistics.median(r[label]["cpu"] for r in rounds)
+        cpu_ratio = statistics.median(r[label]["cpu"] / r[floor]["cpu"] for r in rounds)
         peak = max(r[label]["peak_rss"] for r in rounds)
         help_only = label.endswith("--help")
         share = "-" if help_only else f"{peak / (source + sizes[label]):.2f}"
         versus = "-" if label == floor else f"{ratio:.2f}x"
-        lines.append(f"| {label} | {seconds:.2f} | {versus} | {peak / 2**20:.0f} | {share} |")
-    check = [
-        r["graphamp convert"]["seconds"] - r["convert --no-runtime-check"]["seconds"]
-        for r in rounds
-    ]
-    share = statistics.median(
-        c / r["graphamp convert"]["seconds"] for c, r in zip(check, rounds, strict=True)
-    )
+        cpu_versus = "-" if label == floor else f"{cpu_ratio:.2f}x"
+        lines.append(
+            f"| {label} | {seconds:.2f} | {versus} | {cpu:.2f} | {cpu_versus} "
+            f"| {peak / 2**20:.0f} | {share} |"
+        )
     lines.append("")
-    lines.append(
-        f"runtime check: {statistics.median(check):.2f} s, {share:.0%} of the command "
-        f"(each round: {' '.join(f'{c:.2f}' for c in check)})"
-    )
+    for measure, unit in (("seconds", "wall"), ("cpu", "CPU")):
+        check = [
+            r["graphamp convert"][measure] - r["convert --no-runtime-check"][measure]
+            for r in rounds
+        ]
+        share = statistics.median(
+            c / r["graphamp convert"][measure] for c, r in zip(check, rounds, strict=True)
+        )
+        lines.append(
+            f"runtime check ({unit}): {statistics.median(check):.2f} s, {share:.0%} of the "
+            f"command (each round: {' '.join(f'{c:.2f}' for c in check)})"
+        )
     return "\n".join(lines)
 
 
@@ -201,39 +211,48 @@ def bench_fx(args: argparse.Namespace) -> dict[str, object]:
         ),
     }
     times: dict[str, list[float]] = {label: [] for label in calls}
+    cpu: dict[str, list[float]] = {label: [] for label in calls}
     for call in calls.values():  # warm-up: imports, caches
         call()
     for _ in range(args.runs):
         for label, call in calls.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             call()
             times[label].append(time.perf_counter() - start)
-    return {"times": times}
+            cpu[label].append(time.process_time() - start_cpu)
+    return {"times": times, "cpu": cpu}
 
 
 def fx_table(result: dict[str, object]) -> str:
     times: dict[str, list[float]] = result["times"]  # type: ignore[assignment]
+    cpu: dict[str, list[float]] = result["cpu"]  # type: ignore[assignment]
     labels = list(times)
     lines = [
         f"HF BERT-base (random weights), 1 x 128 tokens; medians of "
         f"{len(times[labels[0]])} rounds after a warm-up",
         "",
-        "| call | time s | each round |",
-        "|---|---|---|",
+        "| call | time s | each round | CPU s |",
+        "|---|---|---|---|",
     ]
     for label, values in times.items():
         spread = " ".join(f"{v:.2f}" for v in values)
-        lines.append(f"| {label} | {statistics.median(values):.2f} | {spread} |")
+        lines.append(
+            f"| {label} | {statistics.median(values):.2f} | {spread} "
+            f"| {statistics.median(cpu[label]):.2f} |"
+        )
 
-    def ratio(convert: str, export: str) -> float:
-        return statistics.median(c / e for c, e in zip(times[convert], times[export], strict=True))
+    def ratio(measure: dict[str, list[float]], convert: str, export: str) -> float:
+        pairs = zip(measure[convert], measure[export], strict=True)
+        return statistics.median(c / e for c, e in pairs)
 
-    lines += [
-        "",
-        f"convert / export: {ratio(labels[2], labels[0]):.2f}x (both by default), "
-        f"{ratio(labels[2], labels[1]):.2f}x (both with a dynamic batch), "
-        f"{ratio(labels[3], labels[0]):.2f}x (both static); medians of each round's ratio",
-    ]
+    for measure, unit in ((times, "wall"), (cpu, "CPU")):
+        lines += [
+            "",
+            f"convert / export ({unit}): {ratio(measure, labels[2], labels[0]):.2f}x (both by "
+            f"default), {ratio(measure, labels[2], labels[1]):.2f}x (both with a dynamic batch), "
+            f"{ratio(measure, labels[3], labels[0]):.2f}x (both static); medians of each "
+            "round's ratio",
+        ]
     return "\n".join(lines)
 
 
