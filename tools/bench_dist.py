@@ -276,6 +276,8 @@ def baseline(config: str) -> str:
 
 
 def worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
+    import graphamp.fx  # noqa: F401  # before the group exists (README: torchrun)
+
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
@@ -288,6 +290,7 @@ def worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
             results[(name, config)] = (float(slowest), sent, held)
     if rank == 0:
         torch.save(results, out)
+    dist.barrier()  # tear down together: a rank leaving first can abort gloo's threads
     dist.destroy_process_group()
 
 
