@@ -283,3 +283,34 @@ def test_a_reader_that_stops_early_is_no_internal_error(folder):
     error = process.stderr.read().decode()
     assert process.wait(timeout=120) == 141
     assert "internal error" not in error and "Traceback" not in error, error
+
+
+def test_diff_of_two_folders_pairs_each_model_with_its_plan(folder, tmp_path, capsys):
+    """A folder of models against the folder of their plans: each model with the plan of the
+    same relative path; a plan on one side only and a changed decision are differences."""
+    plans = tmp_path / "plans"
+    assert main(["plan", str(folder), "--format", "json", "-o", str(plans)]) == 0
+    capsys.readouterr()
+    assert main(["diff", str(plans), str(folder), "--exit-code"]) == 0
+    assert capsys.readouterr().out == ""
+    # the models planned under another policy: a name rule of the decoder's (matching nothing
+    # in the encoder, which is no warning over a folder)
+    command = ["diff", str(plans), str(folder), "--deny-name", "/decoder/mm0", "--exit-code"]
+    assert main(command) == 1
+    printed = capsys.readouterr()
+    assert "== sub/decoder.plan.json" in printed.out and "/decoder/mm0" in printed.out
+    assert "encoder.plan.json" not in printed.out and "matches no node" not in printed.err
+    (plans / "encoder.plan.json").unlink()
+    assert main(["diff", str(plans), str(folder), "--format", "json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["encoder.plan.json"] == f"only in B: {folder / 'encoder.onnx'}"
+    assert set(found) == {"encoder.plan.json", "sub/decoder.plan.json"}
+    assert main(["diff", str(plans), str(folder), "--exit-code"]) == 1
+    for command, message in (
+        (["diff", str(plans), str(folder), "--format", "html"], "--format html"),
+        (["diff", str(tmp_path / "nothing-here"), str(folder)], "nothing-here"),
+    ):
+        (tmp_path / "nothing-here").mkdir(exist_ok=True)
+        assert main(command) == 2
+        error = capsys.readouterr().err.strip().splitlines()
+        assert len(error) == 1 and message in error[0], error
