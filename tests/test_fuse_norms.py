@@ -457,3 +457,64 @@ def test_a_norm_inside_an_if_branch_is_fused_there(target):
         assert report.outputs[0].nan_inf == 0 and report.outputs[0].max_rel_error < 5e-3
     again = gonnx.convert(out, keep_io_types=True, target=target).to_proto()
     assert again.SerializeToString() == out.SerializeToString()
+
+
+def test_a_norm_inside_a_loop_body_is_fused_there():
+    """An RMSNorm on the loop-carried state, its weight read from the main graph: fused in the
+    body (no Cast per iteration), valid, within tolerance, a fixed point."""
+    rng = np.random.default_rng(0)
+    weights = {
+        "W": (rng.standard_normal((WIDTH, WIDTH)) * 0.3).astype(np.float32),
+        "g": (1 + rng.standard_normal(WIDTH) * 0.1).astype(np.float32),
+        "M": np.array(3, np.int64),
+    }
+    constants = {"axes": np.array([-1]), "two": np.float32(2.0), "eps": np.float32(1e-6)}
+    nodes = [
+        helper.make_node("Constant", [], [k], value=numpy_helper.from_array(np.array(v)))
+        for k, v in constants.items()
+    ]
+    nodes += [
+        helper.make_node("Pow", ["h", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"]),
+        helper.make_node("Add", ["ms", "eps"], ["v"]),
+        helper.make_node("Sqrt", ["v"], ["r"]),
+        helper.make_node("Reciprocal", ["r"], ["inv"]),
+        helper.make_node("Mul", ["h", "inv"], ["normed"]),
+        helper.make_node("Mul", ["normed", "g"], ["n"]),
+        helper.make_node("MatMul", ["n", "W"], ["h_next"]),
+        helper.make_node("Identity", ["c"], ["c_out"]),
+    ]
+    state = [4, WIDTH]
+    body = helper.make_graph(
+        nodes,
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h", F32, state),
+        ],
+        [
+            helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_next", F32, state),
+        ],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "x"], ["y"], name="loop", body=body)],
+        "loop_rms",
+        [helper.make_tensor_value_info("x", F32, state)],
+        [helper.make_tensor_value_info("y", F32, state)],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    result = gonnx.convert(model, keep_io_types=True, target="any")
+    out = result.to_proto()
+    onnx.checker.check_model(out, full_check=True)
+    assert [r.node for r in result.plan.rewrites] == ["loop/body/Mul__n__rms_norm"]
+    [loop] = [n for n in out.graph.node if n.op_type == "Loop"]
+    ops = [n.op_type for n in loop.attribute[0].g.node]
+    assert ops == ["RMSNormalization", "MatMul", "Identity"]  # no Cast per iteration
+    report = verify.verify(model, out, feeds(), rtol=1e-2)
+    assert report.outputs[0].nan_inf == 0 and report.outputs[0].max_rel_error < 5e-3
+    again = gonnx.convert(out, keep_io_types=True, target="any").to_proto()
+    assert again.SerializeToString() == out.SerializeToString()
