@@ -321,24 +321,37 @@ def _solve(free: set[str], costs: list[Cost]) -> dict[str, str]:
 def _cut(costs: list[Cost]) -> dict[str, str]:
     """The minimum cut of ``costs``. A cost paid when some member is on another side than its
     head is two hyperedges: (head float32, a member low) as member -> aux -> head, and (head
-    low, a member float32) as head -> aux' -> member; the aux edges are unbounded. The regions
-    that share no cost are cut in one flow (one call: a graph of 50,000 nodes has thousands
-    of them); the cut of each is the same as alone."""
+    low, a member float32) as head -> aux' -> member; the aux edges are unbounded. A cost with
+    one member other than its head (most of them: a value one op reads) is the two edges
+    member -> head and head -> member instead, with no aux node: the same cuts at the same
+    price in half the flow graph. The regions that share no cost are cut in one flow (one
+    call: a graph of 50,000 nodes has thousands of them); the cut of each is the same as
+    alone."""
     import networkx as nx
 
     variables = list(dict.fromkeys(v for c in costs for v in (c.head, *c.members)))
     variables = [v for v in variables if v not in (LOW, F32)]
     flow: nx.DiGraph = nx.DiGraph()
     flow.add_nodes_from((LOW, F32, *variables))
+    direct: dict[tuple[str, str], int] = defaultdict(int)  # parallel costs add up
     for index, cost in enumerate(costs):
-        if cost.head != LOW and any(m != F32 for m in cost.members):
+        members = [m for m in cost.members if m != cost.head]
+        if len(members) == 1:
+            (member,) = members
+            if cost.head != LOW and member != F32:
+                direct[member, cost.head] += cost.cost
+            if cost.head != F32 and member != LOW:
+                direct[cost.head, member] += cost.cost
+            continue
+        if cost.head != LOW and any(m != F32 for m in members):
             aux = f"\0a{index}"
             flow.add_edge(aux, cost.head, capacity=cost.cost)
-            flow.add_edges_from((m, aux) for m in cost.members if m != F32)
-        if cost.head != F32 and any(m != LOW for m in cost.members):
+            flow.add_edges_from((m, aux) for m in members if m != F32)
+        if cost.head != F32 and any(m != LOW for m in members):
             aux = f"\0b{index}"
             flow.add_edge(cost.head, aux, capacity=cost.cost)
-            flow.add_edges_from((aux, m) for m in cost.members if m != LOW)
+            flow.add_edges_from((aux, m) for m in members if m != LOW)
+    flow.add_edges_from((u, v, {"capacity": c}) for (u, v), c in direct.items())
     low_side = _minimal_source_side(flow)
     return {v: LOW if v in low_side else F32 for v in variables}
 
