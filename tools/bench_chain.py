@@ -1,6 +1,7 @@
 """Wall-clock and CPU time of converting the synthetic chain of ``bench_onnx.py``, by phase.
 
     python tools/bench_chain.py --nodes 50000 --repeats 5
+    python tools/bench_chain.py --direct-only --spread cost,tensorflow
 
 End to end is ``graphamp.onnx.convert(proto).to_proto()`` (what ``bench_onnx.py --chain``
 times): load (validation, ONNX type inference), read into the OpGraph, the passes, apply (the
@@ -8,8 +9,9 @@ edits) and to_proto. graphamp converts such a proto directly (read and patched a
 the same conversion through onnx_ir (``OnnxDialect(direct=False)``: deserialise, edit the
 onnx_ir model, serialise), which every model took before and models with subgraphs or external
 data still take, is timed in the same run, alternating with it. Medians of ``--repeats`` runs
-after one warm-up run on a small chain; the load average and the CPU are printed with them
-because other processes share the machine.
+after one warm-up run on a small chain; ``--spread cost,tensorflow`` times the cost pass (the
+policy's default) and TensorFlow's colouring (what the figures before issue 28 ran) alike;
+the load average and the CPU are printed with them because other processes share the machine.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from graphamp.policy import Policy
 PATHS = {"direct": True, "through onnx_ir": False}
 
 
-def convert(proto: object, direct: bool) -> Conversion:
-    result = engine.convert(proto, Policy.create(where="bench"), dialect=OnnxDialect(direct=direct))
+def convert(proto: object, direct: bool, spread: str = "cost") -> Conversion:
+    policy = Policy.create(where="bench", spread=spread)
+    result = engine.convert(proto, policy, dialect=OnnxDialect(direct=direct))
     return Conversion(result.model, result.plan, result.seconds, result.graph)
 
 
@@ -58,19 +61,31 @@ def main() -> None:
     parser.add_argument(
         "--direct-only", action="store_true", help="leave out the onnx_ir path (half the time)"
     )
+    parser.add_argument(
+        "--spread",
+        default="cost",
+        help="how infer/clear ops are decided, comma-separated to time each in the same run: "
+        "cost (ONNX's default since issue 28), tensorflow (the colouring of the earlier figures)",
+    )
     args = parser.parse_args()
     proto = chain_model(args.nodes)
-    paths = {"direct": True} if args.direct_only else PATHS
-    for direct in paths.values():  # warm-up: imports (onnx_ir only for its path), schema caches
-        convert(chain_model(1000), direct).to_proto()
+    kept = {"direct": True} if args.direct_only else PATHS
+    spreads = args.spread.split(",")
+    paths = {
+        (f"{label}, spread {spread}" if len(spreads) > 1 else label): (direct, spread)
+        for label, direct in kept.items()
+        for spread in spreads
+    }
+    for direct, spread in paths.values():  # warm-up: imports (onnx_ir only for its path), caches
+        convert(chain_model(1000), direct, spread).to_proto()
     rows: dict[str, list[dict[str, float]]] = {label: [] for label in paths}
     for _ in range(args.repeats):
-        for label, direct in paths.items():
+        for label, (direct, spread) in paths.items():
             # The previous run's graph is freed before the clock starts, not inside this run.
             conversion = None
             gc.collect()
             wall, cpu = time.perf_counter(), time.process_time()
-            conversion = convert(proto, direct)
+            conversion = convert(proto, direct, spread)
             middle = time.perf_counter()
             conversion.to_proto()
             end = time.perf_counter()
