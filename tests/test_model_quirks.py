@@ -229,3 +229,34 @@ def test_token_ids_beyond_the_embedding_name_the_array_and_the_bound(tmp_path, c
         assert not out.exists()
     np.savez(data, ids=np.array([[1, 2, 9], [0, -10, 2]], np.int64))
     assert main(["convert", str(path), "-o", str(out), "--verify", "--inputs", str(data)]) == 0
+
+
+def test_a_node_whose_types_its_schema_refuses_is_refused(tmp_path, capsys):
+    """A ReduceMin-18 whose axes are float (int64 in its schema): onnxruntime refuses to load
+    the model, the full checker refuses it; graphamp converted it (exit 0) into a model as
+    invalid. It is refused in one line naming the node, and nothing is written."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("ReduceMin", ["m", "axes"], ["y"], name="reduce", keepdims=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", F32, [2, 3])],
+        [helper.make_tensor_value_info("y", F32, None)],
+        [
+            numpy_helper.from_array(RNG.standard_normal((3, 3)).astype("f4"), "w"),
+            numpy_helper.from_array(np.array([1.0], np.float32), "axes"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidGraph, match="Type Error"):
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert main(["convert", str(path), "-o", str(tmp_path / "o.onnx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "type inference refuses the model" in err[0], err
+    assert "reduce" in err[0] and "ReduceMin" in err[0], err
+    assert not (tmp_path / "o.onnx").exists()

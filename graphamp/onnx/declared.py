@@ -10,7 +10,9 @@ again), a graph output takes the inferred type and shape, and one line says whic
 declarations were overridden (an output that only lacked a shape gets the inferred one
 without a line: nothing it said is undone). Only the main graph's declarations are repaired
 (a body's or function's are read as they are); what inference cannot settle (a
-contradiction that stays) is refused with exit status 2.
+contradiction that stays) is refused with exit status 2, and so is a node whose types or
+shapes its schema refuses (strict inference with type checks: onnxruntime refuses it too),
+once the readers, who name the common cases better, have read the model.
 
 The check costs nothing extra on a sound model: strict inference runs once, and its result
 is the one the readers use.
@@ -27,7 +29,10 @@ from graphamp.errors import GraphampError, RepairWarning
 
 # what ONNX inference says when a declaration contradicts it
 CONTRADICTIONS = ("Inferred shape and existing shape differ", "Inferred elem type differs")
+# what ONNX inference says when a node's types or shapes break its schema's rules
+INFERENCE_ERRORS = ("[TypeInferenceError]", "[ShapeInferenceError]")
 REPAIRED_KEY = "graphamp.repaired"  # an onnx_ir model's meta: the note of what was repaired
+REFUSED = "refused: "  # a note that is an error: raised by :func:`warn` once the model is read
 
 
 def checked(
@@ -43,12 +48,9 @@ def checked(
     failure = ""
     if not any(_lacks_shape(output) for output in proto.graph.output):
         try:
-            strict = onnx.shape_inference.infer_shapes(
-                light(proto), strict_mode=True, data_prop=data_prop
-            )
-            return proto, strict, ""
-        except Exception as exc:  # a contradiction, or an op inference cannot take
-            failure = str(exc).strip()
+            return proto, _strict(light(proto), data_prop), ""
+        except GraphampError as exc:  # a contradiction, or an op inference cannot take
+            failure = str(exc)
     own = _inferred_alone(light(proto), data_prop)
     if own is None:
         return proto, _inferred(light(proto), data_prop), ""
@@ -76,17 +78,29 @@ def checked(
             continue
         output.type.CopyFrom(found.type)
     if not names and not filled:
+        if not failure:  # strict inference was skipped for an output without a shape
+            try:
+                _strict(light(proto), data_prop)
+            except GraphampError as exc:
+                failure = str(exc)
+        refusal = f"{where}: type inference refuses the model: {_first(failure)}"
         if any(sign in failure for sign in CONTRADICTIONS):  # in a body or function
-            first = failure.splitlines()[0]
-            raise GraphampError(f"{where}: type inference refuses the model: {first}")
+            raise GraphampError(refusal)
+        if _a_node_refused(failure):
+            # a node whose types its schema refuses (float axes, a Reshape whose dims
+            # overflow): onnxruntime refuses such a model. The readers go first (they name
+            # the common cases better); what they let through is refused once read
+            return proto, _inferred(light(proto), data_prop), REFUSED + refusal
         return proto, _inferred(light(proto), data_prop), ""  # the readers name what is wrong
     try:
-        result = onnx.shape_inference.infer_shapes(
-            light(repaired), strict_mode=True, data_prop=data_prop
-        )
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise GraphampError(f"{where}: type inference refuses the model: {first}") from None
+        result = _strict(light(repaired), data_prop)
+    except GraphampError as exc:
+        failure = str(exc)
+        if _a_node_refused(failure) and not any(sign in failure for sign in CONTRADICTIONS):
+            refusal = f"{where}: type inference refuses the model: {_first(failure)}"
+            return repaired, _inferred(light(repaired), data_prop), REFUSED + refusal
+        refusal = f"{where}: type inference refuses the model: {_first(failure)}"
+        raise GraphampError(refusal) from None
     if not names:
         return repaired, result, ""
     shown = ", ".join(repr(name) for name in names[:5]) + (" ..." if len(names) > 5 else "")
@@ -97,8 +111,47 @@ def checked(
     return repaired, result, note
 
 
+def _strict(proto: onnx.ModelProto, data_prop: bool) -> onnx.ModelProto:
+    """Strict inference with type checks; where only the type checks fail inside an expanded
+    function body (see :func:`_a_node_refused`), strict inference without them. Its failure
+    as a GraphampError holding onnx's message."""
+    try:
+        return onnx.shape_inference.infer_shapes(
+            proto, strict_mode=True, check_type=True, data_prop=data_prop
+        )
+    except Exception as exc:
+        failure = str(exc).strip() or type(exc).__name__
+        if _a_node_refused(failure):
+            raise GraphampError(failure) from None
+    try:
+        return onnx.shape_inference.infer_shapes(proto, strict_mode=True, data_prop=data_prop)
+    except Exception as exc:
+        raise GraphampError(str(exc).strip() or type(exc).__name__) from None
+
+
+def _a_node_refused(failure: str) -> bool:
+    """Whether inference's ``failure`` is one node's types or shapes breaking its schema's
+    rules (onnx writes a line per node). An error inside an expanded function body (a line
+    naming two op_types: onnx's inference of a node test's MeanVarianceNormalization fails
+    where onnxruntime loads it) is not."""
+    return any(
+        line.count("op_type:") == 1 and any(sign in line for sign in INFERENCE_ERRORS)
+        for line in failure.splitlines()
+    )
+
+
+def _first(failure: str) -> str:
+    """The line of an inference error that names the node (onnx prefixes a summary line)."""
+    lines = [line.strip() for line in failure.splitlines() if line.strip()]
+    named = [line for line in lines if "node name" in line or "op_type" in line]
+    return (named or lines or ["(no message)"])[0][:300]
+
+
 def warn(note: str) -> None:
-    """Say what :func:`checked` repaired (once the model was read without error)."""
+    """Say what :func:`checked` repaired (once the model was read without error), or refuse
+    what it found inference refuses and the readers did not."""
+    if note.startswith(REFUSED):
+        raise GraphampError(note.removeprefix(REFUSED))
     if note:
         warnings.warn(note, RepairWarning, stacklevel=3)
 
