@@ -7,7 +7,9 @@ original is compared with the same value of the converted model inside the graph
 
 * the first node, in graph order, whose output is inf/NaN in the converted model where it is
   finite in float32 (``first_nonfinite``), and
-* every node ranked by the error it adds: the error of its output (max |y - y32| over max
+* every node ranked by the error it adds (the nodes of If, Loop and Scan bodies too, named by
+  their OpGraph paths, their values carried out by :mod:`graphamp.onnx.body_values` and
+  compared over every iteration): the error of its output (max |y - y32| over max
   |y32|, as ``--verify`` measures outputs) less the largest error already in the inputs it
   computes from (stored weights count as the node's own), never below zero. A node whose
   output turns inf/NaN from finite inputs adds an infinite error; one whose inputs already
@@ -27,6 +29,7 @@ import onnx
 from graphamp import dtypes
 from graphamp.batches import DataSource, as_batches
 from graphamp.errors import GraphampError
+from graphamp.onnx.body_values import EXPORTED, body_values, exported_name, with_body_values
 from graphamp.onnx.emulate import LOW_CODES, emulated, has_low_values
 from graphamp.onnx.files import inferred_types
 from graphamp.onnx.runtime import input_specs
@@ -129,12 +132,31 @@ def debug(
         faithful = emulated(target, types)
         kinds = sorted({LOW_CODES[c] for c in types.values() if c in LOW_CODES})
         evaluator += f", {'/'.join(kinds)} rounding emulated"
+    # the values inside If/Loop/Scan bodies too, carried out whole by both models (body_values)
+    inner = sorted(body_values(reference) & body_values(faithful))
+    original_graph = reference
+    if inner:
+        reference, faithful = _carried(reference, inner), _carried(faithful, inner)
     produced = {out for node in faithful.graph.node for out in node.output}
     produced |= {v.name for v in faithful.graph.input}
-    tensors = [t for t in float32_values(reference) if t in produced]
+    tensors = [t for t in float32_values(original_graph) if t in produced]
+    tensors += [exported_name(key) for key in inner]
     stats, outputs = compare(reference, faithful, tensors, batches)
+    stats = {_key(tensor): stat for tensor, stat in stats.items()}
     precision_of = _precisions(target, types, plan)
-    return report(reference, stats, outputs, precision_of, plan, evaluator, len(batches))
+    return report(original_graph, stats, outputs, precision_of, plan, evaluator, len(batches))
+
+
+def _carried(model: onnx.ModelProto, keys: list[str]) -> onnx.ModelProto:
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    with_body_values(work, set(keys))
+    return work
+
+
+def _key(tensor: str) -> str:
+    """A compared tensor's OpGraph name (a body value's path, a main-graph value's name)."""
+    return tensor.removeprefix(EXPORTED)
 
 
 def _check_pair(reference: onnx.ModelProto, target: onnx.ModelProto, types: dict) -> None:  # type: ignore[type-arg]
@@ -260,18 +282,18 @@ def report(
     errors = {tensor: relative_error(stat) for tensor, stat in stats.items()}
     ranked: list[tuple[float, int, NodeError]] = []
     first_nonfinite = None
-    for index, (name, node) in enumerate(
-        zip(node_names(reference.graph), reference.graph.node, strict=True)
-    ):
-        measured = [errors[o] for o in node.output if o in errors]
+    for index, (name, node, keyed) in enumerate(_every_node(reference.graph)):
+        outs = [keyed(o) for o in node.output if o]
+        measured = [errors[o] for o in outs if o in errors]
         if not measured:
             continue
         output_error = max(measured)
-        input_error = max((errors[i] for i in node.input if i in errors), default=0.0)
+        ins = [keyed(i) for i in node.input if i]
+        input_error = max((errors[i] for i in ins if i in errors), default=0.0)
         if math.isinf(output_error):
             added = 0.0 if math.isinf(input_error) else math.inf
             if first_nonfinite is None and any(
-                stats[o]["new_nonfinite"] > 0 for o in node.output if o in stats
+                stats[o]["new_nonfinite"] > 0 for o in outs if o in stats
             ):
                 first_nonfinite = name
         else:
@@ -290,6 +312,23 @@ def report(
         ranked.append((-added, index, entry))
     ranked.sort(key=lambda item: (item[0], item[1]))
     return DebugReport(first_nonfinite, [e for _, _, e in ranked], evaluator, batches, outputs)
+
+
+def _every_node(graph: onnx.GraphProto, path: str = "", scope: Callable[[str], str] = str):  # type: ignore[no-untyped-def]
+    """Each node of ``graph`` and of its bodies, nested ones before their owner, as (OpGraph
+    name, node, the OpGraph name of a value it reads or makes: its scope's, else the nearest
+    enclosing scope's that has it)."""
+    own = {v.name for v in graph.input} | {o for n in graph.node for o in n.output}
+    own |= {i.name for i in graph.initializer}
+
+    def keyed(value: str) -> str:
+        return f"{path}{value}" if value in own else scope(value)
+
+    for name, node in zip(node_names(graph), graph.node, strict=True):
+        for attribute in node.attribute:
+            for body in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+                yield from _every_node(body, f"{path}{name}/{attribute.name}/", keyed)
+        yield f"{path}{name}", node, keyed
 
 
 def _precisions(
