@@ -321,50 +321,73 @@ def _solve(free: set[str], costs: list[Cost]) -> dict[str, str]:
 def _cut(costs: list[Cost]) -> dict[str, str]:
     """The minimum cut of ``costs``. A cost paid when some member is on another side than its
     head is two hyperedges: (head float32, a member low) as member -> aux -> head, and (head
-    low, a member float32) as head -> aux' -> member; the aux edges are unbounded. A cost with
-    one member other than its head (most of them: a value one op reads) is the two edges
-    member -> head and head -> member instead, with no aux node: the same cuts at the same
-    price in half the flow graph. The regions that share no cost are cut in one flow (one
+    low, a member float32) as head -> aux' -> member; the aux edges are unbounded (None). A
+    cost with one member other than its head (most of them: a value one op reads) is the two
+    edges member -> head and head -> member instead, with no aux node: the same cuts at the
+    same price in half the flow graph. The regions that share no cost are cut in one flow (one
     call: a graph of 50,000 nodes has thousands of them); the cut of each is the same as
     alone."""
-    import networkx as nx
-
     variables = list(dict.fromkeys(v for c in costs for v in (c.head, *c.members)))
     variables = [v for v in variables if v not in (LOW, F32)]
-    flow: nx.DiGraph = nx.DiGraph()
-    flow.add_nodes_from((LOW, F32, *variables))
-    direct: dict[tuple[str, str], int] = defaultdict(int)  # parallel costs add up
+    edges: dict[tuple[str, str], int | None] = {}
+
+    def add(tail: str, head: str, cost: int | None) -> None:
+        was = edges.get((tail, head), 0)  # parallel edges add up; unbounded stays unbounded
+        edges[tail, head] = None if cost is None or was is None else was + cost
+
     for index, cost in enumerate(costs):
         members = [m for m in cost.members if m != cost.head]
         if len(members) == 1:
             (member,) = members
             if cost.head != LOW and member != F32:
-                direct[member, cost.head] += cost.cost
+                add(member, cost.head, cost.cost)
             if cost.head != F32 and member != LOW:
-                direct[cost.head, member] += cost.cost
+                add(cost.head, member, cost.cost)
             continue
         if cost.head != LOW and any(m != F32 for m in members):
             aux = f"\0a{index}"
-            flow.add_edge(aux, cost.head, capacity=cost.cost)
-            flow.add_edges_from((m, aux) for m in members if m != F32)
+            add(aux, cost.head, cost.cost)
+            for m in members:
+                if m != F32:
+                    add(m, aux, None)
         if cost.head != F32 and any(m != LOW for m in members):
             aux = f"\0b{index}"
-            flow.add_edge(cost.head, aux, capacity=cost.cost)
-            flow.add_edges_from((aux, m) for m in members if m != LOW)
-    flow.add_edges_from((u, v, {"capacity": c}) for (u, v), c in direct.items())
-    low_side = _minimal_source_side(flow)
+            add(cost.head, aux, cost.cost)
+            for m in members:
+                if m != LOW:
+                    add(aux, m, None)
+    low_side = _minimal_source_side(variables, edges)
     return {v: LOW if v in low_side else F32 for v in variables}
 
 
-def _minimal_source_side(flow: nx.DiGraph) -> set[str]:
+def _minimal_source_side(
+    variables: list[str], edges: dict[tuple[str, str], int | None]
+) -> set[str]:
     """The low side of the minimum cut with the fewest nodes on it: what the source reaches in
     the residual network of a maximum flow (the same set for every maximum flow, so a tie
     stays float32 whatever the flow algorithm did). networkx's ``minimum_cut`` gives the
-    largest such side instead."""
+    largest such side instead.
+
+    The residual network is built here as networkx's ``build_residual_network`` builds it from
+    a graph of these edges (each edge of some capacity and its reverse, unbounded ones at three
+    times the bounded ones' sum), in one call instead of one lookup and two insertions per
+    edge: that was half the flow's time on a 50,000-node chain."""
+    import networkx as nx
     from networkx.algorithms.flow import boykov_kolmogorov
 
+    bounded = sum(c for c in edges.values() if c is not None)
+    unbounded = 3 * bounded or 1
+    capacity = {
+        pair: unbounded if c is None else c for pair, c in edges.items() if c is None or c > 0
+    }
+    for tail, head in list(capacity):
+        capacity.setdefault((head, tail), 0)
+    residual: nx.DiGraph = nx.DiGraph()
+    residual.add_nodes_from((LOW, F32, *variables))
+    residual.add_edges_from((u, v, {"capacity": c}) for (u, v), c in capacity.items())
+    residual.graph["inf"] = unbounded
     # (Boykov-Kolmogorov: twice as quick as networkx's default on these graphs)
-    residual = boykov_kolmogorov(flow, LOW, F32)
+    boykov_kolmogorov(residual, LOW, F32, residual=residual)
     reached, stack = {LOW}, [LOW]
     while stack:
         here = stack.pop()
