@@ -54,6 +54,7 @@ def write(program: torch.export.ExportedProgram, path: Path, plan: Plan | None) 
 def export(module: fx.GraphModule) -> torch.export.ExportedProgram:
     """``module`` (a converted capture) exported again, with its symbolic dimensions."""
     captured = captured_by(module)
+    _rename_lifted_constants(module)
     placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
     # values of the traced shapes, the same however the module was captured: the program
     # exported does not depend on the example's values
@@ -87,6 +88,35 @@ def export(module: fx.GraphModule) -> torch.export.ExportedProgram:
 
 
 _REPEATED_SELF = re.compile(r"^(L__self__)+")
+_LIFTED = re.compile(r"^lifted_tensor_\d+$")
+
+
+def _rename_lifted_constants(module: fx.GraphModule) -> None:
+    """Rename the tensor constants the first export lifted (``lifted_tensor_0``,
+    ``layers.0.self_attn.lifted_tensor_2``): exporting again lifts the nested ones under fresh
+    root names ``lifted_tensor_0``, ... that collide with the root's own, and the program
+    written then names one constant twice (neither reader can load it: Mistral's masks). The
+    module computes the same."""
+    for node in module.graph.nodes:
+        if node.op != "get_attr" or not _LIFTED.match(node.target.rpartition(".")[2]):
+            continue
+        owner_path, _, name = node.target.rpartition(".")
+        owner = module.get_submodule(owner_path)
+        value = getattr(owner, name)
+        if (
+            not isinstance(value, torch.Tensor)
+            or name in owner._buffers
+            or name in owner._parameters
+        ):
+            continue
+        number = int(name.removeprefix("lifted_tensor_"))
+        while hasattr(owner, f"graphamp_constant_{number}"):  # a loaded program's own
+            number += 1
+        new_name = f"graphamp_constant_{number}"
+        setattr(owner, new_name, value)
+        delattr(owner, name)
+        node.target = f"{owner_path}.{new_name}" if owner_path else new_name
+    module.recompile()
 
 
 def captured_by(module: object) -> Captured:
