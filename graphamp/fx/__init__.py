@@ -13,6 +13,7 @@ default lists are PyTorch's own autocast lists for the target device.
 
 from __future__ import annotations
 
+from graphamp.fx.backend import Backend, backend
 from graphamp.fx.conversion import analyse, convert, cpu_has_native
 from graphamp.fx.dialect import FxDialect
 from graphamp.fx.saving import load, save
@@ -22,12 +23,14 @@ from graphamp.fx.training import train_step
 from graphamp.scaling import DynamicLossScaling, StaticLossScaling
 
 __all__ = [
+    "Backend",
     "DynamicLossScaling",
     "FxDialect",
     "ShardedTrainStep",
     "StaticLossScaling",
     "TrainStep",
     "analyse",
+    "backend",
     "convert",
     "cpu_has_native",
     "load",
