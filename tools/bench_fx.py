@@ -23,6 +23,15 @@ set others (4096/512 for the seeds' SimpleNet; 768/12 for BERT-base).
     python tools/bench_fx.py
     python tools/bench_fx.py --width 4096 --batch 512 --models simplenet
     python tools/bench_fx.py --models bert --bert-hidden 768 --bert-layers 12 --bert-batch 1
+
+``--suite models`` and ``--suite compile`` measure PyTorch models as users have them
+(tools/bench_fx_suites.py): Hugging Face BERT, LLaMA, Mistral, T5, ViT and a ResNet-50-shaped
+CNN converted once and run at three batch sizes, saved and loaded (error and eager speed
+against torch.autocast), and the torch.compile backend against torch.compile + autocast
+(step time, loss curves against autocast + GradScaler).
+
+    python tools/bench_fx.py --suite models --batches 1,4,16
+    python tools/bench_fx.py --suite compile --steps 200
 """
 
 from __future__ import annotations
@@ -233,7 +242,26 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--models", default="simplenet,bert")
+    parser.add_argument(
+        "--suite",
+        choices=("step", "models", "compile"),
+        default="step",
+        help="step: the training step below (default); models: HF models and a ResNet-50-"
+        "shaped CNN as users have them; compile: the torch.compile backend",
+    )
+    parser.add_argument(
+        "--models",
+        default=None,
+        help="step: simplenet,bert (default); models: bert,llama,mistral,t5,vit,resnet50",
+    )
+    parser.add_argument("--batches", default="1,4,16", help="models: three batch sizes")
+    parser.add_argument("--hf-width", type=int, default=256, help="models: HF hidden size")
+    parser.add_argument("--hf-layers", type=int, default=2, help="models: HF layers")
+    parser.add_argument("--hf-seq", type=int, default=128, help="models: tokens per sequence")
+    parser.add_argument("--image", type=int, default=64, help="models: ResNet image size")
+    parser.add_argument("--steps", type=int, default=200, help="compile: training steps")
+    parser.add_argument("--compile-width", type=int, default=64, help="compile: BERT width")
+    parser.add_argument("--compile-batch", type=int, default=16, help="compile: batch size")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--width", type=int, default=1024, help="SimpleNet width (seeds: 4096)")
     parser.add_argument("--batch", type=int, default=64, help="SimpleNet batch (seeds: 512)")
@@ -252,6 +280,16 @@ def main() -> int:
     torch.manual_seed(0)
     print(f"# graphamp PyTorch benchmark, {date.today().isoformat()}")
     print(f"machine: {machine()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    if args.suite != "step":
+        import bench_fx_suites
+
+        if args.suite == "compile":
+            bench_fx_suites.bench_compile(args)
+            return 0
+        names = (args.models or "bert,llama,mistral,t5,vit,resnet50").split(",")
+        bench_fx_suites.bench_models(names, [int(b) for b in args.batches.split(",")], args)
+        return 0
+    args.models = args.models or "simplenet,bert"
     print(
         f"sizes: SimpleNet {args.width} wide, batch {args.batch}; BERT {args.bert_layers} x "
         f"{args.bert_hidden}, batch {args.bert_batch} x 128 tokens"
