@@ -227,3 +227,21 @@ def test_calibrated_ranges_reach_each_call_sites_values():
     assert result.plan.nodes["block1/Block/down"].rule == "range"
     assert result.plan.nodes["block0/Block/down"].precision == "float16"
     assert_valid(result.to_proto())
+
+
+def test_tune_switches_the_ops_inside_each_call_of_a_function():
+    from graphamp.onnx.tune import tune
+
+    proto = two_blocks()
+    for init in proto.graph.initializer[2:]:  # block1's values leave float16's range
+        array = numpy_helper.to_array(init) * 300
+        init.CopyFrom(numpy_helper.from_array(array.astype(np.float32), init.name))
+    result = tune(proto, {"x": X}, rtol=1e-2)
+    # found by the switchable model (one real conversion: the final check), not by the
+    # search on real conversions it fell back to when it could not address a call's ops
+    assert result.kept == ("block1/Block/down",) and result.met
+    assert result.real_evaluations == 1
+    plan = result.conversion.plan
+    assert plan.nodes["block1/Block/down"].rule == "tuned"
+    assert plan.nodes["block0/Block/down"].precision == "float16"
+    assert_valid(result.conversion.to_proto())

@@ -29,7 +29,7 @@ def calibrate(model: object, data: DataSource, *, label: str = "") -> Ranges:
 
 def calibrate_proto(proto: onnx.ModelProto, batches, *, label: str = "") -> Ranges:  # type: ignore[no-untyped-def]
     if proto.functions:  # each call's values, named as the reader names them
-        proto = _functions_inlined(proto)
+        proto = functions_inlined(proto)
     tensors = float32_values(proto)
     # the values inside If/Loop/Scan bodies too, by their OpGraph names (body_stats)
     work = onnx.ModelProto()
@@ -47,7 +47,7 @@ def calibrate_proto(proto: onnx.ModelProto, batches, *, label: str = "") -> Rang
     return ranges
 
 
-def _functions_inlined(proto: onnx.ModelProto) -> onnx.ModelProto:
+def functions_inlined(proto: onnx.ModelProto) -> onnx.ModelProto:
     """``proto`` with every call of a model-local function replaced by its body, the body's
     values and nodes named by their OpGraph paths (``<call>/<function>/<name>``), as
     ``--inline-functions`` writes them: their ranges then meet the nodes that read them."""

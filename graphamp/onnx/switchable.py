@@ -36,6 +36,7 @@ from onnx import helper
 
 from graphamp import dtypes
 from graphamp.graph import NodeKind, OpGraph
+from graphamp.onnx.calibration import functions_inlined
 from graphamp.onnx.files import inferred_types
 from graphamp.onnx.session import Session, Weights
 from graphamp.onnx.statgraph import model_shell, named
@@ -76,6 +77,8 @@ class Switchable:
             and node.compute_type == "float32"
             and (node.follow_inputs or node.follow_outputs)
         ]
+        if proto.functions:  # each call's ops switched by their own flags, named by call path
+            proto = functions_inlined(proto)
         proto = named(self.weights.stubbed(proto))
         self.proto = self._build(proto, inferred_types(proto))
         self._session: Session | None = None

@@ -36,6 +36,7 @@ import onnx
 from graphamp import engine, verify
 from graphamp.batches import DataSource, as_batches
 from graphamp.graph import OpGraph
+from graphamp.onnx.calibration import functions_inlined
 from graphamp.onnx.conversion import Conversion
 from graphamp.onnx.debugging import Comparison, DebugReport
 from graphamp.onnx.debugging import report as debug_report
@@ -104,7 +105,11 @@ def tune(
     switch = Switchable(proto, analysis.graph, policy.dtype, Weights())
     baseline = decide(frozenset())
     candidates = [n for n in switch.switched if n in baseline]
-    attribute = Attribution(proto, switch, rtol, atol)
+    # a model-local function's ops are compared and ranked by call path, as the switchable
+    # model switches them: both run the functions inlined
+    attribute = Attribution(
+        functions_inlined(proto) if proto.functions else proto, switch, rtol, atol
+    )
     report, met, baseline_errors = attribute(batches, baseline)
     expected = attribute.expected  # the float32 outputs, from the reference copy
     answers: dict[frozenset[str], bool] = {frozenset(): met}
