@@ -84,9 +84,9 @@ def checked(
             except GraphampError as exc:
                 failure = str(exc)
         refusal = f"{where}: type inference refuses the model: {_first(failure)}"
-        if any(sign in failure for sign in CONTRADICTIONS):  # in a body or function
-            raise GraphampError(refusal)
-        if _a_node_refused(failure):
+        if any(sign in failure for sign in CONTRADICTIONS) and not _a_node_refused(failure):
+            raise GraphampError(refusal)  # in a function
+        if _a_node_refused(failure):  # a body's contradiction too: its reader names the value
             # a node whose types its schema refuses (float axes, a Reshape whose dims
             # overflow): onnxruntime refuses such a model. The readers go first (they name
             # the common cases better); what they let through is refused once read
