@@ -8,7 +8,10 @@ in and out with no Cast, and stays right on such values: for an RMSNorm ONNX
 ``RMSNormalization`` (opset 23), for a LayerNorm ONNX ``LayerNormalization`` (opset 17), and
 for either after a residual Add a runtime's kernel taking the Add in too (onnxruntime's Skip
 norms for ``--target cuda|cpu``, at any opset); the dialect says which in
-``graph.fused_kernels``. Rules:
+``graph.fused_kernels``. Where the opset has no plain fused op but a Skip one exists, a norm
+with no residual Add before it is the Skip op with the norm's input as both input and skip and
+epsilon x4: it normalises x + x = 2x, exact in floating point, and RMSNorm(2x) with 4 eps is
+x / sqrt(mean(x^2) + eps) (LayerNorm: (2x - 2 mean) / sqrt(4 var + 4 eps)). Rules:
 
 1. Only with ``policy.fuse`` (``--no-fuse`` keeps the model's ops) and a fused kernel: the
    plain one, or the Skip one where a residual Add produces the norm's input.
@@ -97,8 +100,17 @@ class FuseNormsPass(Pass):
                 kernel, nodes, attributes = skip, [add.name, *nodes], {"epsilon": match.epsilon}
             else:
                 fused, inputs, outputs = None, match.inputs, [final.outputs[0]]
+        self_skip = fused is None and kernel is None and skip is not None
+        if self_skip:  # no plain fused op at this opset: the Skip op with skip = x, eps x4
+            kernel, inputs = skip, [match.x, *match.inputs]
+            attributes = {"epsilon": match.epsilon * SELF_SKIP_EPSILON}
+            name = names.node(f"{final.name}__skip_{match.kind}")
+            fused = skip.build(name, inputs, outputs)
+            fused.body = body
+            if classify_node(fused, policy, context.weights).precision != low:
+                return False
         if fused is None:
-            if kernel is None:  # no plain fused op at this opset: the model's ops stay
+            if kernel is None:  # no fused op at this opset: the model's ops stay
                 return False
             name = names.node(f"{final.name}__{match.kind}")
             fused = kernel.build(name, inputs, outputs)
@@ -110,6 +122,14 @@ class FuseNormsPass(Pass):
         graph.replace_nodes(replaced, fused)
         what, statistics = _WHAT[match.kind]
         with_add = " and the residual Add before it" if len(nodes) > len(match.nodes) else ""
+        written = ""
+        if self_skip:
+            written = (
+                f" with the norm's input as both input and skip and epsilon x{SELF_SKIP_EPSILON}"
+                f" (no plain {what} op below opset {_OPSET[match.kind]} that onnx.checker "
+                f"accepts: the kernel normalises x + x = 2x, exact in floating point, and "
+                f"{what}(2x) with 4 x epsilon equals {what}(x))"
+            )
         context.rewrites.append(
             RewriteRecord(
                 node=name,
@@ -122,7 +142,7 @@ class FuseNormsPass(Pass):
                 drops=dropped,
                 rule=RULE,
                 reason=(
-                    f"decomposed {what}{with_add} ({ops}) replaced by {kernel.op}, whose "
+                    f"decomposed {what}{with_add} ({ops}) replaced by {kernel.op}{written}, whose "
                     f"kernel accumulates {statistics} in float32: it reads and writes {low} "
                     "with no Cast, where the decomposed ops would keep float32 statistics "
                     "(x squared overflows float16 past |x| = 256)"
@@ -132,6 +152,8 @@ class FuseNormsPass(Pass):
         return True
 
 
+SELF_SKIP_EPSILON = 4  # Skip(x, x) normalises 2x: mean(4x^2) + 4 eps = 4 (mean(x^2) + eps)
+_OPSET = {"rms_norm": 23, "layer_norm": 17}
 _KINDS = frozenset({"rms_norm", "layer_norm", "skip_rms_norm", "skip_layer_norm"})
 _WHAT = {
     "rms_norm": ("RMSNorm", "the mean of squares"),

@@ -131,18 +131,39 @@ def test_rms_norm_fused_for_onnxruntime_with_no_cast(variant):
 
 @pytest.mark.parametrize("opset", [17, 18])
 @pytest.mark.parametrize("target", ["cuda", "cpu"])
-def test_below_opset_23_no_op_is_written_in_onnxs_domain_that_onnx_lacks(opset, target):
+def test_below_opset_23_a_norm_without_residual_add_is_a_skip_norm_of_x_and_x(opset, target):
     """onnxruntime registers SimplifiedLayerNormalization in ONNX's domain, but onnx.checker
-    refuses a model holding it: a norm with no residual Add before it keeps its ops, float32
-    statistics between one Cast pair, and the converted model passes the full check."""
+    refuses a model holding it: a norm with no residual Add before it becomes
+    SkipSimplifiedLayerNormalization (com.microsoft) reading x as both input and skip, epsilon
+    x4 (it normalises 2x, exactly); full check, onnxruntime loads and runs it right on the
+    +-2000 channels, and a second conversion changes no byte."""
+    import onnxruntime as ort
+
     model = rms_model(opset)
     result = gonnx.convert(model, keep_io_types=True, target=target)
     out = result.to_proto()
     onnx.checker.check_model(out, full_check=True)
-    assert not result.plan.rewrites
-    assert "SimplifiedLayerNormalization" not in [n.op_type for n in out.graph.node]
-    assert len([c for c in result.plan.casts if c.tensor != "x"]) <= 2
-    assert error(model, out) < 5e-3
+    [rewrite] = result.plan.rewrites
+    assert rewrite.op == "SkipSimplifiedLayerNormalization" and rewrite.domain == "com.microsoft"
+    assert rewrite.inputs == ["h", "h", "norm.weight"]
+    assert rewrite.attributes == {"epsilon": pytest.approx(4e-6)}
+    assert "both input and skip" in rewrite.reason and "epsilon x4" in rewrite.reason
+    ops = [n.op_type for n in out.graph.node]
+    assert "SimplifiedLayerNormalization" not in ops
+    assert not {"Pow", "ReduceMean", "Sqrt", "Reciprocal"} & set(ops)
+    assert ops.count("SkipSimplifiedLayerNormalization") == 1
+    assert plan_precision(result, rewrite.node) == "float16"
+    assert error(model, out) < 5e-3  # the faithful evaluator, against float32
+    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got, want = (s.run(None, feeds())[0] for s in (session, reference))
+    assert np.max(np.abs(got - want) / (np.abs(want) + 1e-3)) < 1e-2
+    again = gonnx.convert(out, keep_io_types=True, target=target).to_proto()
+    assert again.SerializeToString() == out.SerializeToString()
+
+
+def plan_precision(result, node: str) -> str:
+    return result.plan.nodes[node].precision
 
 
 def test_massive_activations_stay_right_where_a_float16_norm_loses_the_output():
@@ -270,12 +291,20 @@ def test_a_decomposed_layer_norm_becomes_layer_normalization(tmp_path, bias):
         onnx.checker.check_model(out, full_check=True)
         assert error(model, out) < 5e-3  # the +-2000 channels stay right
     # below 17 ONNX has no LayerNormalization (onnxruntime's registration there fails the
-    # checker): the model's ops stay, float32 statistics between one Cast pair
+    # checker): SkipLayerNormalization of x and x, epsilon x4, for onnxruntime's targets
     model = layer_norm_model(tmp_path, 14, bias=bias)
-    result = gonnx.convert(model, keep_io_types=True, target="cuda")
-    onnx.checker.check_model(result.to_proto(), full_check=True)
-    assert not result.plan.rewrites
-    assert len([c for c in result.plan.casts if c.tensor != "x"]) <= 2
+    for target in ("cuda", "cpu"):
+        result = gonnx.convert(model, keep_io_types=True, target=target)
+        out = result.to_proto()
+        onnx.checker.check_model(out, full_check=True)
+        [rewrite] = result.plan.rewrites
+        assert rewrite.op == "SkipLayerNormalization" and rewrite.inputs[0] == rewrite.inputs[1]
+        assert len(rewrite.inputs) == (4 if bias else 3)
+        assert rewrite.attributes["epsilon"] == pytest.approx(4 * 1e-5)
+        assert len(casts_in(out)) == 2
+        assert error(model, out) < 5e-3
+        again = gonnx.convert(out, keep_io_types=True, target=target).to_proto()
+        assert again.SerializeToString() == out.SerializeToString()
 
 
 def test_a_layer_norm_nothing_fuses_keeps_one_cast_pair(tmp_path):
@@ -306,15 +335,15 @@ def test_a_half_precision_export_fuses_its_norms_with_their_casts(tmp_path):
     norms = sum(n.op_type == "Sqrt" for n in original.graph.node)
     result = gonnx.convert(original)
     out = result.to_proto()
-    # the first norm reads the embedding, not a residual Add: at opset 18 nothing in ONNX's
-    # domain fuses it (module docstring of graphamp.onnx.fusion), so it keeps its ops
-    assert len(result.plan.rewrites) == norms - 1 > 0
+    # the first norm reads the embedding, not a residual Add: at opset 18 it is the Skip op
+    # reading the embedding as input and skip (module docstring of graphamp.onnx.fusion)
+    assert len(result.plan.rewrites) == norms > 1
     op_of = {n.name: n.op_type for n in original.graph.node}
     for rewrite in result.plan.rewrites:  # the Cast to float32 and the Cast back go with it
         assert [op_of[n] for n in rewrite.replaces].count("Cast") == 2, rewrite.replaces
     ops = [n.op_type for n in out.graph.node]
-    assert ops.count("SkipSimplifiedLayerNormalization") == norms - 1  # all but the first
-    assert "SimplifiedLayerNormalization" not in ops and ops.count("Sqrt") == 1
+    assert ops.count("SkipSimplifiedLayerNormalization") == norms
+    assert "SimplifiedLayerNormalization" not in ops and ops.count("Sqrt") == 0
     assert ops.count("Cast") < [n.op_type for n in original.graph.node].count("Cast") - norms
     report = verify.verify(original, out, verify.random_inputs(original, seed=1), rtol=1e-2)
     assert report.outputs[0].max_rel_error < 1e-2
@@ -386,7 +415,8 @@ def test_a_residual_add_joins_the_norm_in_onnxruntimes_skip_op():
 def test_a_sum_read_before_the_norms_last_op_keeps_its_add():
     """The Skip op is written where the norm's last op was: a reader of the residual sum
     placed before that (T5's own Cast of the sum, kept for another reader) would read the sum
-    before it is made, so the Add and the norm keep their ops; the model stays valid."""
+    before it is made, so the Add keeps its op and the norm alone is fused (the Skip op
+    reading the sum as input and skip, epsilon x4); the model stays valid."""
     model = residual_model()
     graph = model.graph
     index = [n.name for n in graph.node].index("residual")
@@ -395,8 +425,10 @@ def test_a_sum_read_before_the_norms_last_op_keeps_its_add():
     result = gonnx.convert(model, keep_io_types=True, target="cuda")
     out = result.to_proto()
     onnx.checker.check_model(out, full_check=True)
-    assert not result.plan.rewrites
-    assert "SkipSimplifiedLayerNormalization" not in [n.op_type for n in out.graph.node]
+    [rewrite] = result.plan.rewrites
+    assert rewrite.inputs == ["h", "h", "norm.weight"] and "residual" not in rewrite.replaces
+    assert rewrite.attributes == {"epsilon": pytest.approx(4e-6)}
+    assert "residual" in [n.name for n in out.graph.node]  # the Add keeps its op
     assert error(model, out) < 5e-3
 
 

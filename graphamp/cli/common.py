@@ -74,8 +74,9 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="ONNX: keep a decomposed RMSNorm's or LayerNorm's own ops instead of the fused op "
         "that reads the low type with no Cast (RMSNormalization at opset 23+, "
-        "LayerNormalization at 17+; onnxruntime's Skip* forms after a residual Add for "
-        "--target cuda/cpu; the plan's rewrites)",
+        "LayerNormalization at 17+; for --target cuda/cpu onnxruntime's Skip* forms, after a "
+        "residual Add or, below those opsets, reading the norm's input as input and skip "
+        "with epsilon x4; the plan's rewrites)",
     )
     group.add_argument(
         "--inline-functions",

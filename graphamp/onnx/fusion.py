@@ -19,9 +19,12 @@ No op is written in ONNX's own domain below the opset that defines it: onnxrunti
 ``SimplifiedLayerNormalization`` (and ``LayerNormalization`` before 17) there and its
 transformer optimizer writes them, but ``onnx.checker`` refuses a model holding them (no such
 op in ONNX's domain at that opset), and every converted model passes the full check. Below
-those opsets a norm with no residual Add before it keeps its ops (float32 statistics between
-one Cast pair); ``com.microsoft`` has no plain RMSNorm or LayerNorm that every onnxruntime
-release loads.
+those opsets ``com.microsoft`` has no plain RMSNorm or LayerNorm that every onnxruntime
+release loads, so for ``--target cuda|cpu`` a norm with no residual Add before it is the Skip
+op reading the norm's input as both input and skip, epsilon x4 (``passes/fuse_norms.py``): the
+kernel normalises 2x (exact in floating point, summed and accumulated in float32), and the
+norm of 2x with 4 x epsilon is the norm of x. For ``--target any`` such a norm keeps its ops
+(float32 statistics between one Cast pair).
 
 The node is built with the slots, allowed types and kernel note the reader gives every node
 (:func:`graphamp.onnx.slots.computing_node`), so classify decides it like any other.
