@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from graphamp.policy import Policy
     from graphamp.scaling import DynamicLossScaling, StaticLossScaling
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # pyproject.toml and CHANGELOG.md say the same
 # Imported on first use: ``import graphamp.cli`` (what ``graphamp --help`` runs) must not pay
 # for numpy and the plan machinery it does not use.
 _LAZY = {

@@ -108,7 +108,7 @@ class Plan:
     # -- JSON ---------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, object]:
-        """The plan as plain data, every list sorted by a stable key (see the README);
+        """The plan as plain data, every list sorted by a stable key (see docs/plans.md);
         ``rewrites`` only where there are some."""
         data = {
             "format": PLAN_FORMAT,

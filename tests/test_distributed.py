@@ -27,6 +27,7 @@ from graphamp.policy import Policy
 from graphamp.vocab import Rule
 from tests import dist_workers as workers
 from tests.opgraphs import GraphBuilder
+from tests.test_readme import doc_blocks
 
 SCENARIOS = {
     # several buckets: as DDP's, a bucket closes once it reaches 100 bytes, the gradient that
@@ -318,12 +319,10 @@ def each_rank(ranks: list[tuple[str, str]], launcher: str = "") -> str:
     return "\n".join(parts)
 
 
-def test_the_readme_example_runs_under_torchrun(tmp_path):
-    """The README's data-parallel script, as written, on two processes started by torchrun:
-    every rank ends with the same parameters. A failure prints each rank's output."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("### Across processes") :]
-    script = section[section.index("```py\n") + 6 : section.index("```\n")]
+def test_the_data_parallel_example_runs_under_torchrun(tmp_path):
+    """docs/distributed.md's data-parallel script, as written, on two processes started by
+    torchrun: every rank ends with the same parameters. A failure prints each rank's output."""
+    script = doc_blocks("docs/distributed.md", "python", "torchrun")[0]
     (tmp_path / "train_dp.py").write_text(script)
     status, ranks, launcher = torchrun(tmp_path / "train_dp.py")
     assert status == 0, each_rank(ranks, launcher)
@@ -360,8 +359,8 @@ def threads_after_teardown(first: str) -> str:
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
 def test_no_gloo_thread_outlives_destroy_process_group_when_graphamp_fx_is_imported_first():
-    """The cause of the README example's rare abort at exit (rank 1, 'terminate called without
-    an active exception'): an optimizer made after init_process_group imports
+    """The cause of the data-parallel example's rare abort at exit (rank 1, 'terminate called
+    without an active exception'): an optimizer made after init_process_group imports
     torch.distributed.nn, whose default arguments then hold the process group, so gloo's
     threads were still running as the interpreter finalized. graphamp.fx imports it first."""
     assert "gloo" in threads_after_teardown(first="")  # what torch alone does

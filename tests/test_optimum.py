@@ -1,5 +1,5 @@
 """Optimum's exports, converted as a folder, load in Optimum's ORTModel classes with their cache
-and generate (the README's example runs as written): a T5 seq2seq export (encoder, decoder,
+and generate (docs/onnx.md's example runs as written): a T5 seq2seq export (encoder, decoder,
 decoder with past, merged decoder, one of them with its weights in an external data file) and
 a Llama causal export, each built from a small config with random weights (nothing
 downloaded).
@@ -36,7 +36,7 @@ from tests.optimum_exports import (
     matrix_ops,
     optimum_python,
 )
-from tests.test_readme import OPTIMUM_ENVIRONMENT, readme_blocks
+from tests.test_readme import doc_blocks
 
 F16 = onnx.TensorProto.FLOAT16
 
@@ -53,7 +53,7 @@ def optimum():
 
 @pytest.fixture(scope="module")
 def t5(optimum, tmp_path_factory):
-    """The README's Optimum examples, run as written on a local T5 checkpoint: the export and
+    """docs/onnx.md's Optimum examples, run as written on a local T5 checkpoint: the export and
     the conversion of its folder, then generation with the converted folder. Returns the
     export, its decoder_model then keeping its weights in decoder_model.onnx_data (as
     Optimum writes a model over 2 GB)."""
@@ -64,7 +64,7 @@ def t5(optimum, tmp_path_factory):
         text=True,
     )
     assert made.returncode == 0, made.stderr[-3000:]
-    (commands,) = [b for b in readme_blocks("sh") if "optimum-cli export onnx" in b]
+    (commands,) = doc_blocks("docs/onnx.md", "sh", "optimum")
     path = os.pathsep.join([str(optimum.parent), str(Path(sys.executable).parent)])
     env = {**os.environ, "PATH": f"{path}{os.pathsep}{os.environ['PATH']}"}
     ran = subprocess.run(
@@ -74,7 +74,7 @@ def t5(optimum, tmp_path_factory):
     assert sorted(p.name for p in (work / "t5-plans").iterdir()) == sorted(
         name.replace(".onnx", ".plan.json") for name in SEQ2SEQ_FILES
     )
-    (loading,) = [b for b in readme_blocks("python") if b.startswith(OPTIMUM_ENVIRONMENT)]
+    (loading,) = doc_blocks("docs/onnx.md", "python", "optimum")
     generated = subprocess.run(
         [str(optimum), "-c", loading], cwd=work, env=env, capture_output=True, text=True
     )

@@ -1,52 +1,151 @@
-"""The README shows the op lists as they are in graphamp/lists/*.toml."""
+"""The README and the guides in docs/ run as written.
+
+Every fenced code block of README.md and docs/*.md is an example that a test runs, unless its
+info string says otherwise. The first word of the info string is the language, as GitHub reads
+it; a second word names who runs the block:
+
+* ```` ```python ````: run here, each block on its own (a fresh namespace), in document order;
+* ```` ```sh ````: run here with bash (``-euo pipefail``), ``graphamp`` on the PATH;
+* ```` ```toml ```` whose first line is ``# FILE``: written to FILE before the blocks after it
+  (a policy file, say, that a later ``sh`` block names);
+* ```` ```python torchrun ```` and ```` ```sh torchrun ````: a script and its command line,
+  run on two processes by tests/test_distributed.py and tests/test_sharded.py;
+* ```` ```python optimum ```` and ```` ```sh optimum ````: run in Optimum's environment by
+  tests/test_optimum.py;
+* ```` ```sh setup ````: the set-up commands at the top of the README (CI runs them);
+* ```` ```python sketch ```` and ```` ```text ```` (or no language): a shape, a synopsis or
+  an output, not an example.
+
+The blocks of one file run in one fresh folder holding ``model.onnx`` (the zoo's small BERT),
+so a later block may read what an earlier one wrote.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+OP_LISTS = "docs/policies.md"  # the page that shows the default op lists
+
+RUN_HERE = {"python", "sh", "toml"}
+NOT_EXAMPLES = {"", "text"}
+RUN_ELSEWHERE = {"torchrun", "optimum", "setup"}
 
 
-def test_readme_op_tables_match_the_list_data():
+def test_the_op_tables_match_the_list_data():
     spec = importlib.util.spec_from_file_location(
         "lists_markdown", ROOT / "tools/lists_markdown.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("<!-- lists:start -->") + len("<!-- lists:start -->\n")
-    end = readme.index("<!-- lists:end -->")
-    assert readme[start:end] == module.lists_markdown(), "run tools/lists_markdown.py"
+    page = (ROOT / OP_LISTS).read_text()
+    start = page.index("<!-- lists:start -->") + len("<!-- lists:start -->\n")
+    end = page.index("<!-- lists:end -->")
+    assert page[start:end] == module.lists_markdown(), "run tools/lists_markdown.py"
 
 
-def readme_blocks(language: str) -> list[str]:
-    """The README's fenced code blocks in ``language``, in order."""
-    blocks, current = [], None
-    for line in (ROOT / "README.md").read_text().splitlines():
-        if current is None and line.strip() == f"```{language}":
+def fenced_blocks(document: str) -> list[tuple[str, str, str]]:
+    """The fenced code blocks of ``document`` (a path under the repository root), in order:
+    (language, who runs it: '' for this module, else the info string's second word, text)."""
+    blocks, current, info = [], None, ("", "")
+    for line in (ROOT / document).read_text().splitlines():
+        stripped = line.strip()
+        if current is None and stripped.startswith("```"):
+            words = stripped[3:].split()
+            info = (words[0] if words else "", words[1] if len(words) > 1 else "")
             current = []
-        elif current is not None and line.strip() == "```":
-            blocks.append("\n".join(current))
+        elif current is not None and stripped == "```":
+            blocks.append((*info, "\n".join(current)))
             current = None
         elif current is not None:
             current.append(line)
+    assert current is None, f"{document}: a code block is not closed"
     return blocks
 
 
-OPTIMUM_ENVIRONMENT = "# (in Optimum's environment)"  # tests/test_optimum.py runs these
+def doc_blocks(document: str, language: str, runner: str = "") -> list[str]:
+    """The blocks of ``document`` in ``language`` that ``runner`` runs ('' for this module)."""
+    blocks = fenced_blocks(document)
+    return [text for lang, who, text in blocks if (lang, who) == (language, runner)]
 
 
-def test_readme_python_examples_run(tmp_path, monkeypatch):
-    """Every Python example in the README runs as written, each on its own, next to the
-    `model.onnx` the ONNX example names (the small BERT of the zoo); those that run in
-    Optimum's environment run in tests/test_optimum.py."""
+def readme_blocks(language: str, runner: str = "") -> list[str]:
+    return doc_blocks("README.md", language, runner)
+
+
+def test_every_code_block_is_an_example_someone_runs_or_says_it_is_not():
+    for document in DOCS:
+        for language, runner, text in fenced_blocks(document):
+            where = f"{document}: a ```{language} {runner} block starting {text[:60]!r}"
+            if runner:
+                assert runner in RUN_ELSEWHERE | {"sketch"}, where
+                assert language in {"python", "sh"}, where
+            else:
+                assert language in RUN_HERE | NOT_EXAMPLES, where
+            if language == "toml":
+                assert re.fullmatch(r"# [\w.-]+\.toml", text.splitlines()[0]), (
+                    f"{where}: a TOML example starts with '# NAME.toml', the file it is"
+                )
+    # the blocks run elsewhere are the ones those tests look for
+    assert len(doc_blocks("docs/distributed.md", "python", "torchrun")) == 2
+    assert len(doc_blocks("docs/distributed.md", "sh", "torchrun")) == 2
+    assert len(doc_blocks("docs/onnx.md", "python", "optimum")) == 1
+    assert len(doc_blocks("docs/onnx.md", "sh", "optimum")) == 1
+
+
+def run_blocks(document: str, folder: Path) -> int:
+    """Run the blocks of ``document`` that this module runs, in order, in ``folder``; the
+    number run."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+    env = {**os.environ, "PATH": path}
+    count = 0
+    for index, (language, runner, text) in enumerate(fenced_blocks(document)):
+        if runner:
+            continue
+        where = f"{document} block {index + 1} ({language})"
+        if language == "python":
+            exec(compile(text, where, "exec"), {})
+        elif language == "sh":
+            done = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", text],
+                cwd=folder,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert done.returncode == 0, f"{where}: exit {done.returncode}\n{done.stderr[-3000:]}"
+        elif language == "toml":
+            name = text.splitlines()[0].removeprefix("# ")
+            (folder / name).write_text(text + "\n")
+        else:
+            continue
+        count += 1
+    return count
+
+
+@pytest.mark.parametrize("document", [d for d in DOCS if d != "docs/ARCHITECTURE.md"])
+def test_the_examples_run_as_written(document, tmp_path, monkeypatch):
+    """Every example of the page runs as written, next to the ``model.onnx`` the examples
+    name (the small BERT of the zoo)."""
     from graphamp.models import export_onnx
 
-    blocks = [b for b in readme_blocks("python") if not b.startswith(OPTIMUM_ENVIRONMENT)]
-    assert len(blocks) >= 4
     export_onnx("bert", tmp_path / "model.onnx", "small")
     monkeypatch.chdir(tmp_path)
-    for index, block in enumerate(blocks):
-        exec(compile(block, f"README.md python block {index + 1}", "exec"), {})
-    assert (tmp_path / "model.fp16.onnx").exists() and (tmp_path / "optimizer.pt").exists()
+    ran = run_blocks(document, tmp_path)
+    elsewhere = [b for b in fenced_blocks(document) if b[1] in RUN_ELSEWHERE]
+    assert ran or elsewhere, f"{document} has no example"
+
+
+def test_the_architecture_page_holds_no_example():
+    """docs/ARCHITECTURE.md shows shapes (the data flow, the Pass contract), not examples."""
+    blocks = fenced_blocks("docs/ARCHITECTURE.md")
+    assert blocks and all(lang in NOT_EXAMPLES or who == "sketch" for lang, who, _ in blocks)

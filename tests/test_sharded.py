@@ -10,7 +10,6 @@ Parameters are compared as the model's whole parameter vector (gathered from the
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +27,7 @@ from graphamp.vocab import Rule
 from tests import sharded_workers as workers
 from tests.opgraphs import GraphBuilder
 from tests.test_distributed import each_rank, torchrun
+from tests.test_readme import doc_blocks
 
 TWO = {
     "float32": {},  # the model's policy reduces in float32: the step takes it up
@@ -209,13 +209,11 @@ def test_bad_input_is_one_line_and_no_step(two):
     assert all("\n" not in message for message in errors.values())
 
 
-def test_the_readme_example_trains_a_sharded_llama_under_torchrun(tmp_path):
-    """The README's FSDP2 script, as written, on two processes started by torchrun: every
-    rank ends with the same whole parameters, holds half of the parameters and AdamW state,
-    and the sharded checkpoint is written. A failure prints each rank's output."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("### Sharded across processes") :]
-    script = section[section.index("```py\n") + 6 : section.index("```\n")]
+def test_the_fsdp2_example_trains_a_sharded_llama_under_torchrun(tmp_path):
+    """docs/distributed.md's FSDP2 script, as written, on two processes started by torchrun:
+    every rank ends with the same whole parameters, holds half of the parameters and AdamW
+    state, and the sharded checkpoint is written. A failure prints each rank's output."""
+    script = doc_blocks("docs/distributed.md", "python", "torchrun")[1]
     (tmp_path / "train_fsdp.py").write_text(script)
     status, ranks, launcher = torchrun(tmp_path / "train_fsdp.py", timeout=600)
     assert status == 0, each_rank(ranks, launcher)

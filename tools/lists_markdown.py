@@ -1,8 +1,8 @@
-"""Print the default op lists as the Markdown tables the README shows.
+"""Print the default op lists as the Markdown tables docs/policies.md shows.
 
     python tools/lists_markdown.py > /tmp/lists.md
 
-tests/test_readme.py checks that the README holds exactly this output between its
+tests/test_readme.py checks that docs/policies.md holds exactly this output between its
 ``<!-- lists:start -->`` and ``<!-- lists:end -->`` markers.
 """
 

@@ -4,7 +4,7 @@
 
 NCCL runs one rank per GPU, so on a machine with one GPU this starts a world of one: the step
 graph still holds its gradient all-reduce, the ``found_inf`` agreement and the clipping as
-functional collectives on NCCL, over CUDA tensors. It trains the README's model for
+functional collectives on NCCL, over CUDA tensors. It trains docs/distributed.md's model for
 ``--steps`` float16 steps with dynamic loss scaling and float16 gradients, beside the same
 step without a process group, and prints: the collectives in the graph, the largest
 difference between the two runs' parameters (float16 gradient transport rounds them), the

@@ -144,7 +144,9 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep every op reading or writing tensor NAME in float32 (repeatable)",
     )
     group.add_argument(
-        "--config", metavar="FILE", help="a TOML policy file with a [graphamp] table (see README)"
+        "--config",
+        metavar="FILE",
+        help="a TOML policy file with a [graphamp] table (see docs/policies.md)",
     )
     group.add_argument(
         "--strict",
