@@ -149,3 +149,28 @@ def test_the_architecture_page_holds_no_example():
     """docs/ARCHITECTURE.md shows shapes (the data flow, the Pass contract), not examples."""
     blocks = fenced_blocks("docs/ARCHITECTURE.md")
     assert blocks and all(lang in NOT_EXAMPLES or who == "sketch" for lang, who, _ in blocks)
+
+
+def anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_every_link_between_the_pages_leads_somewhere():
+    """A relative link of README.md or docs/*.md names a file that exists and, after '#', a
+    heading of it."""
+    for document in DOCS:
+        page = ROOT / document
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # not inside code
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # a URL
+            path, _, fragment = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), f"{document}: link to {target}: no such file"
+            if fragment:
+                headings = re.findall(r"^#+ (.+)$", linked.read_text(), flags=re.M)
+                assert fragment in {anchor(h) for h in headings}, (
+                    f"{document}: link to {target}: no such heading"
+                )
