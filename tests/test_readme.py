@@ -174,3 +174,24 @@ def test_every_link_between_the_pages_leads_somewhere():
                 assert fragment in {anchor(h) for h in headings}, (
                     f"{document}: link to {target}: no such heading"
                 )
+
+
+def test_benchmarks_open_with_one_current_table_per_area():
+    """BENCHMARKS.md opens with the current figure of each area beside the peer's, each row
+    with its ratio, command, machine (one of the machines it lists) and date; the history
+    follows."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    current = text[text.index("## Current figures") : text.index("## History")]
+    machines = set(re.findall(r"^\| ([\w-]+) \| .+ \|$", text[: text.index("## Current")], re.M))
+    areas = re.split(r"^### ", current, flags=re.M)[1:]
+    assert len(areas) >= 5 and machines
+    for area in areas:
+        rows = [line for line in area.splitlines() if line.startswith("|")]
+        header = [cell.strip() for cell in rows[0].strip("|").split("|")]
+        title = area.splitlines()[0]
+        assert header[-3:] == ["command", "machine", "date"] and "/" in header[-4], title
+        for row in rows[2:]:
+            cells = [cell.strip() for cell in row.strip("|").split("|")]
+            assert len(cells) == len(header), f"{title}: {row}"
+            assert cells[-2].split(",")[0] in machines, f"{title}: machine of {row}"
+            assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", cells[-1]), f"{title}: date of {row}"
