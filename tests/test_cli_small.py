@@ -37,7 +37,7 @@ def run(capsys, argv: list[str]) -> tuple[int, str, str]:  # type: ignore[no-unt
 
 def test_version(capsys):
     status, out, _ = run(capsys, ["--version"])
-    assert status == 0 and out.strip() == "graphamp 0.1.0"
+    assert status == 0 and out.strip() == "graphamp 0.2.0"
 
 
 def test_verbose_after_the_command_counts_as_before_it(small):

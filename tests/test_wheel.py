@@ -77,7 +77,7 @@ def test_the_wheel_builds_cleanly_and_runs_outside_the_tree(tmp_path):
         )
 
     version = graphamp("--version")
-    assert version.returncode == 0 and version.stdout.strip() == "graphamp 0.1.0", version
+    assert version.returncode == 0 and version.stdout.strip() == "graphamp 0.2.0", version
     demo = graphamp("demo", "--model", "simplenet", "--keep", str(outside / "kept"))
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
     assert "verification" in demo.stdout
