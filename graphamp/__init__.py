@@ -27,18 +27,18 @@ from graphamp.errors import (
 )
 
 if TYPE_CHECKING:
-    from graphamp.plan import Plan
-    from graphamp.policy import Policy
-    from graphamp.scaling import DynamicLossScaling, StaticLossScaling
+    from graphamp.plans.plan import Plan
+    from graphamp.policy.policy import Policy
+    from graphamp.training.scaling import DynamicLossScaling, StaticLossScaling
 
 __version__ = "0.2.0"  # pyproject.toml and CHANGELOG.md say the same
 # Imported on first use: ``import graphamp.cli`` (what ``graphamp --help`` runs) must not pay
 # for numpy and the plan machinery it does not use.
 _LAZY = {
-    "Plan": "graphamp.plan",
-    "Policy": "graphamp.policy",
-    "DynamicLossScaling": "graphamp.scaling",
-    "StaticLossScaling": "graphamp.scaling",
+    "Plan": "graphamp.plans.plan",
+    "Policy": "graphamp.policy.policy",
+    "DynamicLossScaling": "graphamp.training.scaling",
+    "StaticLossScaling": "graphamp.training.scaling",
 }
 __all__ = [
     "DynamicLossScaling",
@@ -57,7 +57,14 @@ __all__ = [
 ]
 
 
+# Modules the README names by their 0.1 paths (``graphamp.verify.verify(...)``), which moved
+# into packages by concern in 0.2; they load on first use like the names above.
+_MODULES = {"verify": "graphamp.numerics.verify"}
+
+
 def __getattr__(name: str) -> object:
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'graphamp' has no attribute {name!r}")
@@ -65,4 +72,4 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*globals(), *_LAZY, *_MODULES})

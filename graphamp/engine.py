@@ -14,15 +14,15 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from graphamp import collector
+from graphamp.core import collector
+from graphamp.core.graph import OpGraph
 from graphamp.dialects.base import Dialect, ReadGraph
 from graphamp.dialects.registry import for_source
-from graphamp.edits import EditScript
 from graphamp.errors import GraphampError, PolicyWarning
-from graphamp.graph import OpGraph
 from graphamp.passes import PassContext, PassManager
-from graphamp.plan import Plan
-from graphamp.policy import Policy
+from graphamp.plans.edits import EditScript
+from graphamp.plans.plan import Plan
+from graphamp.policy.policy import Policy
 
 log = logging.getLogger("graphamp")
 

@@ -1,6 +1,6 @@
 """Small PyTorch modules with control flow (``torch.cond``, ``torch.while_loop``,
 ``torch.map``), built in code with random weights: what the FX dialect's tests and
-``tools/bench_fx_control_flow.py`` convert.
+``tools/bench/bench_fx_control_flow.py`` convert.
 
 * :class:`CondNet`: a cond whose branches each do matmul + softmax (on different weights);
 * :class:`RnnNet`: a while_loop carrying a hidden state through matmul + tanh for ``steps``

@@ -23,15 +23,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from graphamp.passes.base import (
-    Fact,
-    Pass,
-    PassContext,
-    PassManager,
-    PassResult,
-    register,
-    registered,
-)
+from graphamp.passes.base import Fact, Pass, PassManager, PassResult, register, registered
+from graphamp.passes.context import PassContext
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_module}")

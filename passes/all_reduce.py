@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import math
 
-from graphamp.distributed import GradientClipping, GradientReduce, Sharding, buckets
-from graphamp.graph import NodeKind, Role, TensorInfo
-from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.core.graph import NodeKind, Role, TensorInfo
+from graphamp.core.vocab import Precision, Rule
+from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.context import PassContext
 from graphamp.passes.loss_scale import STEP, add_node, reroute
-from graphamp.vocab import Precision, Rule
+from graphamp.training.distributed import GradientClipping, GradientReduce, Sharding, buckets
 
 FOUND_INF = "found_inf"
 

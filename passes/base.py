@@ -17,89 +17,22 @@ the pass that broke it.
 from __future__ import annotations
 
 import abc
-import dataclasses
 import logging
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 import networkx as nx
 
-from graphamp.edits import EditScript
 from graphamp.errors import InternalError
-from graphamp.graph import OpGraph
+from graphamp.passes.context import PassContext
 from graphamp.passes.facts import Fact
 from graphamp.passes.invariants import check_invariants
-from graphamp.passes.weights import WeightRanges
-from graphamp.plan import Plan
-from graphamp.policy import Policy
-from graphamp.records import NodeDecision, RewriteRecord, WeightRecord
 
 log = logging.getLogger("graphamp.passes")
 
 CHECK_ENV = "GRAPHAMP_CHECK_INVARIANTS"
-
-
-@dataclass
-class PassContext:
-    """Everything the passes read and write for one graph.
-
-    ``options`` carries named inputs of optional passes: ``"reviewed"`` (a Plan whose
-    decisions to apply), ``"loss_scaling"`` (a training step's scaling), ...
-    """
-
-    graph: OpGraph
-    policy: Policy
-    options: dict[str, Any] = field(default_factory=dict)
-    decisions: dict[str, NodeDecision] = field(default_factory=dict)
-    script: EditScript = field(default_factory=EditScript)
-    kept_weights: list[WeightRecord] = field(default_factory=list)
-    # patterns replaced by fused ops (the fuse_norms pass); the casts pass hands them on
-    rewrites: list[RewriteRecord] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)  # what the user should hear about
-    facts: set[Fact] = field(default_factory=set)
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        # Stored values are scanned once, when a pass first asks about one.
-        self.weights = WeightRanges(
-            self.graph, self.policy.dtype, speculate=bool(self.options.get("speculate_weights"))
-        )
-
-    def plan(self, label: str = "") -> Plan:
-        """The record of what the passes decided: the decisions of the graph's nodes (with
-        the FLOPs the dialect measured), casts and weights."""
-        decisions = {}
-        for node in self.graph:
-            decision = self.decisions.get(node.name)
-            if decision is None:  # a step graph's backward ops: autograd decides them
-                continue
-            if node.flops is not None and decision.flops != node.flops:
-                decision = dataclasses.replace(decision, flops=node.flops)
-            if _module_not_in_name(node.name, node.scope) and decision.module != node.scope:
-                decision = dataclasses.replace(decision, module=node.scope)
-            decisions[node.name] = decision
-        script = self.script
-        return Plan(
-            dtype=self.policy.dtype,
-            policy=self.policy.to_dict(),
-            nodes=decisions,
-            casts=script.casts,
-            output_casts=script.output_casts,
-            weights=script.weights,
-            kept_weights=self.kept_weights,
-            casts_retargeted=script.retarget_casts,
-            casts_removed=script.remove_nodes,
-            rewrites=script.rewrites,
-            model=label,
-        )
-
-
-def _module_not_in_name(name: str, scope: str) -> bool:
-    """Whether ``scope`` is a module path the node's name does not carry (torch.onnx's dynamo
-    exporter: ``node_MatMul_3`` from ``layers.0.attention``), which the plan then records."""
-    return bool(scope) and scope != name and not name.startswith(f"{scope}/")
 
 
 @dataclass(frozen=True)

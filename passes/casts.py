@@ -27,12 +27,13 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
-from graphamp.dtypes import cast_bytes, itemsize
-from graphamp.edits import EditScript
-from graphamp.graph import NodeKind, OpGraph, OpNode
-from graphamp.names import Names
-from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.core.dtypes import cast_bytes, itemsize
+from graphamp.core.graph import NodeKind, OpGraph, OpNode
+from graphamp.core.names import Names
+from graphamp.core.vocab import Rule
+from graphamp.passes.base import Fact, Pass, PassResult, register
 from graphamp.passes.classify import stored_float32_inputs
+from graphamp.passes.context import PassContext
 from graphamp.passes.model_casts import share_model_casts
 from graphamp.passes.output_casts import (
     cache_pairs,
@@ -41,9 +42,9 @@ from graphamp.passes.output_casts import (
     read_low_values,
 )
 from graphamp.passes.weights import WeightRanges
-from graphamp.policy import Policy
-from graphamp.records import CastRecord, NodeDecision, WeightRecord
-from graphamp.vocab import Rule
+from graphamp.plans.edits import EditScript
+from graphamp.plans.records import CastRecord, NodeDecision, WeightRecord
+from graphamp.policy.policy import Policy
 
 log = logging.getLogger(__name__)
 

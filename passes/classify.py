@@ -35,13 +35,14 @@ import logging
 import ml_dtypes
 import numpy as np
 
-from graphamp.dtypes import LOW_TYPES, UNKNOWN, numpy_type
-from graphamp.graph import NodeKind, OpNode
-from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.core.dtypes import LOW_TYPES, UNKNOWN, numpy_type
+from graphamp.core.graph import NodeKind, OpNode
+from graphamp.core.vocab import ListName, Precision, Rule
+from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.context import PassContext
 from graphamp.passes.weights import WeightRanges
-from graphamp.policy import Policy
-from graphamp.records import NodeDecision
-from graphamp.vocab import ListName, Precision, Rule
+from graphamp.plans.records import NodeDecision
+from graphamp.policy.policy import Policy
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ move at run time plus the bytes of the stored weights, a minimum cut:
    (a residual Add, a pool) into the low type for no Cast saved, and round what the next
    quantiser reads.
 3. Elements come from shapes; a symbolic dimension counts
-   :data:`graphamp.dtypes.SYMBOLIC_DIM` (1: batch 1, one token; the weights weigh against one
+   :data:`graphamp.core.dtypes.SYMBOLIC_DIM` (1: batch 1, one token; the weights weigh against one
    token's activations); a value of unknown rank counts one element. A value inside a loop
    body counts :data:`LOOP_RUNS` times per enclosing loop.
 4. Ties stay float32 (the cut with the fewest ops low).
@@ -42,15 +42,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from graphamp.dtypes import estimated_elements, itemsize
-from graphamp.graph import BodyKind, NodeKind, OpGraph, OpNode, TensorInfo
-from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.core.dtypes import estimated_elements, itemsize
+from graphamp.core.graph import BodyKind, NodeKind, OpGraph, OpNode, TensorInfo
+from graphamp.core.vocab import Precision, Rule
+from graphamp.passes.base import Fact, Pass, PassResult, register
 from graphamp.passes.classify import SCALED_OPS
+from graphamp.passes.context import PassContext
 from graphamp.passes.output_casts import cache_pairs
 from graphamp.passes.paint import deny_spread_decisions
-from graphamp.policy import Policy
-from graphamp.records import NodeDecision
-from graphamp.vocab import Precision, Rule
+from graphamp.plans.records import NodeDecision
+from graphamp.policy.policy import Policy
 
 if TYPE_CHECKING:
     import networkx as nx

@@ -33,13 +33,14 @@ under its output's name.
 
 from __future__ import annotations
 
-from graphamp.graph import BodyKind, NodeKind, OpGraph, OpNode
-from graphamp.names import Names
-from graphamp.passes.base import Pass, PassContext, PassResult, register
+from graphamp.core.graph import BodyKind, NodeKind, OpGraph, OpNode
+from graphamp.core.names import Names
+from graphamp.passes.base import Pass, PassResult, register
 from graphamp.passes.classify import classify_node
+from graphamp.passes.context import PassContext
 from graphamp.passes.norm_patterns import NormMatch, match_layer_norm, match_rms_norm
-from graphamp.policy import Policy
-from graphamp.records import RewriteRecord
+from graphamp.plans.records import RewriteRecord
+from graphamp.policy.policy import Policy
 
 RULE = "fuse_norm"
 

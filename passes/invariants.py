@@ -9,15 +9,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from graphamp.dtypes import LOW_TYPES
+from graphamp.core.dtypes import LOW_TYPES
+from graphamp.core.vocab import DENY_SEEDS, KEPT_FLOAT32
 from graphamp.errors import InternalError
+from graphamp.passes.context import PassContext
 from graphamp.passes.facts import Fact
-from graphamp.vocab import DENY_SEEDS, KEPT_FLOAT32
-
-if TYPE_CHECKING:
-    from graphamp.passes.base import PassContext
 
 
 def check_invariants(context: PassContext, *, after: str) -> None:

@@ -21,11 +21,12 @@ tensors, so a step never waits for the host.
 
 from __future__ import annotations
 
-from graphamp.graph import NodeKind, OpGraph, OpNode, Role, TensorInfo
-from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
-from graphamp.records import NodeDecision
-from graphamp.scaling import DynamicLossScaling
-from graphamp.vocab import Precision, Rule
+from graphamp.core.graph import NodeKind, OpGraph, OpNode, Role, TensorInfo
+from graphamp.core.vocab import Precision, Rule
+from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.context import PassContext
+from graphamp.plans.records import NodeDecision
+from graphamp.training.scaling import DynamicLossScaling
 
 STEP = "step"
 

@@ -17,8 +17,8 @@ Used by :mod:`casts`; a helper, not a pass.
 
 from __future__ import annotations
 
-from graphamp.edits import EditScript
-from graphamp.graph import NodeKind, OpGraph, OpNode
+from graphamp.core.graph import NodeKind, OpGraph, OpNode
+from graphamp.plans.edits import EditScript
 
 Slot = tuple[str, int]
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphamp.graph import NodeKind, OpGraph, OpNode
+from graphamp.core.graph import NodeKind, OpGraph, OpNode
 
 
 @dataclass

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from graphamp.dtypes import numpy_type
+from graphamp.core.dtypes import numpy_type
 
 
 def overflow_threshold(dtype: str) -> float:

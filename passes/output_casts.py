@@ -11,12 +11,12 @@ Used by :mod:`casts`; helpers, not a pass.
 
 from __future__ import annotations
 
-from graphamp.dtypes import LOW_TYPES, cast_bytes
-from graphamp.edits import EditScript
-from graphamp.graph import OpGraph
-from graphamp.names import Names
-from graphamp.policy import Policy
-from graphamp.records import CastRecord
+from graphamp.core.dtypes import LOW_TYPES, cast_bytes
+from graphamp.core.graph import OpGraph
+from graphamp.core.names import Names
+from graphamp.plans.edits import EditScript
+from graphamp.plans.records import CastRecord
+from graphamp.policy.policy import Policy
 
 
 def cache_pairs(graph: OpGraph) -> dict[str, str]:

@@ -24,10 +24,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from graphamp.graph import OpGraph
-from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
-from graphamp.records import NodeDecision
-from graphamp.vocab import DENY_SEEDS, Precision, Rule
+from graphamp.core.graph import OpGraph
+from graphamp.core.vocab import DENY_SEEDS, Precision, Rule
+from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.context import PassContext
+from graphamp.plans.records import NodeDecision
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ import difflib
 import fnmatch
 
 from graphamp.errors import GraphampError
-from graphamp.passes.base import Pass, PassContext, PassResult, register
+from graphamp.passes.base import Pass, PassResult, register
+from graphamp.passes.context import PassContext
 
 
 @register

@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import logging
 
-from graphamp.dtypes import FLOAT_TYPES, LOW_TYPES
-from graphamp.graph import BodyKind, NodeKind, OpGraph, OpNode
-from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
-from graphamp.records import NodeDecision
-from graphamp.vocab import Precision, Rule
+from graphamp.core.dtypes import FLOAT_TYPES, LOW_TYPES
+from graphamp.core.graph import BodyKind, NodeKind, OpGraph, OpNode
+from graphamp.core.vocab import Precision, Rule
+from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.context import PassContext
+from graphamp.plans.records import NodeDecision
 
 log = logging.getLogger(__name__)
 

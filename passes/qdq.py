@@ -27,11 +27,12 @@ The integer tensors are never touched: they are no computation-type slot of any 
 
 from __future__ import annotations
 
-from graphamp.graph import OpGraph
-from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
-from graphamp.policy import Policy
-from graphamp.records import NodeDecision
-from graphamp.vocab import Precision, Rule
+from graphamp.core.graph import OpGraph
+from graphamp.core.vocab import Precision, Rule
+from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.context import PassContext
+from graphamp.plans.records import NodeDecision
+from graphamp.policy.policy import Policy
 
 
 @register

@@ -1,22 +1,23 @@
 """range: keep float32 the ops whose values leave the target type's range on calibration data.
 
-With ``options["ranges"]`` (a :class:`~graphamp.ranges.Ranges`, what
+With ``options["ranges"]`` (a :class:`~graphamp.numerics.ranges.Ranges`, what
 ``graphamp.onnx.calibrate`` or ``graphamp.fx.convert(..., calibrate=...)`` recorded on the
 float32 model), every op that classify would let run low (allow, infer or clear) and that reads
 or writes, in a computation-type slot, a value beyond the target's limit
-(:func:`graphamp.ranges.range_decisions`: float16 past 65504 / 2, bfloat16 past what it holds)
-stays float32 with rule ``range``; the reason names the value and its magnitude. It runs after
-classify and before paint/promote, which leave a ``range`` node float32 as they leave a
+(:func:`graphamp.numerics.ranges.range_decisions`: float16 past 65504 / 2, bfloat16 past what it
+holds) stays float32 with rule ``range``; the reason names the value and its magnitude. It runs
+after classify and before paint/promote, which leave a ``range`` node float32 as they leave a
 ``weight_range`` one: it does not spread deny (every op that reads the large value is caught by
 the rule itself).
 """
 
 from __future__ import annotations
 
-from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
-from graphamp.ranges import Ranges, range_decisions
-from graphamp.records import NodeDecision
-from graphamp.vocab import Precision, Rule
+from graphamp.core.vocab import Precision, Rule
+from graphamp.numerics.ranges import Ranges, range_decisions
+from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.context import PassContext
+from graphamp.plans.records import NodeDecision
 
 # The classes the rule overrides: those that may end low. A node already float32 for a reason
 # of its own (deny lists, name rules, schema) keeps that reason.

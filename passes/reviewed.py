@@ -10,14 +10,15 @@ first difference, so the user knows what to re-review.
 
 from __future__ import annotations
 
-from graphamp.dtypes import LOW_TYPES
+from graphamp.core.dtypes import LOW_TYPES
+from graphamp.core.graph import OpNode
+from graphamp.core.vocab import DENY_SEEDS, Rule
 from graphamp.errors import GraphampError
-from graphamp.graph import OpNode
-from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult, register
 from graphamp.passes.classify import stored_float32_inputs
-from graphamp.plan import Plan
-from graphamp.records import NodeDecision
-from graphamp.vocab import DENY_SEEDS, Rule
+from graphamp.passes.context import PassContext
+from graphamp.plans.plan import Plan
+from graphamp.plans.records import NodeDecision
 
 
 def _reviewed(context: PassContext) -> Plan:

@@ -27,12 +27,13 @@ import math
 import ml_dtypes
 import numpy as np
 
-from graphamp.dtypes import numpy_type
-from graphamp.graph import OpGraph, OpNode
-from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.core.dtypes import numpy_type
+from graphamp.core.graph import OpGraph, OpNode
+from graphamp.core.vocab import Precision, Rule
+from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.context import PassContext
 from graphamp.passes.numerics import overflow_threshold
-from graphamp.records import NodeDecision
-from graphamp.vocab import Precision, Rule
+from graphamp.plans.records import NodeDecision
 
 SATURATING = frozenset({"Tanh", "Sigmoid", "Erf"})
 _LONGEST_CHAIN = 8  # tanh-GELU needs 3 (Mul, Add, Mul): room for reordered exports

@@ -27,13 +27,14 @@ only the forward and backward passes read, and the optimizer update on the shard
 
 from __future__ import annotations
 
-from graphamp.distributed import Sharding, buckets, divide_factors
-from graphamp.dtypes import BY_NAME
-from graphamp.graph import NodeKind, OpGraph, Role, TensorInfo
+from graphamp.core.dtypes import BY_NAME
+from graphamp.core.graph import NodeKind, OpGraph, Role, TensorInfo
+from graphamp.core.vocab import Precision, Rule
 from graphamp.passes.all_reduce import by_readiness, elements, replace_gradients
-from graphamp.passes.base import Pass, PassContext, PassResult, register
+from graphamp.passes.base import Pass, PassResult, register
+from graphamp.passes.context import PassContext
 from graphamp.passes.loss_scale import STEP, add_node, reroute
-from graphamp.vocab import Precision, Rule
+from graphamp.training.distributed import Sharding, buckets, divide_factors
 
 SHARD = "shard"  # the option holding the Sharding
 # the option naming each whole parameter's graph input: (its shard's input, the parameter)

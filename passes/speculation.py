@@ -15,7 +15,8 @@ scan-first one gives.
 from __future__ import annotations
 
 from graphamp.errors import WeightOverflow
-from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.context import PassContext
 
 
 @register

@@ -9,10 +9,11 @@ the same precisions.
 
 from __future__ import annotations
 
+from graphamp.core.vocab import Precision, Rule
 from graphamp.errors import GraphampError
-from graphamp.passes.base import Fact, Pass, PassContext, PassResult, register
-from graphamp.records import NodeDecision
-from graphamp.vocab import Precision, Rule
+from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.context import PassContext
+from graphamp.plans.records import NodeDecision
 
 _LOWERABLE = frozenset({Rule.ALLOW, Rule.ALLOW_NAME, Rule.INFER, Rule.CLEAR})
 

@@ -5,7 +5,7 @@ float32: weights are never silently clamped); the casts pass asks how many value
 how many flush to zero, for the plan. Each weight is read once, when first asked about, in
 chunks, so the temporaries stay small however large the tensor; a dialect whose weights stay on
 disk hands over a memory map, dropped when its scan is done. The scan is reported to
-:mod:`graphamp.progress` (a bar on a terminal: it reads every byte of the weights).
+:mod:`graphamp.core.progress` (a bar on a terminal: it reads every byte of the weights).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphamp import progress
-from graphamp.dtypes import FLOAT_TYPES, itemsize
-from graphamp.graph import OpGraph
+from graphamp.core import progress
+from graphamp.core.dtypes import FLOAT_TYPES, itemsize
+from graphamp.core.graph import OpGraph
 from graphamp.passes.numerics import at_limit_count, count_flushed, overflow_threshold
 
 # Elements per chunk: 4 MiB of float32, so the comparison temporaries stay in the CPU's cache

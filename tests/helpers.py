@@ -7,7 +7,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import graphamp.onnx as gonnx
-from graphamp.plan import Plan
+from graphamp.plans.plan import Plan
 
 F32 = TensorProto.FLOAT
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphamp.dtypes import FLOAT_TYPES
-from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo
+from graphamp.core.dtypes import FLOAT_TYPES
+from graphamp.core.graph import NodeKind, OpGraph, OpNode, TensorInfo
 
 
 class GraphBuilder:

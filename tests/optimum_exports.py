@@ -1,9 +1,9 @@
 """The project's side of the Optimum harness: exports and generation run in the Optimum
-environment (tools/optimum_env.sh, tools/optimum_models.py) through a subprocess; here, what
+environment (tools/optimum_env.sh, tools/bench/optimum_models.py) through a subprocess; here, what
 graphamp's environment does with the folders: a faithful copy of a converted folder for
 generation on the CPU, and what a converted file holds (matrix ops' types, Casts) in every
-graph, control-flow bodies included. Used by tests/test_optimum.py and
-tools/bench_control_flow.py."""
+graph, control-flow bodies included. Used by tests/onnx/test_optimum.py and
+tools/bench/bench_control_flow.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import onnx
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = ROOT / "tools" / "optimum_models.py"
+MODELS = ROOT / "tools" / "bench" / "optimum_models.py"
 SEQ2SEQ_FILES = (
     "encoder_model.onnx",
     "decoder_model.onnx",

@@ -1,5 +1,7 @@
-"""The shape the design asks for: files that do one job, no import circle, passes that import
-neither onnx nor torch, the CLI with no file-suffix checks."""
+"""The shape the design asks for: files that do one job, no import circle (type hints
+included), passes that import neither onnx nor torch, the CLI with no file-suffix checks; the
+package root only its public face, the rest in packages by concern with graphamp.core at the
+bottom, and tests and tools in folders by what they serve."""
 
 from __future__ import annotations
 
@@ -24,24 +26,37 @@ def modules() -> dict[str, Path]:
     return {name: path for name, path in found.items() if "graphamp.graphamp" not in name}
 
 
-def imports(path: Path, known: dict[str, Path] | None = None) -> set[str]:
-    """Every module ``path`` imports at run time, at any depth (function-level imports count
-    too; ``if TYPE_CHECKING:`` blocks do not). ``from package import module`` counts as an
-    import of that module, not of the package."""
+def imports(
+    path: Path, known: dict[str, Path] | None = None, *, type_checking: bool = True
+) -> set[str]:
+    """Every module ``path`` imports, at any depth: function-level imports count, and so do
+    ``if TYPE_CHECKING:`` blocks unless ``type_checking`` is false (a circle through a type
+    hint is still two modules that cannot be read apart). ``from package import module``
+    counts as an import of that module, not of the package; relative imports are resolved."""
     known = known or {}
+    here = next((name for name, file in known.items() if file == path), "")
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     names: set[str] = set()
     pending: list[ast.AST] = [ast.parse(path.read_text())]
     while pending:
         node = pending.pop()
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+        if (
+            not type_checking
+            and isinstance(node, ast.If)
+            and ast.unparse(node.test) == "TYPE_CHECKING"
+        ):
             pending.extend(node.orelse)
             continue
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{module}".rstrip(".")
             for alias in node.names:
-                full = f"{node.module}.{alias.name}"
-                names.add(full if full in known else node.module)
+                full = f"{module}.{alias.name}"
+                names.add(full if full in known else module)
         pending.extend(ast.iter_child_nodes(node))
     return names
 
@@ -70,7 +85,8 @@ def test_no_import_circle():
 def test_passes_import_neither_onnx_nor_torch():
     for name, path in modules().items():
         if name.startswith("graphamp.passes"):
-            top = {target.partition(".")[0] for target in imports(path)}
+            runtime = imports(path, type_checking=False)
+            top = {target.partition(".")[0] for target in runtime}
             assert not top & {"onnx", "onnx_ir", "onnxruntime", "torch"}, name
 
 
@@ -78,3 +94,118 @@ def test_the_cli_checks_no_file_suffix():
     for path in (ROOT / "graphamp" / "cli").glob("*.py"):
         text = path.read_text()
         assert ".suffix" not in text and '".pt2"' not in text and '".onnx"' not in text, path
+
+
+# The root of graphamp/ is its public face; everything else lives in a package named by its
+# concern (docs/ARCHITECTURE.md, "Layout").
+ROOT_MODULES = {"__init__.py", "engine.py", "errors.py"}
+# Loose files at tests/: checks of the whole tree and helpers several test folders share.
+ROOT_TESTS = {
+    "__init__.py",
+    "conftest.py",
+    "helpers.py",
+    "hf_models.py",
+    "opgraphs.py",
+    "optimum_exports.py",
+    "test_architecture.py",
+    "test_golden_plans.py",
+    "test_readme.py",
+    "test_version.py",
+    "test_wheel.py",
+}
+# Loose files at tools/: the set-up scripts the README, .ci/run and the workplace call by path.
+ROOT_TOOLS = {
+    "gpu_check.sh",
+    "install-chromium.sh",
+    "optimum_env.sh",
+    "setup-dev.sh",
+    "setup-modelopt.sh",
+}
+
+
+def test_the_package_root_holds_only_the_public_face():
+    loose = {path.name for path in (ROOT / "graphamp").glob("*.py")} - ROOT_MODULES
+    assert not loose, f"graphamp/ holds {sorted(loose)}: move them into a package by concern"
+
+
+def test_the_public_face_resolves():
+    """Every public name loads, and ``graphamp.verify.verify`` (the README's 0.1 path) is
+    the function in graphamp.numerics.verify."""
+    import graphamp
+    import graphamp.numerics.verify
+
+    for name in graphamp.__all__:
+        assert getattr(graphamp, name) is not None, name
+    assert graphamp.verify.verify is graphamp.numerics.verify.verify
+    assert graphamp.verify.random_inputs is graphamp.numerics.verify.random_inputs
+    assert "verify" in dir(graphamp)
+
+
+# The stack, bottom up: a module imports from its own level or below. graphamp.dialects (the
+# Dialect interface and its registry) is read from any level; a package not named here is
+# not held to it.
+LEVELS = {
+    "core": 0,
+    "errors": 0,
+    "plans": 1,
+    "policy": 1,
+    "numerics": 1,
+    "training": 1,
+    "lists": 1,
+    "passes": 2,
+    "engine": 3,
+    "onnx": 4,
+    "fx": 4,
+    "cli": 5,
+    "viewer": 5,
+}
+
+
+def test_imports_point_down_the_stack():
+    known = modules()
+
+    def level(module: str) -> int | None:
+        parts = module.split(".")
+        return LEVELS.get(parts[1]) if len(parts) > 1 and parts[0] == "graphamp" else None
+
+    up = []
+    for name, path in known.items():
+        here = level(name)
+        for target in imports(path, known) if here is not None else ():
+            there = level(target) if target in known else None
+            if there is not None and there > here:
+                up.append(f"{name} -> {target}")
+    assert not up, up
+
+
+def test_core_imports_nothing_above_it():
+    """graphamp.core is the bottom of the stack: it imports only itself and graphamp.errors."""
+    known = modules()
+    for name, path in known.items():
+        if name.startswith("graphamp.core"):
+            above = {
+                target
+                for target in imports(path, known)
+                if target.startswith("graphamp")
+                and not target.startswith("graphamp.core")
+                and target != "graphamp.errors"
+            }
+            assert not above, (name, above)
+
+
+def test_tests_mirror_the_packages():
+    """Each test file sits in a folder named after what it tests: a package of graphamp, the
+    passes, the models or the tools; at tests/ itself only what concerns the whole tree."""
+    rooms = {p.name for p in (ROOT / "graphamp").iterdir() if (p / "__init__.py").exists()}
+    rooms |= {"passes", "models", "tools"}
+    loose = {path.name for path in (ROOT / "tests").glob("*.py")} - ROOT_TESTS
+    assert not loose, f"tests/ holds {sorted(loose)}: move them into the folder they test"
+    for folder in (ROOT / "tests").iterdir():
+        if folder.is_dir() and any(folder.glob("*.py")):
+            assert folder.name in rooms, folder
+            assert (folder / "__init__.py").exists(), f"{folder}: test basenames may repeat"
+
+
+def test_tools_sit_in_folders_by_use():
+    loose = {path.name for path in (ROOT / "tools").iterdir() if path.is_file()} - ROOT_TOOLS
+    assert not loose, f"tools/ holds {sorted(loose)}: move them into bench/, fuzz/, ci/, ..."

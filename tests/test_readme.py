@@ -9,9 +9,9 @@ it; a second word names who runs the block:
 * ```` ```toml ```` whose first line is ``# FILE``: written to FILE before the blocks after it
   (a policy file, say, that a later ``sh`` block names);
 * ```` ```python torchrun ```` and ```` ```sh torchrun ````: a script and its command line,
-  run on two processes by tests/test_distributed.py and tests/test_sharded.py;
+  run on two processes by tests/training/test_distributed.py and tests/training/test_sharded.py;
 * ```` ```python optimum ```` and ```` ```sh optimum ````: run in Optimum's environment by
-  tests/test_optimum.py;
+  tests/onnx/test_optimum.py;
 * ```` ```sh setup ````: the set-up commands at the top of the README (CI runs them);
 * ```` ```python sketch ```` and ```` ```text ```` (or no language): a shape, a synopsis or
   an output, not an example.
@@ -42,14 +42,14 @@ RUN_ELSEWHERE = {"torchrun", "optimum", "setup"}
 
 def test_the_op_tables_match_the_list_data():
     spec = importlib.util.spec_from_file_location(
-        "lists_markdown", ROOT / "tools/lists_markdown.py"
+        "lists_markdown", ROOT / "tools/lists/lists_markdown.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     page = (ROOT / OP_LISTS).read_text()
     start = page.index("<!-- lists:start -->") + len("<!-- lists:start -->\n")
     end = page.index("<!-- lists:end -->")
-    assert page[start:end] == module.lists_markdown(), "run tools/lists_markdown.py"
+    assert page[start:end] == module.lists_markdown(), "run tools/lists/lists_markdown.py"
 
 
 def fenced_blocks(document: str) -> list[tuple[str, str, str]]:

@@ -26,16 +26,16 @@ PY
 echo "## The demo, verified natively on the GPU (float16 kernels, not emulation)"
 "$py" -m graphamp.cli demo --provider cuda
 echo "## Deployed graphs: Casts, error and onnxruntime CUDA latency per tool"
-"$py" tools/bench_deploy.py --gpu --full --runs 1 --json "$out/deploy.json"
+"$py" tools/bench/bench_deploy.py --gpu --full --runs 1 --json "$out/deploy.json"
 echo "## The faithful evaluator against the GPU's float16 (planted faults; TF32 on and off)"
-"$py" tools/gpu_numerics.py
+"$py" tools/gpu/gpu_numerics.py
 echo "## Whole training steps on the GPU (float16, dynamic loss scaling)"
-"$py" tools/bench_train.py --device cuda --width 4096 --batch 512
+"$py" tools/bench/bench_train.py --device cuda --width 4096 --batch 512
 echo "## Mixed precision's promise: training speed-up over float32, inference latency (issue 32)"
 # One part per command: each takes minutes, not the whole set at once, and writes its own files.
-"$py" tools/bench_gpu.py --part train --models resnet50 --profile --out "$out"
-"$py" tools/bench_gpu.py --part train --models bert-base --profile --out "$out"
-"$py" tools/bench_gpu.py --part curves --dtypes float16 --out "$out"
-"$py" tools/bench_gpu.py --part infer --profile --out "$out"
+"$py" tools/gpu/bench_gpu.py --part train --models resnet50 --profile --out "$out"
+"$py" tools/gpu/bench_gpu.py --part train --models bert-base --profile --out "$out"
+"$py" tools/gpu/bench_gpu.py --part curves --dtypes float16 --out "$out"
+"$py" tools/gpu/bench_gpu.py --part infer --profile --out "$out"
 echo "## ONNX conversion and onnxruntime latency (zoo, full size)"
-"$py" tools/bench_onnx.py --size full --chain 0 --json "$out/onnx.json"  # CPU-side conversion figures
+"$py" tools/bench/bench_onnx.py --size full --chain 0 --json "$out/onnx.json"  # CPU-side conversion figures

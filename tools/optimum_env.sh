@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Hugging Face Optimum's ONNX exporter and ORTModel classes (optimum-onnx) in a virtual
 # environment of their own: optimum-onnx pins its own transformers, which is not the one the
-# project's .venv holds. The tests and tools/bench_control_flow.py export small seq2seq and
+# project's .venv holds. The tests and tools/bench/bench_control_flow.py export small seq2seq and
 # causal models with it and generate with ORTModelForSeq2SeqLM / ORTModelForCausalLM; they run
-# tools/optimum_models.py with this interpreter, never import optimum themselves.
+# tools/bench/optimum_models.py with this interpreter, never import optimum themselves.
 #
 # The folder is $GRAPHAMP_OPTIMUM_ENV (default .venv-optimum, git-ignored). torch is installed
 # first, pinned to the CPU build (torch==2.13.0; any other request pulls a multi-GB CUDA build),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NVIDIA ModelOpt AutoCast (modelopt.onnx.autocast), the third converter tools/bench_deploy.py
+# NVIDIA ModelOpt AutoCast (modelopt.onnx.autocast), the third converter tools/bench/bench_deploy.py
 # compares against, in a virtual environment of its own: .venv-modelopt (git-ignored).
 #
 # nvidia-modelopt is installed with --no-deps: its requirements pull a CUDA build of torch and

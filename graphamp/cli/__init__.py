@@ -6,7 +6,7 @@ over tolerance or a plan that drifted; 2 bad input or option; 3 an internal erro
 
 Building the parser imports nothing heavy (no numpy, onnx, onnx_ir, onnxruntime, rich or
 torch): ``graphamp --help`` answers at once, and each command imports what it uses when it
-runs. ``tests/test_cli_imports.py`` holds every command's ``--help`` to that.
+runs. ``tests/cli/test_cli_imports.py`` holds every command's ``--help`` to that.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def _run(module: ModuleType, args: argparse.Namespace, console: Console) -> int:
     """Run a command: the files it names checked before any work (graphamp.cli.files), its
     outputs staged in ``args.outputs`` and moved into place together when it returns."""
     from graphamp.cli.files import Files
-    from graphamp.io import Outputs
+    from graphamp.core.io import Outputs
 
     files = module.files(args) if hasattr(module, "files") else Files()
     files.check()

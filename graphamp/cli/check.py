@@ -104,7 +104,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 def check_entries(config: Path) -> list[tuple[Path, Path]]:
     """The (model, baseline) pairs of a policy file's [[graphamp.check]] tables."""
-    from graphamp.config import read_table
+    from graphamp.policy.config import read_table
 
     checks = read_table(config).get("check", [])
     if not checks:
@@ -127,7 +127,7 @@ def check_one(model: Path, baseline: Path, args: argparse.Namespace) -> int:
     """0 when ``model``'s plan equals ``baseline`` (or was staged to be written to it, with
     ``--update``: every baseline is moved into place when all are planned), 1 when it
     drifted."""
-    from graphamp.plan import Plan
+    from graphamp.plans.plan import Plan
 
     _, plan = plan_of(model, args)
     plan.model = model.name

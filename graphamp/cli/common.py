@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from graphamp.cli.parser import non_negative
+from graphamp.core.vocab import TARGET_TYPES, ListName
 from graphamp.errors import GraphampError
-from graphamp.vocab import TARGET_TYPES, ListName
 
 if TYPE_CHECKING:
     import numpy as np
     from rich.console import Console
 
+    from graphamp.core.graph import OpGraph
     from graphamp.dialects.base import Dialect
-    from graphamp.graph import OpGraph
-    from graphamp.plan import Plan
-    from graphamp.policy import Policy
+    from graphamp.plans.plan import Plan
+    from graphamp.policy.policy import Policy
 
 DTYPES = TARGET_TYPES
 LISTS = tuple(ListName)
@@ -203,7 +203,7 @@ def policy_flags_given(args: argparse.Namespace) -> list[str]:
 
 def policy_from_args(args: argparse.Namespace, dialect: Dialect) -> Policy:
     """The policy of the flags (and ``--config``) for a model of ``dialect``."""
-    from graphamp.policy import Policy
+    from graphamp.policy.policy import Policy
 
     overrides: dict[str, object] = {"dialect": dialect.lists}
     if args.dtype:
@@ -242,9 +242,9 @@ def plan_of(path: str | Path, args: argparse.Namespace) -> tuple[OpGraph | None,
     """(graph or None, Plan) of a model file (through its dialect, under the policy flags of
     ``args``) or of a plan file."""
     from graphamp import engine
-    from graphamp.batches import load_input_batches
     from graphamp.dialects.registry import for_file
-    from graphamp.plan import Plan, is_plan_file
+    from graphamp.numerics.batches import load_input_batches
+    from graphamp.plans.plan import Plan, is_plan_file
 
     path = Path(path)
     if is_plan_file(path):
@@ -281,8 +281,8 @@ def verification_inputs(
 ) -> Iterable[dict[str, np.ndarray]]:
     """The batches to verify on: ``--inputs`` (an .npz or a folder of them) checked against
     the model's inputs (before anything is converted or written), else one random batch."""
-    from graphamp.batches import load_input_batches
-    from graphamp.inputs import random_inputs
+    from graphamp.numerics.batches import load_input_batches
+    from graphamp.numerics.inputs import random_inputs
 
     specs = dialect.input_specs(original)
     if not args.inputs:
@@ -303,7 +303,7 @@ def report_verification(
     the table (each output's worst batch); 1 when an output is over tolerance."""
     from rich.table import Table
 
-    from graphamp import verify
+    from graphamp.numerics import verify
 
     if feeds is None:
         feeds = verification_inputs(dialect, original, args)
@@ -346,7 +346,8 @@ def report_verification(
 
 def plan_text(model: str | Path, args: argparse.Namespace) -> str:
     """The plan of ``model`` in ``args.format``."""
-    from graphamp import report, viewer
+    from graphamp import viewer
+    from graphamp.plans import report
 
     graph, plan = plan_of(model, args)
     if args.format == "json":

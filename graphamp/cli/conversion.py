@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from graphamp import engine
-    from graphamp.plan import Plan
-    from graphamp.policy import Policy
+    from graphamp.plans.plan import Plan
+    from graphamp.policy.policy import Policy
 
 
 def convert_model(
@@ -47,7 +47,7 @@ def convert_model(
     the file's name as ``label``, which then starts each warning, and prints one table."""
     from graphamp import engine
     from graphamp.dialects.registry import for_file
-    from graphamp.plan import Plan
+    from graphamp.plans.plan import Plan
 
     dialect = for_file(source)
     dialect.check_target(target)

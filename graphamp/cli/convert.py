@@ -88,7 +88,7 @@ def files(args: argparse.Namespace) -> Files:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from graphamp import progress
+    from graphamp.core import progress
 
     if (args.inputs or args.rtol is not None or args.atol) and not args.verify:
         raise GraphampError("--inputs, --rtol and --atol are only used with --verify")

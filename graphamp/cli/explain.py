@@ -38,7 +38,7 @@ def files(args: argparse.Namespace) -> Files:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from graphamp import report
+    from graphamp.plans import report
 
     graph, plan = plan_of(args.model, args)
     sys.stdout.write(report.explain(plan, args.node, graph))

@@ -13,7 +13,7 @@ runs, :func:`graphamp.cli.main` refuses, in one line with exit status 2:
 * a file read that cannot be read (permission denied);
 * a path written that is a folder, or in a folder that does not exist or cannot be written.
 
-Then every write goes through one :class:`graphamp.io.Outputs` (``args.outputs``): staged
+Then every write goes through one :class:`graphamp.core.io.Outputs` (``args.outputs``): staged
 beside its target and moved into place, all together, when the command returns; on an error
 nothing is written.
 """
@@ -133,7 +133,7 @@ def _model_files(path: Path) -> list[Path]:
     except OSError:  # a folder it may not enter: the check says so
         return [path]
     from graphamp.dialects.registry import for_file
-    from graphamp.plan import is_plan_file
+    from graphamp.plans.plan import is_plan_file
 
     if is_plan_file(path):
         return [path]

@@ -5,7 +5,7 @@ Each model is converted as ``graphamp convert`` converts one file, under the sam
 plan goes to ``--plan PLANDIR`` and a reviewed one is read from ``--from-plan PLANDIR``, both
 named after the model (``decoder_model_merged.onnx`` -> ``decoder_model_merged.plan.json``).
 Every output (models, their external data, copies, plans) is staged and moved into place
-together when all are written (:class:`graphamp.io.Outputs`): an error, an interrupt or a
+together when all are written (:class:`graphamp.core.io.Outputs`): an error, an interrupt or a
 model over tolerance's neighbour failing leaves OUTDIR as it was. OUTDIR may exist: the files
 written replace those of the same name, and others are left (a model file left there from
 something else is a warning, since a loader that lists the folder may take it).
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from graphamp.dialects.folders import ModelFolder
-    from graphamp.plan import Plan
+    from graphamp.plans.plan import Plan
 
 SUGGESTION = "; did you mean"  # how policy_check ends a message with the model's close names
 
@@ -76,8 +76,8 @@ def folder_files(args: argparse.Namespace) -> Files:
 def convert_folder(args: argparse.Namespace, console: Console) -> int:
     """Convert every model of the folder IN into OUTDIR and copy the other files (module
     docstring); the exit status is the worst of the models' (1: one was over tolerance)."""
-    from graphamp import progress
     from graphamp.cli.conversion import convert_model, terminate_as_interrupt
+    from graphamp.core import progress
     from graphamp.dialects.folders import read_folder, stale_models
 
     source, output = Path(args.input), Path(args.output)

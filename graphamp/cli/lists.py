@@ -35,7 +35,7 @@ def files(args: argparse.Namespace) -> Files:
 def run(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
-    from graphamp.policy import Policy
+    from graphamp.policy.policy import Policy
 
     policy = (
         Policy.from_toml(args.config, dtype=args.dtype, dialect=args.dialect)

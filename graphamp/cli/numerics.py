@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from graphamp.errors import GraphampError
 
 if TYPE_CHECKING:
-    from graphamp.batches import InputBatches
     from graphamp.dialects.base import Dialect
-    from graphamp.ranges import Ranges
+    from graphamp.numerics.batches import InputBatches
+    from graphamp.numerics.ranges import Ranges
 
 DATA_HELP = (
     "an .npz with one array per graph input (the batch along the first axis), or a folder "
@@ -35,7 +35,7 @@ def add_inputs_argument(parser: argparse.ArgumentParser, what: str) -> None:
 
 def batches(dialect: Dialect, model: object, data: str) -> InputBatches:
     """The batches of ``data`` for ``model``, every file checked before any work."""
-    from graphamp.batches import load_input_batches
+    from graphamp.numerics.batches import load_input_batches
 
     return load_input_batches(data, dialect.input_specs(model))
 

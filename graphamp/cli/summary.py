@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from graphamp.engine import Conversion
-    from graphamp.plan import Plan
+    from graphamp.plans.plan import Plan
 
 # Rules that keep an op float32 for a reason of the graph itself, shown in the summary.
 NOTABLE_RULES = {

@@ -25,7 +25,7 @@ from graphamp.cli.numerics import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from graphamp.plan import Plan
+    from graphamp.plans.plan import Plan
 
 HELP = "find a small set of nodes to keep float32 so the model meets a tolerance, and convert"
 

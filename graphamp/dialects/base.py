@@ -1,7 +1,7 @@
 """The Dialect interface: everything graphamp needs from one kind of model.
 
-A dialect loads its models, reads one into the neutral :class:`~graphamp.graph.OpGraph`
-(per-slot rules from its own schema source), applies an :class:`~graphamp.edits.EditScript`
+A dialect loads its models, reads one into the neutral :class:`~graphamp.core.graph.OpGraph`
+(per-slot rules from its own schema source), applies an :class:`~graphamp.plans.edits.EditScript`
 back to it, saves it, and runs it for verification. The engine, the CLI, verification and plans
 go through this interface only; :mod:`graphamp.dialects.registry` finds the dialect for a file
 or an object. See docs/ARCHITECTURE.md for a worked example (a toy JSON graph dialect).
@@ -17,12 +17,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from graphamp.edits import EditScript
+from graphamp.core.graph import OpGraph
 from graphamp.errors import GraphampError
-from graphamp.graph import OpGraph
-from graphamp.inputs import InputSpec
-from graphamp.policy import Policy
-from graphamp.ranges import Ranges
+from graphamp.numerics.inputs import InputSpec
+from graphamp.numerics.ranges import Ranges
+from graphamp.plans.edits import EditScript
+from graphamp.policy.policy import Policy
 
 
 @dataclass
@@ -99,7 +99,7 @@ class Dialect(abc.ABC):
 
     @abc.abstractmethod
     def input_specs(self, model: Any) -> list[InputSpec]:
-        """The graph inputs a caller feeds, for :func:`graphamp.inputs.random_inputs`
+        """The graph inputs a caller feeds, for :func:`graphamp.numerics.inputs.random_inputs`
         (``model``: a model, or the path of a saved one)."""
 
     @abc.abstractmethod
@@ -111,7 +111,7 @@ class Dialect(abc.ABC):
         float32 and are converted to the declared type), and the name of what computed them."""
 
     def calibrate(self, model: Any, batches: Iterable[dict[str, np.ndarray]]) -> Ranges:
-        """The :class:`~graphamp.ranges.Ranges` of ``model``'s float32 values (keyed by the
+        """The :class:`~graphamp.numerics.ranges.Ranges` of ``model``'s float32 values (keyed by the
         names its OpGraph gives them) over ``batches``, for the ``range`` rule. Optional."""
         raise GraphampError(f"calibration is not available for {self.name} models")
 

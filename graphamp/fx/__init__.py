@@ -20,7 +20,7 @@ from graphamp.fx.saving import load, save
 from graphamp.fx.sharded import ShardedTrainStep
 from graphamp.fx.step import TrainStep
 from graphamp.fx.training import train_step
-from graphamp.scaling import DynamicLossScaling, StaticLossScaling
+from graphamp.training.scaling import DynamicLossScaling, StaticLossScaling
 
 __all__ = [
     "Backend",

@@ -31,8 +31,8 @@ from graphamp import engine
 from graphamp.errors import GraphampError
 from graphamp.fx.conversion import fx_policy
 from graphamp.fx.dialect import FxDialect
-from graphamp.plan import Plan
-from graphamp.policy import Policy
+from graphamp.plans.plan import Plan
+from graphamp.policy.policy import Policy
 
 
 class Backend:

@@ -18,7 +18,7 @@ from torch import fx
 from graphamp.errors import GraphampError
 from graphamp.fx import hops
 from graphamp.fx.reader import stable_names
-from graphamp.ranges import Ranges, TensorRange
+from graphamp.numerics.ranges import Ranges, TensorRange
 
 
 class _Recorder(fx.Interpreter):

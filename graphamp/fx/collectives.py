@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from graphamp.distributed import divide_factors
+from graphamp.core.graph import OpNode
 from graphamp.fx.types import torch_dtype
-from graphamp.graph import OpNode
+from graphamp.training.distributed import divide_factors
 
 Lowering = Callable[..., Sequence[torch.Tensor] | torch.Tensor]
 
@@ -74,7 +74,8 @@ def reduce_scatter(node: OpNode) -> Lowering:
 
     def scattered(*gradients: torch.Tensor) -> list[torch.Tensor]:
         # Divided by the world size, after the sum on this rank's shard (in float16 partly
-        # before it: graphamp.distributed.divide_factors), so that what it keeps is the mean.
+        # before it: graphamp.training.distributed.divide_factors), so that what it keeps is the
+        # mean.
         pieces = [
             _padded((g / before if before != 1 else g).to(sent_as), world * _chunk(len(g), world))
             for g in gradients

@@ -9,11 +9,12 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from graphamp import collector, engine
+from graphamp import engine
+from graphamp.core import collector
 from graphamp.errors import GraphampError, SlowPrecisionWarning, StaticShapeWarning
 from graphamp.fx.dialect import FxDialect
-from graphamp.plan import Plan
-from graphamp.policy import Policy
+from graphamp.plans.plan import Plan
+from graphamp.policy.policy import Policy
 
 Model = nn.Module | torch.export.ExportedProgram
 
@@ -99,7 +100,7 @@ def convert(
     low-precision ops read them). ``calibrate`` (batches: tuples of the module's arguments,
     single tensors, or dicts of arrays by input name) runs the float32 module on each and keeps
     float32, with rule ``range``, every op whose values there leave the target type's range
-    (see :mod:`graphamp.ranges`). :func:`graphamp.fx.save` writes the result as a ``.pt2``
+    (see :mod:`graphamp.numerics.ranges`). :func:`graphamp.fx.save` writes the result as a ``.pt2``
     program.
     """
     dialect = FxDialect(

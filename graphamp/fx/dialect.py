@@ -11,15 +11,15 @@ import torch
 from torch import fx, nn
 
 from graphamp.dialects.base import Dialect, ReadGraph
-from graphamp.edits import EditScript
 from graphamp.errors import GraphampError
 from graphamp.fx import reader, writer
 from graphamp.fx.capture import capture
 from graphamp.fx.samples import embedding_bounds, input_spec
 from graphamp.fx.types import torch_dtype
-from graphamp.inputs import InputSpec
-from graphamp.policy import Policy
-from graphamp.ranges import Ranges
+from graphamp.numerics.inputs import InputSpec
+from graphamp.numerics.ranges import Ranges
+from graphamp.plans.edits import EditScript
+from graphamp.policy.policy import Policy
 
 WEIGHT_MODES = ("master", "low")
 

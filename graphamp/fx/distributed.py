@@ -13,13 +13,13 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-from graphamp.distributed import (
+from graphamp.errors import GraphampError, TeardownWarning
+from graphamp.training.distributed import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_FIRST_BUCKET_BYTES,
     GRAD_TYPES,
     GradientReduce,
 )
-from graphamp.errors import GraphampError, TeardownWarning
 
 # torch.distributed.nn.functional evaluates ``group=group.WORLD`` as default arguments when it
 # is first imported, and torch.optim's optimizers and torch._dynamo import it lazily. Imported

@@ -19,11 +19,11 @@ import torch
 from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from graphamp.core.graph import NodeKind, OpNode
 from graphamp.errors import InternalError
 from graphamp.fx import collectives
 from graphamp.fx.types import torch_dtype
-from graphamp.graph import NodeKind, OpNode
-from graphamp.scaling import DynamicLossScaling
+from graphamp.training.scaling import DynamicLossScaling
 
 Lowering = Callable[..., Sequence[torch.Tensor] | torch.Tensor]
 

@@ -5,7 +5,7 @@ The step is traced with ``mark(loss, "loss")``, ``mark(seed, "grad_seed")``,
 passes work on (and, in a sharded step, ``scattered(gradient, rows)`` where the optimizer
 reads a shard of a whole gradient). :func:`strip` removes them from the traced graph and
 returns what they marked, so the reader can give those values their
-:class:`~graphamp.graph.Role`.
+:class:`~graphamp.core.graph.Role`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from graphamp.core.graph import Role
 from graphamp.errors import InternalError
-from graphamp.graph import Role
 
 
 @torch.library.custom_op("graphamp::mark", mutates_args=())

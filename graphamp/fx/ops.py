@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import fx, nn
 
-from graphamp.dtypes import FLOAT_TYPES
+from graphamp.core.dtypes import FLOAT_TYPES
+from graphamp.core.graph import NodeKind, OpGraph, OpNode, TensorInfo
 from graphamp.fx.types import dtype_name
-from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo
 
 CAST_OPS = frozenset({"_to_copy", "to", "_convert_element_type"})
 RUNNING_STATS = frozenset({"running_mean", "running_var"})

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from torch import fx
 
+from graphamp.core.io import staged
 from graphamp.errors import GraphampError
 from graphamp.fx.capture import Captured, is_static
 from graphamp.fx.samples import sample_values
-from graphamp.io import staged
-from graphamp.plan import Plan
+from graphamp.plans.plan import Plan
 
 PLAN_FILE = "graphamp/plan.json"
 

@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from graphamp.dialects.base import ReadGraph
-from graphamp.edits import EditScript
 from graphamp.errors import GraphampError
 from graphamp.fx.capture import capture
 from graphamp.fx.dialect import FxDialect, run_module
 from graphamp.fx.samples import embedding_bounds, input_spec, sample_values
-from graphamp.inputs import InputSpec
+from graphamp.numerics.inputs import InputSpec
+from graphamp.plans.edits import EditScript
 
 
 def load(

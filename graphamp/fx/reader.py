@@ -28,8 +28,9 @@ from typing import Any
 import torch
 from torch import fx
 
+from graphamp.core.dtypes import FLOAT_TYPES
+from graphamp.core.graph import Body, BodyKind, NodeKind, OpGraph, OpNode, Role, TensorInfo
 from graphamp.dialects.base import ReadGraph
-from graphamp.dtypes import FLOAT_TYPES
 from graphamp.errors import BodyWarning, GraphampError
 from graphamp.fx import hops
 from graphamp.fx.ops import (
@@ -43,7 +44,6 @@ from graphamp.fx.ops import (
     tensor_info,
 )
 from graphamp.fx.types import dtype_name
-from graphamp.graph import Body, BodyKind, NodeKind, OpGraph, OpNode, Role, TensorInfo
 
 
 @dataclass

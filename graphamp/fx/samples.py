@@ -11,7 +11,7 @@ from torch import fx
 
 from graphamp.errors import GraphampError
 from graphamp.fx.types import dtype_name, torch_dtype
-from graphamp.inputs import InputSpec, random_inputs
+from graphamp.numerics.inputs import InputSpec, random_inputs
 
 
 def input_spec(node: fx.Node, bounds: dict[str, int]) -> InputSpec:

@@ -15,7 +15,7 @@ from graphamp.errors import GraphampError
 from graphamp.fx import pt2
 from graphamp.fx.capture import capture
 from graphamp.fx.program import PLAN_FILE, captured_by, check_target, export, write
-from graphamp.plan import Plan
+from graphamp.plans.plan import Plan
 
 
 def save(module: fx.GraphModule, path: str | os.PathLike[str]) -> None:

@@ -23,11 +23,11 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from graphamp.distributed import DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES, Sharding
 from graphamp.errors import GraphampError
 from graphamp.fx import differentiate, distributed, fsdp, marks, optim
 from graphamp.fx.step import TrainStep
 from graphamp.passes.shard import SHARD, WHOLES
+from graphamp.training.distributed import DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES, Sharding
 
 
 def sharding_of(

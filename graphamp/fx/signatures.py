@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import fx
 
+from graphamp.core.graph import OpGraph
 from graphamp.errors import GraphampError, InternalError, RecaptureWarning
 from graphamp.fx import differentiate, eager
-from graphamp.graph import OpGraph
-from graphamp.records import NodeDecision
+from graphamp.plans.records import NodeDecision
 
 # Past this many signatures a step warns once: each capture takes seconds and holds its own
 # graphs; batches padded to a few lengths keep it to a few (torch.compile's limit is 8 too).

@@ -18,8 +18,6 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from graphamp import report
-from graphamp.distributed import GradientClipping, GradientReduce
 from graphamp.errors import GraphampError
 from graphamp.fx import differentiate, distributed, eager, marks, optim, reader, signatures, writer
 from graphamp.fx.conversion import convert, fx_policy
@@ -28,9 +26,11 @@ from graphamp.fx.signatures import CapturedStep, StepGraphs
 from graphamp.fx.types import torch_dtype
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.loss_scale import STEP
-from graphamp.plan import Plan
-from graphamp.policy import Policy
-from graphamp.scaling import LossScaling
+from graphamp.plans import report
+from graphamp.plans.plan import Plan
+from graphamp.policy.policy import Policy
+from graphamp.training.distributed import GradientClipping, GradientReduce
+from graphamp.training.scaling import LossScaling
 
 
 class TrainStep:

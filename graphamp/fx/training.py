@@ -10,13 +10,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphamp.distributed import GradientClipping
 from graphamp.errors import GraphampError
 from graphamp.fx import distributed, fsdp
 from graphamp.fx.sharded import ShardedTrainStep, sharding_of
 from graphamp.fx.step import TrainStep
-from graphamp.policy import Policy
-from graphamp.scaling import DynamicLossScaling, LossScaling, StaticLossScaling
+from graphamp.policy.policy import Policy
+from graphamp.training.distributed import GradientClipping
+from graphamp.training.scaling import DynamicLossScaling, LossScaling, StaticLossScaling
 
 
 def train_step(

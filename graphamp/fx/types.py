@@ -1,11 +1,11 @@
-"""torch dtypes in the engine's words (through the one table, :mod:`graphamp.dtypes`)."""
+"""torch dtypes in the engine's words (through the one table, :mod:`graphamp.core.dtypes`)."""
 
 from __future__ import annotations
 
 import torch
 
-from graphamp import dtypes
-from graphamp.dtypes import UNKNOWN
+from graphamp.core import dtypes
+from graphamp.core.dtypes import UNKNOWN
 
 _NAMES: dict[torch.dtype, str] = {
     getattr(torch, entry.torch): entry.name for entry in dtypes.TABLE if entry.torch

@@ -13,13 +13,13 @@ import torch
 from torch import fx, nn
 
 from graphamp.dialects.base import ReadGraph
-from graphamp.edits import EditScript
 from graphamp.errors import InternalError
 from graphamp.fx import hops, lowering
 from graphamp.fx.ops import attribute, flat, set_attribute
 from graphamp.fx.reader import Boundary, FxHandles
 from graphamp.fx.types import torch_dtype
 from graphamp.passes.numerics import FLOAT32_LIMIT, stand_in
+from graphamp.plans.edits import EditScript
 
 
 def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:

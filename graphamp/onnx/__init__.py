@@ -17,12 +17,12 @@ import onnx
 
 from graphamp import engine
 from graphamp.errors import GraphampError
+from graphamp.numerics.ranges import Ranges
 from graphamp.onnx.conversion import Conversion
 from graphamp.onnx.dialect import OnnxDialect
 from graphamp.onnx.files import from_proto, inferred_types, load, save
-from graphamp.plan import Plan
-from graphamp.policy import Policy
-from graphamp.ranges import Ranges
+from graphamp.plans.plan import Plan
+from graphamp.policy.policy import Policy
 
 if TYPE_CHECKING:  # a file or a ModelProto converts without importing onnx_ir
     import onnx_ir as ir

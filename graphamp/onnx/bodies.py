@@ -1,6 +1,6 @@
 """The bodies of If, Loop and Scan nodes, read into the OpGraph where their owner is.
 
-A body is a scope of the one graph (``graphamp.graph.Body``; docs/ARCHITECTURE.md, "Bodies are
+A body is a scope of the one graph (``graphamp.core.graph.Body``; docs/ARCHITECTURE.md, "Bodies are
 scopes of the same graph"): its nodes and values are named ``<owner>/<attribute>/<name>`` and
 decided by the same passes as the main graph's. The owner stays in the graph as a
 ``CONTROL_FLOW`` node that computes nothing and reads only the inputs no body parameter takes
@@ -25,23 +25,19 @@ with a body (a contrib op's beam search, FlexAttention's score functions) is kep
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import onnx_ir as ir
 
-from graphamp.dtypes import FLOAT_TYPES, UNKNOWN
+from graphamp.core.dtypes import FLOAT_TYPES, UNKNOWN
+from graphamp.core.graph import Body, BodyKind, NodeKind, OpNode, unique_name
 from graphamp.errors import GraphampError
-from graphamp.graph import Body, BodyKind, NodeKind, OpNode, unique_name
 from graphamp.onnx import schemas, slots
+from graphamp.onnx.handles import Reader
 from graphamp.onnx.types import ir_type
-
-if TYPE_CHECKING:
-    from graphamp.onnx.reader import GraphReader
 
 Target = tuple[ir.Node | ir.Graph, int]  # where a boundary's input slot is read in the model
 
 
-def enter(reader: GraphReader, node: ir.Node, op_node: OpNode) -> bool:
+def enter(reader: Reader, node: ir.Node, op_node: OpNode) -> bool:
     """Read ``node``'s bodies into the graph if it is an If, Loop or Scan, with
     ``op_node`` (its name, inputs and body already set) as their owner; False for any other
     node, which the reader reads as usual."""
@@ -60,7 +56,7 @@ def enter(reader: GraphReader, node: ir.Node, op_node: OpNode) -> bool:
     return True
 
 
-def _owner(reader: GraphReader, op_node: OpNode, inputs: list[str], bodies: list[str]) -> None:
+def _owner(reader: Reader, op_node: OpNode, inputs: list[str], bodies: list[str]) -> None:
     op_node.kind = NodeKind.CONTROL_FLOW
     op_node.inputs = inputs
     op_node.bodies = tuple(bodies)
@@ -84,7 +80,7 @@ def _arity(node: ir.Node, path: str, what: str, expected: int, found: int) -> No
         )
 
 
-def _enter_if(reader: GraphReader, node: ir.Node, op_node: OpNode) -> None:
+def _enter_if(reader: Reader, node: ir.Node, op_node: OpNode) -> None:
     path, outer = op_node.name, op_node.body
     branches = [(name, _graph(node, name)) for name in ("then_branch", "else_branch")]
     _owner(reader, op_node, [reader.name(node.inputs[0])], [f"{path}/{a}" for a, _ in branches])
@@ -108,7 +104,7 @@ def _enter_if(reader: GraphReader, node: ir.Node, op_node: OpNode) -> None:
         )
 
 
-def _enter_loop(reader: GraphReader, node: ir.Node, op_node: OpNode) -> None:
+def _enter_loop(reader: Reader, node: ir.Node, op_node: OpNode) -> None:
     path, outer = op_node.name, op_node.body
     graph = _graph(node, "body")
     initial = list(node.inputs[2:])
@@ -125,7 +121,7 @@ def _enter_loop(reader: GraphReader, node: ir.Node, op_node: OpNode) -> None:
     _close(reader, node, graph, body, carried, first_result=1)
 
 
-def _enter_scan(reader: GraphReader, node: ir.Node, op_node: OpNode) -> None:
+def _enter_scan(reader: Reader, node: ir.Node, op_node: OpNode) -> None:
     path, outer = op_node.name, op_node.body
     graph = _graph(node, "body")
     lengths = 1 if slots.opset_of(reader.opsets, "") < 9 else 0  # Scan 8's sequence_lens
@@ -155,7 +151,7 @@ def _enter_scan(reader: GraphReader, node: ir.Node, op_node: OpNode) -> None:
     _close(reader, node, graph, body, carried, first_result=0)
 
 
-def _enter_sequence_map(reader: GraphReader, node: ir.Node, op_node: OpNode) -> None:
+def _enter_sequence_map(reader: Reader, node: ir.Node, op_node: OpNode) -> None:
     path, outer = op_node.name, op_node.body
     graph = _graph(node, "body")
     _arity(node, path, "its body takes", len(node.inputs), len(graph.inputs))
@@ -195,7 +191,7 @@ def _enter_sequence_map(reader: GraphReader, node: ir.Node, op_node: OpNode) -> 
 
 
 def _carried(
-    reader: GraphReader,
+    reader: Reader,
     node: ir.Node,
     graph: ir.Graph,
     initial: list[ir.Value | None],
@@ -233,7 +229,7 @@ def _carried(
 
 
 def _close(
-    reader: GraphReader,
+    reader: Reader,
     node: ir.Node,
     graph: ir.Graph,
     body: Body,
@@ -265,7 +261,7 @@ def _close(
         )
 
 
-def _final_shape(reader: GraphReader, boundary: OpNode) -> None:
+def _final_shape(reader: Reader, boundary: OpNode) -> None:
     """Give a carried value's final value the shape it has at entry, in the body and as the
     body's result where all three agree (ONNX's inference leaves a Loop's carried outputs
     without one, and the checker wants a shape on every value a Cast after the loop makes
@@ -288,7 +284,7 @@ def _final_shape(reader: GraphReader, boundary: OpNode) -> None:
     tensors[final].shape = tuple(d if isinstance(d, int) or d is None else d.value for d in dims)
 
 
-def _agree(reader: GraphReader, node: ir.Node, boundary: OpNode) -> None:
+def _agree(reader: Reader, node: ir.Node, boundary: OpNode) -> None:
     """Refuse a loop-carried value whose types disagree between entry, body and exit."""
     tensors = reader.op_graph.tensors
     named = [*boundary.inputs, *boundary.outputs]
@@ -304,7 +300,7 @@ def _agree(reader: GraphReader, node: ir.Node, boundary: OpNode) -> None:
             )
 
 
-def _owner_types(reader: GraphReader, op: str) -> frozenset[str]:
+def _owner_types(reader: Reader, op: str) -> frozenset[str]:
     """The float types a value crossing an If/Loop/Scan boundary may take: those its owner's
     schema admits at the model's opset (bfloat16 only from opset 16); any float type across a
     function's boundary."""
@@ -318,7 +314,7 @@ def _owner_types(reader: GraphReader, op: str) -> frozenset[str]:
 
 
 def boundary(
-    reader: GraphReader,
+    reader: Reader,
     name: str,
     op: str,
     *,

@@ -9,16 +9,16 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from graphamp.batches import DataSource, as_batches
+from graphamp.numerics.batches import DataSource, as_batches
+from graphamp.numerics.ranges import Ranges, TensorRange
 from graphamp.onnx.body_stats import with_body_stats
 from graphamp.onnx.runtime import input_specs
 from graphamp.onnx.session import Session, as_proto
 from graphamp.onnx.statgraph import RANGE_STATS, float32_values, stat_name, with_range_stats
-from graphamp.ranges import Ranges, TensorRange
 
 
 def calibrate(model: object, data: DataSource, *, label: str = "") -> Ranges:
-    """The :class:`~graphamp.ranges.Ranges` of ``model``'s float32 values (graph inputs and
+    """The :class:`~graphamp.numerics.ranges.Ranges` of ``model``'s float32 values (graph inputs and
     node outputs, those inside bodies and model-local functions by their OpGraph names) over
     ``data``: a DATA path (``.npz`` or a folder of them),
     one dict of arrays, or an iterable of such dicts."""

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from graphamp import collector, engine
+from graphamp import engine
+from graphamp.core import collector
 from graphamp.onnx.infile import StreamedModel
 
 if TYPE_CHECKING:

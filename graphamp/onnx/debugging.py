@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from graphamp import dtypes
-from graphamp.batches import DataSource, as_batches
+from graphamp.core import dtypes
 from graphamp.errors import GraphampError
+from graphamp.numerics.batches import DataSource, as_batches
 from graphamp.onnx.body_values import EXPORTED, body_values, exported_name, with_body_values
 from graphamp.onnx.emulate import LOW_CODES, emulated, has_low_values
 from graphamp.onnx.files import inferred_types
@@ -42,7 +42,7 @@ from graphamp.onnx.statgraph import (
     node_names,
     stat_name,
 )
-from graphamp.plan import Plan
+from graphamp.plans.plan import Plan
 
 Stats = dict[str, dict[str, float]]  # tensor -> statistic -> value, over all batches
 

@@ -11,14 +11,14 @@ import numpy as np
 import onnx
 
 from graphamp.dialects.base import Dialect, ReadGraph
-from graphamp.edits import EditScript
 from graphamp.errors import GraphampError
-from graphamp.inputs import InputSpec
+from graphamp.numerics.inputs import InputSpec
+from graphamp.numerics.ranges import Ranges
 from graphamp.onnx import files, infile, proto_reader, proto_writer
 from graphamp.onnx.infile import StreamedModel
 from graphamp.onnx.proto_reader import ProtoModel
-from graphamp.policy import Policy
-from graphamp.ranges import Ranges
+from graphamp.plans.edits import EditScript
+from graphamp.policy.policy import Policy
 
 if TYPE_CHECKING:
     import onnx_ir as ir

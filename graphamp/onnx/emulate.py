@@ -19,7 +19,7 @@ import onnx
 import onnx.inliner
 from onnx import helper, numpy_helper
 
-from graphamp import dtypes
+from graphamp.core import dtypes
 from graphamp.onnx.session import Weights, is_stub
 
 LOW_CODES = {dtypes.BY_NAME[name].onnx: name for name in dtypes.LOW_TYPES}

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from graphamp import progress
+from graphamp.core import progress
+from graphamp.core.io import write_atomic
 from graphamp.errors import GraphampError
-from graphamp.io import write_atomic
 from graphamp.onnx import declared, infile, proto_reader
 from graphamp.onnx.datafile import DataFileWriter
 from graphamp.onnx.infile import StreamedModel

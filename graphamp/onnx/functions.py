@@ -2,7 +2,7 @@
 function copy specialised to what the conversion decided there.
 
 A call of a function of ``model.functions`` is a node that owns one body, the function at that
-call site (``graphamp.graph.BodyKind.FUNCTION``, path ``<call>/<function>``): the reader reads
+call site (``graphamp.core.graph.BodyKind.FUNCTION``, path ``<call>/<function>``): the reader reads
 a copy of the function per call site (its attribute references resolved to the call's
 attributes, its values typed by ONNX inference over the call's input types), so each call
 path has its own decisions. Its parameters and results cross the boundary through boundary
@@ -22,35 +22,20 @@ in a cycle, are refused in one line naming the call and the function.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import onnx
 import onnx_ir as ir
 
-from graphamp import dtypes
+from graphamp.core import dtypes
+from graphamp.core.graph import Body, BodyKind, NodeKind, OpNode
 from graphamp.errors import GraphampError
-from graphamp.graph import Body, BodyKind, NodeKind, OpNode
 from graphamp.onnx import bodies, slots
+from graphamp.onnx.handles import CallSite, FunctionId, OnnxHandles, Reader
 
-if TYPE_CHECKING:
-    from graphamp.onnx.reader import GraphReader, OnnxHandles
-
-FunctionId = tuple[str, str, str]  # domain, name, overload
 INLINE_KEY = "graphamp.inline_functions"  # model.meta: write call sites' bodies inline
 
 
-@dataclass
-class CallSite:
-    """One call of a model-local function and the copy of it read for that call."""
-
-    node: ir.Node
-    function: FunctionId
-    copy: ir.Function
-    attributes: dict[str, ir.Attr]  # what its references resolve to (the call's, defaults)
-
-
-def enter(reader: GraphReader, node: ir.Node, op_node: OpNode) -> bool:
+def enter(reader: Reader, node: ir.Node, op_node: OpNode) -> bool:
     """Read the body of ``node`` if it calls a model-local function; False otherwise."""
     key = (node.domain, node.op_type, node.overload)
     function = reader.model.functions.get(key)
@@ -144,7 +129,7 @@ def _defaults(function: ir.Function) -> dict[str, ir.Attr]:
 
 
 def _type_copy(
-    reader: GraphReader,
+    reader: Reader,
     node: ir.Node,
     copy: ir.Function,
     function: ir.Function,

@@ -32,7 +32,7 @@ The node is built with the slots, allowed types and kernel note the reader gives
 
 from __future__ import annotations
 
-from graphamp.graph import FusedKernel, OpNode, TensorInfo
+from graphamp.core.graph import FusedKernel, OpNode, TensorInfo
 from graphamp.onnx import kernels, slots
 
 RMS_NORM_OPSET = 23  # ONNX RMSNormalization

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from graphamp import dtypes
+from graphamp.core import dtypes
 from graphamp.errors import GraphampError, InternalError
 from graphamp.onnx import stream, wire
-from graphamp.records import WeightRecord
+from graphamp.plans.records import WeightRecord
 
 MAP_MIN_BYTES = 4096  # raw_data above this stays in the file (so more than 256 elements)
 _MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA, _TENSOR_DATA_LOCATION = 7, 5, 9, 14

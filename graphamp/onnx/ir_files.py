@@ -14,9 +14,9 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from graphamp import progress
+from graphamp.core import progress
+from graphamp.core.io import temp_prefix
 from graphamp.errors import GraphampError
-from graphamp.io import temp_prefix
 from graphamp.onnx import ir_tensors
 from graphamp.onnx.datafile import DataFileWriter
 from graphamp.onnx.infile import Converted, StreamedModel

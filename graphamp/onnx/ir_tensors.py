@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from graphamp import dtypes
+from graphamp.core import dtypes
 from graphamp.onnx import stream
-from graphamp.records import WeightRecord
+from graphamp.plans.records import WeightRecord
 
 
 def loader(

@@ -8,8 +8,8 @@ the op float32, so such an op stays float32 with rule ``no_kernel``.
 The table (``graphamp/lists/onnxruntime_kernels.tsv``) is transcribed from onnxruntime's
 ``docs/OperatorKernels.md``, which onnxruntime generates from its kernel registrations; its
 first line names the commit. One row per provider, domain, op and opset range, with a 1 or 0
-for float16, bfloat16 and float32 appearing among the kernel's types. ``tools/kernel_table.py``
-turns a copy of ``OperatorKernels.md`` into this table.
+for float16, bfloat16 and float32 appearing among the kernel's types.
+``tools/lists/kernel_table.py`` turns a copy of ``OperatorKernels.md`` into this table.
 """
 
 from __future__ import annotations

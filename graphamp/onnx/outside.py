@@ -1,4 +1,4 @@
-"""The names an ONNX model holds outside its main graph, for :class:`graphamp.names.Names`."""
+"""The names an ONNX model holds outside its main graph, for :class:`graphamp.core.names.Names`."""
 
 from __future__ import annotations
 

@@ -17,9 +17,9 @@ from collections import defaultdict
 
 import onnx_ir as ir
 
-from graphamp.edits import EditScript
-from graphamp.graph import BodyKind, unique_name
-from graphamp.onnx.reader import OnnxHandles
+from graphamp.core.graph import BodyKind, unique_name
+from graphamp.onnx.handles import OnnxHandles
+from graphamp.plans.edits import EditScript
 
 Place = tuple[ir.Graph, ir.Node | None]  # a graph, and the node to insert after (None: first)
 

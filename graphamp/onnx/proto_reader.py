@@ -5,7 +5,7 @@ took most of a conversion's time; for the models that need none of onnx_ir's mac
 subgraphs, no model-local functions, no external data) the ONNX dialect reads the proto
 directly here and :mod:`graphamp.onnx.proto_writer` patches a copy of it. Everything else
 about the graph (slots from schemas, the type fallback, unnamed nodes' names) is what
-:mod:`graphamp.onnx.reader` gives; ``tests/test_proto_path.py`` holds the two to the same
+:mod:`graphamp.onnx.reader` gives; ``tests/onnx/test_proto_path.py`` holds the two to the same
 OpGraph and the same output model over ONNX's node test cases.
 """
 
@@ -19,11 +19,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from graphamp import dtypes
+from graphamp.core import dtypes
+from graphamp.core.dtypes import UNKNOWN
+from graphamp.core.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
 from graphamp.dialects.base import ReadGraph
-from graphamp.dtypes import UNKNOWN
 from graphamp.errors import GraphampError
-from graphamp.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
 from graphamp.onnx import fusion, kernels, slots
 from graphamp.onnx.infile import InFileTensor
 from graphamp.onnx.scopes import module_path_of_entries

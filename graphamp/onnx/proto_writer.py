@@ -16,16 +16,16 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from graphamp import dtypes
+from graphamp.core import dtypes
+from graphamp.core.graph import OpGraph
 from graphamp.dialects.base import ReadGraph
-from graphamp.edits import EditScript
 from graphamp.errors import InternalError
-from graphamp.graph import OpGraph
 from graphamp.onnx import stream, wire
 from graphamp.onnx.infile import Converted, Data, StreamedModel
 from graphamp.onnx.proto_reader import ProtoModel
 from graphamp.onnx.slots import CONSTANT_FLOAT_ATTRIBUTES, LOW_PRECISION_ATTRIBUTES
-from graphamp.records import RewriteRecord, WeightRecord
+from graphamp.plans.edits import EditScript
+from graphamp.plans.records import RewriteRecord, WeightRecord
 
 _HEAD = 0  # the list's sentinel: nodes are numbered from 1
 

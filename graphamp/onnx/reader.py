@@ -10,34 +10,18 @@ Loop and Scan nodes are read into the same OpGraph where their owner is
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import onnx_ir as ir
 
+from graphamp.core.dtypes import FLOAT_TYPES, UNKNOWN
+from graphamp.core.graph import Body, NodeKind, OpGraph, OpNode, TensorInfo, unique_name
 from graphamp.dialects.base import ReadGraph
-from graphamp.dtypes import FLOAT_TYPES, UNKNOWN
 from graphamp.errors import GraphampError
-from graphamp.graph import Body, NodeKind, OpGraph, OpNode, TensorInfo, unique_name
 from graphamp.onnx import bodies, functions, fusion, ir_tensors, kernels, slots, stream
+from graphamp.onnx.handles import FunctionId, OnnxHandles
 from graphamp.onnx.outside import names_outside
 from graphamp.onnx.scopes import module_path
 from graphamp.onnx.types import dtype_name, ir_type
-
-
-@dataclass
-class OnnxHandles:
-    """The onnx_ir objects the OpGraph's names stand for."""
-
-    nodes: dict[str, ir.Node] = field(default_factory=dict)
-    values: dict[str, ir.Value] = field(default_factory=dict)
-    # Boundary nodes: where each input slot is read in the model, as (node, input index) or
-    # (body graph, output index): what rewiring the slot changes.
-    boundaries: dict[str, list[tuple[ir.Node | ir.Graph, int]]] = field(default_factory=dict)
-    # Each body graph read (by id): the Body it is, and the graph its owner sits in.
-    bodies: dict[int, tuple[Body, ir.Graph]] = field(default_factory=dict)
-    # Each call of a model-local function, with the copy read for it, in reading order.
-    calls: list[functions.CallSite] = field(default_factory=list)
 
 
 def read(model: ir.Model, target: str, provider: str = "any") -> ReadGraph:
@@ -49,7 +33,7 @@ def read(model: ir.Model, target: str, provider: str = "any") -> ReadGraph:
     """
     reader = GraphReader(model, target, provider)
     graph, op_graph = model.graph, reader.op_graph
-    op_graph.reserved = names_outside(model)  # what graphamp.names must not give out
+    op_graph.reserved = names_outside(model)  # what graphamp.core.names must not give out
     _name_nodes(graph)
     for function in model.functions.values():  # before any call site's copy is made
         _name_all(function)
@@ -88,7 +72,7 @@ class GraphReader:
         # Nodes of one op with the same types get the same slots: the schema work is done
         # once per signature (a graph of 50,000 nodes may have a dozen).
         self.signatures: dict[tuple[object, ...], slots.Slots] = {}
-        self.calling: list[functions.FunctionId] = []  # the functions being read, outermost first
+        self.calling: list[FunctionId] = []  # the functions being read, outermost first
         # The attributes the innermost function being read was called with (its references
         # resolve to them); None outside functions.
         self.bound: dict[str, ir.Attr] | None = None

@@ -13,9 +13,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from graphamp import dtypes
+from graphamp.core import dtypes
 from graphamp.errors import GraphampError, InternalError
-from graphamp.inputs import InputSpec
+from graphamp.numerics.inputs import InputSpec
 from graphamp.onnx import infile
 from graphamp.onnx.emulate import LOW_CODES, emulated, has_low_values
 from graphamp.onnx.files import inferred_types
@@ -81,7 +81,7 @@ def run(
     typed = _typed_feeds(model, feeds)
     # use_tf32=0: by default the CUDA provider runs float32 MatMul, Gemm and Conv on TF32
     # tensor cores, which round their inputs to float16's 10-bit mantissa, so a node kept
-    # float32 for its precision would not be (tools/gpu_numerics.py measures it).
+    # float32 for its precision would not be (tools/gpu/gpu_numerics.py measures it).
     cuda = ("CUDAExecutionProvider", {"use_tf32": "0"})
     providers = [cuda, "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
     options = ort.SessionOptions()

@@ -14,7 +14,7 @@ from functools import cache
 
 import onnx
 
-from graphamp.dtypes import FLOAT_TYPES
+from graphamp.core.dtypes import FLOAT_TYPES
 from graphamp.onnx.types import type_str_dtype
 
 # Inputs a runtime needs in float32 even when the op runs in low precision (onnxruntime's

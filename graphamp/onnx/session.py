@@ -19,7 +19,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from graphamp import dtypes
+from graphamp.core import dtypes
 from graphamp.errors import GraphampError
 from graphamp.onnx.files import with_stubs
 

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from graphamp import dtypes
-from graphamp.dtypes import FLOAT_TYPES, UNKNOWN
+from graphamp.core import dtypes
+from graphamp.core.dtypes import FLOAT_TYPES, UNKNOWN
+from graphamp.core.graph import NodeKind, OpNode, TensorInfo
 from graphamp.errors import GraphampError
-from graphamp.graph import NodeKind, OpNode, TensorInfo
 from graphamp.onnx import schemas
 from graphamp.onnx.types import type_str_dtype
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 import onnx
 from onnx import helper, numpy_helper
 
-from graphamp.graph import unique_name
+from graphamp.core.graph import unique_name
 from graphamp.onnx.files import inferred_types
 
 F32 = onnx.TensorProto.FLOAT

@@ -37,7 +37,7 @@ from graphamp.passes.numerics import (
     overflow_threshold,
     to_target_limit,
 )
-from graphamp.records import WeightRecord
+from graphamp.plans.records import WeightRecord
 
 CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32 per read: large enough for the disk, fits a cache
 FAST_CAST_MIN = 1 << 16  # below this many elements numpy's own cast is as quick

@@ -34,8 +34,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from graphamp import dtypes
-from graphamp.graph import NodeKind, OpGraph
+from graphamp.core import dtypes
+from graphamp.core.graph import NodeKind, OpGraph
 from graphamp.onnx.calibration import functions_inlined
 from graphamp.onnx.files import inferred_types
 from graphamp.onnx.session import Session, Weights

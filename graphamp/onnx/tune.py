@@ -18,7 +18,7 @@ max |y - y32| <= atol), as ``--verify`` measures.
 3. When only finite errors remain over the tolerance: the suspects (the nodes where an error
    over rtol starts, in graph order, then the rest by the error they add), each followed by its
    producers (a cancelling node reads rounded inputs); the shortest prefix that meets the
-   tolerance, reduced by delta debugging to a 1-minimal set (:mod:`graphamp.search`).
+   tolerance, reduced by delta debugging to a 1-minimal set (:mod:`graphamp.numerics.search`).
 4. Convert with the nodes kept (rule ``tuned``: a deny seed, as the ``deny_names`` snippet
    printed) and check the real conversion with the faithful evaluator; should it miss the
    tolerance where the switchable model met it, the search runs again on real conversions.
@@ -33,9 +33,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from graphamp import engine, verify
-from graphamp.batches import DataSource, as_batches
-from graphamp.graph import OpGraph
+from graphamp import engine
+from graphamp.core.graph import OpGraph
+from graphamp.numerics import verify
+from graphamp.numerics.batches import DataSource, as_batches
+from graphamp.numerics.ranges import Ranges, TensorRange, range_decisions
+from graphamp.numerics.search import find_kept
 from graphamp.onnx.calibration import functions_inlined
 from graphamp.onnx.conversion import Conversion
 from graphamp.onnx.debugging import Comparison, DebugReport
@@ -49,9 +52,7 @@ from graphamp.onnx.statgraph import float32_values
 from graphamp.onnx.switchable import Switchable
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.base import registered
-from graphamp.policy import Policy
-from graphamp.ranges import Ranges, TensorRange, range_decisions
-from graphamp.search import find_kept
+from graphamp.policy.policy import Policy
 
 # The passes that decide precisions (the casts pass is not needed to evaluate a plan).
 _DECIDING = ("policy_check", "classify", "qdq", "range", "tuned", "paint", "promote", "cost")

@@ -1,11 +1,11 @@
-"""ONNX element types in the engine's words (through the one table, :mod:`graphamp.dtypes`)."""
+"""ONNX element types in the engine's words (through the one table, :mod:`graphamp.core.dtypes`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from graphamp import dtypes
-from graphamp.dtypes import UNKNOWN
+from graphamp.core import dtypes
+from graphamp.core.dtypes import UNKNOWN
 
 if TYPE_CHECKING:  # the direct path imports this module and never onnx_ir
     import onnx_ir as ir

@@ -17,14 +17,15 @@ import numpy as np
 import onnx_ir as ir
 
 from graphamp.dialects.base import ReadGraph
-from graphamp.edits import EditScript
 from graphamp.errors import InternalError
 from graphamp.onnx import functions, placement
+from graphamp.onnx.handles import OnnxHandles
 from graphamp.onnx.ir_tensors import ConvertedTensor
-from graphamp.onnx.reader import OnnxHandles, subgraph_nodes
+from graphamp.onnx.reader import subgraph_nodes
 from graphamp.onnx.slots import CONSTANT_FLOAT_ATTRIBUTES, LOW_PRECISION_ATTRIBUTES
 from graphamp.onnx.types import ir_type
-from graphamp.records import RewriteRecord
+from graphamp.plans.edits import EditScript
+from graphamp.plans.records import RewriteRecord
 
 
 def apply(read: ReadGraph, script: EditScript) -> ir.Model:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import html
 
-from graphamp.graph import OpGraph
-from graphamp.plan import Plan
+from graphamp.core.graph import OpGraph
+from graphamp.plans.plan import Plan
 from graphamp.viewer.data import PageInput, page_data
 from graphamp.viewer.page import render
 

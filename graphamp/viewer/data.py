@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphamp.graph import OpGraph
-from graphamp.plan import Plan
-from graphamp.plandiff import PlanDiff
-from graphamp.records import BOUNDARY, CastRecord, NodeDecision
+from graphamp.core.graph import OpGraph
+from graphamp.plans.plan import Plan
+from graphamp.plans.plandiff import PlanDiff
+from graphamp.plans.records import BOUNDARY, CastRecord, NodeDecision
 from graphamp.viewer.hierarchy import (
     Hierarchy,
     build_hierarchy,

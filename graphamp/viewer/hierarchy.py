@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from graphamp.graph import OpGraph
-from graphamp.plan import Plan
+from graphamp.core.graph import OpGraph
+from graphamp.plans.plan import Plan
 
 ROOT = ""
 MAX_CHILDREN = 80  # boxes one view may hold before its children are split into parts

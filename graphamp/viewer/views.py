@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from graphamp.graph import OpGraph
+from graphamp.core.graph import OpGraph
 from graphamp.viewer.hierarchy import ROOT, Hierarchy
 from graphamp.viewer.layout import Layout, layered_layout
 

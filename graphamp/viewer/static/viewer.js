@@ -294,7 +294,7 @@
     }
     return out + quote;
   }
-  // What `graphamp explain` prints for node i (graphamp/report.py: explain), line for line.
+  // What `graphamp explain` prints for node i (graphamp/plans/report.py: explain), line for line.
   function explain(i) {
     if (!N.planned[i]) return `no node named ${pyRepr(N.name[i])} in the plan\n`;
     const lines = [], seen = new Set();

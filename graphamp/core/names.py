@@ -1,0 +1,56 @@
+"""Every name graphamp adds to a model comes from one generator: :class:`Names`.
+
+A name added (a Cast's output and the Cast node, a converted weight's copy, a fused node, an
+output Cast's node) must be new in the whole model, not only in the part of it the passes
+see: ONNX wants each value named once in the model, subgraphs and functions included, and
+onnxruntime refuses two nodes of one name. Values and nodes have separate namespaces in ONNX,
+and models from some converters name every node after its output (Keras: node ``y`` makes
+value ``y``), so a Cast back to float32 that keeps the graph output's name ``y`` needs a node
+name of its own. The generator knows:
+
+* every value and node of the OpGraph, by its name inside its body (``graph.local_name``:
+  bodies are scopes of the one graph, and a body's value ``t`` is ``t`` in the file);
+* ``graph.reserved``: the names the dialect's reader saw outside the OpGraph (subgraphs of
+  control flow kept whole, the model's functions);
+* the names it gave out already.
+
+A new value's name is also taken as a node name (a Cast is named after its output).
+"""
+
+from __future__ import annotations
+
+from graphamp.core.graph import OpGraph, unique_name
+
+
+class Names:
+    """Unique names for what graphamp adds to ``graph``'s model (see the module docstring)."""
+
+    def __init__(self, graph: OpGraph) -> None:
+        self.graph = graph
+        self._nodes = set(graph.reserved)
+        for node in graph.nodes.values():
+            self._nodes.add(_local(node.name, node.body))
+        self._values = set(graph.reserved) | self._nodes
+        self._values.update(graph.local_name(name) for name in graph.tensors)
+
+    def value(self, base: str, *, like: str | None = None) -> str:
+        """A new value (and the node making it) named ``base`` or ``base_1``, ...; ``base`` is
+        a local name in the body of value ``like`` (the main graph without), and the result
+        is that body's full name for it."""
+        body = self.graph.tensors[like].body if like in self.graph.tensors else ""
+        name = unique_name(base, self._values)
+        self._nodes.add(name)
+        return f"{body}/{name}" if body else name
+
+    def derived(self, tensor: str, suffix: str) -> str:
+        """A new value named after ``tensor`` (its local name + ``suffix``), in its body."""
+        return self.value(self.graph.local_name(tensor) + suffix, like=tensor)
+
+    def node(self, base: str, *, body: str = "") -> str:
+        """A new node name: ``base`` itself when no node has it (a value may)."""
+        name = unique_name(base, self._nodes)
+        return f"{body}/{name}" if body else name
+
+
+def _local(name: str, body: str) -> str:
+    return name[len(body) + 1 :] if body and name.startswith(f"{body}/") else name

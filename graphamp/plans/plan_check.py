@@ -1,0 +1,185 @@
+"""Checking a plan file's JSON before anything reads it.
+
+A plan file is data from a review (or a stranger): every field is checked for its JSON type
+and, where the vocabulary fixes it, its value, before :meth:`Plan.from_dict` builds records
+from it. A wrong type anywhere (a number among ``casts_removed``, a string for ``flops``, a
+list of numbers for ``keep_io_types``) is one line naming the field, never an error deep in a
+diff, an explanation or the reviewed-plan check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from graphamp.core.dtypes import LOW_TYPES
+from graphamp.core.vocab import ListName, Precision, Rule
+from graphamp.errors import GraphampError
+
+Check = Callable[[object, str], None]
+
+
+class _Refused(Exception):
+    """A field that is not what the plan format says: (path, what it must be, the value)."""
+
+
+def check_plan_data(data: dict[str, object], where: str) -> None:
+    """Raise a GraphampError naming the first field of ``data`` (a plan's JSON, format and
+    version already checked) whose type or value the plan format does not allow."""
+    try:
+        _record(data, "", _PLAN, optional=_PLAN_OPTIONAL, open_keys=True)
+    except _Refused as refused:
+        path, expected, value = refused.args
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise GraphampError(f"{where}: {path} must be {expected}, not {shown}") from None
+
+
+def _fail(path: str, expected: str, value: object) -> None:
+    raise _Refused(path, expected, value)
+
+
+def _string(value: object, path: str) -> None:
+    if not isinstance(value, str):
+        _fail(path, "a string", value)
+
+
+def _count(value: object, path: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        _fail(path, "a whole number >= 0", value)
+
+
+def _number(value: object, path: str) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        _fail(path, "a number", value)
+
+
+def _flag(value: object, path: str) -> None:
+    if not isinstance(value, bool):
+        _fail(path, "true or false", value)
+
+
+def _one_of(kind: str, allowed: frozenset[str]) -> Check:
+    def check(value: object, path: str) -> None:
+        if not isinstance(value, str) or value not in allowed:
+            _fail(path, f"{kind} ({', '.join(sorted(allowed))})", value)
+
+    return check
+
+
+def _optional(check: Check) -> Check:
+    def optional(value: object, path: str) -> None:
+        if value is not None:
+            check(value, path)
+
+    return optional
+
+
+def _strings(value: object, path: str) -> None:
+    if not isinstance(value, list):
+        _fail(path, "a list of strings", value)
+    for index, item in enumerate(value):  # type: ignore[arg-type]
+        _string(item, f"{path}[{index}]")
+
+
+def _mapping(check: Check) -> Check:
+    def mapping(value: object, path: str) -> None:
+        if not isinstance(value, dict):
+            _fail(path, "an object", value)
+        for key, item in value.items():  # type: ignore[union-attr]
+            check(item, f"{path}[{key!r}]")
+
+    return mapping
+
+
+def _records(fields: dict[str, Check], optional: dict[str, Check]) -> Check:
+    def records(value: object, path: str) -> None:
+        if not isinstance(value, list):
+            _fail(path, "a list", value)
+        for index, item in enumerate(value):  # type: ignore[arg-type]
+            _record(item, f"{path}[{index}]", fields, optional=optional)
+
+    return records
+
+
+def _record(
+    value: object,
+    path: str,
+    fields: dict[str, Check],
+    *,
+    optional: dict[str, Check],
+    open_keys: bool = False,
+) -> None:
+    """``value`` is an object with every key of ``fields``, maybe those of ``optional``, and
+    (unless ``open_keys``) no other."""
+    if not isinstance(value, dict):
+        _fail(path or "the plan", "an object", value)
+    prefix = f"{path}." if path else ""
+    for key, check in fields.items():
+        if key not in value:  # type: ignore[operator]
+            _fail(f"{prefix}{key}", "present", "nothing")
+        check(value[key], f"{prefix}{key}")  # type: ignore[index]
+    for key, check in optional.items():
+        if key in value:  # type: ignore[operator]
+            check(value[key], f"{prefix}{key}")  # type: ignore[index]
+    unknown = sorted(set(value) - set(fields) - set(optional))  # type: ignore[arg-type]
+    if unknown and not open_keys:
+        _fail(f"{prefix}{unknown[0]}", "absent (no such field)", value[unknown[0]])  # type: ignore[index]
+
+
+def _keep_io_types(value: object, path: str) -> None:
+    if not isinstance(value, bool):
+        _strings(value, path)
+
+
+def _policy(value: object, path: str) -> None:
+    lists: dict[str, Check] = {name: _strings for name in ListName}
+    _record(value, path, {"dtype": _DTYPE, "dialect": _string}, optional={
+        "lists": lambda v, p: _record(v, p, lists, optional={}),
+        "spread": _string,
+        "target": _one_of("a target", frozenset({"cuda", "cpu", "any"})),
+        "deny_names": _strings,
+        "deny_tensors": _strings,
+        "keep_io_types": _keep_io_types,
+    }, open_keys=True)  # fmt: skip
+
+
+_DTYPE = _one_of("a low-precision type", LOW_TYPES)
+_NODE = {
+    "op": _string,
+    "precision": _one_of("a precision", frozenset(Precision)),
+    "rule": _one_of("a rule", frozenset(Rule)),
+    "reason": _string,
+}
+_NODE_OPTIONAL = {
+    "via": _optional(_string),
+    "flops": _optional(_count),
+    "module": _optional(_string),
+}
+_CAST = {name: _string for name in ("tensor", "from", "to", "output", "purpose")} | {
+    "consumers": _strings
+}
+_WEIGHT = {name: _string for name in ("name", "src", "dst", "stored_as")} | {
+    "in_place": _flag,
+    "elements": _count,
+    "bytes_before": _count,
+    "bytes_after": _count,
+    "flushed_to_zero": _count,
+}
+_WEIGHT_OPTIONAL = {"consumers": _strings, "out_of_range": _count, "at_limit": _count}
+_PLAN: dict[str, Check] = {
+    "dtype": _DTYPE,
+    "policy": _policy,
+    "nodes": _mapping(lambda v, p: _record(v, p, _NODE, optional=_NODE_OPTIONAL)),
+    "casts": _records(_CAST, {"bytes": _count}),
+    "weights": _records(_WEIGHT, _WEIGHT_OPTIONAL),
+}
+_REWRITE = (
+    {name: _string for name in ("node", "op", "domain", "rule", "reason")}
+    | {name: _strings for name in ("inputs", "outputs", "replaces")}
+    | {"attributes": _mapping(_number)}
+)
+_PLAN_OPTIONAL: dict[str, Check] = {
+    "model": _string,
+    "rewrites": _records(_REWRITE, {"drops": _strings}),
+    "casts_retargeted": _mapping(_string),
+    "casts_removed": _strings,
+}

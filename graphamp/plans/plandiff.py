@@ -1,0 +1,159 @@
+"""The difference between two plans, by stable identity: node name; (tensor, to, output) for a
+cast; (weight, to, in place) for a weight. What ``graphamp diff`` and ``graphamp check`` show."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphamp.plans.records import (
+    CastRecord,
+    NodeDecision,
+    PlanRecords,
+    WeightRecord,
+    decision_dict,
+)
+
+
+@dataclass
+class PlanDiff:
+    old_label: str
+    new_label: str
+    nodes_changed: list[tuple[str, NodeDecision, NodeDecision]] = field(default_factory=list)
+    nodes_added: list[tuple[str, NodeDecision]] = field(default_factory=list)
+    nodes_removed: list[tuple[str, NodeDecision]] = field(default_factory=list)
+    casts_added: list[CastRecord] = field(default_factory=list)
+    casts_removed: list[CastRecord] = field(default_factory=list)
+    weights_added: list[WeightRecord] = field(default_factory=list)
+    weights_removed: list[WeightRecord] = field(default_factory=list)
+    summary: dict[str, tuple[object, object]] = field(default_factory=dict)
+    dtype: tuple[str, str] | None = None
+
+    @classmethod
+    def between(cls, old: PlanRecords, new: PlanRecords) -> PlanDiff:
+        diff = cls(old.model or "a", new.model or "b")
+        if old.dtype != new.dtype:
+            diff.dtype = (old.dtype, new.dtype)
+        for name in sorted(old.nodes.keys() | new.nodes.keys()):
+            before, after = old.nodes.get(name), new.nodes.get(name)
+            if before is None:
+                diff.nodes_added.append((name, after))  # type: ignore[arg-type]
+            elif after is None:
+                diff.nodes_removed.append((name, before))
+            elif before.precision != after.precision:
+                diff.nodes_changed.append((name, before, after))
+
+        def keyed_casts(plan: PlanRecords) -> dict[tuple[str, str, str], CastRecord]:
+            return {(c.tensor, c.dst, c.output): c for c in plan.all_casts()}
+
+        def keyed_weights(plan: PlanRecords) -> dict[tuple[str, str, bool], WeightRecord]:
+            return {(w.name, w.dst, w.in_place): w for w in plan.all_weights()}
+
+        old_casts, new_casts = keyed_casts(old), keyed_casts(new)
+        diff.casts_added = [new_casts[k] for k in sorted(new_casts.keys() - old_casts.keys())]
+        diff.casts_removed = [old_casts[k] for k in sorted(old_casts.keys() - new_casts.keys())]
+        old_weights, new_weights = keyed_weights(old), keyed_weights(new)
+        diff.weights_added = [
+            new_weights[k] for k in sorted(new_weights.keys() - old_weights.keys())
+        ]
+        diff.weights_removed = [
+            old_weights[k] for k in sorted(old_weights.keys() - new_weights.keys())
+        ]
+        old_summary, new_summary = _flat(old.summary()), _flat(new.summary())
+        for key in sorted(old_summary.keys() | new_summary.keys()):
+            if old_summary.get(key) != new_summary.get(key):
+                diff.summary[key] = (old_summary.get(key), new_summary.get(key))
+        return diff
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.dtype
+            or self.nodes_changed
+            or self.nodes_added
+            or self.nodes_removed
+            or self.casts_added
+            or self.casts_removed
+            or self.weights_added
+            or self.weights_removed
+        )
+
+    def changed_nodes(self) -> list[str]:
+        """Every node the diff names, sorted."""
+        names = [n for n, _, _ in self.nodes_changed]
+        names += [n for n, _ in self.nodes_added] + [n for n, _ in self.nodes_removed]
+        return sorted(names)
+
+    def to_text(self) -> str:
+        """A unified-diff-like text: ``-`` old, ``+`` new, one line per node, cast, weight."""
+        lines = [f"--- {self.old_label}", f"+++ {self.new_label}"]
+        if self.dtype:
+            lines += ["@@ dtype @@", f"-{self.dtype[0]}", f"+{self.dtype[1]}"]
+        node_count = len(self.nodes_changed) + len(self.nodes_added) + len(self.nodes_removed)
+        if node_count:
+            lines.append(f"@@ nodes: {node_count} changed @@")
+            for name, before, after in self.nodes_changed:
+                lines.append(f"-{name}  {before.op}  {before.precision}  ({before.reason})")
+                lines.append(f"+{name}  {after.op}  {after.precision}  ({after.reason})")
+            lines += [
+                f"-{name}  {d.op}  {d.precision}  ({d.reason})" for name, d in self.nodes_removed
+            ]
+            lines += [
+                f"+{name}  {d.op}  {d.precision}  ({d.reason})" for name, d in self.nodes_added
+            ]
+        if self.casts_added or self.casts_removed:
+            lines.append(
+                f"@@ casts: {len(self.casts_removed)} removed, {len(self.casts_added)} added @@"
+            )
+            lines += [f"-{_cast_line(c)}" for c in self.casts_removed]
+            lines += [f"+{_cast_line(c)}" for c in self.casts_added]
+        if self.weights_added or self.weights_removed:
+            lines.append("@@ weights @@")
+            lines += [f"-{_weight_line(w)}" for w in self.weights_removed]
+            lines += [f"+{_weight_line(w)}" for w in self.weights_added]
+        if self.summary:
+            lines.append("@@ summary @@")
+            lines += [f" {key}: {a} -> {b}" for key, (a, b) in self.summary.items()]
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "old": self.old_label,
+            "new": self.new_label,
+            "dtype": list(self.dtype) if self.dtype else None,
+            "nodes_changed": [
+                {"node": n, "op": a.op, "from": a.precision, "to": b.precision, "reason": b.reason}
+                for n, a, b in self.nodes_changed
+            ],
+            "nodes_added": [{"node": n, **decision_dict(d)} for n, d in self.nodes_added],
+            "nodes_removed": [{"node": n, **decision_dict(d)} for n, d in self.nodes_removed],
+            "casts_added": [c.to_dict() for c in self.casts_added],
+            "casts_removed": [c.to_dict() for c in self.casts_removed],
+            "weights_added": [w.to_dict() for w in self.weights_added],
+            "weights_removed": [w.to_dict() for w in self.weights_removed],
+            "summary": {k: {"from": a, "to": b} for k, (a, b) in self.summary.items()},
+        }
+
+
+def _flat(summary: dict[str, object]) -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in summary.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def _cast_line(cast: CastRecord) -> str:
+    readers = ", ".join(cast.consumers) if cast.consumers else cast.purpose
+    return f"Cast {cast.tensor}: {cast.src} -> {cast.dst} as {cast.output}  ({readers})"
+
+
+def _weight_line(weight: WeightRecord) -> str:
+    if weight.kept:
+        return (
+            f"{weight.name}: kept {weight.src}, {weight.out_of_range} values beyond the "
+            "target type's range"
+        )
+    where = "in place" if weight.in_place else f"copy {weight.stored_as}"
+    return f"{weight.name}: {weight.src} -> {weight.dst} ({where}, {weight.bytes_after} bytes)"

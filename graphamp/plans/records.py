@@ -1,0 +1,163 @@
+"""The records a plan is made of: one decision per node, one record per cast and per weight.
+
+They are plain data: a pass makes them, the plan writes them to JSON, the edit script refers to
+the same objects, and a diff compares them by stable identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from graphamp.core.vocab import Precision, Rule
+
+
+@dataclass(slots=True)
+class NodeDecision:
+    """The precision one node computes in, and why.
+
+    ``rule`` is a stable key (:class:`~graphamp.core.vocab.Rule`); ``reason`` is the sentence for
+    people; ``via`` names the neighbour a colour spread through.
+    """
+
+    op: str
+    precision: Precision
+    rule: Rule
+    reason: str
+    via: str | None = None
+    flops: int | None = None  # matrix ops with known shapes: 2 x multiply-adds
+    # the module that made it, where its name does not say (torch.onnx's dynamo exporter)
+    module: str | None = None
+
+
+@dataclass
+class CastRecord:
+    """One Cast the conversion inserts: ``tensor`` converted ``src`` -> ``dst`` as ``output``."""
+
+    tensor: str
+    src: str
+    dst: str
+    output: str
+    consumers: list[str]
+    purpose: str = "precision boundary"  # or "graph output kept in its original type"
+    # bytes it reads and writes per run, estimated from the value's shape (a symbolic
+    # dimension counts 1); None where the shape is unknown
+    bytes: int | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        record: dict[str, object] = {
+            "tensor": self.tensor,
+            "from": self.src,
+            "to": self.dst,
+            "output": self.output,
+            "consumers": self.consumers,
+            "purpose": self.purpose,
+        }
+        if self.bytes is not None:
+            record["bytes"] = self.bytes
+        return record
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> CastRecord:
+        return cls(
+            tensor=str(data["tensor"]),
+            src=str(data["from"]),
+            dst=str(data["to"]),
+            output=str(data["output"]),
+            consumers=[str(name) for name in data["consumers"]],  # type: ignore[attr-defined]
+            purpose=str(data["purpose"]),
+            bytes=int(data["bytes"]) if data.get("bytes") is not None else None,  # type: ignore[call-overload]
+        )
+
+
+BOUNDARY = "precision boundary"
+
+
+@dataclass
+class WeightRecord:
+    """A stored value (initializer or Constant) converted instead of cast at run time, or kept
+    in its type because its values would not fit the target (``src == dst``)."""
+
+    name: str
+    src: str
+    dst: str
+    stored_as: str  # the name the converted copy is stored under (``name`` when in place)
+    in_place: bool
+    elements: int
+    bytes_before: int
+    bytes_after: int
+    flushed_to_zero: int  # non-zero values that became zero in ``dst``
+    consumers: list[str] = field(default_factory=list)
+    # values beyond the target type's range: such a weight is kept (src == dst) with its readers
+    out_of_range: int = 0
+    # values at float32's lowest/highest (a mask's stand-in for infinity) stored at the
+    # half the target's largest magnitude instead (written only when there are some)
+    at_limit: int = 0
+
+    @property
+    def kept(self) -> bool:
+        return self.src == self.dst
+
+    def to_dict(self) -> dict[str, object]:
+        record = asdict(self)
+        if not self.at_limit:
+            del record["at_limit"]
+        return record
+
+
+@dataclass
+class RewriteRecord:
+    """A pattern of the model's ops replaced by one fused op (``node``), a decision like any
+    other: ``rule`` and ``reason`` say why; ``replaces`` names the model's nodes it stands for,
+    in graph order, and ``drops`` the stored values only they read (gone with them).
+    ``inputs``/``outputs``/``attributes`` are what a dialect writes."""
+
+    node: str
+    op: str
+    domain: str
+    inputs: list[str]
+    outputs: list[str]
+    attributes: dict[str, float | int]
+    replaces: list[str]
+    rule: str
+    reason: str
+    drops: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> RewriteRecord:
+        return cls(
+            node=str(data["node"]),
+            op=str(data["op"]),
+            domain=str(data["domain"]),
+            inputs=[str(n) for n in data["inputs"]],  # type: ignore[attr-defined]
+            outputs=[str(n) for n in data["outputs"]],  # type: ignore[attr-defined]
+            attributes=dict(data["attributes"]),  # type: ignore[call-overload]
+            replaces=[str(n) for n in data["replaces"]],  # type: ignore[attr-defined]
+            rule=str(data["rule"]),
+            reason=str(data["reason"]),
+            drops=[str(n) for n in data.get("drops", [])],  # type: ignore[attr-defined]
+        )
+
+
+def decision_dict(decision: NodeDecision) -> dict[str, object]:
+    """A decision as the plan file writes it: fields that are None are left out."""
+    return {key: value for key, value in asdict(decision).items() if value is not None}
+
+
+class PlanRecords(Protocol):
+    """What a plan holds, as a diff reads it (:class:`~graphamp.plans.plan.Plan` is one): so
+    that :mod:`graphamp.plans.plandiff` needs only the records, and the plan module (which
+    offers ``Plan.diff``) can import the diff without an import circle."""
+
+    model: str | None
+    dtype: str
+    nodes: dict[str, NodeDecision]
+
+    def all_casts(self) -> list[CastRecord]: ...
+
+    def all_weights(self) -> list[WeightRecord]: ...
+
+    def summary(self) -> dict[str, object]: ...

@@ -1,0 +1,1 @@
+"""Training: loss scaling and the settings of data-parallel and sharded steps."""

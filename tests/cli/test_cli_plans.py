@@ -1,0 +1,152 @@
+"""graphamp plan / explain / diff / check, and the CI scenario the check exists for."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import onnx
+import pytest
+
+from graphamp.cli import main
+from tests.cli.test_cli import assert_user_error, run_cli
+from tests.helpers import chain
+from tests.plans.test_plan import layer_norm_model
+
+
+@pytest.fixture()
+def bert(zoo_model):
+    return str(zoo_model("bert"))
+
+
+def test_plan_text_groups_nodes_by_precision(bert, capsys):
+    assert main(["plan", bert, "--keep-io-types"]) == 0
+    out = capsys.readouterr().out
+    assert "\nfloat16 (" in out and "\nfloat32 (" in out
+    assert "/layers.0/attention/MatMul" in out
+
+
+def test_plan_json_to_file_equals_the_api(bert, tmp_path):
+    import graphamp.onnx as gonnx
+
+    target = tmp_path / "plan.json"
+    assert main(["plan", bert, "--format", "json", "-o", str(target)]) == 0
+    plan = gonnx.analyse(bert).plan
+    assert target.read_text() == plan.to_json()
+
+
+def test_explain_follows_the_chain_of_reasons(bert, capsys):
+    # LayerNormalization runs low by default (stash_type=1); denied, it spreads to the Adds
+    assert main(["explain", bert, "/layers.0/Add_1", "--deny", "LayerNormalization"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("/layers.0/Add_1 (Add): float32, rule deny_spread")
+    assert "LayerNormalization" in lines[1] and "rule deny" in lines[1]
+    assert any(line.strip().startswith("input 0") for line in lines)
+
+
+def test_explain_unknown_node_suggests_names(bert):
+    assert_user_error(run_cli("explain", bert, "/layers.0/Ad"), "did you mean", "/layers.0/Add")
+
+
+def test_diff_exit_code(tmp_path, bert, capsys):
+    plan_file = tmp_path / "b.json"
+    assert main(["plan", bert, "--format", "json", "-o", str(plan_file)]) == 0
+    assert main(["diff", str(plan_file), bert, "--exit-code"]) == 0
+    assert main(["diff", str(plan_file), bert, "--deny", "LayerNormalization", "--exit-code"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"--- {plan_file}\n+++ {bert}\n@@ nodes:")
+    assert main(["diff", str(plan_file), bert, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["nodes_changed"] == []
+
+
+def test_ci_scenario_check_catches_one_layernorm_moving_to_float16(tmp_path, capsys):
+    """A repository keeps its policy and reviewed plan; an edit to the model's weights lets one
+    LayerNorm run in float16. `graphamp check` fails and its diff names that node only."""
+    repo = tmp_path / "repo"
+    (repo / "plans").mkdir(parents=True)
+    onnx.save(layer_norm_model(gain=1e5), str(repo / "encoder.onnx"))
+    (repo / "graphamp.toml").write_text(
+        '[graphamp]\nallow = ["LayerNormalization"]\n\n'
+        '[[graphamp.check]]\nmodel = "encoder.onnx"\nbaseline = "plans/encoder.json"\n'
+    )
+    config = str(repo / "graphamp.toml")
+    assert main(["check", "--config", config, "--update"]) == 0
+    assert main(["check", "--config", config]) == 0
+    capsys.readouterr()
+
+    onnx.save(layer_norm_model(gain=1.0), str(repo / "encoder.onnx"))  # the model edit
+    assert main(["check", "--config", config]) == 1
+    sections = diff_sections(capsys.readouterr().out)
+    node_lines = sections["nodes"]
+    assert {line[1:].split()[0] for line in node_lines} == {"/encoder/norm/LayerNormalization"}
+    assert "float32" in node_lines[0] and "float16" in node_lines[1]
+    # What else moved belongs to that node: its own gain and bias, and the casts around it.
+    assert {line[1:].split(":")[0] for line in sections["weights"]} == {"gamma", "beta"}
+    assert all(
+        "/encoder/norm/LayerNormalization" in line or " h:" in line or " n:" in line
+        for line in sections["casts"]
+    )
+
+    assert main(["check", "--config", config, "--update"]) == 0  # accept the change
+    assert main(["check", "--config", config]) == 0
+
+
+def diff_sections(text: str) -> dict[str, list[str]]:
+    """The +/- lines of a plan diff by section (nodes, casts, weights, ...)."""
+    sections: dict[str, list[str]] = {}
+    current = ""
+    for line in text.splitlines():
+        if line.startswith("@@ "):
+            current = line[3:].split(":")[0].split(" ")[0]
+            sections[current] = []
+        elif current and line[:1] in "+-":
+            sections[current].append(line)
+    return sections
+
+
+def test_check_single_model_and_missing_baseline(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(chain(["MatMul", "Exp"]), str(path))
+    assert_user_error(
+        run_cli("check", str(path), "--baseline", str(tmp_path / "none.json")), "--update"
+    )
+    assert main(["check", str(path), "--baseline", str(tmp_path / "p.json"), "--update"]) == 0
+    assert main(["check", str(path), "--baseline", str(tmp_path / "p.json")]) == 0
+    assert (
+        main(["check", str(path), "--baseline", str(tmp_path / "p.json"), "--deny", "MatMul"]) == 1
+    )
+
+
+def test_shipped_ci_hook_and_workflow_run_the_check(tmp_path):
+    """tools/ci/pre-commit and the workflow's command pass on a clean repo, fail on drift."""
+    import os
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    onnx.save(layer_norm_model(gain=1e5), str(repo / "encoder.onnx"))
+    (repo / "graphamp.toml").write_text(
+        '[graphamp]\nallow = ["LayerNormalization"]\n\n'
+        '[[graphamp.check]]\nmodel = "encoder.onnx"\nbaseline = "encoder.plan.json"\n'
+    )
+    assert main(["check", "--config", str(repo / "graphamp.toml"), "--update"]) == 0
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    workflow = (root / "tools/ci/graphamp-check.yml").read_text()
+    command = next(
+        line.split("run:", 1)[1].strip()
+        for line in workflow.splitlines()
+        if "run: graphamp" in line
+    )
+
+    def run_both() -> tuple[int, int]:
+        hook = subprocess.run(
+            [str(root / "tools/ci/pre-commit")], cwd=repo, env=env, capture_output=True, text=True
+        )
+        job = subprocess.run(command, shell=True, cwd=repo, env=env, capture_output=True, text=True)
+        return hook.returncode, job.returncode
+
+    assert run_both() == (0, 0)
+    onnx.save(layer_norm_model(gain=1.0), str(repo / "encoder.onnx"))
+    assert run_both() == (1, 1)

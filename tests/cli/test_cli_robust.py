@@ -1,0 +1,183 @@
+"""The command line keeps its word: each case here once ended in a traceback, a partial output
+file or a silent no-op. One line, exit status 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from graphamp.cli import main
+from tests.cli.test_cli import assert_user_error, run_cli
+from tests.helpers import chain, model
+
+
+@pytest.fixture()
+def small(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(chain(["MatMul", "Softmax", "MatMul", "Exp"]), str(path))
+    return path
+
+
+def test_check_update_creates_the_baseline_folder(small, tmp_path):
+    config = tmp_path / "graphamp.toml"
+    config.write_text('[[graphamp.check]]\nmodel = "m.onnx"\nbaseline = "plans/new/m.json"\n')
+    assert main(["check", "--config", str(config), "--update"]) == 0
+    assert (tmp_path / "plans/new/m.json").exists()
+    assert main(["check", "--config", str(config)]) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--plan", "{tmp}/missing/plan.json"], "does not exist"),
+        (["--plan", "{tmp}"], "is a folder"),
+        (["--rtol", "-1", "--verify"], "expected a number >= 0"),
+        (["--rtol", "0.1"], "only used with --verify"),
+    ],
+)
+def test_bad_output_and_tolerance_options(small, tmp_path, args, message):
+    out = tmp_path / "out.onnx"
+    args = [a.format(tmp=tmp_path) for a in args]
+    assert_user_error(run_cli("convert", str(small), "-o", str(out), *args), message)
+    assert not out.exists()
+
+
+def test_output_naming_a_folder_and_plan_into_a_missing_folder(small, tmp_path):
+    assert_user_error(run_cli("convert", str(small), "-o", str(tmp_path)), "is a folder")
+    missing = tmp_path / "no" / "plan.txt"
+    assert_user_error(run_cli("plan", str(small), "-o", str(missing)), "does not exist")
+    (tmp_path / "file").write_text("x")
+    assert_user_error(run_cli("demo", "--keep", str(tmp_path / "file")), "is a file")
+
+
+def test_bad_verification_inputs_write_nothing(small, tmp_path):
+    out = tmp_path / "out.onnx"
+    wrong_shape = tmp_path / "wrong.npz"
+    np.savez(wrong_shape, x=np.ones((3, 5), np.float32))
+    result = run_cli(
+        "convert", str(small), "-o", str(out), "--verify", "--inputs", str(wrong_shape)
+    )
+    assert_user_error(result, "input 'x' has shape (3, 5), the model declares (4, 4)")
+    assert not out.exists() and not list(tmp_path.glob(".out.onnx*"))
+    unknown = tmp_path / "unknown.npz"
+    np.savez(unknown, y=np.ones((4, 4), np.float32))
+    result = run_cli("convert", str(small), "-o", str(out), "--verify", "--inputs", str(unknown))
+    assert_user_error(result, "array 'y' is no input of the model")
+    assert not out.exists()
+
+
+def test_cuda_verification_without_a_gpu_is_an_error_not_a_fallback(small, tmp_path):
+    out = tmp_path / "out.onnx"
+    result = run_cli("convert", str(small), "-o", str(out), "--verify", "--provider", "cuda")
+    assert_user_error(result, "--provider cuda")
+    assert not out.exists()
+
+
+def test_keep_io_types_no_longer_swallows_the_model_path(small, tmp_path):
+    out = tmp_path / "out.onnx"
+    assert main(["convert", "--keep-io-types", str(small), "-o", str(out)]) == 0
+    converted = onnx.load(str(out))
+    assert converted.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert main(["convert", str(small), "-o", str(out), "--keep-io", "x"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "warning"),
+    [
+        (
+            ["--deny", "Softmx"],
+            "op 'Softmx' (moved to deny) is the type of no node of the model; "
+            "did you mean 'Softmax'?",
+        ),
+        (["--deny", "softmax"], "did you mean 'Softmax'?"),
+        (["--deny-name", "/layer.11/*"], "deny_names rule '/layer.11/*' matches no node"),
+        (["--deny-tensor", "t9"], "deny_tensors name 't9' is no tensor"),
+        (["--deny-tensor", "T1"], "deny_tensors name 'T1' is no tensor; did you mean 't1'?"),
+        (["--keep-io", "z"], "keep_io_types name 'z' is no graph input or output"),
+    ],
+)
+def test_rules_that_match_nothing_are_warned_about_and_strict_refuses_them(
+    small, tmp_path, flags, warning
+):
+    out = tmp_path / "out.onnx"
+    result = run_cli("convert", str(small), "-o", str(out), *flags)
+    assert result.returncode == 0 and "graphamp: warning: " in result.stderr
+    assert warning in result.stderr
+    assert "Traceback" not in result.stderr
+    out.unlink()
+    assert_user_error(run_cli("convert", str(small), "-o", str(out), *flags, "--strict"), warning)
+    assert not out.exists()
+
+
+def test_a_list_move_on_the_command_line_is_credited_to_it(small, tmp_path):
+    config = tmp_path / "amp.toml"
+    config.write_text('[graphamp]\ninfer = ["Relu"]\n')
+    plan = tmp_path / "plan.json"
+    args = ["plan", str(small), "--config", str(config), "--deny", "Softmax", "--format", "json"]
+    assert main([*args, "-o", str(plan)]) == 0
+    reason = json.loads(plan.read_text())["nodes"]["softmax1"]["reason"]
+    assert reason == "deny list: moved to deny by command line"
+
+
+def test_an_already_converted_model_says_nothing_was_converted(small, tmp_path):
+    once, twice = tmp_path / "once.onnx", tmp_path / "twice.onnx"
+    assert main(["convert", str(small), "-o", str(once)]) == 0
+    result = run_cli("convert", str(once), "-o", str(twice))
+    assert result.returncode == 0
+    assert "graphamp: warning: nothing converted:" in result.stderr
+    assert "nodes already compute in float16" in result.stderr
+
+
+def test_bfloat16_before_opset_22_says_which_ops_stay_float32(tmp_path):
+    from onnx import helper
+
+    from tests.helpers import weight
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv")]
+    proto = model(nodes, initializers=[weight("w", (4, 1, 1, 1))], opset=21, shape=(1, 1, 4, 4))
+    path = tmp_path / "conv21.onnx"
+    onnx.save(proto, str(path))
+    result = run_cli("convert", str(path), "-o", str(tmp_path / "o.onnx"), "--dtype", "bfloat16")
+    assert result.returncode == 0
+    assert "its schema does not admit the type (schema)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["convert", "{bad}", "-o", "{tmp}/o.onnx"],
+        ["plan", "{bad}"],
+        ["explain", "{bad}", "node"],
+        ["diff", "{bad}", "{bad}"],
+        ["check", "{bad}", "--baseline", "{tmp}/b.json"],
+        ["lists", "--config", "{bad}"],
+        ["convert", "{good}", "-o", "{tmp}/o.onnx", "--config", "{bad}"],
+        ["convert", "{good}", "-o", "{tmp}/o.onnx", "--from-plan", "{bad}"],
+    ],
+)
+def test_every_subcommand_answers_a_broken_file_in_one_line(small, tmp_path, command):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(small.read_bytes()[:57])  # truncated
+    args = [a.format(bad=bad, good=small, tmp=tmp_path) for a in command]
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_a_model_onnxruntime_cannot_load_is_a_user_error_under_verify(tmp_path):
+    from onnx import helper
+
+    # an attribute Relu does not have: graphamp passes it through, onnxruntime refuses it
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu")]
+    proto = model(nodes)
+    proto.graph.node[0].attribute.add(name="bogus", type=onnx.AttributeProto.INT, i=1)
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, str(path))
+    result = run_cli("convert", str(path), "-o", str(tmp_path / "o.onnx"), "--verify")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "o.onnx").exists()

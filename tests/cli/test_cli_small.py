@@ -1,0 +1,125 @@
+"""The smaller command-line mends of issue 26, each on a hand-written model: --version, -v after
+the command, abbreviated flags refused, debug --top below 1 refused, explain with an op type,
+debug with its models swapped or unrelated, policy flags on a diff of two plan files, a
+torch.save file given to convert, and what demo says it builds."""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+
+import numpy as np
+import onnx
+import pytest
+
+from graphamp.cli import main
+from graphamp.models import ZOO
+from tests.cli.test_cli import run_cli
+from tests.helpers import chain
+
+
+@pytest.fixture()
+def small(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(chain(["MatMul", "Relu", "MatMul", "Exp"]), str(path))
+    return path
+
+
+def run(capsys, argv: list[str]) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
+    capsys.readouterr()
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse's own exits
+        status = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_version(capsys):
+    status, out, _ = run(capsys, ["--version"])
+    assert status == 0 and out.strip() == "graphamp 0.2.0"
+
+
+def test_verbose_after_the_command_counts_as_before_it(small):
+    """(In processes of their own: logging is configured once per process.)"""
+    quiet = run_cli("plan", str(small)).stderr
+    after = run_cli("plan", str(small), "-v").stderr
+    before = run_cli("-v", "plan", str(small)).stderr
+    assert "pass classify" not in quiet
+    assert "pass classify" in after and "pass classify" in before
+    twice = run_cli("-v", "plan", str(small), "-v").stderr  # -v twice: every decision
+    assert twice.count("\n") > after.count("\n")
+
+
+@pytest.mark.parametrize(
+    ("flag", "meant"), [("--dtyp", "--dtype"), ("--keep-io-type", "--keep-io-types")]
+)
+def test_abbreviated_flags_are_refused_naming_the_flag(capsys, small, tmp_path, flag, meant):
+    argv = ["convert", str(small), "-o", str(tmp_path / "o.onnx"), flag]
+    status, _, err = run(capsys, [*argv, "bfloat16"] if flag == "--dtyp" else argv)
+    assert status == 2 and f"did you mean {meant}?" in err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_debug_top_must_be_positive(capsys, small, tmp_path):
+    argv = ["debug", str(small), str(small), "--inputs", "x.npz", "--top", "-3"]
+    status, _, err = run(capsys, argv)
+    assert status == 2 and "--top: expected a number >= 1, got '-3'" in err
+
+
+def test_explain_with_an_op_type_suggests_its_nodes(capsys, small):
+    status, _, err = run(capsys, ["explain", str(small), "MatMul"])
+    assert status == 2
+    assert "MatMul is an op type: explain one of its 2 node(s), e.g. 'matmul0', 'matmul2'" in err
+
+
+def test_debug_with_models_swapped_or_unrelated_says_so(capsys, small, tmp_path):
+    converted = tmp_path / "c.onnx"
+    assert main(["convert", str(small), "-o", str(converted)]) == 0
+    data = tmp_path / "x.npz"
+    np.savez(data, x=np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32))
+    status, _, err = run(capsys, ["debug", str(converted), str(small), "--inputs", str(data)])
+    assert status == 2 and "the models look swapped; give the float32 model first" in err
+    other = tmp_path / "other.onnx"
+    onnx.save(chain(["Sigmoid", "MatMul"]), str(other))
+    status, _, err = run(capsys, ["debug", str(small), str(other), "--inputs", str(data)])
+    assert status == 2 and "not a model and its conversion: CONVERTED has 0 of IN's 4" in err
+    status, out, _ = run(capsys, ["debug", str(small), str(converted), "--inputs", str(data)])
+    assert status == 0 and "output y" in out
+
+
+def test_policy_flags_on_a_diff_of_two_plan_files_are_warned_about(capsys, small, tmp_path):
+    plans = [tmp_path / "a.json", tmp_path / "b.json"]
+    for plan in plans:
+        assert main(["plan", str(small), "--format", "json", "-o", str(plan)]) == 0
+    status, _, err = run(capsys, ["diff", *map(str, plans), "--deny", "Relu"])
+    assert status == 0 and "--deny change nothing here: A and B are plan files" in err
+    _, _, err = run(capsys, ["diff", str(small), str(plans[0]), "--deny", "Relu"])
+    assert "change nothing" not in err  # a model is planned under them
+
+
+def test_a_torch_save_file_says_how_to_export_the_model(capsys, tmp_path):
+    zipped = tmp_path / "model.pt"
+    with zipfile.ZipFile(zipped, "w") as archive:  # torch.save's layout
+        archive.writestr("model/data.pkl", pickle.dumps({"weight": 1}))
+        archive.writestr("model/version", "3")
+    legacy = tmp_path / "legacy.pth"
+    legacy.write_bytes(pickle.dumps({"weight": 1}, protocol=2))
+    for path in (zipped, legacy):
+        status, _, err = run(capsys, ["convert", str(path), "-o", str(tmp_path / "o.onnx")])
+        assert status == 2 and "saved with torch.save" in err
+        assert "torch.export.save(" in err and "torch.onnx.export(" in err
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_demo_describes_the_model_it_builds(name):
+    """The description comes from the settings the size builds with (it said '12 x 768, seq
+    128' for the 2-layer, 32-wide small BERT)."""
+    from graphamp.models import build
+
+    small, full = ZOO[name].describe("small"), ZOO[name].describe("full")
+    assert small != full
+    if name == "bert":
+        model, _ = build("bert", "small")
+        assert "2 layers x 32 wide" in small and "12 layers x 768 wide" in full
+        assert sum(1 for _ in model.layers) == 2  # type: ignore[attr-defined]

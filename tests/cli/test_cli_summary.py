@@ -1,0 +1,107 @@
+"""What convert says to its caller (issue 26): the graph inputs and outputs whose type changed
+(and --keep-io-types), the weight bytes kept float32 and why, and "nothing converted" meaning
+the input's own bytes; converting a graphamp output again changes no byte."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from graphamp.cli import main
+from tests.core.test_names import keras_style
+from tests.helpers import chain, model, weight
+from tests.onnx.test_model_quirks import conv_net
+
+
+def embedding_model() -> onnx.ModelProto:
+    """ids -> Gather(table) -> LogSoftmax -> MatMul: the table feeds only a Gather, whose value
+    a deny-list op reads: under --spread tensorflow the 64 KiB table stays float32 (the case of
+    BERT's embeddings; the cost spread stores it float16 and casts the gathered rows)."""
+    table = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((256, 64)).astype(np.float32), "table"
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+            helper.make_node("LogSoftmax", ["e"], ["l"], name="logsoftmax"),
+            helper.make_node("MatMul", ["l", "w"], ["y"], name="mm"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])],
+        [table, weight("w", (64, 4))],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    return proto
+
+
+def convert(capsys, tmp_path, proto, *flags: str) -> str:  # type: ignore[no-untyped-def]
+    source = tmp_path / "m.onnx"
+    onnx.save(proto, str(source))
+    assert main(["convert", str(source), "-o", str(tmp_path / "out.onnx"), *flags]) == 0
+    return " ".join(capsys.readouterr().out.split())  # the table's line breaks undone
+
+
+def test_inputs_and_outputs_whose_type_changed_are_named(capsys, tmp_path):
+    printed = convert(capsys, tmp_path, chain(["MatMul", "Relu", "MatMul"]))
+    assert "graph inputs/outputs whose type changed: x float32 -> float16, y float32" in printed
+    assert "--keep-io-types" in printed
+    assert "whose type changed" not in convert(
+        capsys, tmp_path, chain(["MatMul", "Relu", "MatMul"]), "--keep-io-types"
+    )
+    # only the input: the output stays float32 behind a deny-list op
+    printed = convert(capsys, tmp_path, chain(["MatMul", "Exp"]))
+    assert "type changed: x float32 -> float16: feed" in printed
+
+
+def test_weight_bytes_kept_float32_are_counted_with_the_reason(capsys, tmp_path):
+    printed = convert(capsys, tmp_path, embedding_model(), "--spread", "tensorflow")
+    assert "weights kept float32 │ 1 (64.0 KiB)" in printed
+    assert "read by a float32 node (rule clear) │ 1 (64.0 KiB)" in printed
+    assert "largest: 'table' (embed, read by a float32 node" in printed
+    # every weight converted: no such row
+    assert "kept float32" not in convert(capsys, tmp_path, chain(["MatMul", "Relu", "MatMul"]))
+
+
+def test_nothing_converted_writes_the_inputs_own_bytes(capsys, tmp_path):
+    """A float16 model whose own value_info leaves dims out: rewriting it would add inferred
+    ones; nothing converted means the input file."""
+    proto = model(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+            helper.make_node("Relu", ["h"], ["y"], name="relu"),
+        ],
+        initializers=[numpy_helper.from_array(np.ones((4, 4), np.float16), "w")],
+        input_types={"x": TensorProto.FLOAT16},
+        output_types={"y": TensorProto.FLOAT16},
+    )
+    proto.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 4
+    proto.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 4
+    proto.graph.value_info.append(helper.make_tensor_value_info("h", TensorProto.FLOAT16, None))
+    source = tmp_path / "m.onnx"
+    onnx.save(proto, str(source))
+    assert main(["convert", str(source), "-o", str(tmp_path / "out.onnx")]) == 0
+    assert "nothing converted" in capsys.readouterr().err
+    assert (tmp_path / "out.onnx").read_bytes() == source.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("build", "flags"),
+    [
+        (lambda: chain(["MatMul", "Relu", "MatMul", "Exp"]), ()),
+        (lambda: chain(["MatMul", "Softmax", "MatMul"]), ("--keep-io-types",)),
+        (keras_style, ("--keep-io-types",)),
+        (conv_net, ()),
+        (conv_net, ("--dtype", "bfloat16", "--keep-io-types")),
+        (embedding_model, ()),
+    ],
+)
+def test_converting_a_graphamp_output_again_changes_no_byte(tmp_path, build, flags):
+    source, once, twice = (tmp_path / name for name in ("m.onnx", "once.onnx", "twice.onnx"))
+    onnx.save(build(), str(source))
+    assert main(["convert", str(source), "-o", str(once), *flags]) == 0
+    assert main(["convert", str(once), "-o", str(twice), *flags]) == 0
+    assert twice.read_bytes() == once.read_bytes()

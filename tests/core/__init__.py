@@ -1,0 +1,1 @@
+"""Tests of graphamp.core: the neutral graph, its scopes, names."""

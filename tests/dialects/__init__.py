@@ -1,0 +1,1 @@
+"""Tests of the dialect registry (graphamp.dialects) with a third, toy dialect."""

@@ -1,0 +1,1 @@
+"""Tests of the PyTorch dialect (graphamp.fx): modules, .pt2 programs."""

@@ -1,0 +1,1 @@
+"""Tests of graphamp.numerics and the numerics commands (calibrate, debug, tune)."""

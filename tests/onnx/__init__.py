@@ -1,0 +1,1 @@
+"""Tests of the ONNX dialect (graphamp.onnx) on models nobody here wrote."""

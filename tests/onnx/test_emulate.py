@@ -1,0 +1,64 @@
+"""The faithful CPU evaluator: every low-precision value rounded (and overflowing) as the low
+type does, checked against onnx.reference, which computes in the stored types."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import graphamp.onnx as gonnx
+from graphamp.onnx.runtime import run
+from tests.cli.test_cli import run_cli
+from tests.helpers import model
+
+
+def overflowing(scale: float) -> onnx.ModelProto:
+    """x -> MatMul(w1) -> Relu -> MatMul(w2) -> y; with a large ``scale`` the hidden layer
+    leaves float16's range (w1 itself fits it)."""
+    rng = np.random.default_rng(0)
+    w1 = (np.abs(rng.standard_normal((4, 4))) * scale).astype(np.float32)
+    w2 = (rng.standard_normal((4, 4)) * 1e-3).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2"),
+    ]
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")]
+    return model(nodes, initializers=inits)
+
+
+def feeds() -> dict[str, np.ndarray]:
+    x = np.random.default_rng(1).standard_normal((4, 4)).astype(np.float32) * 3
+    x[x == 0] = 0.5
+    return {"x": x}
+
+
+def reference(proto: onnx.ModelProto) -> np.ndarray:
+    float16 = proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    typed = {"x": feeds()["x"].astype(np.float16 if float16 else np.float32)}
+    return ReferenceEvaluator(proto).run(None, typed)[0].astype(np.float64)
+
+
+def test_emulation_agrees_with_onnx_reference_on_healthy_and_overflowing_models():
+    for scale, overflow in ((0.5, False), (2.5e4, True)):
+        converted = gonnx.convert(overflowing(scale)).to_proto()
+        emulated, evaluator = run(converted, feeds())
+        assert "float16 rounding emulated" in evaluator
+        got = emulated["y"].astype(np.float64)
+        want = reference(converted)
+        assert (np.isfinite(got) == np.isfinite(want)).all()
+        assert bool((~np.isfinite(got)).any()) == overflow
+        finite = np.isfinite(want)
+        scale_y = np.abs(want[finite]).max() if finite.any() else 1.0
+        assert np.abs(got[finite] - want[finite]).max() <= 2e-3 * scale_y
+
+
+def test_verify_reports_the_overflow_the_cpu_provider_hides(tmp_path):
+    source = tmp_path / "m.onnx"
+    onnx.save(overflowing(2.5e4), str(source))
+    result = run_cli("convert", str(source), "-o", str(tmp_path / "o.onnx"), "--verify")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "float16 rounding emulated" in result.stdout
+    assert "OVER" in result.stdout

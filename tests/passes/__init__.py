@@ -1,0 +1,1 @@
+"""Tests of the passes (passes/, installed as graphamp.passes)."""

@@ -1,0 +1,271 @@
+"""The cost pass (``spread = "cost"``, ONNX's default): infer and clear ops decided by a minimum
+cut of the bytes Casts move and stored weights take, every other rule kept."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from graphamp.core.graph import NodeKind
+from graphamp.core.vocab import Rule
+from graphamp.passes import PassContext, PassManager
+from graphamp.passes.cost import F32, LOW, _costs, _solve, decide_by_cost
+from graphamp.policy.policy import Policy
+from tests.helpers import assert_valid, convert, model, precisions, weight
+from tests.opgraphs import GraphBuilder
+
+
+def _values(name: str, shape: tuple[int, ...], seed: int = 0) -> TensorProto:
+    rng = np.random.default_rng(seed)
+    return numpy_helper.from_array((rng.standard_normal(shape) * 0.5).astype(np.float32), name)
+
+
+def test_a_cast_sits_before_an_op_that_makes_its_value_larger():
+    # MatMul (low) -> Expand 1x16 -> 64x16 -> Exp (float32): the Cast goes before the Expand
+    # (16 values), where TensorFlow's colouring puts it after (1024 values).
+    shape = numpy_helper.from_array(np.array([64, 16], np.int64), "shape")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Expand", ["m", "shape"], ["e"], name="expand"),
+        helper.make_node("Exp", ["e"], ["y"], name="exp"),
+    ]
+    proto = model(nodes, initializers=[_values("w", (16, 16)), shape], shape=(1, 16))
+    out, plan = convert(proto)
+    assert precisions(plan)["expand"] == "float32"
+    assert [(c.tensor, c.bytes) for c in plan.casts] == [("m", 16 * 6)]
+    assert plan.summary()["cast_bytes"] == 96
+    _, colouring = convert(proto, spread="tensorflow")
+    assert precisions(colouring)["expand"] == "float16"
+    assert [(c.tensor, c.bytes) for c in colouring.casts] == [("e", 64 * 16 * 6)]
+    assert_valid(out)
+
+
+def test_an_infer_op_beside_a_low_op_takes_its_weight_low():
+    # MatMul -> Add(bias) -> Exp: the Cast costs the same before or after the Add, and the
+    # Add low stores its bias once, in float16 (TensorFlow's rules keep the Add float32).
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Add", ["m", "b"], ["a"], name="add"),
+        helper.make_node("Exp", ["a"], ["y"], name="exp"),
+    ]
+    proto = model(nodes, initializers=[weight("w"), weight("b", seed=1)])
+    out, plan = convert(proto)
+    assert precisions(plan)["add"] == "float16"
+    assert {w.name: w.dst for w in plan.weights} == {"w": "float16", "b": "float16"}
+    assert [c.tensor for c in plan.casts] == ["a"]
+    assert "float32 here would move 32 bytes more" in plan.nodes["add"].reason
+    assert plan.nodes["add"].via == "mm"
+    assert_valid(out)
+
+
+def test_an_embedding_table_is_stored_low_and_its_rows_cast():
+    # Gather(table, ids) -> Add(position rows) -> Exp: nothing else is low, yet the table is
+    # stored float16 and the Cast to float32 comes after the Gather (4 rows, not 64).
+    ids = numpy_helper.from_array(np.array([[1, 5, 9, 2]], np.int64), "ids")
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["rows"], name="gather"),
+        helper.make_node("Exp", ["rows"], ["y"], name="exp"),
+    ]
+    proto = model(
+        nodes, inputs=(), initializers=[_values("table", (64, 16)), ids], shape=(1, 4, 16)
+    )
+    out, plan = convert(proto)
+    assert precisions(plan)["gather"] == "float16"
+    (table,) = plan.weights
+    assert (table.name, table.dst, table.in_place) == ("table", "float16", True)
+    assert [(c.tensor, c.bytes) for c in plan.casts] == [("rows", 4 * 16 * 6)]
+    _, colouring = convert(proto, spread="tensorflow")
+    assert precisions(colouring)["gather"] == "float32" and not colouring.weights
+    assert_valid(out)
+
+
+def test_a_weight_that_does_not_fit_keeps_its_exact_reader_float32():
+    big = numpy_helper.from_array(np.full((64, 16), 1e5, np.float32), "table")
+    ids = numpy_helper.from_array(np.array([[1, 5]], np.int64), "ids")
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["rows"], name="gather"),
+        helper.make_node("Exp", ["rows"], ["y"], name="exp"),
+    ]
+    _, plan = convert(model(nodes, inputs=(), initializers=[big, ids]))
+    assert plan.nodes["gather"].rule == "weight_range"
+    assert [w.name for w in plan.kept_weights] == ["table"]
+
+
+def test_a_tie_stays_float32():
+    # MatMul -> Relu -> kept output: one Cast either side of the Relu; float32 wins the tie.
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Relu", ["m"], ["y"], name="relu"),
+    ]
+    _, plan = convert(model(nodes, initializers=[weight("w")]), keep_io_types=True)
+    assert precisions(plan)["relu"] == "float32"
+    assert "no fewer bytes (a tie stays float32)" in plan.nodes["relu"].reason
+    _, colouring = convert(model(nodes, initializers=[weight("w")]), spread="tensorflow")
+    assert precisions(colouring)["relu"] == "float16"
+
+
+def test_deny_spreads_and_name_rules_hold_under_cost():
+    nodes = [
+        helper.make_node("Exp", ["x"], ["e"], name="exp"),
+        helper.make_node("Add", ["e", "b"], ["a"], name="add"),  # downstream of deny, to Sigmoid
+        helper.make_node("Sigmoid", ["a"], ["s"], name="sigmoid"),
+        helper.make_node("MatMul", ["s", "w"], ["m"], name="mm"),
+        helper.make_node("Relu", ["m"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w"], ["y"], name="mm2"),
+    ]
+    proto = model(nodes, initializers=[weight("w"), weight("b", seed=2)])
+    _, plan = convert(proto)
+    assert plan.nodes["add"].rule == "deny_spread" and plan.nodes["add"].precision == "float32"
+    assert precisions(plan)["relu"] == "float16"
+    _, named = convert(proto, deny_names=["relu"])
+    assert named.nodes["relu"].rule == "deny_name"
+    # s into mm (Sigmoid is float32 by deny's spread), m out of mm and r into mm2 (the Relu)
+    assert sorted(c.tensor for c in named.casts) == ["m", "r", "s"]
+
+
+def test_keep_io_types_keeps_the_input_and_the_cast_goes_where_it_is_cheapest():
+    nodes = [
+        helper.make_node("Slice", ["x", "starts", "ends"], ["s"], name="slice"),
+        helper.make_node("MatMul", ["s", "w"], ["y"], name="mm"),
+    ]
+    inits = [
+        weight("w", shape=(16, 4)),
+        numpy_helper.from_array(np.array([0], np.int64), "starts"),
+        numpy_helper.from_array(np.array([1], np.int64), "ends"),
+    ]
+    proto = model(nodes, initializers=inits, shape=(8, 16))
+    _, free = convert(proto)  # the input takes float16: no Cast at all
+    assert not free.casts and precisions(free)["slice"] == "float16"
+    out, kept = convert(proto, keep_io_types=True)  # the Cast after the Slice: 16 values, not 128
+    assert precisions(kept)["slice"] == "float32"
+    assert [(c.tensor, c.bytes) for c in kept.casts if c.purpose == "precision boundary"] == [
+        ("s", 16 * 6)
+    ]
+    assert_valid(out)
+
+
+def test_explain_says_why_a_cast_sits_where_it_does(tmp_path):
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Relu", ["m"], ["r"], name="relu"),
+        helper.make_node("Exp", ["r"], ["y"], name="exp"),
+    ]
+    path = tmp_path / "m.onnx"
+    import onnx
+
+    onnx.save(model(nodes, initializers=[weight("w")]), str(path))
+    done = subprocess.run(
+        [sys.executable, "-m", "graphamp.cli", "explain", str(path), "m__float32"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    # one Cast before or after the Relu: a tie, which stays float32
+    assert "Cast 'm__float32': 'm' float16 -> float32 (96 bytes per run)" in text
+    assert "comes from mm (MatMul): float16" in text and "read by relu (Relu): float32" in text
+    assert "a tie stays float32" in text
+    assert "after relu (its outputs cast, relu in float16): 96 bytes" in text
+
+
+def test_tensorflow_colouring_is_selectable_by_policy_file_and_flag(tmp_path):
+    config = tmp_path / "graphamp.toml"
+    config.write_text('[graphamp]\nspread = "tensorflow"\n', encoding="utf-8")
+    assert Policy.from_toml(config).spread == "tensorflow"
+    assert Policy.create("float16").spread == "cost"
+    assert Policy.create("float16", dialect="fx_cpu").spread == "autocast"
+    _, plan = convert(model([helper.make_node("Relu", ["x"], ["y"], name="r")]))
+    assert plan.policy["spread"] == "cost"
+    with pytest.raises(Exception, match="spread 'paint' is not one of cost, tensorflow"):
+        Policy.create("float16", spread="paint")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[graphamp]\nspread = 1\n", encoding="utf-8")
+    with pytest.raises(Exception, match="'spread' must be a string"):
+        Policy.from_toml(bad)
+
+
+# -- the cut is a minimum: brute force on random graphs ----------------------------------------
+
+_OPS = ["MatMul", "Add", "Sigmoid", "Relu", "Exp", "Transpose", "Mul"]
+
+
+def _random_graph(seed: int):
+    rng = random.Random(seed)
+    b = GraphBuilder()
+    values = [b.input("x"), b.input("x2")]
+    for index in range(rng.randint(3, 9)):
+        op = rng.choice(_OPS)
+        inputs = [rng.choice(values)]
+        if op in ("MatMul", "Add", "Mul"):
+            other = rng.choice([*values, b.weight(f"w{index}")])
+            inputs.append(other)
+        values.append(b.op(f"n{index}", op, inputs))
+    graph = b.output(values[-1], *rng.sample(values[2:], k=min(1, len(values) - 3)))
+    for tensor in graph.tensors.values():  # sizes that differ, so the cut has choices to make
+        tensor.shape = (rng.choice([1, 2, 8]), rng.choice([1, 4, 16]))
+    return graph
+
+
+@pytest.mark.parametrize("keep", [False, True])
+@pytest.mark.parametrize("seed", range(40))
+def test_the_cut_is_the_cheapest_assignment_and_ties_stay_float32(seed, keep):
+    graph = _random_graph(seed)
+    policy = Policy.create("float16", keep_io_types=keep)
+    context = PassContext(graph, policy)
+    manager = PassManager(pipeline="model")
+    manager.passes = [p for p in manager.passes if p.name in ("classify",)]
+    manager.run(context)
+    classes = context.decisions
+    decided = decide_by_cost(graph, classes, policy)
+    free = {
+        n
+        for n, d in decided.items()
+        if d.rule in (Rule.INFER, Rule.CLEAR) and graph.nodes[n].kind is NodeKind.OP
+    }
+    costs = _costs(graph, decided, free, policy)
+    variables = sorted({v for c in costs for v in (c.head, *c.members)} - {LOW, F32})
+
+    def price(low: set[str]) -> int:
+        side = {v: LOW if v in low else F32 for v in variables}
+        return sum(c.cost for c in costs if c.paid(side))
+
+    best, cheapest = None, []
+    for size in range(len(variables) + 1):
+        for low in itertools.combinations(variables, size):
+            cost = price(set(low))
+            if best is None or cost < best:
+                best, cheapest = cost, [set(low)]
+            elif cost == best:
+                cheapest.append(set(low))
+    side = _solve(free, costs)
+    chosen = {v for v in variables if side.get(v) == LOW}
+    assert price(chosen) == best
+    # the cut with the fewest variables low: inside every cheapest set, so a tie stays float32
+    assert chosen == set.intersection(*cheapest)
+    assert {n for n in free if decided[n].precision == "float16"} == chosen & free
+
+
+@pytest.mark.parametrize("keep", [False, True])
+@pytest.mark.parametrize("name", ["mnist", "bert", "gpt"])
+def test_cost_moves_no_more_bytes_than_colouring_on_the_zoo(zoo_model, name, keep):
+    """The plan's Cast bytes plus the stored weights' bytes, what the cut minimises, are never
+    above TensorFlow's colouring's (a feasible cut), and the output is as valid."""
+    import graphamp.onnx as gonnx
+
+    def moved(spread: str) -> tuple[int, int]:
+        result = gonnx.convert(zoo_model(name), keep_io_types=keep, spread=spread)
+        proto = result.to_proto()
+        assert_valid(proto)
+        stored = sum(numpy_helper.to_array(t).nbytes for t in proto.graph.initializer)
+        return result.plan.summary()["cast_bytes"], stored
+
+    cast_bytes, stored = moved("cost")
+    colour_cast_bytes, colour_stored = moved("tensorflow")
+    assert cast_bytes + stored <= colour_cast_bytes + colour_stored
+    assert cast_bytes <= colour_cast_bytes

@@ -1,0 +1,1 @@
+"""Tests of graphamp.plans: plan files, their checks, reviewed plans applied."""

@@ -1,0 +1,131 @@
+"""Plan files with a field of the wrong type or value: one line naming the field (exit status
+2), never an error deep in a diff, an explanation or the reviewed-plan check. A number among
+``casts_removed`` once reached ``sorted()`` in the reviewed-plan check (an internal error,
+found by the plan-file fuzzer in tools/fuzz/fuzz_cli.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+import graphamp.onnx as gonnx
+from graphamp.cli import main
+from graphamp.errors import GraphampError
+from graphamp.plans.plan import Plan
+from tests.helpers import chain
+
+
+def plan_data() -> dict:  # type: ignore[type-arg]
+    proto = chain(["MatMul", "Softmax", "MatMul"])
+    return json.loads(gonnx.analyse(proto, keep_io_types=["x"]).plan.to_json())
+
+
+def setter(*path: object, value: object) -> Callable[[dict], None]:  # type: ignore[type-arg]
+    def change(data: dict) -> None:  # type: ignore[type-arg]
+        target = data
+        for key in path[:-1]:
+            target = target[key]  # type: ignore[index]
+        target[path[-1]] = value  # type: ignore[index]
+
+    return change
+
+
+CASES = {
+    "casts_removed holds a number": (
+        setter("casts_removed", value=[1, "a"]),
+        "casts_removed[0] must be a string, not 1",
+    ),
+    "flops is a string": (
+        setter("nodes", "matmul0", "flops", value="many"),
+        "nodes['matmul0'].flops must be a whole number >= 0, not 'many'",
+    ),
+    "an unknown precision": (
+        setter("nodes", "matmul0", "precision", value="float8"),
+        "nodes['matmul0'].precision must be a precision",
+    ),
+    "a node without a reason": (
+        lambda d: d["nodes"]["softmax1"].pop("reason"),
+        "nodes['softmax1'].reason must be present",
+    ),
+    "a field a node does not have": (
+        setter("nodes", "matmul0", "colour", value="red"),
+        "nodes['matmul0'].colour must be absent (no such field)",
+    ),
+    "a cast's consumers not a list": (
+        setter("casts", 0, "consumers", value="matmul0"),
+        "casts[0].consumers must be a list of strings",
+    ),
+    "a weight's in_place a number": (
+        setter("weights", 0, "in_place", value=1),
+        "weights[0].in_place must be true or false, not 1",
+    ),
+    "a negative element count": (
+        setter("weights", 0, "elements", value=-4),
+        "weights[0].elements must be a whole number >= 0, not -4",
+    ),
+    "keep_io_types a list of numbers": (
+        setter("policy", "keep_io_types", value=[0]),
+        "policy.keep_io_types[0] must be a string, not 0",
+    ),
+    "a policy list that is no list": (
+        setter("policy", "lists", "deny", value="Exp"),
+        "policy.lists.deny must be a list of strings",
+    ),
+    "a precision that is an object": (
+        setter("nodes", "matmul0", "precision", value={"a": 1}),
+        "nodes['matmul0'].precision must be a precision",
+    ),
+    "a dtype that is no low type": (
+        setter("dtype", value="int8"),
+        "dtype must be a low-precision type (bfloat16, float16), not 'int8'",
+    ),
+    "casts_retargeted to a number": (
+        setter("casts_retargeted", value={"c": 3}),
+        "casts_retargeted['c'] must be a string, not 3",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_malformed_plan_names_the_field(case):
+    change, message = CASES[case]
+    data = plan_data()
+    change(data)
+    with pytest.raises(GraphampError) as info:
+        Plan.from_dict(data, where="p.json")
+    assert message in str(info.value)
+    assert str(info.value).startswith("p.json: ")
+
+
+def test_the_plan_written_by_graphamp_passes_and_round_trips():
+    data = plan_data()
+    assert Plan.from_dict(data).to_dict() == data
+
+
+@pytest.mark.parametrize("command", ["explain", "diff", "convert"])
+def test_every_command_refuses_a_malformed_plan_in_one_line(tmp_path, capsys, command):
+    data = plan_data()
+    data["casts_removed"] = [1, "a"]
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps(data))
+    model = tmp_path / "m.onnx"
+    model.write_bytes(chain(["MatMul", "Softmax", "MatMul"]).SerializeToString())
+    args = {
+        "explain": ["explain", str(plan), "matmul0"],
+        "diff": ["diff", str(plan), str(model)],
+        "convert": [
+            "convert",
+            str(model),
+            "-o",
+            str(tmp_path / "o.onnx"),
+            "--from-plan",
+            str(plan),
+        ],
+    }[command]
+    capsys.readouterr()
+    assert main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "casts_removed[0] must be a string, not 1" in lines[0]
+    assert not (tmp_path / "o.onnx").exists()

@@ -1,0 +1,1 @@
+"""Tests that keep the scripts under tools/ working."""

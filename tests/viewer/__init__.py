@@ -1,0 +1,1 @@
+"""Tests of the plan viewer (graphamp.viewer)."""
