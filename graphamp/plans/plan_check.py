@@ -27,10 +27,19 @@ def check_plan_data(data: dict[str, object], where: str) -> None:
     version already checked) whose type or value the plan format does not allow."""
     try:
         _record(data, "", _PLAN, optional=_PLAN_OPTIONAL, open_keys=True)
+        _vias_name_nodes(data["nodes"])  # type: ignore[arg-type]
     except _Refused as refused:
         path, expected, value = refused.args
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
         raise GraphampError(f"{where}: {path} must be {expected}, not {shown}") from None
+
+
+def _vias_name_nodes(nodes: dict[str, dict[str, object]]) -> None:
+    """Every ``via`` names a node of the plan: ``explain`` follows them from node to node."""
+    for name, decision in nodes.items():
+        via = decision.get("via")
+        if via is not None and via not in nodes:
+            _fail(f"nodes[{name!r}].via", "the name of a node of the plan", via)
 
 
 def _fail(path: str, expected: str, value: object) -> None:

@@ -81,6 +81,10 @@ CASES = {
         setter("dtype", value="int8"),
         "dtype must be a low-precision type (bfloat16, float16), not 'int8'",
     ),
+    "a via that names no node (fuzz seed 6134: explain followed it, exit 3)": (
+        setter("nodes", "matmul0", "via", value="float8"),
+        "nodes['matmul0'].via must be the name of a node of the plan, not 'float8'",
+    ),
     "casts_retargeted to a number": (
         setter("casts_retargeted", value={"c": 3}),
         "casts_retargeted['c'] must be a string, not 3",
@@ -129,3 +133,17 @@ def test_every_command_refuses_a_malformed_plan_in_one_line(tmp_path, capsys, co
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "casts_removed[0] must be a string, not 1" in lines[0]
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_explain_refuses_a_via_that_names_no_node_in_one_line(tmp_path, capsys):
+    """Fuzz seed 6134: explain followed a node's ``via`` to a name no node has (exit 3, a
+    KeyError). The plan is refused when read, naming the file and the field."""
+    data = plan_data()
+    data["nodes"]["matmul0"]["via"] = "float8"
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["explain", str(plan), "matmul0"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"graphamp: error: {plan}: "), lines
+    assert "nodes['matmul0'].via must be the name of a node of the plan" in lines[0]
