@@ -2,13 +2,16 @@
 
 A model's ``value_info`` and graph outputs declare each value's type and shape. When a
 declaration contradicts what ONNX type inference derives from the graph (a damaged dim, a
-wrong rank or element type), or a graph output's type lost its ``shape`` field,
-``onnx.checker.check_model(full_check=True)`` refuses the model, and a converted copy would
-be refused too. Inference settles such a declaration, so the model is repaired before it is
-read: a contradicted ``value_info`` entry is dropped (inference gives the value its type
-again), a graph output takes the inferred type and shape, and one line says which values'
-declarations were overridden (an output that only lacked a shape gets the inferred one
-without a line: nothing it said is undone). Only the main graph's declarations are repaired
+wrong rank, element type or kind of type), or a graph output's type lost its ``shape``,
+its element type or everything it held, ``onnx.checker.check_model(full_check=True)``
+refuses the model, and a converted copy would be refused too. Inference settles such a
+declaration, so the model is repaired before it is read: a contradicted ``value_info`` entry
+is dropped (inference gives the value its type again), a graph output takes the inferred type
+and shape, and one line says which values' declarations were overridden (an output that only
+lacked a part gets the inferred one without a line: nothing it said is undone). An IR-3 model
+whose initializers are not graph inputs is inferred as the IR-4 model it is written as (onnx
+infers such a model's Slice without its stored axes: a wrong shape, written into the output
+as a contradiction). Only the main graph's declarations are repaired
 (a body's or function's are read as they are); what inference cannot settle (a
 contradiction that stays) is refused with exit status 2, and so is a node whose types or
 shapes its schema refuses (strict inference with type checks: onnxruntime refuses it too),
@@ -46,7 +49,8 @@ def checked(
     the note that says what was repaired, to show once the model is read: "" for none);
     ``light(proto)`` is ``proto`` without large weights, for inference."""
     failure = ""
-    if not any(_lacks_shape(output) for output in proto.graph.output):
+    light = _as_written(light)
+    if not any(_incomplete(output) for output in proto.graph.output):
         try:
             return proto, _strict(light(proto), data_prop), ""
         except GraphampError as exc:  # a contradiction, or an op inference cannot take
@@ -72,8 +76,11 @@ def checked(
         found = inferred.get(output.name)
         if found is not None and _contradicts(output, found):
             names.append(output.name)
-        elif _lacks_shape(output) and found is not None and not _lacks_shape(found):
+        elif _incomplete(output) and found is not None and not _incomplete(found):
             filled.append(output.name)
+            if output.type.HasField("tensor_type") and output.type.tensor_type.HasField("shape"):
+                output.type.tensor_type.elem_type = found.type.tensor_type.elem_type
+                continue  # only the element type was missing: the dims stay as declared
         else:
             continue
         output.type.CopyFrom(found.type)
@@ -156,8 +163,37 @@ def warn(note: str) -> None:
         warnings.warn(note, RepairWarning, stacklevel=3)
 
 
-def _lacks_shape(info: onnx.ValueInfoProto) -> bool:
-    return info.type.HasField("tensor_type") and not info.type.tensor_type.HasField("shape")
+def _incomplete(info: onnx.ValueInfoProto) -> bool:
+    """Whether a graph output declares less than the checker requires of one: a tensor type
+    without ``shape`` or element type, or no type at all (an empty one included)."""
+    kind = info.type.WhichOneof("value")
+    if kind is None:
+        return True
+    tensor = info.type.tensor_type
+    return kind == "tensor_type" and not (tensor.HasField("shape") and tensor.elem_type)
+
+
+def _as_written(
+    light: Callable[[onnx.ModelProto], onnx.ModelProto],
+) -> Callable[[onnx.ModelProto], onnx.ModelProto]:
+    """``light``, its result said to be IR version 4 where it is an IR-3 model whose
+    initializers are not all graph inputs (the version the converted model says:
+    ``OnnxDialect``); onnx infers such an IR-3 model wrongly."""
+
+    def inferable(proto: onnx.ModelProto) -> onnx.ModelProto:
+        result = light(proto)
+        if result.ir_version >= 4:
+            return result
+        inputs = {value.name for value in result.graph.input}
+        if all(tensor.name in inputs for tensor in result.graph.initializer):
+            return result
+        if result is proto:  # no large weights (light copies those): a small copy
+            result = onnx.ModelProto()
+            result.CopyFrom(proto)
+        result.ir_version = 4
+        return result
+
+    return inferable
 
 
 def _inferred(proto: onnx.ModelProto, data_prop: bool) -> onnx.ModelProto | None:
@@ -181,9 +217,12 @@ def _inferred_alone(proto: onnx.ModelProto, data_prop: bool) -> onnx.ModelProto 
 
 
 def _contradicts(declared: onnx.ValueInfoProto, inferred: onnx.ValueInfoProto) -> bool:
-    """Whether a declared tensor type disagrees with an inferred one (element type, rank, or
-    a dimension both give as a number)."""
-    if not (declared.type.HasField("tensor_type") and inferred.type.HasField("tensor_type")):
+    """Whether a declared type disagrees with an inferred one (its kind, element type, rank,
+    or a dimension both give as a number)."""
+    kinds = declared.type.WhichOneof("value"), inferred.type.WhichOneof("value")
+    if None not in kinds and kinds[0] != kinds[1]:  # a sequence declared for a tensor
+        return True
+    if kinds != ("tensor_type", "tensor_type"):
         return False
     mine, theirs = declared.type.tensor_type, inferred.type.tensor_type
     if mine.elem_type and theirs.elem_type and mine.elem_type != theirs.elem_type:

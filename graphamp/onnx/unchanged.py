@@ -4,8 +4,11 @@
 graphamp's writer would add what type inference found (``value_info`` dims) and change bytes
 that converting again should leave alone. The file is copied as it is when it is one file
 (no external data, whose file name follows the output's) that graphamp would not have changed
-on reading it: nodes in topological order, no declaration that type inference contradicts,
-and initializers allowed outside the graph inputs by its IR version.
+on reading it (nodes in topological order, no declaration that type inference contradicts,
+initializers allowed outside the graph inputs by its IR version) and that
+``onnx.checker.check_model(full_check=True)`` passes: graphamp writes only models the checker
+passes, and a file it refuses (an output whose type lost its value, say) is written through
+the writer, which declares what inference settles.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from graphamp.onnx.order import topologically_sorted
 def copy_if_sound(source: Path, path: Path) -> bool:
     """Copy ``source`` to ``path`` (True) when it is sound as it is (module docstring)."""
     if external_data_files(source):
+        return False
+    try:  # by path: the checker reads the file itself (no 2 GB copy through Python)
+        onnx.checker.check_model(str(source), full_check=True)
+    except Exception:  # the checker's errors, and bytes it cannot parse
         return False
     try:
         proto = onnx.load(str(source), load_external_data=False)

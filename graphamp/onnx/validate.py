@@ -129,9 +129,17 @@ def _check_graph_io(graph: onnx.GraphProto, where: str, ir_version: int) -> None
         if value.name in declared:
             raise GraphampError(f"{where}: graph input {value.name!r} is declared twice")
         declared.add(value.name)
-        if not value.HasField("type"):
+        if value.type.WhichOneof("value") is None:  # no type, or an empty one
             raise GraphampError(f"{where}: graph input {value.name!r} has no type")
         _check_elem_type(value, where, required=True)
+        if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape"):
+            # inference cannot settle an input's shape (it starts from it), and the checker
+            # refuses a model whose graph input has none
+            raise GraphampError(
+                f"{where}: graph input {value.name!r} declares no shape, not even its rank "
+                "(the ONNX checker requires one); declare its dims, a name such as 'batch' "
+                "for each that varies"
+            )
     for value in (*graph.output, *graph.value_info):
         if not value.name:
             raise GraphampError(f"{where}: a graph output or value_info entry has no name")

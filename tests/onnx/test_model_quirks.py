@@ -135,6 +135,14 @@ def damaged(kind: str) -> onnx.ModelProto:
     output, info = model.graph.output[0].type.tensor_type, model.graph.value_info[0]
     if kind == "output lost its shape":
         output.ClearField("shape")
+    elif kind == "output lost its element type":
+        output.ClearField("elem_type")
+    elif kind == "output type is empty":  # the type field kept, holding nothing (seed 8456)
+        model.graph.output[0].type.ClearField("tensor_type")
+        model.graph.output[0].type.SetInParent()
+    elif kind == "value_info kind contradicts":  # a sequence declared for a tensor
+        info.type.ClearField("tensor_type")
+        info.type.sequence_type.elem_type.tensor_type.elem_type = F32
     elif kind == "output dim contradicts":
         output.shape.dim[2].dim_value = 4
     elif kind == "output rank contradicts":
@@ -152,18 +160,22 @@ def damaged(kind: str) -> onnx.ModelProto:
     "kind",
     [
         "output lost its shape",
+        "output lost its element type",
+        "output type is empty",
         "output dim contradicts",
         "output rank contradicts",
         "output type contradicts",
         "value_info dim contradicts",
         "value_info type contradicts",
+        "value_info kind contradicts",
     ],
 )
 def test_declarations_inference_contradicts_are_repaired_with_a_note(kind):
     model = damaged(kind)
     with pytest.raises((onnx.checker.ValidationError, onnx.shape_inference.InferenceError)):
         onnx.checker.check_model(model, full_check=True)
-    if kind == "output lost its shape":  # completed: nothing the model said is overridden
+    if kind.startswith("output lost") or kind == "output type is empty":
+        # completed: nothing the model said is overridden
         with warnings.catch_warnings():
             warnings.simplefilter("error", RepairWarning)
             converted = assert_converts_faithfully(model, conv_net(), keep_io_types=True)
@@ -260,3 +272,84 @@ def test_a_node_whose_types_its_schema_refuses_is_refused(tmp_path, capsys):
     assert len(err) == 1 and "type inference refuses the model" in err[0], err
     assert "reduce" in err[0] and "ReduceMin" in err[0], err
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_a_graph_input_without_a_shape_is_refused_naming_it(tmp_path, capsys):
+    """Seed 3556: a graph input whose type lost its ``shape`` field. onnxruntime loads it, the
+    full checker refuses it, and inference cannot settle an input's shape (it starts from it):
+    refused in one line naming the input, nothing written."""
+    model = conv_net()
+    model.graph.input[0].type.tensor_type.ClearField("shape")
+    with pytest.raises(onnx.checker.ValidationError, match="'shape' of 'type' is required"):
+        onnx.checker.check_model(model, full_check=True)
+    path, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(model, str(path))
+    for argv in (["convert", str(path), "-o", str(out)], ["plan", str(path), "-o", str(out)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "graph input 'x' declares no shape" in err[0], err
+        assert str(path) in err[0] and not out.exists()
+
+
+def ir3_slice() -> onnx.ModelProto:
+    """x[2, 8] -> Slice(starts 4, ends 8, axes 1) -> [2, 4] -> Relu, at IR version 3 with the
+    Slice's inputs stored as initializers but not declared as graph inputs (seed 6676)."""
+    stored = [
+        numpy_helper.from_array(np.array([value], np.int64), name)
+        for name, value in (("starts", 4), ("ends", 8), ("axes", 1))
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["s"], name="slice"),
+            helper.make_node("Relu", ["s"], ["y"], name="relu"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", F32, [2, 8])],
+        [helper.make_tensor_value_info("y", F32, [2, 4])],
+        stored,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 3
+    return model
+
+
+def test_an_ir3_model_is_typed_as_the_ir4_model_it_is_written_as(tmp_path, capsys):
+    """onnx infers an IR-3 model's Slice without its stored axes (a [0, 8] slice of [2, 8]):
+    graphamp wrote that shape into the output's value_info, where the checker found it
+    contradicted. Inferred as IR 4, the shape is [2, 4]; nothing converts, and the output is
+    the model at IR 4, which the full checker accepts."""
+    model = ir3_slice()
+    wrong = onnx.shape_inference.infer_shapes(model)
+    slice_dims = [d.dim_value for d in wrong.graph.value_info[0].type.tensor_type.shape.dim]
+    assert slice_dims != [2, 4]  # onnx's inference of the IR-3 model, the cause
+    ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    path, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(model, str(path))
+    assert main(["convert", str(path), "-o", str(out), "--deny", "Relu"]) == 0
+    assert "nothing converted" in capsys.readouterr().err
+    written = onnx.load(str(out))
+    onnx.checker.check_model(written, full_check=True)
+    assert written.ir_version == 4
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in written.graph.value_info}  # fmt: skip
+    assert shapes.get("s", [2, 4]) == [2, 4]
+
+
+def test_nothing_converted_copies_the_input_only_where_the_checker_passes_it(tmp_path, capsys):
+    """Seed 8456: a graph output whose type holds nothing, in a model where nothing converts.
+    The input's own bytes would be a file the full checker refuses: the output is written
+    with the inferred type instead. A sound model where nothing converts is still copied."""
+    model = conv_net()
+    model.graph.output[0].type.ClearField("tensor_type")
+    model.graph.output[0].type.SetInParent()
+    path, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(model, str(path))
+    deny = ["--deny", "Conv,MatMul,Relu,Add,Exp,Softmax"]
+    assert main(["convert", str(path), "-o", str(out), *deny]) == 0
+    assert "nothing converted" in capsys.readouterr().err
+    assert out.read_bytes() != path.read_bytes()
+    onnx.checker.check_model(str(out), full_check=True)
+    assert onnx.load(str(out)).graph.output[0] == conv_net().graph.output[0]
+    onnx.save(conv_net(), str(path))
+    assert main(["convert", str(path), "-o", str(out), *deny]) == 0
+    assert out.read_bytes() == path.read_bytes()
