@@ -141,6 +141,25 @@ def test_the_public_face_resolves():
     assert "verify" in dir(graphamp)
 
 
+def test_a_public_function_stays_itself_when_its_package_modules_are_imported():
+    """``graphamp.onnx.tune`` was a function that imported ``graphamp/onnx/tune.py`` when
+    called: the first import binds the package's attribute to the module, so the next call (or
+    any call after a test imported the module) met a module. Every public function of
+    graphamp.onnx and graphamp.fx is still itself after every module of its package is
+    imported."""
+    import importlib
+    import inspect
+
+    for package in ("onnx", "fx"):
+        module = importlib.import_module(f"graphamp.{package}")
+        public = {name: getattr(module, name) for name in module.__all__}
+        for path in sorted((ROOT / "graphamp" / package).glob("*.py")):
+            importlib.import_module(f"graphamp.{package}.{path.stem}")
+        for name, value in public.items():
+            if inspect.isfunction(value):
+                assert getattr(module, name) is value, f"graphamp.{package}.{name} was replaced"
+
+
 # The stack, bottom up: a module imports from its own level or below. graphamp.dialects (the
 # Dialect interface and its registry) is read from any level; a package not named here is
 # not held to it.

@@ -81,7 +81,7 @@ def files(args: argparse.Namespace) -> Files:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     from graphamp.dialects.registry import for_file
-    from graphamp.onnx.tune import tune
+    from graphamp.onnx.tuning import tune
 
     source, target = Path(args.input), Path(args.output)
     dialect = for_file(source)

@@ -63,8 +63,8 @@ def debug(original: Model, converted: Model, data: object, *, plan: Plan | None 
 
 def tune(model: Model, data: object, *, rtol: float, atol: float = 0.0, **keywords: object):  # type: ignore[no-untyped-def]
     """The fewest nodes to keep float32 so the conversion meets ``rtol``/``atol`` on ``data``,
-    and that conversion: see :mod:`graphamp.onnx.tune` (keywords: ``policy``, ``ranges``)."""
-    from graphamp.onnx.tune import tune as run
+    and that conversion: see :mod:`graphamp.onnx.tuning` (keywords: ``policy``, ``ranges``)."""
+    from graphamp.onnx.tuning import tune as run
 
     return run(model, data, rtol=rtol, atol=atol, **keywords)  # type: ignore[arg-type]
 

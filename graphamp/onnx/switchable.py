@@ -16,7 +16,7 @@ op reads low values through an exact Cast:
   is the same.
 
 So it differs from the converted model only where the conversion's own edits round a value a
-float32 op reads (none that graphamp makes today); :func:`graphamp.onnx.tune.tune` checks its
+float32 op reads (none that graphamp makes today); :func:`graphamp.onnx.tuning.tune` checks its
 result on the real conversion all the same.
 
 A weight a switched op reads is rounded once, when the model is built (by onnxruntime's own

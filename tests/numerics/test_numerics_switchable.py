@@ -13,7 +13,7 @@ from graphamp.onnx.dialect import OnnxDialect
 from graphamp.onnx.runtime import run
 from graphamp.onnx.session import as_proto
 from graphamp.onnx.switchable import Switchable
-from graphamp.onnx.tune import Decider
+from graphamp.onnx.tuning import Decider
 from graphamp.policy.policy import Policy
 from tests.helpers import chain
 from tests.numerics import numerics_models as planted

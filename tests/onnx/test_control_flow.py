@@ -15,7 +15,7 @@ import graphamp.onnx as gonnx
 from graphamp.errors import GraphampError
 from graphamp.models.control_flow import CASES
 from graphamp.onnx.runtime import run as run_faithfully
-from graphamp.onnx.tune import tune
+from graphamp.onnx.tuning import tune
 from tests.helpers import F32, assert_valid, convert, model, run, weight
 
 

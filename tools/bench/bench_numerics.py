@@ -46,7 +46,7 @@ from graphamp.onnx.dialect import OnnxDialect
 from graphamp.onnx.runtime import input_specs
 from graphamp.onnx.session import Session
 from graphamp.onnx.switchable import Switchable
-from graphamp.onnx.tune import Decider, tune
+from graphamp.onnx.tuning import Decider, tune
 from graphamp.policy.policy import Policy
 
 FAULTY_LAYERS = {"bert": (3, 8), "gpt": (2, 9)}

@@ -36,7 +36,7 @@ from graphamp.onnx.emulate import emulated
 from graphamp.onnx.files import inferred_types
 from graphamp.onnx.runtime import _typed_feeds, input_specs
 from graphamp.onnx.session import Session
-from graphamp.onnx.tune import tune
+from graphamp.onnx.tuning import tune
 
 
 def score(outputs: list[np.ndarray], expected: list[np.ndarray]) -> tuple[float, int]:
