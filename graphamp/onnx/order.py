@@ -35,11 +35,17 @@ def topologically_sorted(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
 
 
 def _in_order(graph: onnx.GraphProto | onnx.FunctionProto) -> bool:
+    # Runs on every model converted: one pass over the inputs, and the outer reads of
+    # subgraphs (a set per body) only for the nodes that have bodies.
     produced = _producers(graph)
     for index, node in enumerate(graph.node):
-        if any(produced.get(name, -1) >= index for name in _reads(node)):
+        for name in node.input:
+            if produced.get(name, -1) >= index:
+                return False
+        subgraphs = _subgraphs(node) if node.attribute else []
+        if subgraphs and any(produced.get(name, -1) >= index for name in _reads(node)):
             return False
-        if not all(_in_order(sub) for sub in _subgraphs(node)):
+        if not all(_in_order(sub) for sub in subgraphs):
             return False
     return True
 
