@@ -16,7 +16,7 @@ import onnx_ir as ir
 
 from graphamp.core import progress
 from graphamp.core.io import temp_prefix
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, WeightOverflow
 from graphamp.onnx import ir_tensors
 from graphamp.onnx.datafile import DataFileWriter
 from graphamp.onnx.infile import Converted, StreamedModel
@@ -108,17 +108,35 @@ def save(model: ir.Model, path: Path) -> None:
     outside = _outside_values(model) if external else []
     needed = sum(value.const_value.nbytes for value in outside)  # type: ignore[union-attr]
     check_room(path, needed)
-    with (
-        disk_full_is_an_error(path, needed, "of weights"),
-        tempfile.TemporaryDirectory(dir=path.parent, prefix=temp_prefix(path)) as tmp,
-    ):
-        tmp_path = Path(tmp) / path.name
-        if external:
-            _save_external(model, outside, tmp_path, data_name, needed)
-            replace_together([(Path(tmp) / data_name, path.parent / data_name)], tmp_path, path)
-        else:
-            ir.save(model, tmp_path)
-            replace_together([], tmp_path, path)
+    try:
+        with (
+            disk_full_is_an_error(path, needed, "of weights"),
+            tempfile.TemporaryDirectory(dir=path.parent, prefix=temp_prefix(path)) as tmp,
+        ):
+            tmp_path = Path(tmp) / path.name
+            if external:
+                _save_external(model, outside, tmp_path, data_name, needed)
+                replace_together([(Path(tmp) / data_name, path.parent / data_name)], tmp_path, path)
+            else:
+                ir.save(model, tmp_path)
+                replace_together([], tmp_path, path)
+    except Exception as exc:
+        # A weight converted as onnx_ir serialises it (one small enough to stay inside the
+        # model file) raises WeightOverflow wrapped in onnx_ir's SerdeError: the caller starts
+        # the conversion over on the WeightOverflow itself, so hand that on unwrapped.
+        overflow = _weight_overflow_in(exc)
+        if overflow is None or overflow is exc:
+            raise
+        raise overflow from None
+
+
+def _weight_overflow_in(exc: BaseException | None) -> WeightOverflow | None:
+    """The WeightOverflow ``exc`` is or was caused by, if any."""
+    while exc is not None:
+        if isinstance(exc, WeightOverflow):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 EXTERNAL_MIN_BYTES = 1024  # tensors up to this size stay inside the model file
