@@ -75,10 +75,10 @@ class OnnxDialect(Dialect):
         self, read: ReadGraph, script: EditScript
     ) -> ir.Model | onnx.ModelProto | StreamedModel:
         if isinstance(read.model, ProtoModel):
-            return _initializers_need_no_inputs(proto_writer.apply(read, script))
+            return _checker_ready(proto_writer.apply(read, script))
         from graphamp.onnx import writer
 
-        return _initializers_need_no_inputs(writer.apply(read, script))
+        return _checker_ready(writer.apply(read, script))
 
     def save(self, model: ir.Model | onnx.ModelProto | StreamedModel, path: Path) -> None:
         files.save(model, path)
@@ -144,6 +144,16 @@ def _is_ir_model(source: object) -> bool:
     once something imported it)."""
     ir = sys.modules.get("onnx_ir")
     return ir is not None and isinstance(source, ir.Model)
+
+
+def _checker_ready(model: Any) -> Any:
+    """``model`` with what onnxruntime overlooks and the checker does not settled: its IR
+    version (:func:`_initializers_need_no_inputs`) and a main graph without a name, named
+    ``main_graph`` (the name torch.onnx gives)."""
+    proto = getattr(model, "proto", model)  # a StreamedModel's proto holds its graph
+    if not proto.graph.name:
+        proto.graph.name = "main_graph"
+    return _initializers_need_no_inputs(model)
 
 
 def _initializers_need_no_inputs(model: Any) -> Any:

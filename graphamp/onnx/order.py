@@ -122,4 +122,7 @@ def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
 
 
 def _label(node: onnx.NodeProto, index: int) -> str:
-    return node.name or f"{node.op_type} #{index}"
+    name = node.name  # bytes where it is not UTF-8 (sorting runs before strings are checked)
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "backslashreplace")
+    return name or f"{node.op_type} #{index}"

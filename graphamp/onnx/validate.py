@@ -273,7 +273,7 @@ class _GraphCheck:
             signature = (
                 domain,
                 op_type,
-                len(fields.outputs),
+                tuple(map(bool, fields.outputs)),
                 tuple(map(bool, fields.inputs)),
                 tuple((a.name, a.type, bool(a.ref_attr_name)) for a in attributes)
                 if attributes

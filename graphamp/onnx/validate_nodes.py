@@ -90,6 +90,7 @@ def check_node(node: onnx.NodeProto, opsets: dict[str, int], where: str) -> None
     _check_count(label, "inputs", len(node.input), schema.min_input, schema.max_input)
     _check_count(label, "outputs", len(node.output), schema.min_output, schema.max_output)
     _check_empty_inputs(node, schema, label)
+    _check_empty_outputs(node, schema, label)
     present = set()
     for attr in node.attribute:
         present.add(attr.name)
@@ -117,6 +118,17 @@ def _check_empty_inputs(node: onnx.NodeProto, schema: onnx.defs.OpSchema, label:
         if formal.option != optional:
             raise GraphampError(
                 f"{label}: input {index} ({formal.name}) is required but its name is empty"
+            )
+
+
+def _check_empty_outputs(node: onnx.NodeProto, schema: onnx.defs.OpSchema, label: str) -> None:
+    """An empty output name means "not wanted": the checker refuses it for an output the op
+    always makes (a single one; onnxruntime reads it as a value named ""), so graphamp does."""
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    for index, (name, formal) in enumerate(zip(node.output, schema.outputs, strict=False)):
+        if not name and formal.option == single:
+            raise GraphampError(
+                f"{label}: output {index} ({formal.name}) is always made but its name is empty"
             )
 
 

@@ -353,3 +353,50 @@ def test_nothing_converted_copies_the_input_only_where_the_checker_passes_it(tmp
     onnx.save(conv_net(), str(path))
     assert main(["convert", str(path), "-o", str(out), *deny]) == 0
     assert out.read_bytes() == path.read_bytes()
+
+
+def test_an_always_made_output_without_a_name_is_refused_naming_the_node(tmp_path, capsys):
+    """Fuzz seeds 14836, 28644, 29124: a node whose single output's name is empty. The checker
+    refuses it, graphamp converted it (or crashed on a MatMul's missing output, exit 3). It is
+    refused naming the node, also where an earlier node of the op had its output named (the
+    validator checks each node signature once)."""
+    model = conv_net()
+    model.graph.node.insert(3, helper.make_node("Relu", ["m"], ["unused"], name="extra"))
+    model.graph.node.insert(4, helper.make_node("Relu", ["m"], [""], name="nameless"))
+    path, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(onnx.checker.ValidationError, match="marked single but has an empty"):
+        onnx.checker.check_model(str(path), full_check=True)
+    assert main(["convert", str(path), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "node 'nameless' (Relu): output 0 (Y) is always made" in err[0]
+    assert not out.exists()
+
+
+def test_a_cycle_through_a_node_whose_name_is_not_utf8_is_named(tmp_path, capsys):
+    """Fuzz seed 25389: sorting runs before strings are checked, and protobuf gives a name that
+    is not UTF-8 as bytes: naming the cycle ended in a TypeError (exit 3)."""
+    model = conv_net()
+    model.graph.node[1].input[0] = "a"  # relu reads add's output: a cycle
+    model.graph.node[2].name = "NAMEMARK"
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString().replace(b"NAMEMARK", b"\xff\xfeMEMARK"))
+    assert main(["convert", str(path), "-o", str(tmp_path / "o.onnx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the graph has a cycle: relu -> \\xff\\xfeMEMARK -> add" in err[0]
+
+
+def test_a_graph_without_a_name_is_written_with_one(tmp_path, capsys):
+    """Fuzz seed 16385: onnxruntime loads a graph whose name is empty, the checker refuses it;
+    nothing converted copied it as it was. The output's graph is named main_graph."""
+    model = conv_net()
+    model.graph.name = ""
+    path, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(onnx.checker.ValidationError, match="'name' of 'graph' is required"):
+        onnx.checker.check_model(str(path))
+    for flags in ([], ["--deny", "Conv,MatMul,Relu,Add,Exp,Softmax"]):  # the latter: nothing
+        assert main(["convert", str(path), "-o", str(out), *flags]) == 0
+        onnx.checker.check_model(str(out), full_check=True)
+        assert onnx.load(str(out)).graph.name == "main_graph"
+    capsys.readouterr()
