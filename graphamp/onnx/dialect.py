@@ -148,11 +148,13 @@ def _is_ir_model(source: object) -> bool:
 
 def _checker_ready(model: Any) -> Any:
     """``model`` with what onnxruntime overlooks and the checker does not settled: its IR
-    version (:func:`_initializers_need_no_inputs`) and a main graph without a name, named
-    ``main_graph`` (the name torch.onnx gives)."""
+    version (at least 3, the first with opset_import; :func:`_initializers_need_no_inputs`)
+    and a main graph without a name, named ``main_graph`` (the name torch.onnx gives)."""
     proto = getattr(model, "proto", model)  # a StreamedModel's proto holds its graph
     if not proto.graph.name:
         proto.graph.name = "main_graph"
+    if proto.ir_version < 3:  # IR 1 and 2 had no opset_import, which every model read has
+        proto.ir_version = 3
     return _initializers_need_no_inputs(model)
 
 

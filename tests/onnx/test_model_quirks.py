@@ -400,3 +400,19 @@ def test_a_graph_without_a_name_is_written_with_one(tmp_path, capsys):
         onnx.checker.check_model(str(out), full_check=True)
         assert onnx.load(str(out)).graph.name == "main_graph"
     capsys.readouterr()
+
+
+def test_an_ir_version_before_opset_import_is_written_as_one_with_it(tmp_path, capsys):
+    """Fuzz seed 40012: IR version 2 with an opset_import (which IR 3 brought): the checker
+    refuses it; nothing converted copied it as it was. The output says IR 3 or later."""
+    model = conv_net()
+    model.ir_version = 2
+    path, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(onnx.checker.ValidationError, match="IR version < 3"):
+        onnx.checker.check_model(str(path))
+    for flags in ([], ["--deny", "Conv,MatMul,Relu,Add,Exp,Softmax"]):  # the latter: nothing
+        assert main(["convert", str(path), "-o", str(out), *flags]) == 0
+        onnx.checker.check_model(str(out), full_check=True)
+        assert onnx.load(str(out)).ir_version >= 3
+    capsys.readouterr()

@@ -33,7 +33,7 @@ def test_the_harness_catches_a_planted_bug(monkeypatch):
     assert found, "a pass that inserts no casts must break some graph"
 
 
-LATER = [14836, 16385, 21797, 23877, 24301, 25389, 28644, 29124]
+LATER = [14836, 16385, 21797, 23877, 24301, 25389, 28644, 29124, 40012]
 
 
 def test_damaged_files_through_the_command_line(tmp_path):
@@ -44,7 +44,7 @@ def test_damaged_files_through_the_command_line(tmp_path):
     without a shape, an IR-3 model inferred wrongly, an output's empty type copied as it
     was), 6134 in explain following a plan's ``via`` to no node; the seeds of LATER (found in
     seeds 10000 to 29999) in a node output without a name, a graph without one, and a cycle
-    through a node whose name is not UTF-8."""
+    through a node whose name is not UTF-8, and (40012) an IR version before opset_import."""
     fuzz = fuzz_module()
     seeds = [2877, 3914, 4540, 5219, 3556, 6134, 6676, 8456, *LATER, *range(300)]
     problems = {seed: fuzz.check_cli(seed, tmp_path) for seed in seeds}
