@@ -6,11 +6,11 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from graphamp.core.io import signals_held
 from graphamp.errors import GraphampError
 
 EXTERNAL_DATA_THRESHOLD = 1_900_000_000  # bytes of weights above which we write external data
@@ -45,24 +45,10 @@ def check_room(path: Path, needed: int) -> None:
 def replace_together(data: list[tuple[Path, Path]], model_tmp: Path, model_path: Path) -> None:
     """Rename the data files, then the model, into place, with SIGINT and SIGTERM held back
     until all are done: an interrupt never leaves a model beside data of another conversion."""
-    with _signals_held():
+    with signals_held():
         for source, target in data:
             os.replace(source, target)
         os.replace(model_tmp, model_path)
-
-
-@contextmanager
-def _signals_held() -> Iterator[None]:
-    held = {signal.SIGINT, signal.SIGTERM}
-    try:
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    except (AttributeError, OSError, ValueError):  # no signal masks here (Windows)
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def size_text(count: float) -> str:
