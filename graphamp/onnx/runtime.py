@@ -68,8 +68,10 @@ def run(
 
     On the CPU a model holding float16/bfloat16 values runs as its faithful float32 emulation
     (:mod:`graphamp.onnx.emulate`): the CPU provider would compute float16 in float32 between
-    casts and hide rounding and overflow. ``onnx.reference`` (which computes in the stored
-    types) is the fallback for a model onnxruntime cannot run, if it is small enough.
+    casts and hide rounding and overflow. A QDQ model runs op by op there (no graph
+    optimisation): the provider's fused integer kernels are not the model's arithmetic.
+    ``onnx.reference`` (which computes in the stored types) is the fallback for a model
+    onnxruntime cannot run, if it is small enough.
     """
     emulation = ""
     if provider == "cpu":
@@ -78,6 +80,9 @@ def run(
             names = sorted({LOW_CODES[c] for c in types.values() if c in LOW_CODES})
             emulation = f", {'/'.join(names)} rounding emulated"
             model = emulated(model, types)
+    quantised = provider == "cpu" and _has_quantisers(model)
+    if quantised:
+        emulation += ", quantisers op by op"
     typed = _typed_feeds(model, feeds)
     # use_tf32=0: by default the CUDA provider runs float32 MatMul, Gemm and Conv on TF32
     # tensor cores, which round their inputs to float16's 10-bit mantissa, so a node kept
@@ -86,6 +91,13 @@ def run(
     providers = [cuda, "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if quantised:
+        # The CPU provider fuses a float32 DequantizeLinear -> op -> QuantizeLinear group into
+        # an integer kernel that requantises its own way: on a quantised ViT that alone moves
+        # the output by up to 17 quantisation steps from the model's op-by-op value (what
+        # onnx.reference computes), while an emulated low-precision model, its groups broken by
+        # rounding Casts, runs mostly unfused. Both sides of a comparison run op by op.
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     # Provider set-up failures (a CUDA provider without CUDA libraries) are reported by
     # graphamp in one line below, not in onnxruntime's multi-line log.
     ort.set_default_logger_severity(4)
@@ -216,3 +228,11 @@ def _typed_feeds(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[s
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0][:200]
+
+
+def _has_quantisers(model: onnx.ModelProto) -> bool:
+    """Whether ``model``'s main graph holds a QuantizeLinear or DequantizeLinear (a QDQ model)."""
+    return any(
+        node.op_type in ("QuantizeLinear", "DequantizeLinear") and node.domain in ("", "ai.onnx")
+        for node in model.graph.node
+    )
