@@ -18,13 +18,14 @@ shapes its schema refuses (strict inference with type checks: onnxruntime refuse
 once the readers, who name the common cases better, have read the model.
 
 The check costs nothing extra on a sound model: strict inference runs once, and its result
-is the one the readers use.
+is the one the readers use; so it does for a model whose outputs lack a shape and that
+declares no ``value_info`` (the outputs get the types of that one inference).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import onnx
 
@@ -55,7 +56,11 @@ def checked(
             return proto, _strict(light(proto), data_prop), ""
         except GraphampError as exc:  # a contradiction, or an op inference cannot take
             failure = str(exc)
-    own = _inferred_alone(light(proto), data_prop)
+    # nothing declared but the outputs (the chain of tools/bench, a hand-made model): strict
+    # inference of the bare model is the one inference, and its result the readers' too
+    bare_only = not failure and not proto.graph.value_info
+    alone = _strict_alone(light(proto), data_prop) if bare_only else None
+    own = alone or _inferred_alone(light(proto), data_prop)
     if own is None:
         return proto, _inferred(light(proto), data_prop), ""
     inferred = {info.name: info for info in (*own.graph.value_info, *own.graph.output)}
@@ -84,6 +89,10 @@ def checked(
         else:
             continue
         output.type.CopyFrom(found.type)
+    if alone is not None and not names and filled and _as_inferred(graph.output, inferred):
+        # what strict inference of ``repaired`` would infer: its outputs now declare just what
+        # inference gave them and it declares nothing else, as the model ``alone`` inferred
+        return repaired, alone, ""
     if not names and not filled:
         if not failure:  # strict inference was skipped for an output without a shape
             try:
@@ -206,6 +215,12 @@ def _inferred(proto: onnx.ModelProto, data_prop: bool) -> onnx.ModelProto | None
 def _inferred_alone(proto: onnx.ModelProto, data_prop: bool) -> onnx.ModelProto | None:
     """Inference's own view: ``proto``'s types inferred with its value_info left out and its
     outputs' declarations reduced to their element types."""
+    return _inferred(_bare(proto), data_prop)
+
+
+def _bare(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``proto`` without value_info, its outputs' declarations reduced to their
+    kinds of type."""
     bare = onnx.ModelProto()
     bare.CopyFrom(proto)
     del bare.graph.value_info[:]
@@ -213,7 +228,25 @@ def _inferred_alone(proto: onnx.ModelProto, data_prop: bool) -> onnx.ModelProto 
         if output.type.HasField("tensor_type"):
             output.type.tensor_type.ClearField("shape")
             output.type.tensor_type.elem_type = 0
-    return _inferred(bare, data_prop)
+    return bare
+
+
+def _strict_alone(proto: onnx.ModelProto, data_prop: bool) -> onnx.ModelProto | None:
+    """:func:`_inferred_alone` by strict inference (the same types where it passes: nothing
+    failed to be inferred), or None where strict inference refuses the model."""
+    try:
+        return _strict(_bare(proto), data_prop)
+    except GraphampError:
+        return None
+
+
+def _as_inferred(
+    outputs: Iterable[onnx.ValueInfoProto], inferred: dict[str, onnx.ValueInfoProto]
+) -> bool:
+    """Whether every output declares exactly the type inference gave it."""
+    return all(
+        output.name in inferred and output.type == inferred[output.name].type for output in outputs
+    )
 
 
 def _contradicts(declared: onnx.ValueInfoProto, inferred: onnx.ValueInfoProto) -> bool:
