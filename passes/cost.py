@@ -30,8 +30,9 @@ move at run time plus the bytes of the stored weights, a minimum cut:
 4. Ties stay float32 (the cut with the fewest ops low).
 
 The free ops split into regions that share no cost (connected through the costs above); each
-region is one minimum cut over a small flow graph (networkx): ops low on the source side,
-float32 on the sink side, each cost an edge or a hyperedge of two edges and an auxiliary node.
+region is one minimum cut over a small flow graph (:mod:`graphamp.passes.min_cut`): ops low on
+the source side, float32 on the sink side, each cost an edge or a hyperedge of two edges and an
+auxiliary node.
 Each free op's reason says what the other choice would cost (its own flip, the rest kept).
 """
 
@@ -39,8 +40,6 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from graphamp.core.dtypes import estimated_elements, itemsize
 from graphamp.core.graph import BodyKind, NodeKind, OpGraph, OpNode, TensorInfo
@@ -48,34 +47,16 @@ from graphamp.core.vocab import Precision, Rule
 from graphamp.passes.base import Fact, Pass, PassResult, register
 from graphamp.passes.classify import SCALED_OPS
 from graphamp.passes.context import PassContext
+from graphamp.passes.min_cut import F32, LOW, Cost, cut
 from graphamp.passes.output_casts import cache_pairs
 from graphamp.passes.paint import deny_spread_decisions
 from graphamp.plans.records import NodeDecision
 from graphamp.policy.policy import Policy
 
-if TYPE_CHECKING:
-    import networkx as nx
-
 log = logging.getLogger(__name__)
 
 LOOP_RUNS = 10  # what a loop body's iterations count as, per enclosing loop
-LOW, F32 = "S", "T"  # the cut's terminals: the low side (source) and the float32 side (sink)
 _FREE = (Rule.INFER, Rule.CLEAR)
-
-
-@dataclass(frozen=True)
-class Cost:
-    """``cost`` bytes, paid when some member is on another side than ``head``: a value's
-    Cast (head its producer, members its readers) or a weight's copy in one type (head the
-    other type's terminal). Sides are terminals or variables' names."""
-
-    cost: int
-    head: str
-    members: tuple[str, ...]
-
-    def paid(self, side: dict[str, str]) -> bool:
-        head = side.get(self.head, self.head)
-        return any(side.get(m, m) != head for m in self.members)
 
 
 class _Tally:
@@ -284,116 +265,10 @@ def _decides(cost: Cost, free: set[str]) -> bool:
 
 
 def _solve(free: set[str], costs: list[Cost]) -> dict[str, str]:
-    """The side of every variable (free ops, movable inputs, model Casts) in a minimum cut.
-    Costs split into regions of variables that share one; a region of one variable is priced
-    both ways, the rest cut together."""
-    parent: dict[str, str] = {}
-
-    def root(name: str) -> str:
-        while parent.setdefault(name, name) != name:
-            parent[name] = parent[parent[name]]
-            name = parent[name]
-        return name
-
-    regions: dict[str, list[Cost]] = defaultdict(list)
-    for cost in costs:
-        variables = [m for m in (cost.head, *cost.members) if m not in (LOW, F32)]
-        for other in variables[1:]:
-            parent[root(other)] = root(variables[0])
-    for cost in costs:
-        regions[root(next(m for m in (cost.head, *cost.members) if m not in (LOW, F32)))].append(
-            cost
-        )
+    """The side of every variable (free ops, movable inputs, model Casts) in a minimum cut of
+    ``costs``: one flow for all regions (those that share no cost are cut as they would be
+    alone; a region of one variable goes low only where that is strictly cheaper, as pricing
+    it both ways would say), float32 for a free op no cost depends on."""
     side = dict.fromkeys(free, F32)
-    shared: list[Cost] = []  # the regions of more than one variable: one cut for them all
-    for region in regions.values():
-        variables = {v for c in region for v in (c.head, *c.members)} - {LOW, F32}
-        if len(variables) == 1:  # one variable: try both sides (a tie stays float32)
-            (only,) = variables
-            price = {s: sum(c.cost for c in region if c.paid({only: s})) for s in (LOW, F32)}
-            side[only] = LOW if price[LOW] < price[F32] else F32
-        else:
-            shared.extend(region)
-    if shared:
-        side.update(_cut(shared))
+    side.update(cut(costs))
     return side
-
-
-def _cut(costs: list[Cost]) -> dict[str, str]:
-    """The minimum cut of ``costs``. A cost paid when some member is on another side than its
-    head is two hyperedges: (head float32, a member low) as member -> aux -> head, and (head
-    low, a member float32) as head -> aux' -> member; the aux edges are unbounded (None). A
-    cost with one member other than its head (most of them: a value one op reads) is the two
-    edges member -> head and head -> member instead, with no aux node: the same cuts at the
-    same price in half the flow graph. The regions that share no cost are cut in one flow (one
-    call: a graph of 50,000 nodes has thousands of them); the cut of each is the same as
-    alone."""
-    variables = list(dict.fromkeys(v for c in costs for v in (c.head, *c.members)))
-    variables = [v for v in variables if v not in (LOW, F32)]
-    edges: dict[tuple[str, str], int | None] = {}
-
-    def add(tail: str, head: str, cost: int | None) -> None:
-        was = edges.get((tail, head), 0)  # parallel edges add up; unbounded stays unbounded
-        edges[tail, head] = None if cost is None or was is None else was + cost
-
-    for index, cost in enumerate(costs):
-        members = [m for m in cost.members if m != cost.head]
-        if len(members) == 1:
-            (member,) = members
-            if cost.head != LOW and member != F32:
-                add(member, cost.head, cost.cost)
-            if cost.head != F32 and member != LOW:
-                add(cost.head, member, cost.cost)
-            continue
-        if cost.head != LOW and any(m != F32 for m in members):
-            aux = f"\0a{index}"
-            add(aux, cost.head, cost.cost)
-            for m in members:
-                if m != F32:
-                    add(m, aux, None)
-        if cost.head != F32 and any(m != LOW for m in members):
-            aux = f"\0b{index}"
-            add(cost.head, aux, cost.cost)
-            for m in members:
-                if m != LOW:
-                    add(aux, m, None)
-    low_side = _minimal_source_side(variables, edges)
-    return {v: LOW if v in low_side else F32 for v in variables}
-
-
-def _minimal_source_side(
-    variables: list[str], edges: dict[tuple[str, str], int | None]
-) -> set[str]:
-    """The low side of the minimum cut with the fewest nodes on it: what the source reaches in
-    the residual network of a maximum flow (the same set for every maximum flow, so a tie
-    stays float32 whatever the flow algorithm did). networkx's ``minimum_cut`` gives the
-    largest such side instead.
-
-    The residual network is built here as networkx's ``build_residual_network`` builds it from
-    a graph of these edges (each edge of some capacity and its reverse, unbounded ones at three
-    times the bounded ones' sum), in one call instead of one lookup and two insertions per
-    edge: that was half the flow's time on a 50,000-node chain."""
-    import networkx as nx
-    from networkx.algorithms.flow import boykov_kolmogorov
-
-    bounded = sum(c for c in edges.values() if c is not None)
-    unbounded = 3 * bounded or 1
-    capacity = {
-        pair: unbounded if c is None else c for pair, c in edges.items() if c is None or c > 0
-    }
-    for tail, head in list(capacity):
-        capacity.setdefault((head, tail), 0)
-    residual: nx.DiGraph = nx.DiGraph()
-    residual.add_nodes_from((LOW, F32, *variables))
-    residual.add_edges_from((u, v, {"capacity": c}) for (u, v), c in capacity.items())
-    residual.graph["inf"] = unbounded
-    # (Boykov-Kolmogorov: twice as quick as networkx's default on these graphs)
-    boykov_kolmogorov(residual, LOW, F32, residual=residual)
-    reached, stack = {LOW}, [LOW]
-    while stack:
-        here = stack.pop()
-        for near, edge in residual[here].items():
-            if near not in reached and edge["flow"] < edge["capacity"]:
-                reached.add(near)
-                stack.append(near)
-    return reached
