@@ -59,30 +59,6 @@ LOOP_RUNS = 10  # what a loop body's iterations count as, per enclosing loop
 _FREE = (Rule.INFER, Rule.CLEAR)
 
 
-class _Tally:
-    """A cost with the sides of its ends counted (members once each), to price one end's
-    flip without copying every side."""
-
-    def __init__(self, cost: Cost, side: dict[str, str]) -> None:
-        self.cost, self.side = cost, side
-        self.members = frozenset(cost.members)
-        self.head = side.get(cost.head, cost.head)
-        members = [side.get(m, m) for m in cost.members]
-        self.low, self.wide = members.count(LOW), members.count(F32)
-
-    def paid(self, flip: str | None = None) -> bool:
-        head, low, wide = self.head, self.low, self.wide
-        if flip is not None:
-            was = self.side[flip]
-            now = F32 if was == LOW else LOW
-            if flip == self.cost.head:
-                head = now
-            if flip in self.members:
-                low += 1 if now == LOW else -1
-                wide += 1 if now == F32 else -1
-        return wide > 0 if head == LOW else low > 0
-
-
 @register
 class CostPass(Pass):
     """Decide infer and clear ops by a minimum cut of Cast and weight bytes (module
@@ -121,26 +97,55 @@ def decide_by_cost(
         for name, d in decisions.items()
         if name not in free
     }
-    # what each cost's ends are on, counted, so that a flip is priced in O(1) per cost
-    tally = [_Tally(cost, side) for cost in costs]
-    by_node: dict[str, list[_Tally]] = defaultdict(list)
-    for entry in tally:
-        for name in {entry.cost.head, *entry.cost.members} & free:
-            by_node[name].append(entry)
+    now, other = _prices(costs, side, free)
     low_count = 0
     for node in graph:
         if node.name not in free:
             continue
         here = side[node.name]
-        mine = by_node[node.name]
-        now = sum(entry.cost.cost for entry in mine if entry.paid())
-        other = sum(entry.cost.cost for entry in mine if entry.paid(flip=node.name))
         decisions[node.name] = _decision(
-            graph, node, classes[node.name], here, now, other, side, fixed, low
+            graph,
+            node,
+            classes[node.name],
+            here,
+            now.get(node.name, 0),
+            other.get(node.name, 0),
+            side,
+            fixed,
+            low,
         )
         low_count += here == LOW
     log.info("cost: %d of %d free ops %s", low_count, len(free), low)
     return decisions
+
+
+def _prices(
+    costs: list[Cost], side: dict[str, str], free: set[str]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """(what the costs of each free op cost with the cut as it is, what they would cost were
+    that op alone on the other side). A cost is paid when a member is on another side than
+    its head: with its members' sides counted once, a flip is priced in O(1) per cost."""
+    now: dict[str, int] = defaultdict(int)
+    other: dict[str, int] = defaultdict(int)
+    for cost in costs:
+        members = cost.members
+        head = side.get(cost.head, cost.head)
+        low = sum(side.get(m, m) == LOW for m in members)
+        wide = len(members) - low
+        paid = wide > 0 if head == LOW else low > 0
+        among = frozenset(members) if len(members) > 4 else members
+        for name in {cost.head, *members} & free:
+            flipped = F32 if side[name] == LOW else LOW
+            now_head = flipped if name == cost.head else head
+            now_low, now_wide = low, wide
+            if name in among:
+                step = 1 if flipped == LOW else -1
+                now_low, now_wide = low + step, wide - step
+            if paid:
+                now[name] += cost.cost
+            if now_wide > 0 if now_head == LOW else now_low > 0:
+                other[name] += cost.cost
+    return now, other
 
 
 def _decision(
@@ -190,10 +195,15 @@ def _costs(
     """Every cost that depends on a free op (rules 1-3 of the module docstring)."""
     low = policy.dtype
     caches = cache_pairs(graph)
-
-    def fixed_side(node: OpNode) -> str:
-        d = decisions[node.name]
-        return LOW if d.precision == low and d.rule is not Rule.ALREADY_LOW else F32
+    # each node's side where it follows: its own name for a free op, else its fixed terminal
+    node_side = {
+        name: name
+        if name in free
+        else LOW
+        if d.precision == low and d.rule is not Rule.ALREADY_LOW
+        else F32
+        for name, d in decisions.items()
+    }
 
     def reader_side(node: OpNode, slot: int) -> str | None:
         """The side a slot's reader is on (a free op by name), None when it reads any type."""
@@ -203,7 +213,7 @@ def _costs(
             return None
         if slot < 0 or slot not in node.follow_inputs:
             return F32
-        return node.name if node.name in free else fixed_side(node)
+        return node_side[node.name]
 
     def producer_side(tensor: TensorInfo) -> str:
         if tensor.is_graph_input:
@@ -214,9 +224,9 @@ def _costs(
         node = graph.nodes[tensor.producer]  # type: ignore[index]
         if node.kind is NodeKind.CAST:  # a Cast of the model to float32: retargetable
             return F32 if tensor.is_graph_output else f"\0cast:{node.name}"
-        if tensor.name not in {node.outputs[s] for s in node.follow_outputs}:
+        if not any(node.outputs[s] == tensor.name for s in node.follow_outputs):
             return F32
-        return node.name if node.name in free else fixed_side(node)
+        return node_side[node.name]
 
     # a kept output reads float32 (a Cast back); a KV cache's present output reads the type
     # its past input takes (a Cast back where they differ: a generation loop feeds it back)
@@ -228,10 +238,11 @@ def _costs(
     }
     low_bytes, wide = itemsize(low), itemsize("float32")
     costs: list[Cost] = []
+    nodes = graph.nodes
     for name, tensor in graph.tensors.items():
         if tensor.dtype != "float32":
             continue
-        sides = [reader_side(graph.nodes[n], k) for n, k in graph.consumers(name)]
+        sides = [reader_side(nodes[n], k) for n, k in graph.consumers(name)]
         if name in output_side:
             sides.append(output_side[name])
         members = tuple(dict.fromkeys(s for s in sides if s is not None))
@@ -239,13 +250,18 @@ def _costs(
         if tensor.is_constant and not tensor.is_graph_input:
             if _only_scales(graph, name):
                 continue  # a quantisation scale's bytes decide nothing (module docstring)
-            costs.append(Cost(count * low_bytes, F32, members))  # stored low for some reader
-            costs.append(Cost(count * wide, LOW, members))  # stored float32 for some reader
+            if _decides(F32, members):  # stored low for some reader
+                costs.append(Cost(count * low_bytes, F32, members))
+            if _decides(LOW, members):  # stored float32 for some reader
+                costs.append(Cost(count * wide, LOW, members))
             continue
-        loops = sum(b.kind is BodyKind.LOOP for b in graph.enclosing(tensor.body))
+        enclosing = graph.enclosing(tensor.body) if tensor.body else []
+        loops = sum(b.kind is BodyKind.LOOP for b in enclosing)
         bytes_moved = count * (low_bytes + wide) * LOOP_RUNS**loops
-        costs.append(Cost(bytes_moved, producer_side(tensor), members))
-    return [c for c in costs if _decides(c, free)]
+        head = producer_side(tensor)
+        if _decides(head, members):
+            costs.append(Cost(bytes_moved, head, members))
+    return costs
 
 
 def _only_scales(graph: OpGraph, name: str) -> bool:
@@ -256,12 +272,13 @@ def _only_scales(graph: OpGraph, name: str) -> bool:
     )
 
 
-def _decides(cost: Cost, free: set[str]) -> bool:
-    """Whether ``cost`` can be paid or not depending on a free op (the rest decide nothing:
-    paid always, never, or only by a variable no free op shares a cost with, which the region
-    search finds anyway)."""
-    ends = (cost.head, *cost.members)
-    return any(m != cost.head for m in cost.members) and any(m not in (LOW, F32) for m in ends)
+def _decides(head: str, members: tuple[str, ...]) -> bool:
+    """Whether a cost of ``head`` and ``members`` can be paid or not depending on a free op
+    (the rest decide nothing: paid always, never, or only by a variable no free op shares a
+    cost with, which the region search finds anyway)."""
+    return any(m != head for m in members) and (
+        head not in (LOW, F32) or any(m not in (LOW, F32) for m in members)
+    )
 
 
 def _solve(free: set[str], costs: list[Cost]) -> dict[str, str]:

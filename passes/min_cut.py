@@ -9,16 +9,16 @@ variable the side of the minimum cut with the fewest variables low (ties stay fl
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 
 LOW, F32 = "S", "T"  # the cut's terminals: the low side (source) and the float32 side (sink)
 
 
-@dataclass(frozen=True)
-class Cost:
+class Cost(NamedTuple):
     """``cost`` bytes, paid when some member is on another side than ``head``: a value's
     Cast (head its producer, members its readers) or a weight's copy in one type (head the
-    other type's terminal). Sides are terminals or variables' names."""
+    other type's terminal). Sides are terminals or variables' names. (A named tuple: a graph
+    of 50,000 nodes makes as many, and a frozen dataclass takes three times as long to.)"""
 
     cost: int
     head: str
