@@ -27,6 +27,7 @@ from graphamp.onnx.infile import StreamedModel
 from graphamp.onnx.order import topologically_sorted
 from graphamp.onnx.proto_reader import ProtoModel
 from graphamp.onnx.validate import Checked, validate
+from graphamp.onnx.validate_nodes import node_fields
 from graphamp.onnx.writing import (
     EXTERNAL_DATA_THRESHOLD,
     check_room,
@@ -129,8 +130,10 @@ def _checked(
         raise GraphampError(f"{where}: not an ONNX model (no graph)")
     if not proto.graph.node:
         raise GraphampError(f"{where}: the graph has no nodes")
-    proto = topologically_sorted(proto, where)
-    return proto, validate(proto, where=where, base_dir=base_dir, in_file=in_file)
+    nodes = node_fields(proto.graph)
+    ordered = topologically_sorted(proto, where, nodes)
+    nodes = nodes if ordered is proto else None  # a sorted copy's are read again
+    return ordered, validate(ordered, where=where, base_dir=base_dir, in_file=in_file, nodes=nodes)
 
 
 def _settled(

@@ -11,21 +11,33 @@ order is left as it is, object and bytes).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import onnx
 
 from graphamp.errors import GraphampError
+
+if TYPE_CHECKING:
+    from graphamp.onnx.validate_nodes import NodeFields
 
 log = logging.getLogger(__name__)
 _GRAPH = onnx.AttributeProto.GRAPH
 _GRAPHS = onnx.AttributeProto.GRAPHS
 
 
-def topologically_sorted(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
+def topologically_sorted(
+    proto: onnx.ModelProto, where: str, nodes: Sequence[NodeFields] | None = None
+) -> onnx.ModelProto:
     """``proto`` itself when every graph is in order; else a sorted copy (``proto`` is never
-    changed). A cycle is a GraphampError naming its nodes."""
-    graphs = [proto.graph, *(function for function in proto.functions)]
-    if all(_in_order(graph) for graph in graphs):
+    changed). A cycle is a GraphampError naming its nodes. ``nodes``: the main graph's nodes'
+    fields, where read already (each read of a protobuf field builds new objects)."""
+    main = (
+        _in_order(proto.graph)
+        if nodes is None
+        else _in_order(proto.graph, [(n.inputs, n.outputs, n.attributes) for n in nodes])
+    )
+    if main and all(_in_order(function) for function in proto.functions):
         return proto
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
@@ -34,15 +46,28 @@ def topologically_sorted(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
     return copy
 
 
-def _in_order(graph: onnx.GraphProto | onnx.FunctionProto) -> bool:
+def _in_order(
+    graph: onnx.GraphProto | onnx.FunctionProto,
+    fields: Sequence[tuple[Sequence[str], Sequence[str], Sequence[object]]] | None = None,
+) -> bool:
     # Runs on every model converted: one pass over the inputs, and the outer reads of
-    # subgraphs (a set per body) only for the nodes that have bodies.
-    produced = _producers(graph)
-    for index, node in enumerate(graph.node):
-        for name in node.input:
+    # subgraphs (a set per body) only for the nodes that have bodies. ``fields``: each node's
+    # (inputs, outputs, attributes), where read already.
+    if fields is None:
+        fields = [(node.input, node.output, node.attribute) for node in graph.node]
+    produced: dict[str, int] = {}
+    for index, (_, outputs, _) in enumerate(fields):
+        for output in outputs:
+            if output:
+                produced.setdefault(output, index)
+    for index, (inputs, _, attributes) in enumerate(fields):
+        for name in inputs:
             if produced.get(name, -1) >= index:
                 return False
-        subgraphs = _subgraphs(node) if node.attribute else []
+        if not attributes:
+            continue
+        node = graph.node[index]
+        subgraphs = _subgraphs(node)
         if subgraphs and any(produced.get(name, -1) >= index for name in _reads(node)):
             return False
         if not all(_in_order(sub) for sub in subgraphs):

@@ -64,12 +64,14 @@ def validate(
     where: str,
     base_dir: Path | None,
     in_file: Mapping[str, int] | None = None,
+    nodes: list[NodeFields] | None = None,
 ) -> Checked:
     """Raise a GraphampError naming the first problem of ``proto`` (see the module
     docstring). ``in_file``: the raw_data lengths of main-graph initializers whose data was
-    left in the file (:mod:`graphamp.onnx.infile`), checked as their raw_data would be."""
+    left in the file (:mod:`graphamp.onnx.infile`), checked as their raw_data would be;
+    ``nodes``: the main graph's :func:`node_fields`, where read already."""
     graph = proto.graph
-    nodes = node_fields(graph)
+    nodes = node_fields(graph) if nodes is None else nodes
     opsets = _check_header(proto, nodes, where)
     check_strings(proto, where, known=(graph, nodes))
     functions = {(function.domain, function.name) for function in proto.functions}
