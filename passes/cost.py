@@ -242,7 +242,16 @@ def _costs(
     for name, tensor in graph.tensors.items():
         if tensor.dtype != "float32":
             continue
-        sides = [reader_side(nodes[n], k) for n, k in graph.consumers(name)]
+        readers = graph.consumers(name)
+        if name not in output_side and not any(n in free for n, _ in readers):
+            producer = tensor.producer
+            if (tensor.is_constant and not tensor.is_graph_input) or (
+                producer is not None
+                and producer not in free
+                and nodes[producer].kind is not NodeKind.CAST
+            ):
+                continue  # every end is a terminal: the cost decides nothing (_decides)
+        sides = [reader_side(nodes[n], k) for n, k in readers]
         if name in output_side:
             sides.append(output_side[name])
         members = tuple(dict.fromkeys(s for s in sides if s is not None))

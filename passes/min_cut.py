@@ -40,41 +40,47 @@ def cut(costs: list[Cost]) -> dict[str, str]:
     alone."""
     variables = list(dict.fromkeys(v for c in costs for v in (c.head, *c.members)))
     variables = [v for v in variables if v not in (LOW, F32)]
-    edges: dict[tuple[str, str], int | None] = {}
+    index = {LOW: 0, F32: 1}  # the flow's nodes by number: terminals, variables, aux nodes
+    for name in variables:
+        index[name] = len(index)
+    edges: dict[tuple[int, int], int | None] = {}
 
-    def add(tail: str, head: str, cost: int | None) -> None:
+    def add(tail: int, head: int, cost: int | None) -> None:
         was = edges.get((tail, head), 0)  # parallel edges add up; unbounded stays unbounded
         edges[tail, head] = None if cost is None or was is None else was + cost
 
-    for index, cost in enumerate(costs):
-        members = [m for m in cost.members if m != cost.head]
+    nodes = len(index)
+    for cost in costs:
+        head = index[cost.head]
+        members = [index[m] for m in cost.members if m != cost.head]
         if len(members) == 1:
             (member,) = members
-            if cost.head != LOW and member != F32:
-                add(member, cost.head, cost.cost)
-            if cost.head != F32 and member != LOW:
-                add(cost.head, member, cost.cost)
+            if head != 0 and member != 1:
+                add(member, head, cost.cost)
+            if head != 1 and member != 0:
+                add(head, member, cost.cost)
             continue
-        if cost.head != LOW and any(m != F32 for m in members):
-            aux = f"\0a{index}"
-            add(aux, cost.head, cost.cost)
+        if head != 0 and any(m != 1 for m in members):
+            aux, nodes = nodes, nodes + 1
+            add(aux, head, cost.cost)
             for m in members:
-                if m != F32:
+                if m != 1:
                     add(m, aux, None)
-        if cost.head != F32 and any(m != LOW for m in members):
-            aux = f"\0b{index}"
-            add(cost.head, aux, cost.cost)
+        if head != 1 and any(m != 0 for m in members):
+            aux, nodes = nodes, nodes + 1
+            add(head, aux, cost.cost)
             for m in members:
-                if m != LOW:
+                if m != 0:
                     add(aux, m, None)
-    low_side = minimal_source_side(edges)
-    return {v: LOW if v in low_side else F32 for v in variables}
+    low_side = minimal_source_side(nodes, edges)
+    return {v: LOW if low_side[index[v]] else F32 for v in variables}
 
 
-def minimal_source_side(edges: dict[tuple[str, str], int | None]) -> set[str]:
-    """The low side of the minimum cut of ``edges`` (capacities; None unbounded) with the
-    fewest nodes on it: what the source reaches in the residual network of a maximum flow (the
-    same set for every maximum flow, so a tie stays float32 whatever the flow algorithm did).
+def minimal_source_side(nodes: int, edges: dict[tuple[int, int], int | None]) -> list[bool]:
+    """Which of ``nodes`` (0 the source, 1 the sink) are on the low side of the minimum cut
+    of ``edges`` (capacities; None unbounded) with the fewest nodes on it: what the source
+    reaches in the residual network of a maximum flow (the same set for every maximum flow,
+    so a tie stays float32 whatever the flow algorithm did).
 
     The flow is Dinic's (shortest augmenting paths, a blocking flow per BFS level graph) over
     integer arrays: networkx's ``boykov_kolmogorov`` on a DiGraph gives the same set, at three
@@ -83,20 +89,12 @@ def minimal_source_side(edges: dict[tuple[str, str], int | None]) -> set[str]:
     terminals: each cost's aux node has one bounded edge), so it is never cut."""
     bounded = sum(c for c in edges.values() if c is not None)
     unbounded = 3 * bounded + 1
-    index = {LOW: 0, F32: 1}
-    adjacent: list[list[int]] = [[], []]
+    adjacent: list[list[int]] = [[] for _ in range(nodes)]
     target: list[int] = []  # arc 2k is an edge, arc 2k + 1 its reverse (capacity 0)
     residual: list[int] = []
-    for (tail, head), capacity in edges.items():
+    for (u, v), capacity in edges.items():
         if capacity == 0:
             continue
-        ends = []
-        for name in (tail, head):
-            if name not in index:
-                index[name] = len(adjacent)
-                adjacent.append([])
-            ends.append(index[name])
-        u, v = ends
         adjacent[u].append(len(target))
         target.append(v)
         residual.append(unbounded if capacity is None else capacity)
@@ -108,8 +106,7 @@ def minimal_source_side(edges: dict[tuple[str, str], int | None]) -> set[str]:
         if level[1] < 0:
             break
         _blocking_flow(adjacent, target, residual, level)
-    names = list(index)
-    return {names[node] for node, depth in enumerate(level) if depth >= 0}
+    return [depth >= 0 for depth in level]
 
 
 def _levels(adjacent: list[list[int]], target: list[int], residual: list[int]) -> list[int]:
