@@ -110,12 +110,16 @@ def minimal_source_side(nodes: int, edges: dict[tuple[int, int], int | None]) ->
 
 
 def _levels(adjacent: list[list[int]], target: list[int], residual: list[int]) -> list[int]:
-    """Each node's distance from the source over arcs with capacity left (-1: unreached)."""
+    """Each node's distance from the source over arcs with capacity left (-1: unreached),
+    as far as the sink's: a node farther than the sink is on no shortest path to it (left
+    unreached), so only where the sink is unreached does every node get its distance."""
     level = [-1] * len(adjacent)
     level[0] = 0
     queue = deque([0])
     while queue:
         node = queue.popleft()
+        if 0 <= level[1] <= level[node]:
+            break  # the rest lie as far as the sink or farther
         depth = level[node] + 1
         for arc in adjacent[node]:
             near = target[arc]
