@@ -183,10 +183,8 @@ def _via(graph: OpGraph, node: OpNode, side: dict[str, str], fixed: dict[str, st
     (an allow op, a deny op), else a free one on the same side."""
     here = side[node.name]
     near = graph.dataflow.neighbours(node.name)
-    return next(
-        (n for n in near if fixed.get(n) == here),
-        next((n for n in near if side.get(n) == here), None),
-    )
+    leaned = next((n for n in near if fixed.get(n) == here), None)
+    return leaned if leaned is not None else next((n for n in near if side.get(n) == here), None)
 
 
 def _costs(
