@@ -9,7 +9,8 @@ and the loaded program, side by side in one process (medians after a warm-up).
 
 ``compile``: ``torch.compile(model, backend=graphamp.fx.backend(...))`` in a plain training
 loop with ``torch.amp.GradScaler`` against ``torch.compile(model)`` under ``torch.autocast``
-(step time, bfloat16), and the loss curves of 200 steps against eager autocast + GradScaler in
+(step time; the configurations trained in lockstep, so that load on the machine falls on all
+of them alike), and the loss curves of 200 steps against eager autocast + GradScaler in
 bfloat16 and float16 on a small CNN and a small Hugging Face BERT, with the spread autocast's
 own curve shows when every weight moves by one float32 ulp (the float-rounding yardstick).
 """
@@ -20,7 +21,7 @@ import statistics
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -205,12 +206,16 @@ def batches_for(kind: str, steps: int, size: int) -> list[tuple[torch.Tensor, to
     ]
 
 
-def train(
-    kind: str, dtype: torch.dtype, how: str, steps: int, args: Any
-) -> tuple[list[float], list[float]]:
-    """(losses, step seconds) of SGD with momentum and GradScaler (enabled for float16).
-    ``how``: "eager autocast", "perturbed" (every weight one ulp off), "compile + autocast",
-    "graphamp backend"."""
+def training(
+    kind: str,
+    dtype: torch.dtype,
+    how: str,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    args: Any,
+) -> Iterator[tuple[float, float]]:
+    """(loss, step seconds) of each step of SGD with momentum and GradScaler (enabled for
+    float16), one step per ``next``. ``how``: "eager autocast", "perturbed" (every weight one ulp
+    off), "compile + autocast", "graphamp backend"."""
     import graphamp.fx as gfx
 
     torch.manual_seed(0)
@@ -228,8 +233,7 @@ def train(
     elif how == "graphamp backend":
         run = torch.compile(model, backend=gfx.backend(dtype=str(dtype).removeprefix("torch.")))
     autocast = how != "graphamp backend"
-    losses, seconds = [], []
-    for x, y in batches_for(kind, steps, args.compile_batch):
+    for x, y in batches:
         start = time.perf_counter()
         with torch.autocast("cpu", dtype=dtype, enabled=autocast):
             output = run(x)
@@ -239,9 +243,29 @@ def train(
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
-        losses.append(loss.item())
-        seconds.append(time.perf_counter() - start)
-    return losses, seconds
+        loss_value = loss.item()
+        yield loss_value, time.perf_counter() - start
+
+
+def train_side_by_side(
+    kind: str, dtype: torch.dtype, steps: int, args: Any
+) -> dict[str, tuple[list[float], list[float]]]:
+    """(losses, step seconds) of every configuration in ``HOWS``, trained in lockstep: step i of
+    each before step i + 1 of any, in an order rotated every step. Run one after another, the
+    configurations took minutes each on a shared 2-core machine, and load that came or went in
+    between (OpenMP's two threads slow down manyfold when one core is taken) fell on one
+    configuration and not the next: the same CNN step measured 4.5 ms in one run and 24 ms in
+    another. In lockstep such load falls on all of them alike."""
+    batches = batches_for(kind, steps, args.compile_batch)
+    runs = {how: training(kind, dtype, how, batches, args) for how in HOWS}
+    results: dict[str, tuple[list[float], list[float]]] = {how: ([], []) for how in HOWS}
+    for step in range(steps):
+        turn = step % len(HOWS)
+        for how in HOWS[turn:] + HOWS[:turn]:
+            loss, seconds = next(runs[how])
+            results[how][0].append(loss)
+            results[how][1].append(seconds)
+    return results
 
 
 HOWS = ("eager autocast", "perturbed", "compile + autocast", "graphamp backend")
@@ -257,7 +281,9 @@ def bench_compile(args: Any) -> None:
     print(
         f"compile: small CNN (2 conv + BN, 32 px) and Hugging Face BERT (2 layers x "
         f"{args.compile_width}, 64 tokens), batch {args.compile_batch}; SGD momentum 0.9, "
-        f"GradScaler; {args.steps} steps; step time = median after the first 5 steps"
+        f"GradScaler; {args.steps} steps, the four configurations in lockstep (step i of each "
+        "before step i + 1 of any, order rotated each step); step time = median after the "
+        "first 5 steps"
     )
     print()
     print(
@@ -270,11 +296,9 @@ def bench_compile(args: Any) -> None:
     curves = {}
     for kind in ("cnn", "bert"):
         for dtype in (torch.bfloat16, torch.float16):
-            runs = {}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                for how in HOWS:
-                    runs[how] = train(kind, dtype, how, args.steps, args)
+                runs = train_side_by_side(kind, dtype, args.steps, args)
             gaps = {how: gap(runs[how][0], runs["eager autocast"][0]) for how in HOWS}
 
             step = {how: statistics.median(s[5:]) * 1e3 for how, (_, s) in runs.items()}
