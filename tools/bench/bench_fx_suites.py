@@ -197,11 +197,17 @@ def batches_for(kind: str, steps: int, size: int) -> list[tuple[torch.Tensor, to
     generator = torch.Generator().manual_seed(1)
     if kind == "cnn":
         return [
-            (torch.randn(size, 3, 32, 32, generator=generator), torch.randint(0, 10, (size,)))
+            (
+                torch.randn(size, 3, 32, 32, generator=generator),
+                torch.randint(0, 10, (size,), generator=generator),
+            )
             for _ in range(steps)
         ]
     return [
-        (torch.randint(1, 1000, (size, 64), generator=generator), torch.randint(0, 4, (size,)))
+        (
+            torch.randint(1, 1000, (size, 64), generator=generator),
+            torch.randint(0, 4, (size,), generator=generator),
+        )
         for _ in range(steps)
     ]
 
