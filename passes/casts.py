@@ -89,19 +89,22 @@ def plan_casts(
     edits = EditScript()
     original = {name: tensor.dtype for name, tensor in graph.tensors.items()}
 
-    def runs_low(node: OpNode) -> bool:
-        decision = decisions[node.name]
-        return decision.precision == low and decision.rule is not Rule.ALREADY_LOW
+    # the nodes that run low (looked up once: every slot of the graph asks)
+    lows = {
+        name
+        for name, decision in decisions.items()
+        if decision.precision == low and decision.rule is not Rule.ALREADY_LOW
+    }
 
     def required(node: OpNode, slot: int, tensor: str) -> str:
-        if slot >= 0 and slot in node.follow_inputs and runs_low(node):
+        if slot >= 0 and slot in node.follow_inputs and node.name in lows:
             return low
         return original[tensor]
 
     # What every tensor holds after the conversion.
     has = dict(original)
     for node in graph:
-        if runs_low(node):
+        if node.name in lows:
             edits.low_nodes[node.name] = low
             for slot in node.follow_outputs:
                 if node.outputs[slot]:
@@ -165,26 +168,29 @@ def plan_casts(
     for node in graph:
         if node.name in removed:
             continue
-        # (the slots' wants inline: this loop meets every read of the graph)
-        node_low = runs_low(node)
-        follow = node.follow_inputs
+        # (the slots' wants and reads_any_type inline: this loop meets every read of the graph)
+        node_low = node.name in lows
+        follow, any_type = node.follow_inputs, node.any_type_inputs
+        is_cast = node.kind is NodeKind.CAST
         for slot, name in _slots(node) if node.implicit_inputs else enumerate(node.inputs):
             if not name:
                 continue
             source = _resolve(alias, name) if name in alias else name
             if source != name:
                 edits.rewire[(node.name, slot)] = source
-            if reads_any_type(node, slot):
-                want = has[source]
+            held = has[source]
+            if slot in any_type or (is_cast and slot == 0):  # reads_any_type
+                want = held
             elif slot >= 0 and node_low and slot in follow:  # required
                 want = low
             else:
                 want = original[name]
-            tensor = tensors[source]
-            if has[source] == want:
+            if held == want:
                 still_read.add(source)
                 as_is.append((node.name, slot))
-            elif tensor.is_constant and not tensor.is_graph_input:
+                continue
+            tensor = tensors[source]
+            if tensor.is_constant and not tensor.is_graph_input:
                 weight_readers[(source, want)].append((node.name, slot))
             elif (widened := _lossless_cast_source(graph, source, has, alias)) is not None and has[
                 widened

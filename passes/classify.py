@@ -84,13 +84,12 @@ class ClassifyPass(Pass):
 def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDecision:
     """The initial class of one node under ``policy``."""
     low = policy.dtype
+    op, flops = node.op, node.flops
 
     def decide(precision: str, rule: Rule, reason: str) -> NodeDecision:
         if not isinstance(precision, Precision):  # (an Enum call costs more than the check)
             precision = Precision(precision)
-        return NodeDecision(
-            op=node.op, precision=precision, rule=rule, reason=reason, flops=node.flops
-        )
+        return NodeDecision(op, precision, rule, reason, flops=flops)
 
     if node.kind is NodeKind.CAST:
         return decide(Precision.NONE, Rule.CAST, f"Cast to {node.cast_to} already in the model")
@@ -129,7 +128,7 @@ def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDe
     if compute != "float32":
         return decide(compute, Rule(compute), f"computes in {compute}: left as it is")
 
-    pattern = policy.denied_name(node.name, node.scope)
+    pattern = policy.denied_name(node.name, node.scope) if policy.deny_names else None
     if pattern is not None:
         return decide(Precision.FLOAT32, Rule.DENY_NAME, f"deny_names rule {pattern!r}")
     for tensor in (*node.inputs, *node.outputs) if policy.deny_tensors else ():

@@ -300,8 +300,10 @@ class Policy:
 
     def list_of(self, op: str) -> tuple[ListName | None, str]:
         """The list holding ``op`` and the reason recorded for it; (None, "") if unlisted."""
+        lists = self.lists
         for list_name in LISTS:
-            reason = self.lists.get(list_name, {}).get(op)
+            listed = lists.get(list_name)
+            reason = listed.get(op) if listed else None
             if reason is not None:
                 return list_name, reason
         return None, ""
