@@ -31,6 +31,7 @@ from graphamp.onnx.validate_nodes import NodeFields, node_fields
 
 _SUBGRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 _EXTERNAL = onnx.TensorProto.EXTERNAL
+_CAST_OR_CONSTANT = frozenset({"Cast", "Constant"})
 
 
 @dataclass
@@ -94,26 +95,34 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
     tensors = op_graph.tensors
     source = f"opset {opsets.get('', 0)}"
     protos = model.proto.graph.node
+    # (names looked up once: the loop below runs once per node)
+    add_tensor, add_node, new_tensor = op_graph.add_tensor, op_graph.add_node, typed.tensor
+    op_name, scope_of, node_kind = slots.op_name, module_path_of_entries, NodeKind.OP
+    kernels_known = provider in kernels.PROVIDERS  # missing_kernel says "" for any other
     for fields, name, proto in zip(nodes, model.node_names, protos, strict=True):
         op_type, domain, outputs = fields.op_type, fields.domain, fields.outputs
         for output in outputs:
             if output:
-                op_graph.add_tensor(typed.tensor(output, None, False))
+                add_tensor(new_tensor(output, None, False))
         op_node = OpNode(
             name=name,
-            op=slots.op_name(op_type, domain),
+            op=op_name(op_type, domain),
             inputs=fields.inputs,
             outputs=outputs,
             domain=domain,
-            scope=module_path_of_entries(proto.metadata_props) or name,
+            scope=scope_of(proto.metadata_props) or name,
             schema_source=source,
         )
         _read_node(op_node, fields.attributes, op_type, opsets, target, signatures, tensors)
-        if op_node.kind is NodeKind.OP and (op_node.follow_inputs or op_node.follow_outputs):
+        if (
+            kernels_known
+            and op_node.kind is node_kind
+            and (op_node.follow_inputs or op_node.follow_outputs)
+        ):
             op_node.no_kernel = kernels.missing_kernel(
                 provider, domain, op_type, slots.opset_of(opsets, domain), target
             )
-        op_graph.add_node(op_node)
+        add_node(op_node)
         for slot, output in enumerate(outputs):
             if output and tensors[output].dtype == UNKNOWN:
                 fallback = slots.output_type_fallback(op_node, op_type, slot, opsets)
@@ -232,20 +241,24 @@ def _read_node(
 ) -> None:
     """Fill ``op_node`` (names and op already set) from its attributes (``listed``, the node's
     repeated AttributeProto field) and schema."""
-    attributes = {a.name: a for a in listed} if listed else {}
-    if op_node.domain in slots.DEFAULT_DOMAINS and op_type == "Cast":
-        op_node.kind = NodeKind.CAST
-        op_node.cast_to = elem_name(attributes["to"].i)
-        return
-    if op_node.domain in slots.DEFAULT_DOMAINS and op_type == "Constant":
-        op_node.kind = NodeKind.CONSTANT
-        _attach_constant(tensors[op_node.outputs[0]], attributes)
+    if op_type in _CAST_OR_CONSTANT and op_node.domain in slots.DEFAULT_DOMAINS:
+        attributes = {a.name: a for a in listed}
+        if op_type == "Cast":
+            op_node.kind = NodeKind.CAST
+            op_node.cast_to = elem_name(attributes["to"].i)
+        else:
+            op_node.kind = NodeKind.CONSTANT
+            _attach_constant(tensors[op_node.outputs[0]], attributes)
         return
     # outputs still have their declared types here: the fallback comes after
     output_types = tuple(tensors[v].dtype if v else UNKNOWN for v in op_node.outputs)
 
     def attribute(key: str) -> object:
-        found = attributes.get(key)
+        # (few nodes ask, so no table of them is built per node; the last of a name counts)
+        found = None
+        for listed_attribute in listed:
+            if listed_attribute.name == key:
+                found = listed_attribute
         return onnx.helper.get_attribute_value(found) if found is not None else None
 
     slots.computing_node(
