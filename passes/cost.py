@@ -236,11 +236,11 @@ def _costs(
     }
     low_bytes, wide = itemsize(low), itemsize("float32")
     costs: list[Cost] = []
-    nodes = graph.nodes
+    nodes, consumers = graph.nodes, graph.consumers
     for name, tensor in graph.tensors.items():
         if tensor.dtype != "float32":
             continue
-        readers = graph.consumers(name)
+        readers = consumers(name)
         if name not in output_side and not any(n in free for n, _ in readers):
             producer = tensor.producer
             if (tensor.is_constant and not tensor.is_graph_input) or (
@@ -262,9 +262,10 @@ def _costs(
             if _decides(LOW, members):  # stored float32 for some reader
                 costs.append(Cost(count * wide, LOW, members))
             continue
-        enclosing = graph.enclosing(tensor.body) if tensor.body else []
-        loops = sum(b.kind is BodyKind.LOOP for b in enclosing)
-        bytes_moved = count * (low_bytes + wide) * LOOP_RUNS**loops
+        bytes_moved = count * (low_bytes + wide)
+        if tensor.body:  # (a main-graph value runs once: most of a graph's values)
+            loops = sum(b.kind is BodyKind.LOOP for b in graph.enclosing(tensor.body))
+            bytes_moved *= LOOP_RUNS**loops
         head = producer_side(tensor)
         if _decides(head, members):
             costs.append(Cost(bytes_moved, head, members))
