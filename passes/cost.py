@@ -183,8 +183,14 @@ def _via(graph: OpGraph, node: OpNode, side: dict[str, str], fixed: dict[str, st
     (an allow op, a deny op), else a free one on the same side."""
     here = side[node.name]
     near = graph.dataflow.neighbours(node.name)
-    leaned = next((n for n in near if fixed.get(n) == here), None)
-    return leaned if leaned is not None else next((n for n in near if side.get(n) == here), None)
+    # (plain loops: no generator per node)
+    for name in near:
+        if fixed.get(name) == here:
+            return name
+    for name in near:
+        if side.get(name) == here:
+            return name
+    return None
 
 
 def _costs(
