@@ -36,8 +36,10 @@ class PolicyCheckPass(Pass):
 
 def unmatched_rules(context: PassContext) -> list[str]:
     graph, policy = context.graph, context.policy
-    problems = []
-    ops = sorted({node.op for node in graph})
+    problems: list[str] = []
+    # (each table is built only where a rule needs it: most policies name no node or tensor,
+    # and a graph of 50,000 nodes has 100,000 names to sort)
+    ops = sorted({node.op for node in graph}) if policy.moved_ops else []
     for op in policy.moved_ops:
         if op not in ops:
             list_name, _ = policy.list_of(op)
@@ -45,7 +47,11 @@ def unmatched_rules(context: PassContext) -> list[str]:
                 f"op {op!r} (moved to {list_name}) is the type of no node of the model"
                 + _suggest(op, ops)
             )
-    names = sorted({n for node in graph for n in (node.name, node.scope) if n})
+    names = (
+        sorted({n for node in graph for n in (node.name, node.scope) if n})
+        if policy.deny_names or policy.allow_names
+        else []
+    )
     for key, patterns in (("deny_names", policy.deny_names), ("allow_names", policy.allow_names)):
         for pattern in patterns:
             if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
@@ -53,14 +59,15 @@ def unmatched_rules(context: PassContext) -> list[str]:
                     f"{key} rule {pattern!r} matches no node"
                     + _suggest(pattern.replace("*", "").replace("?", ""), names)
                 )
-    tensors = sorted(graph.tensors)
-    # a body's value by its path or by its own name in the body
-    local = {graph.local_name(t) for t in tensors if graph.tensors[t].body}
-    for tensor in sorted(policy.deny_tensors):
-        if tensor not in graph.tensors and tensor not in local:
-            problems.append(
-                f"deny_tensors name {tensor!r} is no tensor" + _suggest(tensor, tensors)
-            )
+    if policy.deny_tensors:
+        tensors = sorted(graph.tensors)
+        # a body's value by its path or by its own name in the body
+        local = {graph.local_name(t) for t in tensors if graph.tensors[t].body}
+        for tensor in sorted(policy.deny_tensors):
+            if tensor not in graph.tensors and tensor not in local:
+                problems.append(
+                    f"deny_tensors name {tensor!r} is no tensor" + _suggest(tensor, tensors)
+                )
     if not isinstance(policy.keep_io_types, bool):
         io = [*graph.graph_inputs, *graph.graph_outputs]
         for name in policy.keep_io_types:
