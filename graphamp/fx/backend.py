@@ -79,6 +79,7 @@ class Backend:
             raise
         self.plans.append(analysis.plan)
         converted = engine.apply(analysis).model
+        cast_at_first_reader(converted)
         if torch.is_grad_enabled() and any(
             isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
         ):
@@ -142,6 +143,29 @@ def trace(graph: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModul
             }
     traced.recompile()
     return traced
+
+
+def cast_at_first_reader(module: fx.GraphModule) -> None:
+    """Move each cast of a parameter or input from the top of the graph, where the plan's
+    application puts it, to just before its first reader, where autocast casts. The values are
+    the same; the backward AOTAutograd derives follows the forward's order, so with the casts at
+    the top every weight gradient's cast back to float32 came last, in one kernel after the
+    whole backward, each bfloat16 gradient held until then; at the reader each is cast as it is
+    made, fused into that layer's kernels as under autocast."""
+    graph = module.graph
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    for node in list(graph.nodes):
+        source = node.args[0] if node.args else None
+        if (
+            node.target is not torch.ops.aten._to_copy.default
+            or not isinstance(source, fx.Node)
+            or source.op not in ("placeholder", "get_attr")
+            or not node.users
+        ):
+            continue
+        min(node.users, key=order.__getitem__).prepend(node)
+    graph.lint()
+    module.recompile()
 
 
 def cast_per_reader(module: fx.GraphModule) -> None:

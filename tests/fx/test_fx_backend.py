@@ -165,3 +165,29 @@ def test_module_paths_as_named_modules_names_them():
     assert module_path("L['self']._modules['fc']._parameters['weight']") == "fc.weight"
     assert module_path("L['fn']._modules['0']") == "0"  # an nn.Sequential compiled
     assert module_path("L['x']") == "x"
+
+
+def test_casts_of_parameters_and_inputs_sit_at_their_first_reader():
+    """Where autocast casts them: with the casts at the top of the graph, the backward cast
+    every weight gradient back to float32 only after the whole backward."""
+    backend = gfx.backend(dtype="bfloat16", inner="aot_eager")
+    graphs: list[torch.fx.GraphModule] = []
+    convert = backend.convert
+    backend.convert = lambda graph, inputs: graphs.append(convert(graph, inputs)) or graphs[-1]
+    torch.manual_seed(0)
+    torch.compile(SmallCNN(), backend=backend, dynamic=False)(torch.randn(4, 3, 8, 8))
+    (graph,) = graphs
+    nodes = list(graph.graph.nodes)
+
+    def casts_a_leaf(node: torch.fx.Node) -> bool:
+        return node.target is torch.ops.aten._to_copy.default and node.args[0].op in (
+            "placeholder",
+            "get_attr",
+        )
+
+    casts = [node for node in nodes if casts_a_leaf(node)]
+    assert {cast.args[0].name for cast in casts} >= {"x", "body_0_weight", "fc_weight"}
+    for cast in casts:
+        first_reader = min(nodes.index(user) for user in cast.users)
+        between = nodes[nodes.index(cast) + 1 : first_reader]
+        assert all(casts_a_leaf(node) for node in between), (cast.name, between)
