@@ -9,7 +9,8 @@ For each graph Dynamo captures (parameters and buffers are its inputs), the back
    on fake inputs of Dynamo's shapes, symbolic ones included), keeping each node's module
    path so name rules and plan names work as with :func:`graphamp.fx.convert`;
 2. runs the same passes as ``convert`` on it (float32 parameters cast at use, as autocast and
-   ``weights="master"`` do) and applies the plan: explicit ``aten._to_copy`` casts;
+   ``weights="master"`` do) and applies the plan: explicit ``aten._to_copy`` casts, those of
+   parameters and inputs just before their first reader, as autocast casts;
 3. hands the converted graph to inductor (or another registered backend, ``inner=``), whose
    AOTAutograd derives the backward from it when training: each cast's gradient is a cast back,
    so gradients reach the float32 parameters in float32, as under ``torch.autocast``.
