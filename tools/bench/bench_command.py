@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from datetime import date
@@ -47,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import machine
+from benchlib import machine, run_child
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOOR = "import onnx, sys; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])"
@@ -69,33 +68,6 @@ def graphamp() -> list[str]:
     """The ``graphamp`` command of this environment (its console script, as users run it)."""
     script = Path(sys.executable).parent / "graphamp"
     return [str(script)] if script.exists() else [sys.executable, "-m", "graphamp.cli"]
-
-
-def run(command: list[str]) -> dict[str, float]:
-    """Run ``command`` as a fresh process: its wall time, CPU time (user + system, every thread)
-    and peak resident memory (bytes).
-
-    The memory and CPU time are GNU time's report of its child: the kernel carries a process's
-    peak over ``exec``, so a child of this Python process measured directly would report this
-    one's. On a shared machine the CPU time is the steadier figure (wall time waits for cores
-    the others hold); it leaves out time spent waiting for the disk."""
-    start = time.perf_counter()
-    done = subprocess.run(
-        ["/usr/bin/time", "-f", "graphamp-bench-rss %M %U %S", *command],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
-    kib, user, system = next(
-        line.split()[1:]
-        for line in reversed(done.stderr.splitlines())
-        if line.startswith("graphamp-bench-rss")
-    )
-    return {"seconds": seconds, "cpu": float(user) + float(system), "peak_rss": int(kib) * 1024}
 
 
 def onnx_commands(source: Path, folder: Path, compare: bool) -> dict[str, tuple[list[str], Path]]:
@@ -134,7 +106,7 @@ def bench_onnx(name: str, args: argparse.Namespace) -> dict[str, object]:
     commands = onnx_commands(source, folder, args.compare)
     rounds: list[dict[str, dict[str, float]]] = []
     for index in range(args.runs + 1):  # round 0 is the warm-up
-        steps = {label: run(command) for label, (command, _) in commands.items()}
+        steps = {label: run_child(command) for label, (command, _) in commands.items()}
         if index:
             rounds.append(steps)
         print(f"... {name}: round {index} done (0 is the warm-up)", file=sys.stderr)

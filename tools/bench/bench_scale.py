@@ -29,13 +29,13 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from datetime import date
 from pathlib import Path
 
 import numpy as np
+from benchlib import run_child
 from decoder_onnx import PRESETS, DecoderConfig, with_overrides, write_decoder
 
 TOOLS = ("graphamp", "onnxconverter-common", "ort-float16")
@@ -52,32 +52,6 @@ def drop_cache(*paths: Path) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-
-
-def run_child(command: list[str]) -> dict[str, float]:
-    """Run ``command``; its wall time and peak resident memory in bytes.
-
-    The memory comes from GNU time's report (``wait4`` of a child it forked): the kernel carries
-    a process's peak over ``exec``, so measuring a child of this (large) Python process
-    directly would report this process's memory.
-    """
-    start = time.perf_counter()
-    done = subprocess.run(
-        ["/usr/bin/time", "-f", "graphamp-bench-rss %M", *command],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
-    kib = next(
-        int(line.split()[-1])
-        for line in reversed(done.stderr.splitlines())
-        if line.startswith("graphamp-bench-rss")
-    )
-    return {"seconds": seconds, "peak_rss": kib * 1024}
 
 
 def data_of(model: Path) -> Path:

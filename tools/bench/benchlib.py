@@ -1,4 +1,5 @@
-"""What the benchmarks under tools/ share: the machine they ran on, and a median timer."""
+"""What the benchmarks under tools/ share: the machine they ran on, a median timer, and a
+whole-process timer."""
 
 from __future__ import annotations
 
@@ -62,3 +63,31 @@ def median_time(
         wait()
         times.append(time.perf_counter() - start)
     return statistics.median(times), result
+
+
+def run_child(command: list[str]) -> dict[str, float]:
+    """Run ``command`` as a fresh process: its wall time, CPU time (user + system, every thread)
+    and peak resident memory (bytes). A failure ends the benchmark, naming the command.
+
+    The memory and CPU time are GNU time's report of its child (``wait4`` of a child it forked):
+    the kernel carries a process's peak over ``exec``, so a child of this (large) Python process
+    measured directly would report this one's. On a shared machine the CPU time is the steadier
+    figure (wall time waits for cores the others hold); it leaves out time spent waiting for the
+    disk."""
+    start = time.perf_counter()
+    done = subprocess.run(
+        ["/usr/bin/time", "-f", "graphamp-bench-rss %M %U %S", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    kib, user, system = next(
+        line.split()[1:]
+        for line in reversed(done.stderr.splitlines())
+        if line.startswith("graphamp-bench-rss")
+    )
+    return {"seconds": seconds, "cpu": float(user) + float(system), "peak_rss": int(kib) * 1024}
