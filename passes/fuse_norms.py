@@ -57,7 +57,7 @@ class FuseNormsPass(Pass):
 
     def run(self, context: PassContext) -> PassResult:
         graph = context.graph
-        names = _LazyNames(graph)  # built at the first fusion: most graphs have no norm
+        names = Names(graph)
         # a LayerNorm's bias Add first, then the Muls (a LayerNorm without bias, an RMSNorm)
         finals = [n.name for n in graph if n.op == "Add" and not n.domain]
         finals += [n.name for n in graph if n.op == "Mul" and not n.domain]
@@ -72,7 +72,7 @@ class FuseNormsPass(Pass):
         return PassResult(modified=bool(count), note=f"{count} norms fused")
 
     @staticmethod
-    def _fuse(context: PassContext, names: _LazyNames, final: OpNode, match: NormMatch) -> bool:
+    def _fuse(context: PassContext, names: Names, final: OpNode, match: NormMatch) -> bool:
         graph, policy = context.graph, context.policy
         kernel = graph.fused_kernels.get(match.kind)
         skip = graph.fused_kernels.get(f"skip_{match.kind}")
@@ -228,20 +228,6 @@ def _read_after(graph: OpGraph, value: str, nodes: list[str]) -> bool:
     return all(
         position[reader] > last for reader, _ in graph.consumers(value) if reader not in nodes
     )
-
-
-class _LazyNames:
-    """:class:`Names` of ``graph`` made when the first name is asked for (the graph as it was
-    when the pass began: nothing is rewritten before a fusion takes its names)."""
-
-    def __init__(self, graph: OpGraph) -> None:
-        self.graph = graph
-        self.names: Names | None = None
-
-    def node(self, base: str, *, body: str = "") -> str:
-        if self.names is None:
-            self.names = Names(self.graph)
-        return self.names.node(base, body=body)
 
 
 def _user_allows(graph: OpGraph, policy: Policy, nodes: list[str]) -> bool:

@@ -15,9 +15,16 @@ name of its own. The generator knows:
 * the names it gave out already.
 
 A new value's name is also taken as a node name (a Cast is named after its output).
+
+The names of the graph are read at the first name asked for, not when the generator is made: a
+pass makes one per run and most runs add nothing (a graph with no norm to fuse, a model with
+nothing to cast), and a graph of 50,000 nodes has 100,000 names to read. The passes that use
+it change the graph only after taking their names.
 """
 
 from __future__ import annotations
+
+from functools import cached_property
 
 from graphamp.core.graph import OpGraph, unique_name
 
@@ -27,19 +34,27 @@ class Names:
 
     def __init__(self, graph: OpGraph) -> None:
         self.graph = graph
-        self._nodes = set(graph.reserved)
+
+    @cached_property
+    def _taken(self) -> tuple[set[str], set[str]]:
+        """(node names, value names) of the graph, read together: a node name given out
+        later is not a value's."""
+        graph = self.graph
+        nodes = set(graph.reserved)
         for node in graph.nodes.values():
-            self._nodes.add(_local(node.name, node.body))
-        self._values = set(graph.reserved) | self._nodes
-        self._values.update(graph.local_name(name) for name in graph.tensors)
+            nodes.add(_local(node.name, node.body))
+        values = set(graph.reserved) | nodes
+        values.update(graph.local_name(name) for name in graph.tensors)
+        return nodes, values
 
     def value(self, base: str, *, like: str | None = None) -> str:
         """A new value (and the node making it) named ``base`` or ``base_1``, ...; ``base`` is
         a local name in the body of value ``like`` (the main graph without), and the result
         is that body's full name for it."""
         body = self.graph.tensors[like].body if like in self.graph.tensors else ""
-        name = unique_name(base, self._values)
-        self._nodes.add(name)
+        nodes, values = self._taken
+        name = unique_name(base, values)
+        nodes.add(name)
         return f"{body}/{name}" if body else name
 
     def derived(self, tensor: str, suffix: str) -> str:
@@ -48,7 +63,7 @@ class Names:
 
     def node(self, base: str, *, body: str = "") -> str:
         """A new node name: ``base`` itself when no node has it (a value may)."""
-        name = unique_name(base, self._nodes)
+        name = unique_name(base, self._taken[0])
         return f"{body}/{name}" if body else name
 
 
