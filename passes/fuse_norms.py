@@ -53,7 +53,13 @@ class FuseNormsPass(Pass):
     before = ("policy_check", "reviewed_decisions", "classify", "saturation")
 
     def applies(self, context: PassContext) -> bool:
-        return context.policy.fuse and bool(context.graph.fused_kernels.keys() & _KINDS)
+        # every pattern of norm_patterns takes a plain ReduceMean: a graph with none has no
+        # norm to fuse, and its Adds and Muls need not be matched one by one
+        return (
+            context.policy.fuse
+            and bool(context.graph.fused_kernels.keys() & _KINDS)
+            and any(node.op == "ReduceMean" and not node.domain for node in context.graph)
+        )
 
     def run(self, context: PassContext) -> PassResult:
         graph = context.graph
