@@ -67,10 +67,8 @@ class ClassifyPass(Pass):
     gives = frozenset({Fact.CLASSIFIED})
 
     def run(self, context: PassContext) -> PassResult:
-        context.decisions = {
-            node.name: classify_node(node, context.policy, context.weights)
-            for node in context.graph
-        }
+        classify = _Classifier(context.policy, context.weights)
+        context.decisions = {node.name: classify(node) for node in context.graph}
         for node in context.graph:
             if node.kind is NodeKind.CONTROL_FLOW and not node.bodies:
                 context.warnings.append(
@@ -81,15 +79,67 @@ class ClassifyPass(Pass):
         return PassResult(modified=False)
 
 
+class _Classifier:
+    """:func:`classify_node` over a whole graph, each op type's rules applied once.
+
+    Where the policy has no name or tensor rule, rules 1-6 but the weights' read nothing of a
+    plain op but its op type's facts (list, schema, kernel, computation type, FLOPs): the
+    nodes of one op type with the same facts share the decision (a graph of 50,000 nodes has
+    a few dozen such types). The weights rule is still applied node by node, to the nodes that
+    read a stored value. Decisions are never changed in place (a pass replaces a node's), so
+    sharing one is safe.
+    """
+
+    def __init__(self, policy: Policy, weights: WeightRanges) -> None:
+        self.policy, self.weights = policy, weights
+        self.by_name = bool(policy.deny_names or policy.allow_names or policy.deny_tensors)
+        self.by_type: dict[tuple[object, ...], tuple[NodeDecision, bool]] = {}
+        self.stored = {  # the values rule 6 may look at (graph inputs' values are not known)
+            name
+            for name, tensor in weights.graph.tensors.items()
+            if tensor.is_constant and not tensor.is_graph_input
+        }
+
+    def __call__(self, node: OpNode) -> NodeDecision:
+        if self.by_name or node.kind is not NodeKind.OP:
+            return classify_node(node, self.policy, self.weights)
+        key = (
+            node.op,
+            node.compute_type,
+            bool(node.follow_inputs or node.follow_outputs),
+            node.allowed_types,
+            node.schema_source,
+            node.no_kernel,
+            node.flops,
+        )
+        found = self.by_type.get(key)
+        if found is None:
+            found = self.by_type[key] = _rules(node, self.policy, self.weights)
+        decision, weighed = found
+        if weighed and not self.stored.isdisjoint(node.inputs):
+            return _weight_range(node, self.weights, self.policy.dtype) or decision
+        return decision
+
+
 def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDecision:
     """The initial class of one node under ``policy``."""
+    decision, weighed = _rules(node, policy, weights)
+    if weighed:
+        return _weight_range(node, weights, policy.dtype) or decision
+    return decision
+
+
+def _rules(node: OpNode, policy: Policy, weights: WeightRanges) -> tuple[NodeDecision, bool]:
+    """The class of ``node`` by every rule but the weights' (rule 6's weight_range), and
+    whether that rule may still keep it float32: the class would otherwise come from the
+    node's list or an allow_names rule."""
     low = policy.dtype
     op, flops = node.op, node.flops
 
-    def decide(precision: str, rule: Rule, reason: str) -> NodeDecision:
+    def decide(precision: str, rule: Rule, reason: str) -> tuple[NodeDecision, bool]:
         if not isinstance(precision, Precision):  # (an Enum call costs more than the check)
             precision = Precision(precision)
-        return NodeDecision(op, precision, rule, reason, flops=flops)
+        return NodeDecision(op, precision, rule, reason, flops=flops), False
 
     if node.kind is NodeKind.CAST:
         return decide(Precision.NONE, Rule.CAST, f"Cast to {node.cast_to} already in the model")
@@ -171,28 +221,41 @@ def classify_node(node: OpNode, policy: Policy, weights: WeightRanges) -> NodeDe
         )
     if node.no_kernel:
         return decide(Precision.FLOAT32, Rule.NO_KERNEL, f"{node.no_kernel}: kept float32")
+    if allowed is not None:
+        decision, _ = decide(low, Rule.ALLOW_NAME, f"allow_names rule {allowed!r}")
+    else:
+        precision = low if list_name is ListName.ALLOW else Precision.FLOAT32
+        reason = f"{list_name} list: {list_reason}"
+        decision, _ = decide(precision, _LIST_RULES[list_name], reason)  # type: ignore[index]
+    return decision, True
+
+
+def _weight_range(node: OpNode, weights: WeightRanges, low: str) -> NodeDecision | None:
+    """Rule 6's weights: float32 (``weight_range``) where ``node`` reads a quantisation scale
+    below ``low``'s normal range or a weight whose values would overflow it, else None."""
     tiny = _subnormal_scale(node, weights, low)
     if tiny is not None:
         name, value = tiny
-        return decide(
+        return NodeDecision(
+            node.op,
             Precision.FLOAT32,
             Rule.WEIGHT_RANGE,
             f"quantisation scale {name!r} holds {value:.3g}, below {low}'s normal range: kept"
             " float32, every quantisation step exact",
+            flops=node.flops,
         )
     too_large = _overflowing_weight(node, weights)
     if too_large is not None:
         name, value = too_large
-        return decide(
+        return NodeDecision(
+            node.op,
             Precision.FLOAT32,
             Rule.WEIGHT_RANGE,
             f"weight {name!r} holds |x| up to {value:.6g}, beyond {low}'s range:"
             " kept float32 instead of clamping",
+            flops=node.flops,
         )
-    if allowed is not None:
-        return decide(low, Rule.ALLOW_NAME, f"allow_names rule {allowed!r}")
-    precision = low if list_name is ListName.ALLOW else Precision.FLOAT32
-    return decide(precision, _LIST_RULES[list_name], f"{list_name} list: {list_reason}")
+    return None
 
 
 def stored_float32_inputs(node: OpNode, weights: WeightRanges) -> list[str]:
