@@ -32,31 +32,28 @@ move at run time plus the bytes of the stored weights, a minimum cut:
 The free ops split into regions that share no cost (connected through the costs above); each
 region is one minimum cut over a small flow graph (:mod:`graphamp.passes.min_cut`): ops low on
 the source side, float32 on the sink side, each cost an edge or a hyperedge of two edges and an
-auxiliary node.
+auxiliary node. The sides are numbered once and the costs listed over those numbers
+(:mod:`graphamp.passes.cost_terms`).
 Each free op's reason says what the other choice would cost (its own flip, the rest kept).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 
-from graphamp.core.dtypes import estimated_elements, itemsize
-from graphamp.core.graph import BodyKind, NodeKind, OpGraph, OpNode, TensorInfo
+from graphamp.core.graph import NodeKind, OpGraph, OpNode
 from graphamp.core.vocab import Precision, Rule
 from graphamp.passes.base import Fact, Pass, PassResult, register
-from graphamp.passes.classify import SCALED_OPS
 from graphamp.passes.context import PassContext
-from graphamp.passes.min_cut import F32, LOW, Cost, cut
-from graphamp.passes.output_casts import cache_pairs
+from graphamp.passes.cost_terms import LOOP_RUNS, cost_terms
+from graphamp.passes.min_cut import F32, LOW, cut
 from graphamp.passes.paint import deny_spread_decisions
 from graphamp.plans.records import NodeDecision
 from graphamp.policy.policy import Policy
 
-log = logging.getLogger(__name__)
+__all__ = ["F32", "LOOP_RUNS", "LOW", "CostPass", "decide_by_cost"]
 
-LOOP_RUNS = 10  # what a loop body's iterations count as, per enclosing loop
-_FREE = (Rule.INFER, Rule.CLEAR)
+log = logging.getLogger(__name__)
 
 
 @register
@@ -82,224 +79,79 @@ def decide_by_cost(
 ) -> dict[str, NodeDecision]:
     """Final precision of every node; ``classes`` comes from classify (and the passes that
     keep nodes float32 after it)."""
-    low = policy.dtype
     decisions = dict(classes)
     decisions.update(deny_spread_decisions(graph, classes))
-    free = {
-        name
-        for name, d in decisions.items()
-        if d.rule in _FREE and graph.nodes[name].kind in (NodeKind.OP, NodeKind.BOUNDARY)
-    }
-    costs = _costs(graph, decisions, free, policy)
-    side = _solve(free, costs)
-    fixed = {
-        name: LOW if d.precision == low and d.rule is not Rule.ALREADY_LOW else F32
-        for name, d in decisions.items()
-        if name not in free
-    }
-    now, other = _prices(costs, side, free)
+    terms = cost_terms(graph, decisions, policy)
+    side = cut(len(terms.names), terms.costs)
+    now, other = terms.prices(side)
+    reasons = _Reasons(policy.dtype)
+    neighbours = graph.dataflow.neighbours
+    nodes, names = graph.nodes, terms.names
     low_count = 0
-    for node in graph:
-        if node.name not in free:
+    for number in terms.free:
+        name = names[number]
+        decision = classes[name]
+        subject, own = reasons.subject(nodes[name], decision)
+        if not now[number] and not other[number]:
+            reason = f"{subject} with no Cast or weight at stake either way: float32{own}"
+            decisions[name] = NodeDecision(decision.op, Precision.FLOAT32, decision.rule, reason)
             continue
-        here = side[node.name]
-        decisions[node.name] = _decision(
-            graph,
-            node,
-            classes[node.name],
-            here,
-            now.get(node.name, 0),
-            other.get(node.name, 0),
-            side,
-            fixed,
-            low,
-        )
+        here = side[number]
+        precision, reason = reasons.cut(subject, own, here, other[number] - now[number])
+        via = _via(neighbours(name), here, side, terms.side_of)
+        decisions[name] = NodeDecision(decision.op, precision, decision.rule, reason, via=via)
         low_count += here == LOW
-    log.info("cost: %d of %d free ops %s", low_count, len(free), low)
+    log.info("cost: %d of %d free ops %s", low_count, len(terms.free), policy.dtype)
     return decisions
 
 
-def _prices(
-    costs: list[Cost], side: dict[str, str], free: set[str]
-) -> tuple[dict[str, int], dict[str, int]]:
-    """(what the costs of each free op cost with the cut as it is, what they would cost were
-    that op alone on the other side). A cost is paid when a member is on another side than
-    its head: with its members' sides counted once, a flip is priced in O(1) per cost."""
-    now: dict[str, int] = defaultdict(int)
-    other: dict[str, int] = defaultdict(int)
-    for cost in costs:
-        members = cost.members
-        head = side.get(cost.head, cost.head)
-        low = sum(side.get(m, m) == LOW for m in members)
-        wide = len(members) - low
-        paid = wide > 0 if head == LOW else low > 0
-        among = frozenset(members) if len(members) > 4 else members
-        for name in {cost.head, *members} & free:
-            flipped = F32 if side[name] == LOW else LOW
-            now_head = flipped if name == cost.head else head
-            now_low, now_wide = low, wide
-            if name in among:
-                step = 1 if flipped == LOW else -1
-                now_low, now_wide = low + step, wide - step
-            if paid:
-                now[name] += cost.cost
-            if now_wide > 0 if now_head == LOW else now_low > 0:
-                other[name] += cost.cost
-    return now, other
+class _Reasons:
+    """The sentences of the free ops' decisions, each made once: most free ops share their
+    subject (the list that made them free) and what a flip would cost."""
+
+    def __init__(self, low: str) -> None:
+        self.low = low
+        self._subjects: dict[tuple[str | None, Rule, str], tuple[str, str]] = {}
+        self._cuts: dict[tuple[str, str, int, int], tuple[Precision, str]] = {}
+
+    def subject(self, node: OpNode, decision: NodeDecision) -> tuple[str, str]:
+        """(what the op is, its classification's own reason where that says more: "; ...")."""
+        what = node.params.get("boundary") if node.kind is NodeKind.BOUNDARY else None
+        key = (what, decision.rule, decision.reason)
+        found = self._subjects.get(key)
+        if found is None:
+            subject = f"{what}," if what else f"{decision.rule} list op"
+            plain = what or decision.reason.startswith(f"{decision.rule} list")
+            found = self._subjects[key] = (subject, "" if plain else f"; {decision.reason}")
+        return found
+
+    def cut(self, subject: str, own: str, here: int, more: int) -> tuple[Precision, str]:
+        """The precision and reason of a free op on side ``here`` whose flip would move
+        ``more`` bytes more."""
+        key = (subject, own, here, more)
+        found = self._cuts.get(key)
+        if found is None:
+            there = "float32" if here == LOW else self.low
+            saving = (
+                f"{there} here would move {more} bytes more through Casts and weights"
+                if more > 0
+                else f"{there} here would move no fewer bytes (a tie stays float32)"
+            )
+            precision = Precision(self.low) if here == LOW else Precision.FLOAT32
+            reason = f"{subject} in {precision}, the cheapest cut of its region: {saving}{own}"
+            found = self._cuts[key] = (precision, reason)
+        return found
 
 
-def _decision(
-    graph: OpGraph,
-    node: OpNode,
-    decision: NodeDecision,
-    here: str,
-    now: int,
-    other: int,
-    side: dict[str, str],
-    fixed: dict[str, str],
-    low: str,
-) -> NodeDecision:
-    what = node.params.get("boundary") if node.kind is NodeKind.BOUNDARY else None
-    subject = f"{what}," if what else f"{decision.rule} list op"
-    plain = what or decision.reason.startswith(f"{decision.rule} list")
-    own = "" if plain else f"; {decision.reason}"
-    if not now and not other:
-        reason = f"{subject} with no Cast or weight at stake either way: float32{own}"
-        return NodeDecision(decision.op, Precision.FLOAT32, decision.rule, reason)
-    there = "float32" if here == LOW else low
-    saving = (
-        f"{there} here would move {other - now} bytes more through Casts and weights"
-        if other > now
-        else f"{there} here would move no fewer bytes (a tie stays float32)"
-    )
-    precision = Precision(low) if here == LOW else Precision.FLOAT32
-    reason = f"{subject} in {precision}, the cheapest cut of its region: {saving}{own}"
-    via = _via(graph, node, side, fixed)
-    return NodeDecision(decision.op, precision, decision.rule, reason, via=via)
-
-
-def _via(graph: OpGraph, node: OpNode, side: dict[str, str], fixed: dict[str, str]) -> str | None:
+def _via(near: list[str], here: int, side: list[int], side_of: dict[str, int]) -> str | None:
     """The dataflow neighbour the decision leans on: one on the same side whose side is fixed
     (an allow op, a deny op), else a free one on the same side."""
-    here = side[node.name]
-    near = graph.dataflow.neighbours(node.name)
-    # (plain loops: no generator per node)
+    free_one = None
     for name in near:
-        if fixed.get(name) == here:
-            return name
-    for name in near:
-        if side.get(name) == here:
-            return name
-    return None
-
-
-def _costs(
-    graph: OpGraph, decisions: dict[str, NodeDecision], free: set[str], policy: Policy
-) -> list[Cost]:
-    """Every cost that depends on a free op (rules 1-3 of the module docstring)."""
-    low = policy.dtype
-    caches = cache_pairs(graph)
-    # each node's side where it follows: its own name for a free op, else its fixed terminal
-    node_side = {
-        name: name
-        if name in free
-        else LOW
-        if d.precision == low and d.rule is not Rule.ALREADY_LOW
-        else F32
-        for name, d in decisions.items()
-    }
-
-    def reader_side(node: OpNode, slot: int) -> str | None:
-        """The side a slot's reader is on (a free op by name), None when it reads any type."""
-        if slot >= 0 and (
-            slot in node.any_type_inputs or (node.kind is NodeKind.CAST and slot == 0)
-        ):
-            return None
-        if slot < 0 or slot not in node.follow_inputs:
-            return F32
-        return node_side[node.name]
-
-    def producer_side(tensor: TensorInfo) -> str:
-        if tensor.is_graph_input:
-            movable = not (
-                tensor.type_fixed or policy.keeps_io(tensor.name) or tensor.is_graph_output
-            )
-            return f"\0input:{tensor.name}" if movable else F32
-        node = graph.nodes[tensor.producer]  # type: ignore[index]
-        if node.kind is NodeKind.CAST:  # a Cast of the model to float32: retargetable
-            return F32 if tensor.is_graph_output else f"\0cast:{node.name}"
-        if not any(node.outputs[s] == tensor.name for s in node.follow_outputs):
-            return F32
-        return node_side[node.name]
-
-    # a kept output reads float32 (a Cast back); a KV cache's present output reads the type
-    # its past input takes (a Cast back where they differ: a generation loop feeds it back)
-    past_of = {present: past for past, present in caches.items()}
-    output_side = {
-        name: F32 if policy.keeps_io(name) else producer_side(graph.tensors[past_of[name]])
-        for name in graph.graph_outputs
-        if policy.keeps_io(name) or name in past_of
-    }
-    low_bytes, wide = itemsize(low), itemsize("float32")
-    costs: list[Cost] = []
-    nodes, consumers = graph.nodes, graph.consumers
-    for name, tensor in graph.tensors.items():
-        if tensor.dtype != "float32":
-            continue
-        readers = consumers(name)
-        if name not in output_side and not any(n in free for n, _ in readers):
-            producer = tensor.producer
-            if (tensor.is_constant and not tensor.is_graph_input) or (
-                producer is not None
-                and producer not in free
-                and nodes[producer].kind is not NodeKind.CAST
-            ):
-                continue  # every end is a terminal: the cost decides nothing (_decides)
-        sides = [reader_side(nodes[n], k) for n, k in readers]
-        if name in output_side:
-            sides.append(output_side[name])
-        members = tuple(dict.fromkeys(s for s in sides if s is not None))
-        count = estimated_elements(tensor.shape) or 1
-        if tensor.is_constant and not tensor.is_graph_input:
-            if _only_scales(graph, name):
-                continue  # a quantisation scale's bytes decide nothing (module docstring)
-            if _decides(F32, members):  # stored low for some reader
-                costs.append(Cost(count * low_bytes, F32, members))
-            if _decides(LOW, members):  # stored float32 for some reader
-                costs.append(Cost(count * wide, LOW, members))
-            continue
-        bytes_moved = count * (low_bytes + wide)
-        if tensor.body:  # (a main-graph value runs once: most of a graph's values)
-            loops = sum(b.kind is BodyKind.LOOP for b in graph.enclosing(tensor.body))
-            bytes_moved *= LOOP_RUNS**loops
-        head = producer_side(tensor)
-        if _decides(head, members):
-            costs.append(Cost(bytes_moved, head, members))
-    return costs
-
-
-def _only_scales(graph: OpGraph, name: str) -> bool:
-    """Whether every reader of ``name`` reads it as a quantisation scale."""
-    readers = graph.consumers(name)
-    return bool(readers) and all(
-        slot == 1 and graph.nodes[node].op in SCALED_OPS for node, slot in readers
-    )
-
-
-def _decides(head: str, members: tuple[str, ...]) -> bool:
-    """Whether a cost of ``head`` and ``members`` can be paid or not depending on a free op
-    (the rest decide nothing: paid always, never, or only by a variable no free op shares a
-    cost with, which the region search finds anyway)."""
-    return any(m != head for m in members) and (
-        head not in (LOW, F32) or any(m not in (LOW, F32) for m in members)
-    )
-
-
-def _solve(free: set[str], costs: list[Cost]) -> dict[str, str]:
-    """The side of every variable (free ops, movable inputs, model Casts) in a minimum cut of
-    ``costs``: one flow for all regions (those that share no cost are cut as they would be
-    alone; a region of one variable goes low only where that is strictly cheaper, as pricing
-    it both ways would say), float32 for a free op no cost depends on."""
-    side = dict.fromkeys(free, F32)
-    side.update(cut(costs))
-    return side
+        number = side_of[name]
+        if number <= F32:  # fixed: its number is its side
+            if number == here:
+                return name
+        elif free_one is None and side[number] == here:
+            free_one = name
+    return free_one

@@ -15,7 +15,9 @@ from onnx import TensorProto, helper, numpy_helper
 from graphamp.core.graph import NodeKind
 from graphamp.core.vocab import Rule
 from graphamp.passes import PassContext, PassManager
-from graphamp.passes.cost import F32, LOW, _costs, _solve, decide_by_cost
+from graphamp.passes.cost import F32, LOW, decide_by_cost
+from graphamp.passes.cost_terms import cost_terms
+from graphamp.passes.min_cut import cut
 from graphamp.policy.policy import Policy
 from tests.helpers import assert_valid, convert, model, precisions, weight
 from tests.opgraphs import GraphBuilder
@@ -228,11 +230,12 @@ def test_the_cut_is_the_cheapest_assignment_and_ties_stay_float32(seed, keep):
         for n, d in decided.items()
         if d.rule in (Rule.INFER, Rule.CLEAR) and graph.nodes[n].kind is NodeKind.OP
     }
-    costs = _costs(graph, decided, free, policy)
+    terms = cost_terms(graph, decided, policy)
+    costs = terms.costs
     variables = sorted({v for c in costs for v in (c.head, *c.members)} - {LOW, F32})
 
-    def price(low: set[str]) -> int:
-        side = {v: LOW if v in low else F32 for v in variables}
+    def price(low: set[int]) -> int:
+        side = [LOW if v == LOW or v in low else F32 for v in range(len(terms.names))]
         return sum(c.cost for c in costs if c.paid(side))
 
     best, cheapest = None, []
@@ -243,12 +246,15 @@ def test_the_cut_is_the_cheapest_assignment_and_ties_stay_float32(seed, keep):
                 best, cheapest = cost, [set(low)]
             elif cost == best:
                 cheapest.append(set(low))
-    side = _solve(free, costs)
-    chosen = {v for v in variables if side.get(v) == LOW}
+    side = cut(len(terms.names), costs)
+    chosen = {v for v in variables if side[v] == LOW}
     assert price(chosen) == best
     # the cut with the fewest variables low: inside every cheapest set, so a tie stays float32
     assert chosen == set.intersection(*cheapest)
-    assert {n for n in free if decided[n].precision == "float16"} == chosen & free
+    # a variable in no cost is float32
+    assert all(side[v] == F32 for v in range(F32 + 1, len(terms.names)) if v not in variables)
+    chosen_names = {terms.names[v] for v in chosen}
+    assert {n for n in free if decided[n].precision == "float16"} == chosen_names & free
 
 
 @pytest.mark.parametrize("keep", [False, True])

@@ -1,0 +1,180 @@
+"""The costs the cost pass (:mod:`graphamp.passes.cost`) cuts, over numbered sides.
+
+Every node gets a number once: a free op its own variable (2, 3, ... in the graph's order), a
+fixed node the terminal of its side (:data:`LOW` or :data:`F32`); movable graph inputs and the
+model's own Casts are variables numbered after the free ops, as the costs meet them. The costs
+(rules 1-3 of the cost pass's docstring) and the prices of each free op's flip are then lists
+indexed by those numbers, not dictionaries keyed by names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphamp.core.dtypes import estimated_elements, itemsize
+from graphamp.core.graph import BodyKind, NodeKind, OpGraph, TensorInfo
+from graphamp.core.vocab import Rule
+from graphamp.passes.classify import SCALED_OPS
+from graphamp.passes.min_cut import F32, LOW, Cost
+from graphamp.passes.output_casts import cache_pairs
+from graphamp.plans.records import NodeDecision
+from graphamp.policy.policy import Policy
+
+LOOP_RUNS = 10  # what a loop body's iterations count as, per enclosing loop
+FREE_RULES = (Rule.INFER, Rule.CLEAR)
+
+
+@dataclass
+class CostTerms:
+    """The cut's variables and the costs over them."""
+
+    names: list[str]  # by number: a free op's node name, "\0input:<value>", "\0cast:<node>"
+    side_of: dict[str, int]  # every node's number: its variable, or its fixed side's terminal
+    free: range  # the free ops' numbers, in the graph's order
+    costs: list[Cost]
+
+    def prices(self, side: list[int]) -> tuple[list[int], list[int]]:
+        """(what the costs of each free op cost with the cut ``side`` as it is, what they would
+        cost were that op alone on the other side), by number. A cost is paid when a member is
+        on another side than its head: with its members' sides counted once, a flip is priced
+        in O(1) per cost; a cost of one member (most) is paid after a flip of either end
+        exactly where it is not paid now."""
+        count = len(self.names)
+        now, other = [0] * count, [0] * count
+        for cost, head, members in self.costs:
+            head_side = side[head]
+            if len(members) == 1:
+                (member,) = members
+                if side[member] != head_side:
+                    now[head] += cost
+                    now[member] += cost
+                else:
+                    other[head] += cost
+                    other[member] += cost
+                continue
+            low = sum(side[m] == LOW for m in members)
+            wide = len(members) - low
+            paid = wide > 0 if head_side == LOW else low > 0
+            if paid:
+                now[head] += cost
+            flipped_head = F32 if head_side == LOW else LOW  # the head flips, the members stay
+            if wide > 0 if flipped_head == LOW else low > 0:
+                other[head] += cost
+            for member in members:  # one member flips, the head stays
+                step = 1 if side[member] == F32 else -1
+                if paid:
+                    now[member] += cost
+                if wide - step > 0 if head_side == LOW else low + step > 0:
+                    other[member] += cost
+        return now, other  # (the terminals' and other variables' entries mean nothing)
+
+
+def cost_terms(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Policy) -> CostTerms:
+    """Number the sides and list every cost that depends on a free op (rules 1-3 of the cost
+    pass's docstring)."""
+    low = policy.dtype
+    names = ["\0low", "\0float32"]
+    side_of: dict[str, int] = {}
+    for node in graph:
+        decision = decisions[node.name]
+        if decision.rule in FREE_RULES and node.kind in (NodeKind.OP, NodeKind.BOUNDARY):
+            side_of[node.name] = len(names)
+            names.append(node.name)
+        elif decision.precision == low and decision.rule is not Rule.ALREADY_LOW:
+            side_of[node.name] = LOW
+        else:
+            side_of[node.name] = F32
+    free = range(F32 + 1, len(names))
+    variables: dict[str, int] = {}  # movable inputs and model Casts, by name
+
+    def variable(name: str) -> int:
+        number = variables.get(name)
+        if number is None:
+            number = variables[name] = len(names)
+            names.append(name)
+        return number
+
+    nodes = graph.nodes
+
+    def reader_side(node_name: str, slot: int) -> int | None:
+        """The side a slot's reader is on, None when it reads any type."""
+        node = nodes[node_name]
+        if slot >= 0 and (
+            slot in node.any_type_inputs or (node.kind is NodeKind.CAST and slot == 0)
+        ):
+            return None
+        if slot < 0 or slot not in node.follow_inputs:
+            return F32
+        return side_of[node_name]
+
+    def producer_side(tensor: TensorInfo) -> int:
+        if tensor.is_graph_input:
+            movable = not (
+                tensor.type_fixed or policy.keeps_io(tensor.name) or tensor.is_graph_output
+            )
+            return variable(f"\0input:{tensor.name}") if movable else F32
+        node = nodes[tensor.producer]  # type: ignore[index]
+        if node.kind is NodeKind.CAST:  # a Cast of the model to float32: retargetable
+            return F32 if tensor.is_graph_output else variable(f"\0cast:{node.name}")
+        if not any(node.outputs[s] == tensor.name for s in node.follow_outputs):
+            return F32
+        return side_of[node.name]
+
+    # a kept output reads float32 (a Cast back); a KV cache's present output reads the type
+    # its past input takes (a Cast back where they differ: a generation loop feeds it back)
+    past_of = {present: past for past, present in cache_pairs(graph).items()}
+    output_side = {
+        name: F32 if policy.keeps_io(name) else producer_side(graph.tensors[past_of[name]])
+        for name in graph.graph_outputs
+        if policy.keeps_io(name) or name in past_of
+    }
+    low_bytes, wide = itemsize(low), itemsize("float32")
+    costs: list[Cost] = []
+    consumers = graph.consumers
+    for name, tensor in graph.tensors.items():
+        if tensor.dtype != "float32":
+            continue
+        readers = consumers(name)
+        stored = tensor.is_constant and not tensor.is_graph_input
+        if name not in output_side and not any(side_of[n] > F32 for n, _ in readers):
+            producer = tensor.producer
+            if stored or (
+                producer is not None
+                and side_of[producer] <= F32
+                and nodes[producer].kind is not NodeKind.CAST
+            ):
+                continue  # every end is a terminal: the cost decides nothing (_decides)
+        sides = [reader_side(n, k) for n, k in readers]
+        if name in output_side:
+            sides.append(output_side[name])
+        members = dict.fromkeys(s for s in sides if s is not None)
+        count = estimated_elements(tensor.shape) or 1
+        if stored:
+            if _only_scales(graph, name):
+                continue  # a quantisation scale's bytes decide nothing (module docstring)
+            _add(costs, count * low_bytes, F32, members)  # stored low for some reader
+            _add(costs, count * wide, LOW, members)  # stored float32 for some reader
+            continue
+        bytes_moved = count * (low_bytes + wide)
+        if tensor.body:  # (a main-graph value runs once: most of a graph's values)
+            loops = sum(b.kind is BodyKind.LOOP for b in graph.enclosing(tensor.body))
+            bytes_moved *= LOOP_RUNS**loops
+        _add(costs, bytes_moved, producer_side(tensor), members)
+    return CostTerms(names, side_of, free, costs)
+
+
+def _add(costs: list[Cost], cost: int, head: int, sides: dict[int, None]) -> None:
+    """Add the cost of ``head`` and the members ``sides`` where it can be paid or not depending
+    on a free op (the rest decide nothing: paid always, never, or only by a variable no free
+    op shares a cost with, which the region search finds anyway)."""
+    members = tuple(m for m in sides if m != head)
+    if members and (head > F32 or any(m > F32 for m in members)):
+        costs.append(Cost(cost, head, members))
+
+
+def _only_scales(graph: OpGraph, name: str) -> bool:
+    """Whether every reader of ``name`` reads it as a quantisation scale."""
+    readers = graph.consumers(name)
+    return bool(readers) and all(
+        slot == 1 and graph.nodes[node].op in SCALED_OPS for node, slot in readers
+    )
