@@ -247,9 +247,9 @@ class OpGraph:
             index = next(i for i, (name, _) in enumerate(ordered) if name == after)
             ordered.insert(index + 1, (node.name, node))
             self.nodes = dict(ordered)
-        for out in node.outputs:
-            if out and out in self.tensors:
-                self.tensors[out].producer = node.name
+        for out in node.outputs:  # (readers add every node here: one lookup per output)
+            if (tensor := self.tensors.get(out) if out else None) is not None:
+                tensor.producer = node.name
         self._changed()
 
     def add_node_after_inputs(self, node: OpNode) -> None:

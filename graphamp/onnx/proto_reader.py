@@ -27,7 +27,7 @@ from graphamp.errors import GraphampError
 from graphamp.onnx import fusion, kernels, slots
 from graphamp.onnx.infile import InFileTensor
 from graphamp.onnx.scopes import module_path_of_entries
-from graphamp.onnx.validate_nodes import NodeFields, node_fields
+from graphamp.onnx.validate_nodes import DEFAULT_DOMAINS, NodeFields, node_fields
 
 _SUBGRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 _EXTERNAL = onnx.TensorProto.EXTERNAL
@@ -91,42 +91,8 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
     for name, init in initializers.items():
         if name not in op_graph.tensors:
             op_graph.add_tensor(typed.tensor(name, init, False))
-    signatures: dict[tuple[object, ...], slots.Slots] = {}
     tensors = op_graph.tensors
-    source = f"opset {opsets.get('', 0)}"
-    protos = model.proto.graph.node
-    # (names looked up once: the loop below runs once per node)
-    add_tensor, add_node, new_tensor = op_graph.add_tensor, op_graph.add_node, typed.tensor
-    op_name, scope_of, node_kind = slots.op_name, module_path_of_entries, NodeKind.OP
-    kernels_known = provider in kernels.PROVIDERS  # missing_kernel says "" for any other
-    for fields, name, proto in zip(nodes, model.node_names, protos, strict=True):
-        op_type, domain, outputs = fields.op_type, fields.domain, fields.outputs
-        for output in outputs:
-            if output:
-                add_tensor(new_tensor(output, None, False))
-        op_node = OpNode(
-            name=name,
-            op=op_name(op_type, domain),
-            inputs=fields.inputs,
-            outputs=outputs,
-            domain=domain,
-            scope=scope_of(proto.metadata_props) or name,
-            schema_source=source,
-        )
-        _read_node(op_node, fields.attributes, op_type, opsets, target, signatures, tensors)
-        if (
-            kernels_known
-            and op_node.kind is node_kind
-            and (op_node.follow_inputs or op_node.follow_outputs)
-        ):
-            op_node.no_kernel = kernels.missing_kernel(
-                provider, domain, op_type, slots.opset_of(opsets, domain), target
-            )
-        add_node(op_node)
-        for slot, output in enumerate(outputs):
-            if output and tensors[output].dtype == UNKNOWN:
-                fallback = slots.output_type_fallback(op_node, op_type, slot, opsets)
-                tensors[output].dtype = fallback or UNKNOWN
+    _read_nodes(op_graph, nodes, model.node_names, graph.node, typed, opsets, target, provider)
     for value in graph.output:
         op_graph.graph_outputs.append(value.name)
         tensors[value.name].is_graph_output = True
@@ -143,7 +109,11 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
 def _node_names(nodes: list[NodeFields]) -> tuple[list[str], dict[int, str]]:
     """As the onnx_ir reader names them: ``<op>__<first output>`` for an unnamed node, a
     suffix for a name an earlier node has. (every name, the new ones by node number)"""
-    taken = {node.name for node in nodes if node.name}
+    given = [node.name for node in nodes]
+    taken = set(given)
+    if len(taken) == len(given) and "" not in taken:
+        return given, {}  # every node named, and each once (the common case)
+    taken.discard("")
     seen: set[str] = set()
     names = []
     renamed = {}
@@ -184,6 +154,18 @@ class _Types:
         if found is None:
             found = self.known[key] = _type_and_shape(info.type)
         return found
+
+    def add_outputs(self, outputs: list[str], op_graph: OpGraph) -> tuple[str, ...]:
+        """Add a node's outputs to ``op_graph``; their types ("unknown" for one left out)."""
+        types = []
+        for name in outputs:
+            if name:
+                dtype, shape = self.of(name)
+                op_graph.add_tensor(TensorInfo(name, dtype, shape))
+                types.append(dtype)
+            else:
+                types.append(UNKNOWN)
+        return tuple(types)
 
     def tensor(self, name: str, init: onnx.TensorProto | None, graph_input: bool) -> TensorInfo:
         dtype, shape = self.of(name)
@@ -230,28 +212,78 @@ def elem_name(elem_type: int) -> str:
     return dtypes.from_onnx(elem_type) or onnx.TensorProto.DataType.Name(elem_type).lower()
 
 
-def _read_node(
-    op_node: OpNode,
-    listed: Sequence[onnx.AttributeProto],
-    op_type: str,
+def _read_nodes(
+    op_graph: OpGraph,
+    nodes: list[NodeFields],
+    names: list[str],
+    protos: Sequence[onnx.NodeProto],
+    typed: _Types,
     opsets: dict[str, int],
     target: str,
-    signatures: dict[tuple[object, ...], slots.Slots],
+    provider: str,
+) -> None:
+    """Add each node, and the values it produces, to ``op_graph`` in graph order.
+
+    The loop runs once per node (50,000 times on the benchmark's chain), so it does only what
+    differs per node; what the nodes of one signature share (their slots, from the schema) is
+    settled once per signature by :func:`slots.computing_node`."""
+    tensors = op_graph.tensors
+    source = f"opset {opsets.get('', 0)}"
+    signatures: dict[tuple[object, ...], slots.Slots] = {}
+    kernels_known = provider in kernels.PROVIDERS  # missing_kernel says "" for any other
+    add_node, add_outputs = op_graph.add_node, typed.add_outputs
+    op_name, scope_of, default_domains = slots.op_name, module_path_of_entries, DEFAULT_DOMAINS
+    for name, fields, proto in zip(names, nodes, protos, strict=True):
+        _, op_type, domain, inputs, outputs, listed = fields
+        # the types the model or inference declares (the fallback below fills the others)
+        output_types = add_outputs(outputs, op_graph)
+        metadata = proto.metadata_props
+        op_node = OpNode(
+            name,
+            op_name(op_type, domain),
+            inputs,
+            outputs,
+            domain=domain,
+            scope=(scope_of(metadata) if metadata else "") or name,
+            schema_source=source,
+        )
+        if op_type in _CAST_OR_CONSTANT and domain in default_domains:
+            _read_cast_or_constant(op_node, op_type, listed, tensors)
+        else:
+            attribute = _attribute_of(listed) if listed else _no_attribute
+            slots.computing_node(
+                op_node, op_type, tensors, output_types, opsets, target, signatures, attribute
+            )
+            if kernels_known and (op_node.follow_inputs or op_node.follow_outputs):
+                op_node.no_kernel = kernels.missing_kernel(
+                    provider, domain, op_type, slots.opset_of(opsets, domain), target
+                )
+        add_node(op_node)
+        # (a Constant's output took its value's type above, which may be none)
+        if UNKNOWN in output_types or op_node.kind is NodeKind.CONSTANT:
+            for slot, output in enumerate(outputs):
+                if output and tensors[output].dtype == UNKNOWN:
+                    fallback = slots.output_type_fallback(op_node, op_type, slot, opsets)
+                    tensors[output].dtype = fallback or UNKNOWN
+
+
+def _read_cast_or_constant(
+    op_node: OpNode,
+    op_type: str,
+    listed: Sequence[onnx.AttributeProto],
     tensors: dict[str, TensorInfo],
 ) -> None:
-    """Fill ``op_node`` (names and op already set) from its attributes (``listed``, the node's
-    repeated AttributeProto field) and schema."""
-    if op_type in _CAST_OR_CONSTANT and op_node.domain in slots.DEFAULT_DOMAINS:
-        attributes = {a.name: a for a in listed}
-        if op_type == "Cast":
-            op_node.kind = NodeKind.CAST
-            op_node.cast_to = elem_name(attributes["to"].i)
-        else:
-            op_node.kind = NodeKind.CONSTANT
-            _attach_constant(tensors[op_node.outputs[0]], attributes)
-        return
-    # outputs still have their declared types here: the fallback comes after
-    output_types = tuple(tensors[v].dtype if v else UNKNOWN for v in op_node.outputs)
+    attributes = {a.name: a for a in listed}
+    if op_type == "Cast":
+        op_node.kind = NodeKind.CAST
+        op_node.cast_to = elem_name(attributes["to"].i)
+    else:
+        op_node.kind = NodeKind.CONSTANT
+        _attach_constant(tensors[op_node.outputs[0]], attributes)
+
+
+def _attribute_of(listed: Sequence[onnx.AttributeProto]) -> slots.AttributeValue:
+    """A node's attribute getter (``listed``: its repeated AttributeProto field)."""
 
     def attribute(key: str) -> object:
         # (few nodes ask, so no table of them is built per node; the last of a name counts)
@@ -261,9 +293,12 @@ def _read_node(
                 found = listed_attribute
         return onnx.helper.get_attribute_value(found) if found is not None else None
 
-    slots.computing_node(
-        op_node, op_type, tensors, output_types, opsets, target, signatures, attribute
-    )
+    return attribute
+
+
+def _no_attribute(key: str) -> object:
+    """The attribute getter of a node without attributes."""
+    return None
 
 
 def _attach_constant(tensor: TensorInfo, attributes: dict[str, onnx.AttributeProto]) -> None:

@@ -10,6 +10,7 @@ Upsample scales).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,8 @@ class Slots:
     follow_inputs: frozenset[int] = frozenset()
     follow_outputs: frozenset[int] = frozenset()
     schema_note: str = ""
+    # an attribute may keep the node float32 (schemas.FLOAT32_WHEN_ATTRIBUTE): asked per node
+    attribute_rule: bool = False
 
 
 def computing_node(
@@ -76,9 +79,12 @@ def computing_node(
     schema. Nodes of one op with the same types get the same slots: the schema work is done
     once per signature (a graph of 50,000 nodes may have a dozen)."""
     inputs, outputs, domain = op_node.inputs, op_node.outputs, op_node.domain
-    input_types = tuple(tensors[name].dtype if name else "" for name in inputs)
+    input_types = tuple([tensors[name].dtype if name else "" for name in inputs])
     opset = opset_of(opsets, domain)
-    key = (domain, op_type, opset, input_types, output_types, tuple(map(bool, outputs)))
+    # which outputs are given: their number where none is left out (the common case, and
+    # cheaper to tell than the pattern of a few)
+    given = tuple(map(bool, outputs)) if "" in outputs else len(outputs)
+    key = (domain, op_type, opset, input_types, output_types, given)
     slots = signatures.get(key)
     if slots is None:
         node = NodeId(op_node.name, op_type, domain)
@@ -91,7 +97,9 @@ def computing_node(
     if not slots.computes:
         return op_node  # no schema (a custom domain), or computes on no float type
     op_node.compute_type = slots.compute_type
-    kept = schemas.float32_attribute_note(op_type, domain, attribute)
+    kept = (
+        schemas.float32_attribute_note(op_type, domain, attribute) if slots.attribute_rule else ""
+    )
     op_node.allowed_types = slots.allowed_types - dtypes.LOW_TYPES if kept else slots.allowed_types
     if slots.schema_note or kept:
         op_node.schema_source += slots.schema_note + kept
@@ -201,6 +209,7 @@ def _op_slots(
         follow_inputs=follow_inputs,
         follow_outputs=follow_outputs,
         schema_note=note,
+        attribute_rule=node.op_type in schemas.FLOAT32_WHEN_ATTRIBUTE,
     )
 
 
@@ -235,18 +244,33 @@ def _check_input_types(
 def _matrix_flops(
     op_node: OpNode, tensors: dict[str, TensorInfo], attribute: AttributeValue
 ) -> int | None:
+    inputs = op_node.inputs
     out = tensors[op_node.outputs[0]].shape
+    a = tensors[inputs[0]].shape
+    b = tensors[inputs[1]].shape if len(inputs) > 1 else None
+    transposed = bool(attribute("transA")) if op_node.op == "Gemm" else False
+    return _flops(op_node.op, out, a, b, transposed)
+
+
+@functools.lru_cache(maxsize=1024)
+def _flops(
+    op: str,
+    out: tuple[int | str | None, ...] | None,
+    a: tuple[int | str | None, ...] | None,
+    b: tuple[int | str | None, ...] | None,
+    transposed: bool,
+) -> int | None:
+    """2 x multiply-adds of a matrix op with these shapes (once per distinct shapes: the
+    MatMuls of a model share a few)."""
     if not out or not all(isinstance(d, int) for d in out):
         return None
     out_elems = math.prod(out)  # type: ignore[arg-type]
-    a = tensors[op_node.inputs[0]].shape
-    b = tensors[op_node.inputs[1]].shape if len(op_node.inputs) > 1 else None
-    if op_node.op == "MatMul" and a and isinstance(a[-1], int):
+    if op == "MatMul" and a and isinstance(a[-1], int):
         return 2 * out_elems * int(a[-1])
-    if op_node.op == "Gemm" and a and len(a) == 2:
-        k = a[0] if attribute("transA") else a[1]
+    if op == "Gemm" and a and len(a) == 2:
+        k = a[0] if transposed else a[1]
         return 2 * out_elems * int(k) if isinstance(k, int) else None
-    if op_node.op in ("Conv", "ConvTranspose") and b and all(isinstance(d, int) for d in b):
+    if op in ("Conv", "ConvTranspose") and b and all(isinstance(d, int) for d in b):
         return 2 * out_elems * math.prod(b[1:])  # type: ignore[arg-type]
     return None
 
