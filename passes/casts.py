@@ -27,12 +27,11 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
-from graphamp.core.dtypes import cast_bytes, itemsize
+from graphamp.core.dtypes import cast_bytes
 from graphamp.core.graph import NodeKind, OpGraph, OpNode
 from graphamp.core.names import Names
 from graphamp.core.vocab import Rule
 from graphamp.passes.base import Fact, Pass, PassResult, register
-from graphamp.passes.classify import stored_float32_inputs
 from graphamp.passes.context import PassContext
 from graphamp.passes.model_casts import share_model_casts
 from graphamp.passes.output_casts import (
@@ -41,6 +40,7 @@ from graphamp.passes.output_casts import (
     plan_output_casts,
     read_low_values,
 )
+from graphamp.passes.stored_casts import kept_weights, plan_weights
 from graphamp.passes.weights import WeightRanges
 from graphamp.plans.edits import EditScript
 from graphamp.plans.records import CastRecord, NodeDecision, WeightRecord
@@ -101,15 +101,20 @@ def plan_casts(
             return low
         return original[tensor]
 
-    # What every tensor holds after the conversion.
+    # What every tensor holds after the conversion, and the model's own Casts: the one walk
+    # of the graph before the slots', so that each step about those Casts walks only them.
     has = dict(original)
+    low_nodes, retype = edits.low_nodes, edits.retype
+    model_casts: list[OpNode] = []
     for node in graph:
         if node.name in lows:
-            edits.low_nodes[node.name] = low
+            low_nodes[node.name] = low
+            outputs = node.outputs
             for slot in node.follow_outputs:
-                if node.outputs[slot]:
-                    has[node.outputs[slot]] = low
-                    edits.retype[node.outputs[slot]] = low
+                if outputs[slot]:
+                    has[outputs[slot]] = retype[outputs[slot]] = low
+        if node.kind is NodeKind.CAST:
+            model_casts.append(node)
 
     readers = _Readers(graph)
 
@@ -137,8 +142,8 @@ def plan_casts(
     # Casts already in the model: retarget, then find the ones that became no-ops (reading an
     # output cast back, a Cast to that output's original type is one too).
     alias: dict[str, str] = {}
-    for node in graph:
-        if node.kind is not NodeKind.CAST or not node.inputs or not node.inputs[0]:
+    for node in model_casts:
+        if not node.inputs or not node.inputs[0]:
             continue
         out = node.outputs[0]
         if (
@@ -162,8 +167,13 @@ def plan_casts(
     cast_readers: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
     weight_readers: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
     removed = set(edits.remove_nodes)
+    # The values read as they are, kept only where something asks: whether a model's Cast is
+    # still read (none to ask about: no model Cast), which slots read a value a graph output's
+    # Cast back renames (none without a Cast back). Most slots of a graph land here.
     still_read: set[str] = set()
+    reads_casts = bool(model_casts)
     as_is: list[tuple[str, int]] = []  # slots rewired to a value they read in the type it has
+    renames = bool(cast_back)
     tensors = graph.tensors
     for node in graph:
         if node.name in removed:
@@ -186,8 +196,10 @@ def plan_casts(
             else:
                 want = original[name]
             if held == want:
-                still_read.add(source)
-                as_is.append((node.name, slot))
+                if reads_casts:
+                    still_read.add(source)
+                if renames:
+                    as_is.append((node.name, slot))
                 continue
             tensor = tensors[source]
             if tensor.is_constant and not tensor.is_graph_input:
@@ -205,15 +217,16 @@ def plan_casts(
                 cast_readers[(source, want)].append((node.name, slot))
                 still_read.add(source)
 
-    share_model_casts(graph, cast_readers, alias, removed, has, edits, still_read, cast_back)
+    share_model_casts(
+        graph, cast_readers, model_casts, alias, removed, has, edits, still_read, cast_back
+    )
 
     # Casts already in the model that the rerouting above left with no reader (one that had
     # none in the model is left as it is: removing it would leave its own input Cast readerless
     # for the next conversion, which would then remove that one too).
-    for node in graph:
+    for node in model_casts:
         if (
-            node.kind is NodeKind.CAST
-            and node.name not in removed
+            node.name not in removed
             and node.outputs[0] not in still_read
             and readers.get(node.outputs[0])
             and not graph.tensors[node.outputs[0]].is_graph_output
@@ -246,8 +259,8 @@ def plan_casts(
         for slot_key in slots:
             edits.rewire[slot_key] = output
 
-    _plan_weights(graph, weight_readers, readers, has, edits, names, weights)
-    kept = _kept_weights(graph, decisions, weights)
+    plan_weights(graph, weight_readers, has, edits, names, weights)
+    kept = kept_weights(graph, decisions, weights)
     plan_output_casts(graph, has, edits, names, cast_back, shared)
     read_low_values(edits, as_is)
     log.info(
@@ -316,74 +329,3 @@ class _Readers:
             )
             self.listed[name] = found
         return found
-
-
-def _plan_weights(
-    graph: OpGraph,
-    weight_readers: dict[tuple[str, str], list[tuple[str, int]]],
-    readers: _Readers,
-    has: dict[str, str],
-    edits: EditScript,
-    names: Names,
-    weights: WeightRanges,
-) -> None:
-    """Convert stored values: in place if every reader wants ``dtype``, else as a copy."""
-    for (name, want), slots in weight_readers.items():
-        tensor = graph.tensors[name]
-        in_place = len(slots) == len(readers.get(name)) and not tensor.is_graph_output
-        stats = weights.stats(name, want)
-        elements = stats.elements
-        stored_as = name if in_place else names.derived(name, f"__{want}")
-        edits.weights.append(
-            WeightRecord(
-                name=name,
-                src=has[name],
-                dst=want,
-                stored_as=stored_as,
-                in_place=in_place,
-                elements=elements,
-                bytes_before=elements * itemsize(has[name]),
-                bytes_after=elements * itemsize(want),
-                flushed_to_zero=stats.flushed,
-                consumers=sorted({n for n, _ in slots}),
-                at_limit=stats.at_limit,
-            )
-        )
-        if in_place:
-            edits.retype[name] = want
-        for slot_key in slots:
-            if not in_place:
-                edits.rewire[slot_key] = stored_as
-
-
-def _kept_weights(
-    graph: OpGraph, decisions: dict[str, NodeDecision], weights: WeightRanges
-) -> list[WeightRecord]:
-    """The stored weights whose values overflow the target: classify kept their readers
-    float32 (rule ``weight_range``), and the plan says which weight and how many values."""
-    readers: dict[str, list[str]] = defaultdict(list)
-    for node in graph:
-        if decisions[node.name].rule is Rule.WEIGHT_RANGE:
-            for name in stored_float32_inputs(node, weights):
-                readers[name].append(node.name)
-    kept = []
-    for name, nodes in sorted(readers.items()):
-        stats = weights.stats(name)
-        if stats.beyond:
-            elements = stats.elements
-            kept.append(
-                WeightRecord(
-                    name=name,
-                    src="float32",
-                    dst="float32",
-                    stored_as=name,
-                    in_place=True,
-                    elements=elements,
-                    bytes_before=elements * 4,
-                    bytes_after=elements * 4,
-                    flushed_to_zero=0,
-                    consumers=sorted(nodes),
-                    out_of_range=stats.beyond,
-                )
-            )
-    return kept

@@ -17,7 +17,7 @@ Used by :mod:`casts`; a helper, not a pass.
 
 from __future__ import annotations
 
-from graphamp.core.graph import NodeKind, OpGraph, OpNode
+from graphamp.core.graph import OpGraph, OpNode
 from graphamp.plans.edits import EditScript
 
 Slot = tuple[str, int]
@@ -26,6 +26,7 @@ Slot = tuple[str, int]
 def share_model_casts(
     graph: OpGraph,
     cast_readers: dict[tuple[str, str], list[Slot]],
+    model_casts: list[OpNode],
     alias: dict[str, str],
     removed: set[str],
     has: dict[str, str],
@@ -35,12 +36,13 @@ def share_model_casts(
 ) -> None:
     """Rewire ``cast_readers`` (slots that would get a new Cast, by (tensor, dtype)) to a Cast
     of the model that gives the same, or hand that Cast's readers to the new one (module
-    docstring). ``alias``/``removed``: Casts the casts pass already removed as no-ops;
-    ``cast_back``: graph outputs cast back to their type, whose float32 readers share that."""
-    order = {node.name: index for index, node in enumerate(graph)}
+    docstring). ``model_casts``: the graph's Cast nodes, in graph order; ``alias``/``removed``:
+    Casts the casts pass already removed as no-ops; ``cast_back``: graph outputs cast back to
+    their type, whose float32 readers share that."""
+    order: dict[str, int] = {}  # graph positions, numbered when a Cast first needs them
     existing: dict[tuple[str, str], OpNode] = {}
-    for node in graph:
-        if node.kind is NodeKind.CAST and node.name not in removed and node.inputs[0]:
+    for node in model_casts:
+        if node.name not in removed and node.inputs[0]:
             # what it reads after the casts pass (rerouted before a lossless widening, say)
             source = _resolve(alias, edits.rewire.get((node.name, 0), node.inputs[0]))
             first = existing.setdefault((source, has[node.outputs[0]]), node)
@@ -50,6 +52,8 @@ def share_model_casts(
         cast = existing.get(key)
         if cast is None or cast_back.get(key[0]) == key[1]:  # the output's own Cast back
             continue
+        if not order:
+            order.update((node.name, index) for index, node in enumerate(graph))
         if all(order[reader] > order[cast.name] for reader, _ in slots):
             for slot_key in slots:
                 edits.rewire[slot_key] = cast.outputs[0]
