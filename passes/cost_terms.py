@@ -116,9 +116,11 @@ def cost_terms(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
         node = nodes[tensor.producer]  # type: ignore[index]
         if node.kind is NodeKind.CAST:  # a Cast of the model to float32: retargetable
             return F32 if tensor.is_graph_output else variable(f"\0cast:{node.name}")
-        if not any(node.outputs[s] == tensor.name for s in node.follow_outputs):
-            return F32
-        return side_of[node.name]
+        outputs = node.outputs
+        for slot in node.follow_outputs:
+            if outputs[slot] == tensor.name:
+                return side_of[node.name]
+        return F32
 
     # a kept output reads float32 (a Cast back); a KV cache's present output reads the type
     # its past input takes (a Cast back where they differ: a generation loop feeds it back)
@@ -136,7 +138,7 @@ def cost_terms(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
             continue
         readers = consumers(name)
         stored = tensor.is_constant and not tensor.is_graph_input
-        if name not in output_side and not any(side_of[n] > F32 for n, _ in readers):
+        if name not in output_side and not _any_free(readers, side_of):
             producer = tensor.producer
             if stored or (
                 producer is not None
@@ -147,29 +149,40 @@ def cost_terms(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
         sides = [reader_side(n, k) for n, k in readers]
         if name in output_side:
             sides.append(output_side[name])
-        members = dict.fromkeys(s for s in sides if s is not None)
         count = estimated_elements(tensor.shape) or 1
         if stored:
             if _only_scales(graph, name):
                 continue  # a quantisation scale's bytes decide nothing (module docstring)
-            _add(costs, count * low_bytes, F32, members)  # stored low for some reader
-            _add(costs, count * wide, LOW, members)  # stored float32 for some reader
+            _add(costs, count * low_bytes, F32, sides)  # stored low for some reader
+            _add(costs, count * wide, LOW, sides)  # stored float32 for some reader
             continue
         bytes_moved = count * (low_bytes + wide)
         if tensor.body:  # (a main-graph value runs once: most of a graph's values)
             loops = sum(b.kind is BodyKind.LOOP for b in graph.enclosing(tensor.body))
             bytes_moved *= LOOP_RUNS**loops
-        _add(costs, bytes_moved, producer_side(tensor), members)
+        _add(costs, bytes_moved, producer_side(tensor), sides)
     return CostTerms(names, side_of, free, costs)
 
 
-def _add(costs: list[Cost], cost: int, head: int, sides: dict[int, None]) -> None:
-    """Add the cost of ``head`` and the members ``sides`` where it can be paid or not depending
-    on a free op (the rest decide nothing: paid always, never, or only by a variable no free
-    op shares a cost with, which the region search finds anyway)."""
-    members = tuple(m for m in sides if m != head)
-    if members and (head > F32 or any(m > F32 for m in members)):
-        costs.append(Cost(cost, head, members))
+def _add(costs: list[Cost], cost: int, head: int, sides: list[int | None]) -> None:
+    """Add the cost of ``head`` and its readers' ``sides`` (None: one that reads any type)
+    where it can be paid or not depending on a free op (the rest decide nothing: paid always,
+    never, or only by a variable no free op shares a cost with, which the region search finds
+    anyway). (Built-ins over the whole list rather than generators: there is one per value.)"""
+    members = dict.fromkeys(sides)
+    members.pop(None, None)  # reads any type: pays nothing
+    members.pop(head, None)  # on the head's side whatever the cut
+    if members and (head > F32 or max(members) > F32):  # a variable is a number above both
+        costs.append(Cost(cost, head, tuple(members)))  # terminals
+
+
+def _any_free(readers: list[tuple[str, int]], side_of: dict[str, int]) -> bool:
+    """Whether a free op is among ``readers`` (its number is a variable's). (A loop, not
+    any() over a generator: one per value, and most values have one reader.)"""
+    for reader, _ in readers:  # noqa: SIM110
+        if side_of[reader] > F32:
+            return True
+    return False
 
 
 def _only_scales(graph: OpGraph, name: str) -> bool:
