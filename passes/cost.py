@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 
-from graphamp.core.graph import NodeKind, OpGraph, OpNode
+from graphamp.core.graph import NodeKind, OpGraph
 from graphamp.core.vocab import Precision, Rule
 from graphamp.passes.base import Fact, Pass, PassResult, register
 from graphamp.passes.context import PassContext
@@ -86,61 +86,60 @@ def decide_by_cost(
     now, other = terms.prices(side)
     reasons = _Reasons(policy.dtype)
     neighbours = graph.dataflow.neighbours
-    nodes, names = graph.nodes, terms.names
+    nodes, names, side_of = graph.nodes, terms.names, terms.side_of
     low_count = 0
     for number in terms.free:
         name = names[number]
-        decision = classes[name]
-        subject, own = reasons.subject(nodes[name], decision)
-        if not now[number] and not other[number]:
-            reason = f"{subject} with no Cast or weight at stake either way: float32{own}"
-            decisions[name] = NodeDecision(decision.op, Precision.FLOAT32, decision.rule, reason)
-            continue
-        here = side[number]
-        precision, reason = reasons.cut(subject, own, here, other[number] - now[number])
-        via = _via(neighbours(name), here, side, terms.side_of)
+        node, decision = nodes[name], classes[name]
+        what = node.params.get("boundary") if node.kind is NodeKind.BOUNDARY else None
+        paid, flipped = now[number], other[number]
+        here = side[number] if paid or flipped else None  # None: nothing at stake
+        precision, reason = reasons.of(what, decision, here, flipped - paid)
+        via = None if here is None else _via(neighbours(name), here, side, side_of)
         decisions[name] = NodeDecision(decision.op, precision, decision.rule, reason, via=via)
-        low_count += here == LOW
+        low_count += side[number] == LOW
     log.info("cost: %d of %d free ops %s", low_count, len(terms.free), policy.dtype)
     return decisions
 
 
 class _Reasons:
-    """The sentences of the free ops' decisions, each made once: most free ops share their
-    subject (the list that made them free) and what a flip would cost."""
+    """The precision and sentence of each free op's decision, each made once: most free ops
+    share their subject (the list that made them free), side and what a flip would cost."""
 
     def __init__(self, low: str) -> None:
         self.low = low
-        self._subjects: dict[tuple[str | None, Rule, str], tuple[str, str]] = {}
-        self._cuts: dict[tuple[str, str, int, int], tuple[Precision, str]] = {}
+        self._made: dict[tuple[str | None, Rule, str, int | None, int], tuple[Precision, str]]
+        self._made = {}
 
-    def subject(self, node: OpNode, decision: NodeDecision) -> tuple[str, str]:
-        """(what the op is, its classification's own reason where that says more: "; ...")."""
-        what = node.params.get("boundary") if node.kind is NodeKind.BOUNDARY else None
-        key = (what, decision.rule, decision.reason)
-        found = self._subjects.get(key)
+    def of(
+        self, what: str | None, decision: NodeDecision, here: int | None, more: int
+    ) -> tuple[Precision, str]:
+        """For a free op (a body's boundary ``what``, else None) classified ``decision``, on
+        side ``here`` (None: no Cast or weight at stake) where a flip would move ``more``
+        bytes more."""
+        key = (what, decision.rule, decision.reason, here, more)
+        found = self._made.get(key)
         if found is None:
-            subject = f"{what}," if what else f"{decision.rule} list op"
-            plain = what or decision.reason.startswith(f"{decision.rule} list")
-            found = self._subjects[key] = (subject, "" if plain else f"; {decision.reason}")
+            found = self._made[key] = self._make(what, decision, here, more)
         return found
 
-    def cut(self, subject: str, own: str, here: int, more: int) -> tuple[Precision, str]:
-        """The precision and reason of a free op on side ``here`` whose flip would move
-        ``more`` bytes more."""
-        key = (subject, own, here, more)
-        found = self._cuts.get(key)
-        if found is None:
-            there = "float32" if here == LOW else self.low
-            saving = (
-                f"{there} here would move {more} bytes more through Casts and weights"
-                if more > 0
-                else f"{there} here would move no fewer bytes (a tie stays float32)"
-            )
-            precision = Precision(self.low) if here == LOW else Precision.FLOAT32
-            reason = f"{subject} in {precision}, the cheapest cut of its region: {saving}{own}"
-            found = self._cuts[key] = (precision, reason)
-        return found
+    def _make(
+        self, what: str | None, decision: NodeDecision, here: int | None, more: int
+    ) -> tuple[Precision, str]:
+        subject = f"{what}," if what else f"{decision.rule} list op"
+        plain = what or decision.reason.startswith(f"{decision.rule} list")
+        own = "" if plain else f"; {decision.reason}"
+        if here is None:
+            reason = f"{subject} with no Cast or weight at stake either way: float32{own}"
+            return Precision.FLOAT32, reason
+        there = "float32" if here == LOW else self.low
+        saving = (
+            f"{there} here would move {more} bytes more through Casts and weights"
+            if more > 0
+            else f"{there} here would move no fewer bytes (a tie stays float32)"
+        )
+        precision = Precision(self.low) if here == LOW else Precision.FLOAT32
+        return precision, f"{subject} in {precision}, the cheapest cut of its region: {saving}{own}"
 
 
 def _via(near: list[str], here: int, side: list[int], side_of: dict[str, int]) -> str | None:
