@@ -24,7 +24,7 @@ from graphamp.errors import GraphampError
 from graphamp.onnx import declared, infile, proto_reader
 from graphamp.onnx.datafile import DataFileWriter
 from graphamp.onnx.infile import StreamedModel
-from graphamp.onnx.order import topologically_sorted
+from graphamp.onnx.order import functions_in_order, topologically_sorted
 from graphamp.onnx.proto_reader import ProtoModel
 from graphamp.onnx.validate import Checked, validate
 from graphamp.onnx.validate_nodes import node_fields
@@ -131,6 +131,15 @@ def _checked(
     if not proto.graph.node:
         raise GraphampError(f"{where}: the graph has no nodes")
     nodes = node_fields(proto.graph)
+    # A model that validates as it is has its main graph in order (validation refuses a node
+    # reading a value no earlier node produced), so the order check's walk is left to the few
+    # that do not: those are sorted and validated again, and meet what they met before.
+    try:
+        checked = validate(proto, where=where, base_dir=base_dir, in_file=in_file, nodes=nodes)
+    except Exception:  # anything: the path below raises what it raised before
+        checked = None
+    if checked is not None and functions_in_order(proto):
+        return proto, checked
     ordered = topologically_sorted(proto, where, nodes)
     nodes = nodes if ordered is proto else None  # a sorted copy's are read again
     return ordered, validate(ordered, where=where, base_dir=base_dir, in_file=in_file, nodes=nodes)

@@ -37,13 +37,18 @@ def topologically_sorted(
         if nodes is None
         else _in_order(proto.graph, [(n.inputs, n.outputs, n.attributes) for n in nodes])
     )
-    if main and all(_in_order(function) for function in proto.functions):
+    if main and functions_in_order(proto):
         return proto
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
     moved = sum(_sort(graph, where) for graph in [copy.graph, *copy.functions])
     log.info("%s: %d graph(s) had nodes out of topological order: sorted", where, moved)
     return copy
+
+
+def functions_in_order(proto: onnx.ModelProto) -> bool:
+    """Whether every model-local function's nodes are in topological order."""
+    return all(_in_order(function) for function in proto.functions)
 
 
 def _in_order(

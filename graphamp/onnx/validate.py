@@ -26,7 +26,7 @@ Type rules (a float op fed a string) are the reader's: it knows each value's inf
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -207,11 +207,15 @@ class _GraphCheck:
             label = f"{where}: initializer {tensor.name!r}"
             check_tensor(tensor, label, self.base_dir, in_file.get(tensor.name))
         seen = local | outer
-        for node, fields in zip(graph.node, nodes or node_fields(graph), strict=True):
-            self._check_node(node, fields, seen)
-            for name in fields.inputs:
-                if name and name not in seen:
-                    self._unavailable(node, name, self._producers(graph, local | outer))
+        protos = graph.node  # a node's proto is read only where a check needs more than fields
+        for index, fields in enumerate(nodes or node_fields(graph)):
+            self._check_node(protos, index, fields, seen)
+            inputs = fields.inputs
+            if not seen.issuperset(inputs):  # (one C call for the common case: all there)
+                for name in inputs:
+                    if name and name not in seen:
+                        producers = self._producers(graph, local | outer)
+                        self._unavailable(protos[index], name, producers)
             for output in fields.outputs:
                 if not output:
                     continue
@@ -241,7 +245,10 @@ class _GraphCheck:
                 producer[output] = self.scope + node.name
         return producer
 
-    def _check_node(self, node: onnx.NodeProto, fields: NodeFields, seen: set[str]) -> None:
+    def _check_node(
+        self, protos: Sequence[onnx.NodeProto], index: int, fields: NodeFields, seen: set[str]
+    ) -> None:
+        """Check node ``index`` of ``protos`` (``fields``: its fields, read already)."""
         where = self.where
         domain, op_type = fields.domain, fields.op_type
         if (
@@ -250,24 +257,25 @@ class _GraphCheck:
             and domain not in self.function_domains
         ):
             raise GraphampError(
-                f"{where}: node {self.scope + node.name!r} ({op_type}) is in domain {domain!r}, "
-                "which the model does not import"
+                f"{where}: node {self.scope + fields.name!r} ({op_type}) is in domain "
+                f"{domain!r}, which the model does not import"
             )
         attributes = fields.attributes
         for attr in attributes:
             kind = attr.type
             if kind == _ATTR.UNDEFINED:
                 raise GraphampError(
-                    f"{where}: node {self.scope + node.name!r} attribute {attr.name!r} has no type"
+                    f"{where}: node {self.scope + fields.name!r} attribute {attr.name!r} has "
+                    "no type"
                 )
             if kind in _DATA_ATTRIBUTES:
-                label = f"{where}: node {self.scope + node.name!r} attribute {attr.name!r}"
+                label = f"{where}: node {self.scope + fields.name!r} attribute {attr.name!r}"
                 for tensor in _attribute_tensors(attr):
                     check_tensor(tensor, label, self.base_dir)
             elif kind in _GRAPH_ATTRIBUTES:
                 self.subgraphs = True
                 scope = self.scope
-                self.scope = f"{scope}{node.name or op_type}/{attr.name}/"
+                self.scope = f"{scope}{fields.name or op_type}/{attr.name}/"
                 for subgraph in (attr.g,) if kind == _ATTR.GRAPH else attr.graphs:
                     self.run(subgraph, outer=set(seen))
                 self.scope = scope
@@ -275,14 +283,14 @@ class _GraphCheck:
             signature = (
                 domain,
                 op_type,
-                tuple(map(bool, fields.outputs)),
-                tuple(map(bool, fields.inputs)),
+                _given(fields.outputs),
+                _given(fields.inputs),
                 tuple((a.name, a.type, bool(a.ref_attr_name)) for a in attributes)
                 if attributes
                 else (),
             )
             if signature not in self.passed:
-                check_node(node, self.opsets, where)
+                check_node(protos[index], self.opsets, where)
                 self.passed.add(signature)
 
     def _unavailable(self, node: onnx.NodeProto, name: str, producer: dict[str, str]) -> None:
@@ -299,6 +307,12 @@ class _GraphCheck:
             f"{where}: node {label!r} reads {name!r} before node {producer[name]!r} produces it "
             "(a cycle, or nodes not in topological order)"
         )
+
+
+def _given(names: list[str]) -> int | tuple[bool, ...]:
+    """Which of a node's inputs or outputs are given: their number where none is left out
+    (the common case, and cheaper to tell than the pattern)."""
+    return tuple(map(bool, names)) if "" in names else len(names)
 
 
 def _attribute_tensors(attr: onnx.AttributeProto) -> list[onnx.TensorProto]:
