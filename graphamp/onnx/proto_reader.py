@@ -92,7 +92,7 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
         if name not in op_graph.tensors:
             op_graph.add_tensor(typed.tensor(name, init, False))
     tensors = op_graph.tensors
-    _read_nodes(op_graph, nodes, model.node_names, graph.node, typed, opsets, target, provider)
+    _read_nodes(op_graph, nodes, model.node_names, typed, opsets, target, provider)
     for value in graph.output:
         op_graph.graph_outputs.append(value.name)
         tensors[value.name].is_graph_output = True
@@ -216,7 +216,6 @@ def _read_nodes(
     op_graph: OpGraph,
     nodes: list[NodeFields],
     names: list[str],
-    protos: Sequence[onnx.NodeProto],
     typed: _Types,
     opsets: dict[str, int],
     target: str,
@@ -233,11 +232,10 @@ def _read_nodes(
     kernels_known = provider in kernels.PROVIDERS  # missing_kernel says "" for any other
     add_node, add_outputs = op_graph.add_node, typed.add_outputs
     op_name, scope_of, default_domains = slots.op_name, module_path_of_entries, DEFAULT_DOMAINS
-    for name, fields, proto in zip(names, nodes, protos, strict=True):
-        _, op_type, domain, inputs, outputs, listed = fields
+    for name, fields in zip(names, nodes, strict=True):
+        _, op_type, domain, inputs, outputs, listed, metadata = fields
         # the types the model or inference declares (the fallback below fills the others)
         output_types = add_outputs(outputs, op_graph)
-        metadata = proto.metadata_props
         op_node = OpNode(
             name,
             op_name(op_type, domain),

@@ -38,13 +38,16 @@ class NodeFields(NamedTuple):
     inputs: list[str]
     outputs: list[str]
     attributes: Sequence[onnx.AttributeProto]  # the node's repeated field itself
+    metadata: Sequence[onnx.StringStringEntryProto]  # metadata_props, the same way
 
 
 def node_fields(graph: onnx.GraphProto) -> list[NodeFields]:
     """:class:`NodeFields` of each node of ``graph``, in graph order."""
     return [
         # (a slice of a repeated field is a list, and quicker than list())
-        NodeFields(n.name, n.op_type, n.domain, n.input[:], n.output[:], n.attribute)
+        NodeFields(
+            n.name, n.op_type, n.domain, n.input[:], n.output[:], n.attribute, n.metadata_props
+        )
         for n in graph.node
     ]
 
@@ -223,8 +226,8 @@ def _node_strings(
         texts += (known.name, known.op_type, known.domain, node.doc_string, node.overload)
         if known.attributes:
             stack.extend(known.attributes)
-        if node.metadata_props:
-            stack.extend(node.metadata_props)
+        if known.metadata:
+            stack.extend(known.metadata)
         if node.device_configurations:
             stack.extend(node.device_configurations)
 
