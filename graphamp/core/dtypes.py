@@ -7,6 +7,7 @@ element types (stable numbers, so this module imports neither onnx nor torch).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -57,6 +58,7 @@ def numpy_type(name: str) -> type:
     return BY_NAME[name].numpy
 
 
+@functools.cache  # (asked once per Cast and weight: np.dtype costs more than the lookup)
 def itemsize(name: str) -> int:
     return int(np.dtype(numpy_type(name)).itemsize)
 
