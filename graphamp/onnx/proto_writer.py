@@ -13,6 +13,8 @@ node output, as onnx_ir writes them. A weight the reader left in the model file
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 
@@ -20,7 +22,7 @@ from graphamp.core import dtypes
 from graphamp.core.graph import OpGraph
 from graphamp.dialects.base import ReadGraph
 from graphamp.errors import InternalError
-from graphamp.onnx import stream, wire
+from graphamp.onnx import slots, stream, wire
 from graphamp.onnx.infile import Converted, Data, StreamedModel
 from graphamp.onnx.proto_reader import ProtoModel
 from graphamp.onnx.slots import CONSTANT_FLOAT_ATTRIBUTES, LOW_PRECISION_ATTRIBUTES
@@ -28,6 +30,11 @@ from graphamp.plans.edits import EditScript
 from graphamp.plans.records import RewriteRecord, WeightRecord
 
 _HEAD = 0  # the list's sentinel: nodes are numbered from 1
+# The ops (as the OpGraph names them) that may need an attribute to run low: a node of another
+# op is not looked up in LOW_PRECISION_ATTRIBUTES.
+_LOW_PRECISION_OPS = frozenset(
+    slots.op_name(op, domain) for domain, op, _ in LOW_PRECISION_ATTRIBUTES
+)
 
 
 def apply(read: ReadGraph, script: EditScript) -> onnx.ModelProto | StreamedModel:
@@ -51,7 +58,10 @@ def apply(read: ReadGraph, script: EditScript) -> onnx.ModelProto | StreamedMode
         edit.node(edit.number[node_name]).input[slot] = tensor
     for node_name in script.hoist_casts:
         edit.hoist(edit.number[node_name])
+    graph_nodes = read.graph.nodes
     for node_name, low in script.low_nodes.items():
+        if graph_nodes[node_name].op not in _LOW_PRECISION_OPS:  # (its proto's fields cost more)
+            continue
         index = edit.number[node_name]
         source = edit.nodes[index]
         needs = LOW_PRECISION_ATTRIBUTES.get((source.domain, source.op_type, low), {})  # type: ignore[union-attr]
@@ -89,6 +99,15 @@ def _converted(stored: onnx.TensorProto, record: WeightRecord) -> onnx.TensorPro
     return converted
 
 
+@functools.cache
+def _cast_to(dtype: str) -> onnx.NodeProto:
+    """A Cast to ``dtype`` with no name, input or output yet (protobuf writes fields in number
+    order, so the Casts copied from it serialise as ones built field by field)."""
+    cast = onnx.NodeProto(op_type="Cast")
+    cast.attribute.add(name="to", type=onnx.AttributeProto.INT, i=dtypes.BY_NAME[dtype].onnx)
+    return cast
+
+
 def _set_attribute(node: onnx.NodeProto, attribute: onnx.AttributeProto) -> None:
     """Set or replace (in its place) the attribute of that name, as onnx_ir's dict does."""
     for existing in node.attribute:
@@ -112,6 +131,10 @@ class _Edit:
         self.prev = [count - 1, *range(count - 1)]
         self.number = {name: index for index, name in enumerate(model.node_names, 1)}
         self.tensors = graph.tensors  # producers of the input's values
+        # The outputs of the nodes made or renamed here, by number; every other node's are the
+        # lists the reader gave the OpGraph (a repeated field of a proto costs more to read).
+        self.outputs: dict[int, list[str]] = {}
+        self.graph_nodes = graph.nodes
         self.producer: dict[str, int] = {}  # producers of values made or renamed here
         for index, name in model.renamed_nodes.items():
             self.node(index).name = name
@@ -154,10 +177,11 @@ class _Edit:
         self.link_after(self.producer_of(tensor), index)
 
     def insert_cast(self, tensor: str, dtype: str, output: str, node: str = "") -> None:
-        cast = onnx.NodeProto(name=node or output, op_type="Cast")
+        cast = onnx.NodeProto()
+        cast.CopyFrom(_cast_to(dtype))  # (copying op_type and attribute costs less than setting)
+        cast.name = node or output
         cast.input.append(tensor)
         cast.output.append(output)
-        cast.attribute.add(name="to", type=onnx.AttributeProto.INT, i=dtypes.BY_NAME[dtype].onnx)
         index = len(self.nodes)
         self.nodes.append(cast)
         self.next.append(_HEAD)
@@ -165,6 +189,7 @@ class _Edit:
         self.changed.add(index)
         self.place(index, tensor)
         self.producer[output] = index
+        self.outputs[index] = [output]
         self.types[output] = dtypes.BY_NAME[dtype].onnx
         self.shapes[output] = tensor
 
@@ -174,6 +199,7 @@ class _Edit:
         producer = self.producer_of(output)
         node = self.node(producer)
         node.output[list(node.output).index(output)] = low
+        self.outputs[producer] = list(node.output)
         self.producer[low] = producer
         for index, node in enumerate(self.nodes):  # onnx_ir renames the value its readers read
             if node is not None and output in node.input:
@@ -207,6 +233,7 @@ class _Edit:
         self.number[record.node] = index
         for output in filter(None, record.outputs):
             self.producer[output] = index
+        self.outputs[index] = list(record.outputs)
         self.dropped.update(record.drops)
         if record.domain:
             self.domains.add(record.domain)
@@ -304,10 +331,13 @@ class _Edit:
                 value.type.tensor_type.elem_type = types[value.name]
         outputs = {value.name for value in graph.output}
         inputs = {value.name for value in graph.input}
+        made, graph_nodes, node_names = self.outputs, self.graph_nodes, self.model.node_names
         produced = [
             name
             for index in order
-            for name in self.nodes[index].output  # type: ignore[union-attr]
+            for name in (
+                made[index] if index in made else graph_nodes[node_names[index - 1]].outputs
+            )
             if name and name not in outputs
         ]
         weights = [init.name for init in graph.initializer if init.name not in inputs]
