@@ -15,7 +15,7 @@ from graphamp.core.dtypes import estimated_elements, itemsize
 from graphamp.core.graph import BodyKind, NodeKind, OpGraph, TensorInfo
 from graphamp.core.vocab import Rule
 from graphamp.passes.classify import SCALED_OPS
-from graphamp.passes.min_cut import F32, LOW, Cost
+from graphamp.passes.min_cut import F32, LOW, Costs
 from graphamp.passes.output_casts import cache_pairs
 from graphamp.plans.records import NodeDecision
 from graphamp.policy.policy import Policy
@@ -31,7 +31,7 @@ class CostTerms:
     names: list[str]  # by number: a free op's node name, "\0input:<value>", "\0cast:<node>"
     side_of: dict[str, int]  # every node's number: its variable, or its fixed side's terminal
     free: range  # the free ops' numbers, in the graph's order
-    costs: list[Cost]
+    costs: Costs
 
     def prices(self, side: list[int]) -> tuple[list[int], list[int]]:
         """(what the costs of each free op cost with the cut ``side`` as it is, what they would
@@ -41,17 +41,16 @@ class CostTerms:
         exactly where it is not paid now."""
         count = len(self.names)
         now, other = [0] * count, [0] * count
-        for cost, head, members in self.costs:
+        costs = self.costs
+        for cost, head, member in zip(costs.amounts, costs.heads, costs.members, strict=True):
+            if side[member] != side[head]:
+                now[head] += cost
+                now[member] += cost
+            else:
+                other[head] += cost
+                other[member] += cost
+        for cost, head, members in costs.hyperedges:
             head_side = side[head]
-            if len(members) == 1:
-                (member,) = members
-                if side[member] != head_side:
-                    now[head] += cost
-                    now[member] += cost
-                else:
-                    other[head] += cost
-                    other[member] += cost
-                continue
             low = sum(side[m] == LOW for m in members)
             wide = len(members) - low
             paid = wide > 0 if head_side == LOW else low > 0
@@ -131,7 +130,7 @@ def cost_terms(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
         if policy.keeps_io(name) or name in past_of
     }
     low_bytes, wide = itemsize(low), itemsize("float32")
-    costs: list[Cost] = []
+    costs = Costs()
     consumers = graph.consumers
     for name, tensor in graph.tensors.items():
         if tensor.dtype != "float32":
@@ -164,7 +163,7 @@ def cost_terms(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
     return CostTerms(names, side_of, free, costs)
 
 
-def _add(costs: list[Cost], cost: int, head: int, sides: list[int | None]) -> None:
+def _add(costs: Costs, cost: int, head: int, sides: list[int | None]) -> None:
     """Add the cost of ``head`` and its readers' ``sides`` (None: one that reads any type)
     where it can be paid or not depending on a free op (the rest decide nothing: paid always,
     never, or only by a variable no free op shares a cost with, which the region search finds
@@ -173,7 +172,7 @@ def _add(costs: list[Cost], cost: int, head: int, sides: list[int | None]) -> No
     members.pop(None, None)  # reads any type: pays nothing
     members.pop(head, None)  # on the head's side whatever the cut
     if members and (head > F32 or max(members) > F32):  # a variable is a number above both
-        costs.append(Cost(cost, head, tuple(members)))  # terminals
+        costs.add(cost, head, tuple(members))  # terminals
 
 
 def _any_free(readers: list[tuple[str, int]], side_of: dict[str, int]) -> bool:

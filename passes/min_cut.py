@@ -11,7 +11,11 @@ side of the minimum cut with the fewest variables low (ties stay float32).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import NamedTuple
+
+import numpy as np
 
 LOW, F32 = 0, 1  # the cut's terminals: the low side (source) and the float32 side (sink)
 
@@ -20,8 +24,7 @@ class Cost(NamedTuple):
     """``cost`` bytes, paid when some member is on another side than ``head``: a value's
     Cast (head its producer, members its readers) or a weight's copy in one type (head the
     other type's terminal). Members never repeat and never include the head (a member on
-    the head's side pays nothing, whatever the cut). (A named tuple: a graph of 50,000 nodes
-    makes as many, and a frozen dataclass takes three times as long to.)"""
+    the head's side pays nothing, whatever the cut)."""
 
     cost: int
     head: int
@@ -32,51 +35,58 @@ class Cost(NamedTuple):
         return any(side[m] != head for m in self.members)
 
 
-class Network:
-    """A flow network over numbered nodes (0 the source, 1 the sink), built an edge at a time.
+@dataclass
+class Costs:
+    """Costs kept apart by shape: those of one member (most: a value one op reads), paid when
+    the two ends' sides differ, as parallel lists the cut and the prices take whole; the others
+    as :class:`Cost` tuples."""
 
-    An edge from the source or to the sink adds to a per-node capacity (most of the cost pass's
-    edges do: a value whose producer or reader is fixed), and a node's source and sink capacity
-    are joined (a path source -> node -> sink) before the flow starts: what the flow would push
-    along such a path first, in one step per node instead of one search. An edge between two
-    other nodes is an arc pair carrying both directions' capacities (a Cast between two free
-    ops is one edge each way: one pair, not two). ``unbounded`` is a capacity above what all
-    bounded edges carry together (no path of unbounded edges joins the terminals, so such an
-    edge is never cut)."""
+    amounts: list[int] = field(default_factory=list)
+    heads: list[int] = field(default_factory=list)
+    members: list[int] = field(default_factory=list)  # each pair's one member
+    hyperedges: list[Cost] = field(default_factory=list)
+
+    def add(self, cost: int, head: int, members: tuple[int, ...]) -> None:
+        if len(members) == 1:
+            self.amounts.append(cost)
+            self.heads.append(head)
+            self.members.append(members[0])
+        else:
+            self.hyperedges.append(Cost(cost, head, members))
+
+    def __iter__(self) -> Iterator[Cost]:
+        for cost, head, member in zip(self.amounts, self.heads, self.members, strict=True):
+            yield Cost(cost, head, (member,))
+        yield from self.hyperedges
+
+    def total(self) -> int:
+        return sum(self.amounts) + sum(c.cost for c in self.hyperedges)
+
+
+class Network:
+    """A flow network over numbered nodes (0 the source, 1 the sink), built an edge at a time:
+    ``tails[k] -> heads[k]`` of capacity ``forward[k]`` and back of ``backward[k]`` (a Cast
+    between two free ops costs the same either way: one edge, not two). ``unbounded`` is a
+    capacity above what all bounded edges carry together (no path of unbounded edges joins the
+    terminals, so such an edge is never cut)."""
 
     def __init__(self, nodes: int, unbounded: int) -> None:
         self.nodes = nodes
         self.unbounded = unbounded
-        self.from_source = [0] * nodes
-        self.to_sink = [0] * nodes
         self.tails: list[int] = []
         self.heads: list[int] = []
         self.forward: list[int] = []
         self.backward: list[int] = []
 
     def add_node(self) -> int:
-        self.from_source.append(0)
-        self.to_sink.append(0)
         self.nodes += 1
         return self.nodes - 1
 
     def add_edge(self, tail: int, head: int, capacity: int, back: int = 0) -> None:
-        """An edge ``tail -> head`` of ``capacity`` (and ``head -> tail`` of ``back``)."""
-        if tail > F32 and head > F32:
-            self.tails.append(tail)
-            self.heads.append(head)
-            self.forward.append(capacity)
-            self.backward.append(back)
-        else:
-            self._terminal_edge(tail, head, capacity)
-            self._terminal_edge(head, tail, back)
-
-    def _terminal_edge(self, tail: int, head: int, capacity: int) -> None:
-        if tail == LOW:
-            self.from_source[head] += capacity
-        elif head == F32:
-            self.to_sink[tail] += capacity
-        # else an edge into the source or out of the sink: no maximum flow uses it
+        self.tails.append(tail)
+        self.heads.append(head)
+        self.forward.append(capacity)
+        self.backward.append(back)
 
     def minimal_source_side(self) -> list[bool]:
         """Which nodes are on the low side of the minimum cut with the fewest nodes on it: what
@@ -85,39 +95,146 @@ class Network:
 
         The flow is Dinic's (shortest augmenting paths, a blocking flow per BFS level graph)
         over integer arrays: networkx's ``boykov_kolmogorov`` on a DiGraph gives the same set,
-        at three times the cost on a 50,000-node chain, most of it building the DiGraph."""
-        adjacent: list[list[int]] = [[] for _ in range(self.nodes)]
-        target: list[int] = []  # arc 2k is an edge, arc 2k + 1 its reverse
-        residual: list[int] = []
-
-        def arc(tail: int, head: int, forward: int, backward: int) -> None:
-            adjacent[tail].append(len(target))
-            target.append(head)
-            residual.append(forward)
-            adjacent[head].append(len(target))
-            target.append(tail)
-            residual.append(backward)
-
-        for node, (source, sink) in enumerate(zip(self.from_source, self.to_sink, strict=True)):
-            through = min(source, sink)  # pushed source -> node -> sink (the reverse arcs
-            if source > through:  # lead into the source or out of the sink: never used)
-                arc(LOW, node, source - through, 0)
-            if sink > through:
-                arc(node, F32, sink - through, 0)
-        for tail, head, forward, backward in zip(
-            self.tails, self.heads, self.forward, self.backward, strict=True
-        ):
-            if forward or backward:
-                arc(tail, head, forward, backward)
+        at three times the cost on a 50,000-node chain, most of it building the DiGraph. Before
+        it, what it would push first along the shortest paths is pushed without a search: a
+        node's capacity from the source against its capacity to the sink, array-wise (most of
+        the cost pass's edges have a terminal end: a value whose producer or reader is fixed),
+        then along the paths of two nodes (:meth:`_Arcs.push_two_hops`). Any flow pushed
+        first leaves the same set once the flow is maximum."""
+        network = _Arcs(self)
+        network.push_two_hops()
         while True:
-            level = _levels(adjacent, target, residual)
+            level = network.levels()
             if level[F32] < 0:
-                break
-            _blocking_flow(adjacent, target, residual, level)
-        return [depth >= 0 for depth in level]
+                return [depth >= 0 for depth in level]
+            network.blocking_flow(level)
 
 
-def cut(variables: int, costs: list[Cost]) -> list[int]:
+class _Arcs:
+    """The residual network: arc ``2k`` and its reverse ``2k + 1`` (``target`` and
+    ``residual`` by arc), each node's arcs ``order[first[node]:first[node + 1]]``."""
+
+    def __init__(self, network: Network) -> None:
+        nodes = network.nodes
+        kind = np.int64 if network.unbounded < 2**62 else object  # (exact either way)
+        tails, heads = np.array(network.tails, np.int64), np.array(network.heads, np.int64)
+        forward = np.array(network.forward, kind)
+        backward = np.array(network.backward, kind)
+        # each edge's two directions: an edge into the source or out of the sink carries
+        # nothing a maximum flow needs; one out of the source or into the sink adds to a node's
+        # terminal capacity
+        tail = np.concatenate([tails, heads])
+        head = np.concatenate([heads, tails])
+        capacity = np.concatenate([forward, backward])
+        from_source = np.zeros(nodes, kind)
+        to_sink = np.zeros(nodes, kind)
+        out_of_source = (tail == LOW) & (head != F32)
+        into_sink = (head == F32) & (tail != LOW)
+        np.add.at(from_source, head[out_of_source], capacity[out_of_source])
+        np.add.at(to_sink, tail[into_sink], capacity[into_sink])
+        # pushed along source -> node -> sink (the reverse arcs of those two lead into the
+        # source or out of the sink: never used again, so left out)
+        through = np.minimum(from_source, to_sink)
+        from_source -= through
+        to_sink -= through
+        # the arcs: the source's first (arc 0, 2, ...), then the sink's, then the edges between
+        # two other nodes; arc 2k runs edge k forward, arc 2k + 1 back
+        fed = np.flatnonzero(from_source > 0)
+        drained = np.flatnonzero(to_sink > 0)
+        inner = (tails > F32) & (heads > F32) & ((forward > 0) | (backward > 0))
+        tail_of = np.concatenate([np.full(len(fed), LOW), drained, tails[inner]])
+        head_of = np.concatenate([fed, np.full(len(drained), F32), heads[inner]])
+        forward_of = np.concatenate([from_source[fed], to_sink[drained], forward[inner]])
+        backward_of = np.concatenate([np.zeros(len(fed) + len(drained), kind), backward[inner]])
+        arc_source = np.stack([tail_of, head_of], axis=1).ravel()
+        self.target = np.stack([head_of, tail_of], axis=1).ravel().tolist()
+        self.residual = np.stack([forward_of, backward_of], axis=1).ravel().tolist()
+        order = np.argsort(arc_source, kind="stable")
+        self.order = order.tolist()
+        self.first = np.searchsorted(arc_source[order], np.arange(nodes + 1)).tolist()
+        self.nodes = nodes
+        self.fed = len(fed)
+        self.drain = [-1] * nodes  # each node's arc to the sink (-1: none)
+        for position, node in enumerate(drained.tolist()):
+            self.drain[node] = 2 * (len(fed) + position)
+
+    def push_two_hops(self) -> None:
+        """Push along every path source -> node -> node -> sink with capacity left, before any
+        search: much of what the first level graph would carry (a value between two free ops,
+        one fed by a low op, the other feeding a float32 op), found in one pass over the arcs
+        of the nodes the source feeds."""
+        order, first, target, residual, drain = (
+            self.order,
+            self.first,
+            self.target,
+            self.residual,
+            self.drain,
+        )
+        for feed in range(0, 2 * self.fed, 2):
+            node = target[feed]
+            for arc in order[first[node] : first[node + 1]]:
+                out = drain[target[arc]]
+                if out < 0 or not residual[arc] or not residual[out]:
+                    continue
+                pushed = min(residual[feed], residual[arc], residual[out])
+                for step in (feed, arc, out):
+                    residual[step] -= pushed
+                    residual[step ^ 1] += pushed
+                if not residual[feed]:
+                    break
+
+    def levels(self) -> list[int]:
+        """Each node's distance from the source over arcs with capacity left (-1: unreached),
+        as far as the sink's: a node farther than the sink is on no shortest path to it (left
+        unreached), so only where the sink is unreached does every node get its distance."""
+        order, first, target, residual = self.order, self.first, self.target, self.residual
+        level = [-1] * self.nodes
+        level[LOW] = 0
+        queue = deque([LOW])
+        while queue:
+            node = queue.popleft()
+            if 0 <= level[F32] <= level[node]:
+                break  # the rest lie as far as the sink or farther
+            depth = level[node] + 1
+            for arc in order[first[node] : first[node + 1]]:
+                near = target[arc]
+                if level[near] < 0 and residual[arc]:
+                    level[near] = depth
+                    queue.append(near)
+        return level
+
+    def blocking_flow(self, level: list[int]) -> None:
+        """Augment along shortest paths until none is left in the level graph (each node's
+        current arc only moves forward: an arc that led nowhere or is full is not tried
+        again)."""
+        order, first, target, residual = self.order, self.first, self.target, self.residual
+        current = first[:-1]  # each node's next arc to try, as a position in ``order``
+        path: list[int] = []  # arcs from the source
+        node = LOW
+        while True:
+            if node == F32:
+                pushed = min(residual[arc] for arc in path)
+                for arc in path:
+                    residual[arc] -= pushed
+                    residual[arc ^ 1] += pushed
+                path.clear()
+                node = LOW
+                continue
+            at, end, deeper = current[node], first[node + 1], level[node] + 1
+            while at < end and not (residual[order[at]] and level[target[order[at]]] == deeper):
+                at += 1
+            current[node] = at
+            if at < end:
+                path.append(order[at])
+                node = target[order[at]]
+            elif not path:
+                return  # the source has no way on: the blocking flow is found
+            else:  # a dead end: back one arc, and past it
+                node = target[path.pop() ^ 1]
+                current[node] += 1
+
+
+def cut(variables: int, costs: Costs) -> list[int]:
     """The side of each of the ``variables`` numbers (0 and 1 the terminals) in the minimum
     cut of ``costs`` with the fewest variables low; a variable in no cost is float32.
 
@@ -129,12 +246,13 @@ def cut(variables: int, costs: list[Cost]) -> list[int]:
     cost are cut in one flow (one call: a graph of 50,000 nodes has thousands of them); the
     cut of each is the same as alone."""
     # every bounded edge carries at most its cost, and a cost makes at most two of them
-    network = Network(variables, unbounded=2 * sum(c.cost for c in costs) + 1)
+    network = Network(variables, unbounded=2 * costs.total() + 1)
+    network.tails.extend(costs.members)
+    network.heads.extend(costs.heads)
+    network.forward.extend(costs.amounts)
+    network.backward.extend(costs.amounts)
     unbounded = network.unbounded
-    for cost, head, members in costs:
-        if len(members) == 1:
-            network.add_edge(members[0], head, cost, cost)
-            continue
+    for cost, head, members in costs.hyperedges:
         if head != LOW and any(m != F32 for m in members):
             aux = network.add_node()
             network.add_edge(aux, head, cost)
@@ -155,54 +273,3 @@ def minimal_source_side(nodes: int, edges: dict[tuple[int, int], int | None]) ->
     for (tail, head), capacity in edges.items():
         network.add_edge(tail, head, network.unbounded if capacity is None else capacity)
     return network.minimal_source_side()
-
-
-def _levels(adjacent: list[list[int]], target: list[int], residual: list[int]) -> list[int]:
-    """Each node's distance from the source over arcs with capacity left (-1: unreached),
-    as far as the sink's: a node farther than the sink is on no shortest path to it (left
-    unreached), so only where the sink is unreached does every node get its distance."""
-    level = [-1] * len(adjacent)
-    level[0] = 0
-    queue = deque([0])
-    while queue:
-        node = queue.popleft()
-        if 0 <= level[1] <= level[node]:
-            break  # the rest lie as far as the sink or farther
-        depth = level[node] + 1
-        for arc in adjacent[node]:
-            near = target[arc]
-            if level[near] < 0 and residual[arc]:
-                level[near] = depth
-                queue.append(near)
-    return level
-
-
-def _blocking_flow(
-    adjacent: list[list[int]], target: list[int], residual: list[int], level: list[int]
-) -> None:
-    """Augment along shortest paths until none is left in the level graph (each node's
-    current arc only moves forward: an arc that led nowhere or is full is not tried again)."""
-    current = [0] * len(adjacent)
-    path: list[int] = []  # arcs from the source
-    node = 0
-    while True:
-        if node == 1:
-            pushed = min(residual[arc] for arc in path)
-            for arc in path:
-                residual[arc] -= pushed
-                residual[arc ^ 1] += pushed
-            path.clear()
-            node = 0
-            continue
-        arcs, at, deeper = adjacent[node], current[node], level[node] + 1
-        while at < len(arcs) and not (residual[arcs[at]] and level[target[arcs[at]]] == deeper):
-            at += 1
-        current[node] = at
-        if at < len(arcs):
-            path.append(arcs[at])
-            node = target[arcs[at]]
-        elif not path:
-            return  # the source has no way on: the blocking flow is found
-        else:  # a dead end: back one arc, and past it
-            node = target[path.pop() ^ 1]
-            current[node] += 1
