@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
+from functools import cache, partial
 from typing import NamedTuple
 
 import onnx
@@ -41,12 +41,17 @@ class NodeFields(NamedTuple):
     metadata: Sequence[onnx.StringStringEntryProto]  # metadata_props, the same way
 
 
+# NodeFields from a plain tuple, in C: NamedTuple's own constructor is a Python function, which
+# took a fifth of node_fields' time on a 50,000-node graph
+_from_tuple = partial(tuple.__new__, NodeFields)
+
+
 def node_fields(graph: onnx.GraphProto) -> list[NodeFields]:
     """:class:`NodeFields` of each node of ``graph``, in graph order."""
     return [
         # (a slice of a repeated field is a list, and quicker than list())
-        NodeFields(
-            n.name, n.op_type, n.domain, n.input[:], n.output[:], n.attribute, n.metadata_props
+        _from_tuple(
+            (n.name, n.op_type, n.domain, n.input[:], n.output[:], n.attribute, n.metadata_props)
         )
         for n in graph.node
     ]
