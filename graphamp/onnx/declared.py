@@ -63,7 +63,15 @@ def checked(
     own = alone or _inferred_alone(light(proto), data_prop)
     if own is None:
         return proto, _inferred(light(proto), data_prop), ""
-    inferred = {info.name: info for info in (*own.graph.value_info, *own.graph.output)}
+    # inference's entries of the values the model declares (an output's last: it wins); a
+    # model that declares no value_info needs none of the others, which may be 50,000
+    declared_names = {info.name for info in proto.graph.value_info}
+    inferred = (
+        {info.name: info for info in own.graph.value_info if info.name in declared_names}
+        if declared_names
+        else {}
+    )
+    inferred.update((info.name, info) for info in own.graph.output)
     repaired = onnx.ModelProto()
     repaired.CopyFrom(proto)
     graph, names = repaired.graph, []
