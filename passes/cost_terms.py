@@ -172,7 +172,7 @@ def _add(costs: Costs, cost: int, head: int, sides: list[int | None]) -> None:
     members.pop(None, None)  # reads any type: pays nothing
     members.pop(head, None)  # on the head's side whatever the cut
     if members and (head > F32 or max(members) > F32):  # a variable is a number above both
-        costs.add(cost, head, tuple(members))  # terminals
+        costs.add(cost, head, members)  # terminals
 
 
 def _any_free(readers: list[tuple[str, int]], side_of: dict[str, int]) -> bool:

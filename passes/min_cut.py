@@ -11,7 +11,7 @@ side of the minimum cut with the fewest variables low (ties stay float32).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -46,13 +46,14 @@ class Costs:
     members: list[int] = field(default_factory=list)  # each pair's one member
     hyperedges: list[Cost] = field(default_factory=list)
 
-    def add(self, cost: int, head: int, members: tuple[int, ...]) -> None:
+    def add(self, cost: int, head: int, members: Collection[int]) -> None:
         if len(members) == 1:
+            (member,) = members
             self.amounts.append(cost)
             self.heads.append(head)
-            self.members.append(members[0])
+            self.members.append(member)
         else:
-            self.hyperedges.append(Cost(cost, head, members))
+            self.hyperedges.append(Cost(cost, head, tuple(members)))
 
     def __iter__(self) -> Iterator[Cost]:
         for cost, head, member in zip(self.amounts, self.heads, self.members, strict=True):
