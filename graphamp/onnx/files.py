@@ -21,7 +21,7 @@ import onnx
 from graphamp.core import progress
 from graphamp.core.io import write_atomic
 from graphamp.errors import GraphampError
-from graphamp.onnx import declared, infile, proto_reader
+from graphamp.onnx import declared, infile, proto_reader, type_view
 from graphamp.onnx.datafile import DataFileWriter
 from graphamp.onnx.infile import StreamedModel
 from graphamp.onnx.order import functions_in_order, topologically_sorted
@@ -57,9 +57,9 @@ def load(path: str | os.PathLike[str], *, direct: bool = False) -> ir.Model | Pr
     proto, checked = _checked(mapped.proto, where, path.parent, lengths)
     proto, inferred, note = _settled(proto, where, checked)
     if proto_reader.suits(proto, subgraphs=checked.subgraphs):
-        value_info = _value_info(proto, inferred)
+        value_info, types = _value_types(proto, inferred)
         return ProtoModel(
-            proto, value_info, nodes=checked.nodes, weights=mapped.tensors, repaired=note
+            proto, value_info, types, checked.nodes, weights=mapped.tensors, repaired=note
         )
     if mapped.tensors:  # the onnx_ir path reads the weights from the proto: parse it whole
         whole = topologically_sorted(_parse(path), where)
@@ -99,8 +99,8 @@ def _validated(
     proto, checked = _checked(proto, where, base_dir)
     proto, inferred, note = _settled(proto, where, checked)
     if direct and proto_reader.suits(proto, subgraphs=checked.subgraphs):
-        value_info = _value_info(proto, inferred)
-        return ProtoModel(proto, value_info, nodes=checked.nodes, repaired=note)
+        value_info, types = _value_types(proto, inferred)
+        return ProtoModel(proto, value_info, types, checked.nodes, repaired=note)
     return _to_ir(proto, where, base_dir, inferred, note)
 
 
@@ -162,22 +162,32 @@ def _settled(
     return settled
 
 
-def _value_info(
+def _value_types(
     proto: onnx.ModelProto, inferred: onnx.ModelProto | None
-) -> dict[str, onnx.ValueInfoProto]:
-    """Every value's ValueInfoProto: the model's own where it gives a type and shape, else
-    type inference's (as :func:`graphamp.onnx.ir_files.to_ir` types an onnx_ir model)."""
+) -> tuple[dict[str, onnx.ValueInfoProto], dict[str, bytes]]:
+    """(the ValueInfoProto of each value the model declares: its inputs, value_info entries and
+    outputs, which the writer reads; every typed value's serialised TypeProto, which the reader
+    reads): the model's own where it gives a type and shape, else type inference's (as
+    :func:`graphamp.onnx.ir_files.to_ir` types an onnx_ir model)."""
     graph = proto.graph
     own = {info.name: info for info in [*graph.input, *graph.value_info, *graph.output]}
     if inferred is None:
-        return own
-    found = {info.name: info for info in inferred.graph.value_info}
-    found.update((info.name, info) for info in inferred.graph.output)
+        return own, {name: info.type.SerializeToString() for name, info in own.items()}
+    types = type_view.value_types(inferred)  # every value inference typed, read as bytes
+    declared: dict[str, onnx.ValueInfoProto] = {}
+    settled_by_inference = []
     for name, info in own.items():
         tensor_type = info.type.tensor_type
-        if name not in found or (tensor_type.elem_type and tensor_type.HasField("shape")):
-            found[name] = info
-    return found
+        if name not in types or (tensor_type.elem_type and tensor_type.HasField("shape")):
+            declared[name] = info
+            types[name] = info.type.SerializeToString()
+        else:
+            settled_by_inference.append(name)
+    if settled_by_inference:  # their inferred entries, from a table built only for them
+        found = {info.name: info for info in inferred.graph.value_info}
+        found.update((info.name, info) for info in inferred.graph.output)
+        declared.update((name, found[name]) for name in settled_by_inference)
+    return declared, types
 
 
 def inferred_types(proto: onnx.ModelProto) -> dict[str, int]:

@@ -36,11 +36,14 @@ _CAST_OR_CONSTANT = frozenset({"Cast", "Constant"})
 
 @dataclass
 class ProtoModel:
-    """A model read straight from its proto: the caller's proto (never changed) and the
-    ValueInfoProto of every typed value (the model's own, else type inference's)."""
+    """A model read straight from its proto: the caller's proto (never changed), the
+    ValueInfoProto of each value it declares (inputs, value_info, outputs) and the serialised
+    TypeProto of every typed value (the model's own where it gives type and shape, else type
+    inference's, for both)."""
 
     proto: onnx.ModelProto
     value_info: dict[str, onnx.ValueInfoProto]
+    types: dict[str, bytes]
     # The graph's nodes' fields, where validation read them already.
     nodes: list[NodeFields] | None = None
     # Filled by read(): each node's name in the plan (unnamed nodes get one), in graph order,
@@ -85,7 +88,7 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
     model.nodes = None  # its lists become the OpGraph's, which passes change
     model.node_names, model.renamed_nodes = _node_names(nodes)
     initializers = {init.name: init for init in graph.initializer}
-    typed = _Types(model.value_info, model.type_bytes, model.weights)
+    typed = _Types(model.types, model.type_bytes, model.weights)
     for value in graph.input:
         op_graph.add_tensor(typed.tensor(value.name, initializers.get(value.name), True))
     for name, init in initializers.items():
@@ -131,28 +134,28 @@ def _node_names(nodes: list[NodeFields]) -> tuple[list[str], dict[int, str]]:
 
 
 class _Types:
-    """Value types and shapes from the ValueInfoProtos; each distinct TypeProto is read
+    """Value types and shapes from the serialised TypeProtos; each distinct one is parsed
     once (a chain of 50,000 nodes may have one)."""
 
     def __init__(
         self,
-        value_info: dict[str, onnx.ValueInfoProto],
+        types: dict[str, bytes],
         type_bytes: dict[str, bytes],
         weights: dict[str, InFileTensor],
     ) -> None:
-        self.value_info = value_info
+        self.types = types
         self.type_bytes = type_bytes
         self.weights = weights
         self.known: dict[bytes, tuple[str, tuple[int | str | None, ...] | None]] = {}
 
     def of(self, name: str) -> tuple[str, tuple[int | str | None, ...] | None]:
-        info = self.value_info.get(name)
-        if info is None:
+        key = self.types.get(name)
+        if key is None:
             return UNKNOWN, None
-        key = self.type_bytes[name] = info.type.SerializeToString()
+        self.type_bytes[name] = key
         found = self.known.get(key)
         if found is None:
-            found = self.known[key] = _type_and_shape(info.type)
+            found = self.known[key] = _type_and_shape(onnx.TypeProto.FromString(key))
         return found
 
     def add_outputs(self, outputs: list[str], op_graph: OpGraph) -> tuple[str, ...]:
