@@ -48,7 +48,8 @@ def apply(read: ReadGraph, script: EditScript) -> onnx.ModelProto | StreamedMode
     for rewrite in script.rewrites:
         edit.rewrite(rewrite)
     edit.weights(script)
-    edit.types.update({name: dtypes.BY_NAME[d].onnx for name, d in script.retype.items()})
+    onnx_types = {d: dtypes.BY_NAME[d].onnx for d in set(script.retype.values())}
+    edit.types.update({name: onnx_types[d] for name, d in script.retype.items()})
     for record in script.casts:
         edit.insert_cast(record.tensor, record.dst, record.output)
     for record in script.output_casts:  # before rewiring: float32 readers read the Cast back
@@ -108,6 +109,17 @@ def _cast_to(dtype: str) -> onnx.NodeProto:
     return cast
 
 
+def _type_field(type_bytes: bytes | None, new_type: int | None) -> bytes:
+    """ValueInfoProto.type (field 2) for a value whose TypeProto serialises as ``type_bytes``
+    (None: unknown) and whose element type becomes ``new_type`` (None: stays); b"" where
+    neither says anything (the value gets no entry)."""
+    if new_type is not None:
+        type_ = onnx.TypeProto.FromString(type_bytes or b"")
+        type_.tensor_type.elem_type = new_type
+        type_bytes = type_.SerializeToString()
+    return wire.field(2, type_bytes) if type_bytes is not None else b""
+
+
 def _set_attribute(node: onnx.NodeProto, attribute: onnx.AttributeProto) -> None:
     """Set or replace (in its place) the attribute of that name, as onnx_ir's dict does."""
     for existing in node.attribute:
@@ -129,7 +141,7 @@ class _Edit:
         count = len(self.nodes)
         self.next = [*range(1, count), _HEAD]
         self.prev = [count - 1, *range(count - 1)]
-        self.number = {name: index for index, name in enumerate(model.node_names, 1)}
+        self.number = dict(zip(model.node_names, range(1, count), strict=True))
         self.tensors = graph.tensors  # producers of the input's values
         # The outputs of the nodes made or renamed here, by number; every other node's are the
         # lists the reader gave the OpGraph (a repeated field of a proto costs more to read).
@@ -343,35 +355,30 @@ class _Edit:
         weights = [init.name for init in graph.initializer if init.name not in inputs]
         # The model's own entries first, in its order (a model onnx_ir wrote comes back as it
         # was), then every other typed value in node order.
-        wanted = set(produced) | set(weights)
-        names = dict.fromkeys(info.name for info in self.source.value_info if info.name in wanted)
+        names: dict[str, None] = {}
+        if self.source.value_info:
+            wanted = set(produced) | set(weights)
+            names.update(
+                (info.name, None) for info in self.source.value_info if info.name in wanted
+            )
         names.update(dict.fromkeys(produced))
         # Written as wire-format bytes that protobuf parses in one call: each entry is its
         # name and a TypeProto, serialised once per distinct type (a Cast's output has its
         # input's shape); building 50,000 messages field by field took a quarter second.
-        type_bytes, shapes = self.model.type_bytes, self.shapes
-        retyped: dict[tuple[bytes, int], bytes] = {}
-        typed: dict[bytes, bytes] = {}  # TypeProto -> its field in a ValueInfoProto
+        type_bytes, shapes, varint = self.model.type_bytes, self.shapes, wire.varint
+        fields: dict[tuple[bytes | None, int | None], bytes] = {}  # see _type_field
         chunks: list[bytes] = []
         for name in names:
-            found = type_bytes.get(shapes.get(name, name))
-            new_type = types.get(name)
-            if new_type is not None:
-                key = (found or b"", new_type)
-                if key not in retyped:
-                    type_ = onnx.TypeProto.FromString(key[0])
-                    type_.tensor_type.elem_type = new_type
-                    retyped[key] = type_.SerializeToString()
-                found = retyped[key]
-            elif found is None:
-                continue
-            type_field = typed.get(found)
+            key = (type_bytes.get(shapes.get(name, name)), types.get(name))
+            type_field = fields.get(key)
             if type_field is None:
-                type_field = typed[found] = wire.field(2, found)  # ValueInfoProto.type
+                type_field = fields[key] = _type_field(*key)
+            if not type_field:  # a value of no known type
+                continue
             encoded = name.encode()
-            name_length = wire.varint(len(encoded))
+            name_length = varint(len(encoded))
             size = 1 + len(name_length) + len(encoded) + len(type_field)
             # GraphProto.value_info (field 13), holding ValueInfoProto.name (1) and type (2)
-            chunks += (b"j", wire.varint(size), b"\n", name_length, encoded, type_field)
+            chunks += (b"j", varint(size), b"\n", name_length, encoded, type_field)
         del graph.value_info[:]
         graph.MergeFromString(b"".join(chunks))
