@@ -86,8 +86,10 @@ class _Classifier:
     plain op but its op type's facts (list, schema, kernel, computation type, FLOPs): the
     nodes of one op type with the same facts share the decision (a graph of 50,000 nodes has
     a few dozen such types). The weights rule is still applied node by node, to the nodes that
-    read a stored value. Decisions are never changed in place (a pass replaces a node's), so
-    sharing one is safe.
+    read a stored value, but once a stored value is known to fit (measured, or of another type
+    than float32) a node that reads only such values is not looked at again: the chain's 6,250
+    readers of one weight ask once. Decisions are never changed in place (a pass replaces a
+    node's), so sharing one is safe.
     """
 
     def __init__(self, policy: Policy, weights: WeightRanges) -> None:
@@ -99,6 +101,9 @@ class _Classifier:
             for name, tensor in weights.graph.tensors.items()
             if tensor.is_constant and not tensor.is_graph_input
         }
+        # Stored values that cannot keep a reader float32 but as a quantisation scale: not
+        # float32, or measured and found to fit (the weights rule measured them already).
+        self.fits: set[str] = set()
 
     def __call__(self, node: OpNode) -> NodeDecision:
         if self.by_name or node.kind is not NodeKind.OP:
@@ -116,8 +121,17 @@ class _Classifier:
         if found is None:
             found = self.by_type[key] = _rules(node, self.policy, self.weights)
         decision, weighed = found
-        if weighed and not self.stored.isdisjoint(node.inputs):
-            return _weight_range(node, self.weights, self.policy.dtype) or decision
+        if not weighed or self.stored.isdisjoint(node.inputs):
+            return decision
+        reads = self.stored.intersection(node.inputs)
+        if reads <= self.fits and node.op not in SCALED_OPS:
+            return decision
+        vetoed = _weight_range(node, self.weights, self.policy.dtype)
+        if vetoed is not None:
+            return vetoed
+        tensors = self.weights.graph.tensors
+        self.fits.update(name for name in reads if tensors[name].dtype != "float32")
+        self.fits.update(stored_float32_inputs(node, self.weights))  # each one measured
         return decision
 
 

@@ -122,6 +122,34 @@ def test_casts_overflowing_weight_is_kept_and_recorded():
     assert not context.script.weights
 
 
+def test_classify_decides_each_reader_of_a_weight_by_the_weights_it_reads():
+    # Nodes of one op type share their decision, and a weight found to fit is not measured
+    # again; neither may hide an overflowing weight read beside a fitting one, nor one read
+    # at a slot that does not follow the computation type until a later node reads it at one.
+    b = GraphBuilder()
+    huge = np.full((4, 4), 0.5, np.float32)
+    huge[0, 0] = 1e6
+    x, fine, big = b.input("x"), b.weight("fine"), b.weight("big", huge)
+    b.op("mm0", "MatMul", [x, fine])
+    b.op("mm1", "MatMul", ["mm0", fine])
+    b.op("mm2", "MatMul", ["mm1", big], follow=[0])  # big read where its type does not matter
+    b.op("mm3", "MatMul", ["mm2", fine])
+    b.op("mm4", "MatMul", ["mm3", big])
+    b.op("mm5", "Gemm", ["mm4", fine, big])
+    context = run(b.output("mm5"))
+    assert [str(context.decisions[f"mm{i}"].rule) for i in range(6)] == [
+        "allow",
+        "allow",
+        "allow",
+        "allow",
+        "weight_range",
+        "weight_range",
+    ]
+    assert "'big'" in context.decisions["mm5"].reason
+    (kept,) = context.kept_weights
+    assert (kept.name, kept.consumers) == ("big", ["mm4", "mm5"])
+
+
 def test_manager_orders_a_new_pass_by_its_declarations_without_editing_a_chain():
     class MarkEverythingDeny(Pass):
         """Runs between classify and paint because it says so."""
