@@ -49,7 +49,11 @@ def _model_view() -> type[Message]:
     )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.Model"))
+    descriptor = pool.FindMessageTypeByName(f"{_PACKAGE}.Model")
+    get_class = getattr(message_factory, "GetMessageClass", None)  # protobuf 4.22+
+    if get_class is None:  # the protobuf 3.20 onnx 1.17 allows
+        return message_factory.MessageFactory(pool).GetPrototype(descriptor)  # type: ignore[no-any-return]
+    return get_class(descriptor)  # type: ignore[no-any-return]
 
 
 def value_types(model: onnx.ModelProto) -> dict[str, bytes]:

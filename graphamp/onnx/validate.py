@@ -280,11 +280,14 @@ class _GraphCheck:
                     self.run(subgraph, outer=set(seen))
                 self.scope = scope
         if not self.functions or (domain, op_type) not in self.functions:
+            inputs, outputs = fields.inputs, fields.outputs
             signature = (
                 domain,
                 op_type,
-                _given(fields.outputs),
-                _given(fields.inputs),
+                # which inputs and outputs are given: their number where none is left out (the
+                # common case, and cheaper to tell than the pattern)
+                tuple(map(bool, outputs)) if "" in outputs else len(outputs),
+                tuple(map(bool, inputs)) if "" in inputs else len(inputs),
                 tuple((a.name, a.type, bool(a.ref_attr_name)) for a in attributes)
                 if attributes
                 else (),
@@ -307,12 +310,6 @@ class _GraphCheck:
             f"{where}: node {label!r} reads {name!r} before node {producer[name]!r} produces it "
             "(a cycle, or nodes not in topological order)"
         )
-
-
-def _given(names: list[str]) -> int | tuple[bool, ...]:
-    """Which of a node's inputs or outputs are given: their number where none is left out
-    (the common case, and cheaper to tell than the pattern)."""
-    return tuple(map(bool, names)) if "" in names else len(names)
 
 
 def _attribute_tensors(attr: onnx.AttributeProto) -> list[onnx.TensorProto]:
