@@ -137,14 +137,14 @@ def cost_terms(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
             continue
         readers = consumers(name)
         stored = tensor.is_constant and not tensor.is_graph_input
-        if name not in output_side and not _any_free(readers, side_of):
-            producer = tensor.producer
-            if stored or (
-                producer is not None
-                and side_of[producer] <= F32
-                and nodes[producer].kind is not NodeKind.CAST
-            ):
-                continue  # every end is a terminal: the cost decides nothing (_decides)
+        producer = tensor.producer
+        head_is_terminal = stored or (
+            producer is not None
+            and side_of[producer] <= F32
+            and nodes[producer].kind is not NodeKind.CAST
+        )
+        if head_is_terminal and name not in output_side and not _any_free(readers, side_of):
+            continue  # every end is a terminal: the cost decides nothing (_add)
         sides = [reader_side(n, k) for n, k in readers]
         if name in output_side:
             sides.append(output_side[name])
