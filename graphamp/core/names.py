@@ -41,10 +41,18 @@ class Names:
         later is not a value's."""
         graph = self.graph
         nodes = set(graph.reserved)
-        for node in graph.nodes.values():
-            nodes.add(_local(node.name, node.body))
-        values = set(graph.reserved) | nodes
-        values.update(graph.local_name(name) for name in graph.tensors)
+        values = set(graph.reserved)
+        # (where nothing sits in a body, each name is its own local name: the sets are filled
+        # from the graph's keys in one call, not a call per name)
+        if any(node.body for node in graph.nodes.values()):
+            nodes.update(_local(node.name, node.body) for node in graph.nodes.values())
+        else:
+            nodes.update(graph.nodes)
+        if any(tensor.body for tensor in graph.tensors.values()):
+            values.update(graph.local_name(name) for name in graph.tensors)
+        else:
+            values.update(graph.tensors)
+        values |= nodes
         return nodes, values
 
     def value(self, base: str, *, like: str | None = None) -> str:
