@@ -28,7 +28,8 @@ FREE_RULES = (Rule.INFER, Rule.CLEAR)
 class CostTerms:
     """The cut's variables and the costs over them."""
 
-    names: list[str]  # by number: a free op's node name, "\0input:<value>", "\0cast:<node>"
+    # by number: the terminals (0, 1), a free op's node name, "\0input:<value>", "\0cast:<node>"
+    names: list[str]
     side_of: dict[str, int]  # every node's number: its variable, or its fixed side's terminal
     free: range  # the free ops' numbers, in the graph's order
     costs: Costs
