@@ -226,13 +226,14 @@ def _node_strings(
     """The strings of a graph's nodes, their fields read directly (a generic walk over 50,000
     nodes took a fifth of a second); attributes and the like go on ``stack``."""
     for node, known in zip(graph.node, fields, strict=True):
-        texts += known.inputs
-        texts += known.outputs
-        texts += (known.name, known.op_type, known.domain, node.doc_string, node.overload)
-        if known.attributes:
-            stack.extend(known.attributes)
-        if known.metadata:
-            stack.extend(known.metadata)
+        name, op_type, domain, inputs, outputs, attributes, metadata = known  # (unpacked once)
+        texts += inputs
+        texts += outputs
+        texts += (name, op_type, domain, node.doc_string, node.overload)
+        if attributes:
+            stack.extend(attributes)
+        if metadata:
+            stack.extend(metadata)
         if node.device_configurations:
             stack.extend(node.device_configurations)
 
