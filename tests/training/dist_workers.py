@@ -4,7 +4,9 @@ this module by name, so it holds no tests). Every worker saves its results to
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,9 +43,6 @@ def spawn(worker: Callable[..., None], out: Path, *args: Any) -> list[dict[str, 
 
 def _logged(rank: int, worker: Callable[..., None], *args: Any) -> None:
     """``worker(rank, *args)`` with this process's stdout and stderr in files of ``out``."""
-    import os
-    import sys
-
     out = Path(args[1])
     for stream, name in ((sys.stdout, "stdout"), (sys.stderr, "stderr")):
         stream.flush()
@@ -54,8 +53,15 @@ def _logged(rank: int, worker: Callable[..., None], *args: Any) -> None:
     # gloo's threads can still be running into interpreter finalization, where a rank then
     # aborts now and then ("terminate called without an active exception", SIGABRT: once in
     # the README's test run of 2026-11-25, under the DDP worker, never in 40 runs of it alone):
-    # leave without finalizing, as tests/training/sharded_workers.py does. A worker that raises
-    # never gets here, so spawn still reports its error.
+    # leave without finalizing. A worker that raises never gets here, so spawn still reports
+    # its error.
+    leave_without_finalizing()
+
+
+def leave_without_finalizing() -> None:
+    """End this rank's process with status 0, its output flushed, skipping interpreter
+    finalization (where gloo's threads, still running past ``destroy_process_group``, can abort
+    the process). Only for a rank whose results are saved and that is past the last barrier."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

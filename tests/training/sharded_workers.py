@@ -5,8 +5,6 @@ results to ``<out>/rank<r>.pt``."""
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 import graphamp
 import graphamp.fx
 from graphamp.errors import GraphampError
-from tests.training.dist_workers import free_port
+from tests.training.dist_workers import free_port, leave_without_finalizing
 
 STEPS = 20
 GLOBAL_BATCH = 8
@@ -248,6 +246,4 @@ def worker(rank: int, port: int, world: int, out: str, scenarios: dict[str, Any]
     # run on into interpreter finalization, where a rank can abort now and then. The results
     # are saved and every rank is past the barrier: leave without finalizing. (The README's
     # torchrun test exercises an ordinary exit.)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_without_finalizing()
