@@ -17,7 +17,9 @@ Rules, in the order they are tried (the first that applies decides):
 4. ``deny_names`` (glob on node name or scope: a body's node by its path or its own name) and
    ``deny_tensors`` (any input or output name; a body's value by its path or its own name)
    make a node deny: float32, and deny spreads from it as from a deny-list op.
-5. The op's list: allow / infer / clear / deny; an unlisted op stays float32 (``unlisted``).
+5. The op's list: allow / infer / clear / deny; an unlisted op stays float32 (``unlisted``),
+   except under ``spread = "all"``, where it goes on to rule 6 like a listed op (the
+   spread_all pass then lowers it).
 6. A listed op whose schema does not admit the target type, or which reads a stored weight
    whose values would overflow the target type, stays float32 (``schema`` /
    ``weight_range``) without spreading deny: weights are never silently clamped. So does a
@@ -221,7 +223,7 @@ def _rules(node: OpNode, policy: Policy, weights: WeightRanges) -> tuple[NodeDec
     list_name, list_reason = policy.list_of(node.op)
     # allow_names: low whatever the lists say, where the schema, kernel and weights allow
     allowed = policy.allowed_name(node.name, node.scope) if policy.allow_names else None
-    if list_name is None and allowed is None:
+    if list_name is None and allowed is None and policy.spread != "all":
         return decide(
             Precision.FLOAT32, Rule.UNLISTED, f"{node.op} is in no list: unlisted ops stay float32"
         )
@@ -237,6 +239,9 @@ def _rules(node: OpNode, policy: Policy, weights: WeightRanges) -> tuple[NodeDec
         return decide(Precision.FLOAT32, Rule.NO_KERNEL, f"{node.no_kernel}: kept float32")
     if allowed is not None:
         decision, _ = decide(low, Rule.ALLOW_NAME, f"allow_names rule {allowed!r}")
+    elif list_name is None:  # spread "all": the spread_all pass lowers it
+        reason = f"{node.op} is in no list: --spread all runs it low where nothing keeps it"
+        decision, _ = decide(Precision.FLOAT32, Rule.UNLISTED, reason)
     else:
         precision = low if list_name is ListName.ALLOW else Precision.FLOAT32
         reason = f"{list_name} list: {list_reason}"

@@ -88,11 +88,14 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--spread",
-        choices=("cost", "tensorflow", "autocast"),
+        choices=("cost", "tensorflow", "autocast", "all"),
         help="how infer and clear ops are decided: cost (ONNX default: the precisions and Cast "
         "places that move the fewest bytes through Casts and stored weights, a minimum cut), "
-        "tensorflow (TensorFlow's colouring, graphamp's rule before cost existed) or autocast "
-        "(type promotion, the default for PyTorch)",
+        "tensorflow (TensorFlow's colouring, graphamp's rule before cost existed), autocast "
+        "(type promotion, the default for PyTorch) or all (every float op low that its schema "
+        "and the target's kernels allow, unlisted ones and If/Loop/Scan bodies included, "
+        "unless a deny-list op, a name or tensor rule, a weight's or calibrated range or tune "
+        "keeps it float32; deny does not spread: onnxconverter-common's and Paddle O2's way)",
     )
     group.add_argument(
         "--keep-io-types",

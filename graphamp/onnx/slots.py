@@ -161,6 +161,7 @@ def _op_slots(
             primary, compute_type = param, dtype
             if dtype != UNKNOWN:
                 break
+    from_attribute = primary is None
     if primary is None:
         for slot, dtype in enumerate(output_types):
             param = found.output_param(slot)
@@ -172,6 +173,9 @@ def _op_slots(
 
     allowed_types = schemas.float_types(found, primary)
     note = schemas.float32_output_note(node.op_type, node.domain, outputs)
+    if from_attribute:  # ConstantOfShape's value, RandomNormal's dtype: no writer retypes it
+        allowed_types -= dtypes.LOW_TYPES
+        note += " (its float output's type is an attribute's, which graphamp does not rewrite)"
     if note:
         allowed_types -= dtypes.LOW_TYPES
     since = schemas.RUNTIME_TYPE_SINCE.get((node.op_type, target))

@@ -55,7 +55,17 @@ from graphamp.passes.base import registered
 from graphamp.policy.policy import Policy
 
 # The passes that decide precisions (the casts pass is not needed to evaluate a plan).
-_DECIDING = ("policy_check", "classify", "qdq", "range", "tuned", "paint", "promote", "cost")
+_DECIDING = (
+    "policy_check",
+    "classify",
+    "qdq",
+    "range",
+    "tuned",
+    "paint",
+    "promote",
+    "cost",
+    "spread_all",
+)
 
 
 @dataclass

@@ -32,9 +32,10 @@ from graphamp.policy.config import parse, read_table
 
 LISTS = tuple(ListName)
 # How infer and clear ops are decided: by the bytes Casts and weights move (the cost pass, a
-# minimum cut: ONNX's default), TensorFlow's colouring (the paint pass), or autocast's type
-# promotion (the promote pass: an op computes in the promoted type of its inputs).
-SPREADS = ("cost", "tensorflow", "autocast")
+# minimum cut: ONNX's default), TensorFlow's colouring (the paint pass), autocast's type
+# promotion (the promote pass: an op computes in the promoted type of its inputs), or every
+# op low that nothing keeps float32 (the spread_all pass: the peers' float16 tools, Paddle O2).
+SPREADS = ("cost", "tensorflow", "autocast", "all")
 ALIASES = {"white": "allow", "gray": "infer", "grey": "infer", "black": "deny"}
 DTYPES = TARGET_TYPES
 POLICY_KEYS = frozenset(
