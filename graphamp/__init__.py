@@ -29,6 +29,7 @@ from graphamp.errors import (
 if TYPE_CHECKING:
     from graphamp.plans.plan import Plan
     from graphamp.policy.policy import Policy
+    from graphamp.training.float8 import Float8
     from graphamp.training.scaling import DynamicLossScaling, StaticLossScaling
 
 __version__ = "0.2.0"  # pyproject.toml and CHANGELOG.md say the same
@@ -38,10 +39,12 @@ _LAZY = {
     "Plan": "graphamp.plans.plan",
     "Policy": "graphamp.policy.policy",
     "DynamicLossScaling": "graphamp.training.scaling",
+    "Float8": "graphamp.training.float8",
     "StaticLossScaling": "graphamp.training.scaling",
 }
 __all__ = [
     "DynamicLossScaling",
+    "Float8",
     "GraphampError",
     "InternalError",
     "Plan",

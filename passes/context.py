@@ -17,7 +17,13 @@ from graphamp.passes.facts import Fact
 from graphamp.passes.weights import WeightRanges
 from graphamp.plans.edits import EditScript
 from graphamp.plans.plan import Plan
-from graphamp.plans.records import NodeDecision, RewriteRecord, WeightRecord
+from graphamp.plans.records import (
+    Fp8Decision,
+    NodeDecision,
+    RewriteRecord,
+    ScaleRecord,
+    WeightRecord,
+)
 from graphamp.policy.policy import Policy
 
 
@@ -37,6 +43,9 @@ class PassContext:
     kept_weights: list[WeightRecord] = field(default_factory=list)
     # patterns replaced by fused ops (the fuse_norms pass); the casts pass hands them on
     rewrites: list[RewriteRecord] = field(default_factory=list)
+    # float8 (the fp8 pass, with options["fp8"]): per matrix op decided low, and the scales
+    fp8_decisions: dict[str, Fp8Decision] = field(default_factory=dict)
+    scales: list[ScaleRecord] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what the user should hear about
     facts: set[Fact] = field(default_factory=set)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -72,6 +81,9 @@ class PassContext:
             casts_retargeted=script.retarget_casts,
             casts_removed=script.remove_nodes,
             rewrites=script.rewrites,
+            fp8_settings=fp8.to_dict() if (fp8 := self.options.get("fp8")) is not None else None,
+            fp8=dict(self.fp8_decisions),
+            scales=list(self.scales),
             model=label,
         )
 

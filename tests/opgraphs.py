@@ -5,7 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from graphamp.core.dtypes import FLOAT_TYPES
-from graphamp.core.graph import NodeKind, OpGraph, OpNode, TensorInfo
+from graphamp.core.graph import MatrixDims, NodeKind, OpGraph, OpNode, TensorInfo
+from graphamp.numerics.ranges import Ranges, TensorRange, log2_counts
+from graphamp.passes import PassContext, PassManager
+from graphamp.policy.policy import Policy
+from graphamp.training.float8 import Float8
 
 
 class GraphBuilder:
@@ -86,3 +90,87 @@ def chain(*ops: str, weights: bool = True) -> OpGraph:
             inputs.append(b.weight(f"w{index}"))
         previous = b.op(f"{op.lower()}{index}", op, inputs)
     return b.output(previous)
+
+
+# -- matrix graphs with real shapes, for the float8 tests ---------------------------------------
+
+M = 32
+
+
+class Builder:
+    """Matrix graphs with real shapes: ``b.matmul("mm", "x", "w")`` records the product's dims."""
+
+    def __init__(self) -> None:
+        self.graph = OpGraph("fp8")
+
+    def input(self, name: str, shape: tuple[int, ...]) -> str:
+        self.graph.add_tensor(TensorInfo(name, "float32", shape=shape, is_graph_input=True))
+        self.graph.graph_inputs.append(name)
+        return name
+
+    def weight(self, name: str, shape: tuple[int, ...]) -> str:
+        array = np.random.default_rng(len(name)).standard_normal(shape).astype(np.float32)
+        self.graph.add_tensor(
+            TensorInfo(name, "float32", shape=shape, load_value=lambda a=array: a)
+        )
+        return name
+
+    def op(self, name: str, op: str, inputs: list[str], shape: tuple[int, ...]) -> str:
+        self.graph.add_tensor(TensorInfo(name, "float32", shape=shape))
+        floats = frozenset(i for i, t in enumerate(inputs) if self.graph.tensors[t].is_float)
+        node = OpNode(
+            name, op, list(inputs), [name], follow_inputs=floats,
+            follow_outputs=frozenset({0}), allowed_types=frozenset({"float32", "float16"}),
+            compute_type="float32", schema_source="test",
+        )  # fmt: skip
+        self.graph.add_node(node)
+        return name
+
+    def matmul(self, name: str, a: str, b: str, *, b_transposed: bool = False) -> str:
+        a_shape, b_shape = self.graph.tensors[a].shape, self.graph.tensors[b].shape
+        k, n = a_shape[-1], (b_shape[0] if b_transposed else b_shape[-1])
+        out = self.op(name, "Gemm" if b_transposed else "MatMul", [a, b], (*a_shape[:-1], n))
+        self.graph.nodes[name].matrix = MatrixDims(
+            a_shape[0], k, n, n_axis=0 if b_transposed else len(b_shape) - 1
+        )
+        return out
+
+    def output(self, name: str) -> OpGraph:
+        self.graph.tensors[name].is_graph_output = True
+        self.graph.graph_outputs.append(name)
+        return self.graph
+
+
+def mlp(k: int = 64, n: int = 128) -> OpGraph:
+    """x[32, k] -> up (w_up [k, n]) -> Relu -> down (w_down [n, k]) -> head (w_head [k, 16])."""
+    b = Builder()
+    b.input("x", (M, k))
+    b.matmul("up", "x", b.weight("w_up", (k, n)))
+    b.op("relu", "Relu", ["up"], (M, n))
+    b.matmul("down", "relu", b.weight("w_down", (n, k)))
+    b.matmul("head", "down", b.weight("w_head", (k, 16)))
+    return b.output("head")
+
+
+def calibrated(graph: OpGraph, values: dict[str, np.ndarray] | None = None) -> Ranges:
+    """Ranges of every activation of ``graph``: normal data, or ``values`` where given."""
+    rng = np.random.default_rng(0)
+    tensors = {}
+    for name, info in graph.tensors.items():
+        if info.is_constant:
+            continue
+        data = values.get(name) if values and name in values else rng.standard_normal(info.shape)
+        tensors[name] = TensorRange(
+            float(np.abs(data).max()), float(np.abs(data[data != 0]).min()), 0, log2_counts(data)
+        )
+    return Ranges(tensors, batches=4)
+
+
+def run(graph: OpGraph, fp8: Float8 | None, ranges: Ranges | None = None, **policy) -> PassContext:
+    options: dict[str, object] = {}
+    if fp8 is not None:
+        options["fp8"] = fp8
+    if ranges is not None:
+        options["ranges"] = ranges
+    context = PassContext(graph, Policy.create("float16", **policy), options)
+    return PassManager(check=True).run(context)

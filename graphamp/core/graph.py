@@ -13,11 +13,12 @@ Dtypes are the names of :mod:`graphamp.core.dtypes` (``"float32"``, ``"bfloat16"
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from graphamp.core.dataflow import Dataflow
 from graphamp.core.dtypes import FLOAT_TYPES, LOW_TYPES, UNKNOWN
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "Body",
     "BodyKind",
     "FusedKernel",
+    "MatrixDims",
     "NodeKind",
     "OpGraph",
     "OpNode",
@@ -60,6 +62,10 @@ class NodeKind(enum.Enum):
     CLIP_GRAD_NORM = "clip_grad_norm"  # gradients scaled down to a largest global norm
     ALL_GATHER = "all_gather"  # whole parameters gathered from every rank's shard
     REDUCE_SCATTER = "reduce_scatter"  # gradients averaged over the ranks, each keeping its shard
+    # float8 scaling (a training step's, or a converted model's with current scaling):
+    AMAX = "amax"  # the largest |x| of a value (per tensor or per row)
+    QUANTIZE = "quantize"  # a value times its scale, clamped and cast to float8
+    SCALE_UPDATE_FP8 = "scale_update_fp8"  # a delayed-scaling amax history and scale's next state
 
 
 class BodyKind(enum.StrEnum):
@@ -167,10 +173,28 @@ class OpNode:
     back_inputs: frozenset[int] = frozenset()
     cast_to: str | None = None  # NodeKind.CAST: the target dtype
     flops: int | None = None  # matrix ops with known shapes: 2 x multiply-adds
+    matrix: MatrixDims | None = None  # matrix ops: the product's dimensions and operand slots
     # Where the node came from, for name rules: ONNX node name; FX module path.
     scope: str = ""
     # Settings of a node a pass added (the loss-scaling constants of a SCALE_UPDATE, ...).
     params: Mapping[str, float | str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class MatrixDims:
+    """The matrix product a matrix op computes, as its dialect reads it: Y[M, N] = A[M, K] @
+    B[K, N], batch dimensions folded into M (a Conv's patches: K = C_in / groups x kernel,
+    N = C_out). ``a`` and ``b`` are the input slots of A and B, ``n_axis`` B's axis over N
+    (a MatMul's last, a transposed Gemm's or a Conv's 0); a dimension the shapes do not fix
+    is None. The float8 pass reads it for its shape rules and to tell activations
+    from stored values."""
+
+    m: int | None
+    k: int | None
+    n: int | None
+    a: int = 0
+    b: int = 1
+    n_axis: int = -1  # the axis of B that runs over N (a weight's output channels)
 
 
 @dataclass(frozen=True)
@@ -181,30 +205,6 @@ class FusedKernel:
     op: str
     domain: str
     build: Callable[[str, list[str], list[str]], OpNode]
-
-
-class Dataflow:
-    """A directed graph over node names as two adjacency tables: what the passes walk (networkx
-    did the same at five times the cost on a 50,000-node graph). An edge added twice is one
-    edge; neighbours come in the order their edges were first added."""
-
-    def __init__(self, nodes: Iterable[str]) -> None:
-        self._successors: dict[str, dict[str, None]] = {name: {} for name in nodes}
-        self._predecessors: dict[str, dict[str, None]] = {name: {} for name in self._successors}
-
-    def add_edge(self, source: str, target: str) -> None:
-        self._successors[source][target] = None
-        self._predecessors[target][source] = None
-
-    def successors(self, name: str) -> Iterator[str]:
-        return iter(self._successors[name])
-
-    def predecessors(self, name: str) -> Iterator[str]:
-        return iter(self._predecessors[name])
-
-    def neighbours(self, name: str) -> list[str]:
-        """Predecessors, then successors."""
-        return [*self._predecessors[name], *self._successors[name]]
 
 
 class OpGraph:

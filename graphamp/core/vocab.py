@@ -19,6 +19,8 @@ class Precision(enum.StrEnum):
     BFLOAT16 = "bfloat16"
     FLOAT32 = "float32"
     FLOAT64 = "float64"
+    # a matrix op whose GEMM operands are float8 (E4M3); its output stays in the low type
+    FLOAT8_E4M3FN = "float8_e4m3fn"
     NONE = "none"  # no float math: shape plumbing, integer ops, casts already in the model
 
 
@@ -71,6 +73,17 @@ class Rule(enum.StrEnum):
     CLIP_GRAD_NORM = "clip_grad_norm"
     ALL_GATHER = "all_gather"
     REDUCE_SCATTER = "reduce_scatter"
+    # float8: why a matrix op decided low has float8 operands or keeps the low type
+    # (passes/fp8.py; recorded in the plan's "fp8" section, not as the node's own rule)
+    FP8 = "fp8"  # chosen: both operands quantised to float8
+    FP8_SHAPE = "fp8_shape"  # K or N not a multiple of 16, unknown, or under the size table
+    FP8_DENY = "fp8_deny"  # policy: fp8 deny names, the last matrix op, a MoE router
+    FP8_OPERANDS = "fp8_operands"  # both operands activations (attention's products)
+    FP8_RANGE = "fp8_range"  # calibration: too much of an operand would underflow its scale
+    # float8 training steps: the scaling nodes a step pass adds
+    FP8_AMAX = "fp8_amax"
+    FP8_QUANTIZE = "fp8_quantize"
+    FP8_SCALE_UPDATE = "fp8_scale_update"
 
 
 DENY_SEEDS = frozenset({Rule.DENY, Rule.DENY_NAME, Rule.DENY_TENSOR, Rule.TUNED})
@@ -79,3 +92,6 @@ set as ``deny_names``, which must give the same precisions."""
 
 KEPT_FLOAT32 = DENY_SEEDS | {Rule.RANGE}
 """Rules whose nodes must never end low (checked between passes)."""
+
+FP8_RULES = frozenset({Rule.FP8, Rule.FP8_SHAPE, Rule.FP8_DENY, Rule.FP8_OPERANDS, Rule.FP8_RANGE})
+"""The rules of a float8 decision (:class:`~graphamp.plans.records.Fp8Decision`)."""

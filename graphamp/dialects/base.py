@@ -110,9 +110,13 @@ class Dialect(abc.ABC):
         runs the file it wrote) on ``feeds`` (arrays by input name; float inputs come as
         float32 and are converted to the declared type), and the name of what computed them."""
 
-    def calibrate(self, model: Any, batches: Iterable[dict[str, np.ndarray]]) -> Ranges:
+    def calibrate(
+        self, model: Any, batches: Iterable[dict[str, np.ndarray]], *, histograms: bool = False
+    ) -> Ranges:
         """The :class:`~graphamp.numerics.ranges.Ranges` of ``model``'s float32 values (keyed by the
-        names its OpGraph gives them) over ``batches``, for the ``range`` rule. Optional."""
+        names its OpGraph gives them) over ``batches``, for the ``range`` rule; with
+        ``histograms``, the activations matrix ops read also get their binade histograms
+        (``TensorRange.log2_counts``, float8's ``fp8_range`` rule). Optional."""
         raise GraphampError(f"calibration is not available for {self.name} models")
 
     def label(self, source: object) -> str:

@@ -20,6 +20,11 @@ the op stays float32, and the reason names the value and its magnitude. The limi
 
 The smallest non-zero magnitude is recorded but decides nothing: flushing a tensor's smallest
 values to zero rarely matters, and most tensors have some.
+
+Where asked (float8, whose range is narrow), a tensor also records a histogram of its non-zero
+finite magnitudes by binade, ``log2_counts``: how many elements had ``2**e <= |x| < 2**(e+1)``,
+by ``e``. :func:`underflow_share` reads it: the share of those elements that would flush to
+zero at a given scale (the ``fp8_range`` rule of :mod:`graphamp.passes.fp8`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ml_dtypes
+import numpy as np
 
 from graphamp.core.dtypes import numpy_type
 from graphamp.core.graph import NodeKind, OpGraph
@@ -50,13 +56,20 @@ class TensorRange:
     max_abs: float  # the largest finite magnitude (0.0 when no element was finite)
     min_abs: float | None  # the smallest non-zero finite magnitude (None when none)
     nonfinite: int = 0  # elements already inf or NaN in float32
+    # non-zero finite elements per binade e (2**e <= |x| < 2**(e+1)), sorted by e; empty
+    # where not recorded
+    log2_counts: tuple[tuple[int, int], ...] = ()
 
     def merged(self, other: TensorRange) -> TensorRange:
         small = [v for v in (self.min_abs, other.min_abs) if v is not None]
+        counts = dict(self.log2_counts)
+        for exponent, count in other.log2_counts:
+            counts[exponent] = counts.get(exponent, 0) + count
         return TensorRange(
             max(self.max_abs, other.max_abs),
             min(small) if small else None,
             self.nonfinite + other.nonfinite,
+            tuple(sorted(counts.items())),
         )
 
 
@@ -81,10 +94,7 @@ class Ranges:
             "version": RANGES_VERSION,
             "model": self.model,
             "batches": self.batches,
-            "tensors": {
-                name: {"max_abs": r.max_abs, "min_abs": r.min_abs, "nonfinite": r.nonfinite}
-                for name, r in sorted(self.tensors.items())
-            },
+            "tensors": {name: _range_dict(r) for name, r in sorted(self.tensors.items())},
         }
 
     def to_json(self) -> str:
@@ -103,6 +113,9 @@ class Ranges:
                     float(entry["max_abs"]),
                     None if entry["min_abs"] is None else float(entry["min_abs"]),
                     int(entry["nonfinite"]),
+                    tuple(
+                        sorted((int(e), int(c)) for e, c in entry.get("log2_counts", {}).items())
+                    ),
                 )
                 for name, entry in data["tensors"].items()  # type: ignore[attr-defined]
             }
@@ -119,6 +132,38 @@ class Ranges:
         if not isinstance(data, dict):
             raise GraphampError(f"{path}: not a graphamp ranges file")
         return cls.from_dict(data, str(path))
+
+
+def _range_dict(found: TensorRange) -> dict[str, object]:
+    data: dict[str, object] = {
+        "max_abs": found.max_abs,
+        "min_abs": found.min_abs,
+        "nonfinite": found.nonfinite,
+    }
+    if found.log2_counts:  # only where recorded: other ranges files keep their bytes
+        data["log2_counts"] = {str(e): c for e, c in found.log2_counts}
+    return data
+
+
+def log2_counts(values: object) -> tuple[tuple[int, int], ...]:
+    """The binade histogram of an array's non-zero finite magnitudes (module docstring)."""
+    flat = np.abs(np.asarray(values, dtype=np.float64)).ravel()
+    flat = flat[np.isfinite(flat) & (flat > 0)]
+    if not flat.size:
+        return ()
+    _, exponents = np.frexp(flat)  # |x| = m * 2**exp with 0.5 <= m < 1: binade exp - 1
+    found, counts = np.unique(exponents - 1, return_counts=True)
+    return tuple((int(e), int(c)) for e, c in zip(found, counts, strict=True))
+
+
+def underflow_share(found: TensorRange, threshold: float) -> float | None:
+    """The share of ``found``'s non-zero finite elements whose magnitude is below
+    ``threshold``, counting only binades wholly below it (None without a histogram)."""
+    if not found.log2_counts:
+        return None
+    total = sum(count for _, count in found.log2_counts)
+    below = sum(count for e, count in found.log2_counts if 2.0 ** (e + 1) <= threshold)
+    return below / total if total else 0.0
 
 
 def limit(dtype: str, margin: float | None = None) -> float:

@@ -117,10 +117,14 @@ class OnnxDialect(Dialect):
 
         return runtime.run(_proto(model, with_data=True), feeds, provider)
 
-    def calibrate(self, model: Any, batches: Iterable[dict[str, np.ndarray]]) -> Ranges:
+    def calibrate(
+        self, model: Any, batches: Iterable[dict[str, np.ndarray]], *, histograms: bool = False
+    ) -> Ranges:
         from graphamp.onnx.calibration import calibrate_proto
 
-        return calibrate_proto(_proto(model, with_data=True), batches, label=self.label(model))
+        return calibrate_proto(
+            _proto(model, with_data=True), batches, label=self.label(model), histograms=histograms
+        )
 
 
 def _proto(model: Any, *, with_data: bool) -> onnx.ModelProto:

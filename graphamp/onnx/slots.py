@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from graphamp.core import dtypes
 from graphamp.core.dtypes import FLOAT_TYPES, UNKNOWN
-from graphamp.core.graph import NodeKind, OpNode, TensorInfo
+from graphamp.core.graph import MatrixDims, NodeKind, OpNode, TensorInfo
 from graphamp.errors import GraphampError
 from graphamp.onnx import schemas
 from graphamp.onnx.types import type_str_dtype
@@ -107,6 +107,7 @@ def computing_node(
     op_node.follow_outputs = slots.follow_outputs
     if op_node.op in ("MatMul", "Gemm", "Conv", "ConvTranspose"):
         op_node.flops = _matrix_flops(op_node, tensors, attribute)
+        op_node.matrix = _matrix_dims(op_node, tensors, attribute)
     return op_node
 
 
@@ -254,6 +255,39 @@ def _matrix_flops(
     b = tensors[inputs[1]].shape if len(inputs) > 1 else None
     transposed = bool(attribute("transA")) if op_node.op == "Gemm" else False
     return _flops(op_node.op, out, a, b, transposed)
+
+
+def _matrix_dims(
+    op_node: OpNode, tensors: dict[str, TensorInfo], attribute: AttributeValue
+) -> MatrixDims | None:
+    """The GEMM a MatMul, Gemm or Conv computes (None for ConvTranspose, or without B)."""
+    inputs = op_node.inputs
+    if len(inputs) < 2 or not inputs[1] or op_node.op == "ConvTranspose":
+        return None
+    a, b = tensors[inputs[0]].shape, tensors[inputs[1]].shape
+    if op_node.op == "Gemm":
+        trans_a, trans_b = bool(attribute("transA")), bool(attribute("transB"))
+        return MatrixDims(
+            _dim(a, 1 if trans_a else 0), _dim(a, 0 if trans_a else 1),
+            _dim(b, 0 if trans_b else 1), n_axis=0 if trans_b else 1,
+        )  # fmt: skip
+    if op_node.op == "Conv":
+        out = tensors[op_node.outputs[0]].shape
+        k = math.prod(b[1:]) if b and all(isinstance(d, int) for d in b[1:]) else None
+        spatial = out[:1] + out[2:] if out else None
+        m = math.prod(spatial) if spatial and all(isinstance(d, int) for d in spatial) else None
+        return MatrixDims(m, k, _dim(b, 0), n_axis=0)  # type: ignore[arg-type]
+    rows = a[:-1] if a and len(a) > 1 else None
+    m = math.prod(rows) if rows and all(isinstance(d, int) for d in rows) else None
+    n_axis = len(b) - 1 if b else -1
+    return MatrixDims(m, _dim(a, -1), _dim(b, -1) if b and len(b) > 1 else 1, n_axis=n_axis)  # type: ignore[arg-type]
+
+
+def _dim(shape: tuple[int | str | None, ...] | None, axis: int) -> int | None:
+    if not shape or not -len(shape) <= axis < len(shape):
+        return None
+    value = shape[axis]
+    return value if isinstance(value, int) else None
 
 
 @functools.lru_cache(maxsize=1024)

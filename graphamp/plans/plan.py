@@ -24,14 +24,21 @@ from graphamp.plans.plandiff import PlanDiff
 from graphamp.plans.records import (
     BOUNDARY,
     CastRecord,
+    Fp8Decision,
     NodeDecision,
     RewriteRecord,
+    ScaleRecord,
     WeightRecord,
     decision_dict,
 )
 
 PLAN_FORMAT = "graphamp-plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # the newest version this graphamp reads and writes
+# A plan is written at the oldest version that holds it: a plan without float8 is version 1,
+# byte for byte what graphamp wrote before float8; version 2 adds "fp8_settings", "fp8" and
+# "scales".
+FP8_PLAN_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass
@@ -50,6 +57,11 @@ class Plan:
     casts_removed: list[str] = field(default_factory=list)  # Casts already in the model
     # patterns of the model's ops replaced by one fused op (a decomposed RMSNorm, say)
     rewrites: list[RewriteRecord] = field(default_factory=list)
+    # float8 (passes/fp8.py): the settings, one decision per matrix op decided low, one
+    # record per quantised value; None/empty in a plan made without float8
+    fp8_settings: dict[str, object] | None = None
+    fp8: dict[str, Fp8Decision] = field(default_factory=dict)
+    scales: list[ScaleRecord] = field(default_factory=list)
     model: str = ""
     # The dialect's matrix-product op types (for the summary); found from the policy's
     # dialect when not given.
@@ -103,7 +115,26 @@ class Plan:
             - sum(w.bytes_after for w in weights if not w.in_place),
             "values_flushed_to_zero": sum(w.flushed_to_zero for w in weights),
             "weights_kept_out_of_range": len(self.kept_weights),
+        } | self._fp8_summary()
+
+    def _fp8_summary(self) -> dict[str, object]:
+        """The float8 counts (only in a float8 plan, so other plans keep their bytes)."""
+        if self.fp8_settings is None:
+            return {}
+        chosen = [n for n, d in self.fp8.items() if d.rule == Rule.FP8]
+        known = [self.nodes[n] for n in self.matrix_nodes() if self.nodes[n].flops is not None]
+        total = sum(d.flops for d in known)  # type: ignore[misc]
+        fp8_flops = sum(self.nodes[n].flops or 0 for n in chosen if n in self.nodes)
+        return {
+            "matrix_ops_fp8": len(chosen),
+            "matrix_flops_fp8_share": round(fp8_flops / total, 6) if total else None,
+            "scales": len(self.scales),
         }
+
+    @property
+    def version(self) -> int:
+        """The plan format version this plan is written at (module constants)."""
+        return FP8_PLAN_VERSION if self.fp8_settings is not None else 1
 
     # -- JSON ---------------------------------------------------------------------------------
 
@@ -112,7 +143,7 @@ class Plan:
         ``rewrites`` only where there are some."""
         data = {
             "format": PLAN_FORMAT,
-            "version": PLAN_VERSION,
+            "version": self.version,
             "model": self.model,
             "dtype": self.dtype,
             "policy": self.policy,
@@ -130,6 +161,12 @@ class Plan:
         }
         if self.rewrites:
             data["rewrites"] = [r.to_dict() for r in sorted(self.rewrites, key=lambda r: r.node)]
+        if self.fp8_settings is not None:
+            data["fp8_settings"] = self.fp8_settings
+            data["fp8"] = {name: d.to_dict() for name, d in sorted(self.fp8.items())}
+            data["scales"] = [
+                r.to_dict() for r in sorted(self.scales, key=lambda r: (r.tensor, r.format))
+            ]
         return data
 
     def to_json(self) -> str:
@@ -141,7 +178,7 @@ class Plan:
         for index, key in enumerate(keys):
             comma = "," if index < len(keys) - 1 else ""
             value = data[key]
-            if key in ("nodes", "casts_retargeted") and isinstance(value, dict) and value:
+            if key in ("nodes", "casts_retargeted", "fp8") and isinstance(value, dict) and value:
                 items = [f"  {json.dumps(k)}: {_compact(v)}" for k, v in value.items()]
                 lines.append(
                     f"  {json.dumps(key)}: {{\n"
@@ -149,7 +186,7 @@ class Plan:
                     + f"\n  }}{comma}"
                 )
             elif (
-                key in ("casts", "weights", "casts_removed", "rewrites")
+                key in ("casts", "weights", "casts_removed", "rewrites", "scales")
                 and isinstance(value, list)
                 and value
             ):
@@ -167,11 +204,13 @@ class Plan:
     def from_dict(cls, data: object, *, where: str = "plan") -> Plan:
         if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
             raise GraphampError(f'{where}: not a graphamp plan (no "format": "{PLAN_FORMAT}")')
-        if data.get("version") != PLAN_VERSION:
+        if data.get("version") not in READABLE_VERSIONS:
             raise GraphampError(
                 f"{where}: plan version {data.get('version')} is not supported "
-                f"(this graphamp reads version {PLAN_VERSION})"
+                f"(this graphamp reads versions 1 to {PLAN_VERSION})"
             )
+        if data.get("version") == 1 and "fp8_settings" in data:
+            raise GraphampError(f"{where}: a version 1 plan holds no fp8_settings (version 2 does)")
         check_plan_data(data, where)
         try:
             nodes = {name: _decision(d) for name, d in data["nodes"].items()}
@@ -188,6 +227,9 @@ class Plan:
                 casts_retargeted=dict(data.get("casts_retargeted", {})),
                 casts_removed=list(data.get("casts_removed", [])),
                 rewrites=[RewriteRecord.from_dict(r) for r in data.get("rewrites", [])],
+                fp8_settings=dict(data["fp8_settings"]) if "fp8_settings" in data else None,
+                fp8={n: Fp8Decision.from_dict(d) for n, d in data.get("fp8", {}).items()},
+                scales=[ScaleRecord.from_dict(r) for r in data.get("scales", [])],
                 model=str(data.get("model", "")),
             )
         except (KeyError, TypeError, AttributeError, ValueError) as exc:

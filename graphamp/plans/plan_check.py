@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from graphamp.core.dtypes import LOW_TYPES
-from graphamp.core.vocab import ListName, Precision, Rule
+from graphamp.core.vocab import FP8_RULES, ListName, Precision, Rule
 from graphamp.errors import GraphampError
 
 Check = Callable[[object, str], None]
@@ -28,6 +28,7 @@ def check_plan_data(data: dict[str, object], where: str) -> None:
     try:
         _record(data, "", _PLAN, optional=_PLAN_OPTIONAL, open_keys=True)
         _vias_name_nodes(data["nodes"])  # type: ignore[arg-type]
+        _fp8_sections_together(data)
     except _Refused as refused:
         path, expected, value = refused.args
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
@@ -40,6 +41,18 @@ def _vias_name_nodes(nodes: dict[str, dict[str, object]]) -> None:
         via = decision.get("via")
         if via is not None and via not in nodes:
             _fail(f"nodes[{name!r}].via", "the name of a node of the plan", via)
+
+
+def _fp8_sections_together(data: dict[str, object]) -> None:
+    """A float8 plan holds its settings, decisions and scales together, and decides only nodes
+    of the plan."""
+    present = [key for key in _FP8_KEYS if key in data]
+    if present and len(present) != len(_FP8_KEYS):
+        missing = next(key for key in _FP8_KEYS if key not in data)
+        _fail(missing, f"present with {present[0]!r} (a float8 plan holds all three)", "nothing")
+    for name in data.get("fp8", {}):  # type: ignore[union-attr]
+        if name not in data["nodes"]:  # type: ignore[operator]
+            _fail(f"fp8[{name!r}]", "a node of the plan", name)
 
 
 def _fail(path: str, expected: str, value: object) -> None:
@@ -186,7 +199,27 @@ _REWRITE = (
     | {name: _strings for name in ("inputs", "outputs", "replaces")}
     | {"attributes": _mapping(_number)}
 )
+_FP8_DECISION = {
+    "precision": _one_of("a precision", frozenset(Precision)),
+    "rule": _one_of("a float8 rule", FP8_RULES),
+    "reason": _string,
+}
+_SCALE = {
+    "tensor": _string,
+    "format": _one_of("a float8 format", frozenset({"e4m3fn", "e5m2"})),
+    "granularity": _one_of("a granularity", frozenset({"tensor", "row", "channel"})),
+    "source": _one_of("a scale source", frozenset({"calibration", "current", "delayed", "weight"})),
+}
+_SCALE_OPTIONAL = {
+    "detail": lambda v, p: _record(v, p, {}, optional={}, open_keys=True),
+    "consumers": _strings,
+    "state": _strings,
+}
+_FP8_KEYS = ("fp8_settings", "fp8", "scales")
 _PLAN_OPTIONAL: dict[str, Check] = {
+    "fp8_settings": lambda v, p: _record(v, p, {"recipe": _string}, optional={}, open_keys=True),
+    "fp8": _mapping(lambda v, p: _record(v, p, _FP8_DECISION, optional={"operands": _strings})),
+    "scales": _records(_SCALE, _SCALE_OPTIONAL),
     "model": _string,
     "rewrites": _records(_REWRITE, {"drops": _strings}),
     "casts_retargeted": _mapping(_string),

@@ -1,5 +1,11 @@
 """The difference between two plans, by stable identity: node name; (tensor, to, output) for a
-cast; (weight, to, in place) for a weight. What ``graphamp diff`` and ``graphamp check`` show."""
+cast; (weight, to, in place) for a weight; node name for a float8 decision; (tensor, format)
+for a float8 scale. What ``graphamp diff`` and ``graphamp check`` show.
+
+Float8 scales are compared by what they are, not by the values calibration measured: their
+granularity, source and the source's settings (a delayed history's length, algorithm and
+margin; a weight's channel axis), never ``amax`` or the number of batches, which move with
+the data the way a Cast's bytes move with the shapes."""
 
 from __future__ import annotations
 
@@ -7,11 +13,15 @@ from dataclasses import dataclass, field
 
 from graphamp.plans.records import (
     CastRecord,
+    Fp8Decision,
     NodeDecision,
     PlanRecords,
+    ScaleRecord,
     WeightRecord,
     decision_dict,
 )
+
+MEASURED = frozenset({"amax", "batches"})  # a scale's detail that data, not settings, give
 
 
 @dataclass
@@ -27,6 +37,15 @@ class PlanDiff:
     weights_removed: list[WeightRecord] = field(default_factory=list)
     summary: dict[str, tuple[object, object]] = field(default_factory=dict)
     dtype: tuple[str, str] | None = None
+    # float8 (only where either plan has it): the settings, decisions and scales that differ
+    fp8_settings: tuple[object, object] | None = None
+    fp8_changed: list[tuple[str, Fp8Decision | None, Fp8Decision | None]] = field(
+        default_factory=list
+    )
+    scales_changed: list[tuple[ScaleRecord | None, ScaleRecord | None]] = field(
+        default_factory=list
+    )
+    with_fp8: bool = False
 
     @classmethod
     def between(cls, old: PlanRecords, new: PlanRecords) -> PlanDiff:
@@ -58,16 +77,37 @@ class PlanDiff:
         diff.weights_removed = [
             old_weights[k] for k in sorted(old_weights.keys() - new_weights.keys())
         ]
+        diff._fp8_between(old, new)
         old_summary, new_summary = _flat(old.summary()), _flat(new.summary())
         for key in sorted(old_summary.keys() | new_summary.keys()):
             if old_summary.get(key) != new_summary.get(key):
                 diff.summary[key] = (old_summary.get(key), new_summary.get(key))
         return diff
 
+    def _fp8_between(self, old: PlanRecords, new: PlanRecords) -> None:
+        self.with_fp8 = old.fp8_settings is not None or new.fp8_settings is not None
+        if not self.with_fp8:
+            return
+        if old.fp8_settings != new.fp8_settings:
+            self.fp8_settings = (old.fp8_settings, new.fp8_settings)
+        for name in sorted(old.fp8.keys() | new.fp8.keys()):
+            before, after = old.fp8.get(name), new.fp8.get(name)
+            if before is None or after is None or before.precision != after.precision:
+                self.fp8_changed.append((name, before, after))
+        old_scales = {r.key(): r for r in old.scales}
+        new_scales = {r.key(): r for r in new.scales}
+        for key in sorted(old_scales.keys() | new_scales.keys()):
+            before, after = old_scales.get(key), new_scales.get(key)
+            if before is None or after is None or _scale_kind(before) != _scale_kind(after):
+                self.scales_changed.append((before, after))
+
     @property
     def empty(self) -> bool:
         return not (
-            self.dtype
+            self.fp8_settings
+            or self.fp8_changed
+            or self.scales_changed
+            or self.dtype
             or self.nodes_changed
             or self.nodes_added
             or self.nodes_removed
@@ -110,6 +150,7 @@ class PlanDiff:
             lines.append("@@ weights @@")
             lines += [f"-{_weight_line(w)}" for w in self.weights_removed]
             lines += [f"+{_weight_line(w)}" for w in self.weights_added]
+        lines += self._fp8_text()
         if self.summary:
             lines.append("@@ summary @@")
             lines += [f" {key}: {a} -> {b}" for key, (a, b) in self.summary.items()]
@@ -131,6 +172,47 @@ class PlanDiff:
             "weights_added": [w.to_dict() for w in self.weights_added],
             "weights_removed": [w.to_dict() for w in self.weights_removed],
             "summary": {k: {"from": a, "to": b} for k, (a, b) in self.summary.items()},
+        } | self._fp8_dict()
+
+    def _fp8_text(self) -> list[str]:
+        lines: list[str] = []
+        if self.fp8_settings:
+            lines += ["@@ fp8 settings @@", f"-{self.fp8_settings[0]}", f"+{self.fp8_settings[1]}"]
+        if self.fp8_changed:
+            lines.append(f"@@ fp8: {len(self.fp8_changed)} changed @@")
+            for name, before, after in self.fp8_changed:
+                lines += [f"-{name}  {_fp8_line(before)}"] if before else []
+                lines += [f"+{name}  {_fp8_line(after)}"] if after else []
+        if self.scales_changed:
+            lines.append(f"@@ scales: {len(self.scales_changed)} changed @@")
+            for before, after in self.scales_changed:
+                lines += [f"-{_scale_line(before)}"] if before else []
+                lines += [f"+{_scale_line(after)}"] if after else []
+        return lines
+
+    def _fp8_dict(self) -> dict[str, object]:
+        """The float8 differences (keys only where either plan has float8, so other diffs
+        keep their JSON)."""
+        if not self.with_fp8:
+            return {}
+        return {
+            "fp8_settings": (
+                {"from": self.fp8_settings[0], "to": self.fp8_settings[1]}
+                if self.fp8_settings
+                else None
+            ),
+            "fp8_changed": [
+                {
+                    "node": name,
+                    "from": before.to_dict() if before else None,
+                    "to": after.to_dict() if after else None,
+                }
+                for name, before, after in self.fp8_changed
+            ],
+            "scales_changed": [
+                {"from": a.to_dict() if a else None, "to": b.to_dict() if b else None}
+                for a, b in self.scales_changed
+            ],
         }
 
 
@@ -142,6 +224,21 @@ def _flat(summary: dict[str, object]) -> dict[str, object]:
         else:
             flat[key] = value
     return flat
+
+
+def _scale_kind(record: ScaleRecord) -> tuple[object, ...]:
+    """What a diff compares of a scale: granularity, source and its settings, not values."""
+    settings = sorted((k, str(v)) for k, v in record.detail.items() if k not in MEASURED)
+    return (record.granularity, record.source, tuple(settings))
+
+
+def _fp8_line(decision: Fp8Decision) -> str:
+    return f"{decision.precision}  {decision.rule}  ({decision.reason})"
+
+
+def _scale_line(record: ScaleRecord) -> str:
+    readers = ", ".join(record.consumers)
+    return f"scale {record.tensor}: {record.describe()}  ({readers})"
 
 
 def _cast_line(cast: CastRecord) -> str:

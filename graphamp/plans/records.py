@@ -142,6 +142,110 @@ class RewriteRecord:
         )
 
 
+@dataclass
+class Fp8Decision:
+    """Whether one matrix op decided low computes on float8 operands, and why.
+
+    ``precision`` is ``float8_e4m3fn`` when chosen (rule ``fp8``), else the low type the node
+    keeps; ``rule`` is one of :data:`~graphamp.core.vocab.FP8_RULES`; ``operands`` names the
+    GEMM's A and B values (what the scale records of a chosen node are about)."""
+
+    precision: Precision
+    rule: Rule
+    reason: str
+    operands: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "precision": str(self.precision),
+            "rule": str(self.rule),
+            "reason": self.reason,
+            "operands": list(self.operands),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> Fp8Decision:
+        return cls(
+            precision=Precision(data["precision"]),
+            rule=Rule(data["rule"]),
+            reason=str(data["reason"]),
+            operands=[str(n) for n in data.get("operands", [])],  # type: ignore[attr-defined]
+        )
+
+
+SCALE_FORMATS = ("e4m3fn", "e5m2")
+SCALE_GRANULARITIES = ("tensor", "row", "channel")
+SCALE_SOURCES = ("calibration", "current", "delayed", "weight")
+
+
+@dataclass
+class ScaleRecord:
+    """One value quantised to float8 and where its scale comes from.
+
+    ``source``: ``calibration`` (max |x| over calibration batches: ``detail`` holds
+    ``batches`` and ``amax``), ``current`` (this step's amax), ``delayed`` (an amax history:
+    ``history``, ``algorithm``, ``margin``) or ``weight`` (a stored value's, at conversion).
+    ``consumers`` are the float8 matrix ops reading it; ``state`` the state values that carry
+    its scale between steps (delayed scaling's history and scale). Diffs and checks compare
+    the source and granularity, not the values in ``detail``."""
+
+    tensor: str
+    format: str
+    granularity: str
+    source: str
+    detail: dict[str, object] = field(default_factory=dict)
+    consumers: list[str] = field(default_factory=list)
+    state: list[str] = field(default_factory=list)
+
+    def key(self) -> tuple[str, str]:
+        return (self.tensor, self.format)
+
+    def describe(self) -> str:
+        """One phrase naming the scale's source: what ``explain`` prints."""
+        detail = self.detail
+        if self.source == "calibration":
+            amax = detail.get("amax")
+            what = "calibration: max |x|" + (
+                f" = {amax:.6g}" if isinstance(amax, int | float) else ""
+            )
+            batches = detail.get("batches")
+            if batches is not None:
+                what += f" on {batches} batch{'es' if batches != 1 else ''}"
+        elif self.source == "delayed":
+            what = (
+                f"delayed: history {detail.get('history')}, {detail.get('algorithm')}, "
+                f"margin {detail.get('margin')}"
+            )
+        elif self.source == "current":
+            what = "current: this step's amax"
+        else:
+            what = "weight: at conversion"
+        return f"{self.format} per {self.granularity}, {what}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "tensor": self.tensor,
+            "format": self.format,
+            "granularity": self.granularity,
+            "source": self.source,
+            "detail": dict(sorted(self.detail.items())),
+            "consumers": list(self.consumers),
+            "state": list(self.state),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> ScaleRecord:
+        return cls(
+            tensor=str(data["tensor"]),
+            format=str(data["format"]),
+            granularity=str(data["granularity"]),
+            source=str(data["source"]),
+            detail=dict(data.get("detail", {})),  # type: ignore[call-overload]
+            consumers=[str(n) for n in data.get("consumers", [])],  # type: ignore[attr-defined]
+            state=[str(n) for n in data.get("state", [])],  # type: ignore[attr-defined]
+        )
+
+
 def decision_dict(decision: NodeDecision) -> dict[str, object]:
     """A decision as the plan file writes it: fields that are None are left out."""
     return {key: value for key, value in asdict(decision).items() if value is not None}
@@ -155,6 +259,9 @@ class PlanRecords(Protocol):
     model: str | None
     dtype: str
     nodes: dict[str, NodeDecision]
+    fp8_settings: dict[str, object] | None
+    fp8: dict[str, Fp8Decision]
+    scales: list[ScaleRecord]
 
     def all_casts(self) -> list[CastRecord]: ...
 

@@ -39,6 +39,15 @@ def text_table(plan: Plan) -> str:
                 f"  {labels[name]:<{width}}  {decision.op:<{op_width}}  {decision.rule:<12} "
                 f"{decision.reason}{via}"
             )
+    if plan.fp8_settings is not None:
+        lines += [
+            "",
+            f"float8 ({summary['matrix_ops_fp8']} of {len(plan.fp8)} matrix ops decided low)",
+        ]
+        for name, decision in sorted(plan.fp8.items()):
+            lines.append(
+                f"  {labels.get(name, name):<{width}}  {decision.rule:<12} {decision.reason}"
+            )
     if plan.all_casts():
         lines += ["", f"casts ({len(plan.all_casts())}, {summary['cast_bytes']} bytes per run)"]
         for cast in sorted(plan.all_casts(), key=lambda c: c.output):
@@ -89,6 +98,7 @@ def explain(plan: Plan, node: str, graph: OpGraph | None = None) -> str:
             f"rule {decision.rule}: {decision.reason}"
         )
         current, depth = decision.via, depth + 1
+    lines += fp8_lines(plan, node)
     if node in rewrites:
         rewrite = rewrites[node]
         lines.append(
@@ -121,6 +131,21 @@ def explain(plan: Plan, node: str, graph: OpGraph | None = None) -> str:
             )
             lines.append(f"  input {slot} {tensor!r} {source}, {follows}{how}")
     return "\n".join(lines) + "\n"
+
+
+def fp8_lines(plan: Plan, node: str) -> list[str]:
+    """``node``'s float8 decision and, for each operand, its scale's format, granularity and
+    source (none where the node keeps the low type)."""
+    decision = plan.fp8.get(node)
+    if decision is None:
+        return []
+    lines = [f"  float8: {decision.precision}, rule {decision.rule}: {decision.reason}"]
+    scales = {record.tensor: record for record in plan.scales if node in record.consumers}
+    for label, value in zip(("A", "B"), decision.operands, strict=False):
+        record = scales.get(value)
+        source = record.describe() if record is not None else f"not quantised ({plan.dtype})"
+        lines.append(f"  operand {label} {value!r}: {source}")
+    return lines
 
 
 def _count(number: object, noun: str) -> str:

@@ -80,6 +80,7 @@ def page_data(source: PageInput) -> dict[str, object]:
         "mode": "diff" if source.diff else "plan",
         "model": plan.model,
         "dtype": plan.dtype,
+        "fp8": plan.fp8_settings is not None,
         "summary": plan.summary(),
         "diff": _diff_summary(source),
         "nodes": _nodes(
@@ -198,6 +199,7 @@ def _nodes(
             "planned",
             "status",
             "before",
+            "fp8",
         )
     }
     for name in names:
@@ -226,7 +228,22 @@ def _nodes(
         columns["planned"].append(int(name in plan.nodes))
         columns["status"].append(status.get(name, 0))
         columns["before"].append(_before(old, name, strings))
+        columns["fp8"].append(_fp8(plan, name, strings))
     return columns
+
+
+def _fp8(plan: Plan, name: str, strings: Strings) -> list[object] | int:
+    """The node's float8 decision (precision, rule, reason) and its operands' scales as
+    ``explain`` names them, [label, value, source]; 0 when it has no float8 decision."""
+    decision = plan.fp8.get(name)
+    if decision is None:
+        return 0
+    scales = {r.tensor: r for r in plan.scales if name in r.consumers}
+    operands = [
+        [label, value, scales[value].describe() if value in scales else ""]
+        for label, value in zip(("A", "B"), decision.operands, strict=False)
+    ]
+    return [strings(decision.precision), strings(decision.rule), strings(decision.reason), operands]
 
 
 def _before(old: Plan | None, name: str, strings: Strings) -> list[int] | int:

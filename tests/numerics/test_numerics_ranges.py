@@ -97,3 +97,25 @@ def test_ranges_round_trip_through_json_and_merge_over_batches(tmp_path):
     path.write_text('{"format": "graphamp-ranges", "version": 1, "tensors": {"a": 3}}')
     with pytest.raises(GraphampError, match="malformed ranges"):
         Ranges.load(path)
+
+
+def test_binade_histograms_merge_round_trip_and_give_the_underflow_share():
+    import json
+
+    import numpy as np
+
+    from graphamp.numerics.ranges import log2_counts, underflow_share
+
+    values = np.array([0.0, 1.0, 1.5, -3.0, 0.25, np.inf, 2.0**-20], np.float32)
+    counts = log2_counts(values)
+    assert counts == ((-20, 1), (-2, 1), (0, 2), (1, 1))  # zero and inf are not counted
+    first = TensorRange(3.0, 2.0**-20, 1, counts)
+    merged = first.merged(TensorRange(4.0, 0.5, 0, log2_counts(np.array([4.0, 0.5]))))
+    assert merged.log2_counts == ((-20, 1), (-2, 1), (-1, 1), (0, 2), (1, 1), (2, 1))
+    # binades wholly below the threshold: 2**-20's, not 0.25's (its binade reaches 0.5)
+    assert underflow_share(first, 0.3) == 1 / 5
+    assert underflow_share(TensorRange(1.0, None), 0.3) is None
+    ranges = Ranges({"a": first, "b": TensorRange(1.0, None)}, batches=2)
+    data = ranges.to_dict()
+    assert "log2_counts" in data["tensors"]["a"] and "log2_counts" not in data["tensors"]["b"]
+    assert Ranges.from_dict(json.loads(ranges.to_json())).tensors == ranges.tensors

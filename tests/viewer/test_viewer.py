@@ -442,3 +442,35 @@ def test_the_command_line_writes_the_viewer_pages(browser, tmp_path, capsys):
     loaded.close()
     assert main(["diff", str(old_json), str(new_json), "--format", "html"]) == 2
     assert "needs a model" in capsys.readouterr().err
+
+
+def test_float8_nodes_are_marked_and_explained_with_their_scale_sources(browser, tmp_path):
+    """A float8 plan's page: the panel explains every node as ``graphamp explain`` does (both
+    operands' scale sources included) and exactly the float8 nodes are drawn marked."""
+    import numpy as np
+
+    from graphamp import engine
+    from graphamp.models import export_onnx
+    from graphamp.policy.policy import Policy
+    from graphamp.training.float8 import Float8
+
+    path = export_onnx("gpt", tmp_path / "gpt.onnx", "small")
+    rng = np.random.default_rng(0)
+    batches = [{"input_ids": rng.integers(0, 128, (2, 16))} for _ in range(2)]
+    options = {"fp8": Float8.static(), "ranges": gonnx.calibrate(str(path), batches)}
+    analysis = engine.analyse(str(path), Policy.create("float16"), options=options)
+    chosen = {n for n, d in analysis.plan.fp8.items() if d.precision == "float8_e4m3fn"}
+    assert len(chosen) == 12
+    loaded = Loaded(browser, viewer.plan_page(analysis.plan, analysis.graph), tmp_path, "fp8")
+    shown = loaded.page.evaluate(
+        "names => names.map(n => graphampViewer.explain(n))", list(analysis.plan.nodes)
+    )
+    assert shown == [explain(analysis.plan, n, analysis.graph) for n in analysis.plan.nodes]
+    assert any("operand B" in text and "weight: at conversion" in text for text in shown)
+    marked: set[str] = set()
+    for group in loaded.page.evaluate("graphampViewer.groups()"):
+        loaded.open(group)
+        marked |= set(loaded.drawn("g.node.fp8", "data-name"))
+    assert marked == chosen
+    loaded.screenshot("fp8")
+    loaded.close()

@@ -89,12 +89,14 @@
     const ink = dark ? "#1f2937" : "#fff";
     let sub = N.leaf[i];
     if (diffMode && N.status[i] === 1) sub = abbrev(S[N.before[i][0]]) + " → " + abbrev(p) + "  " + sub;
+    if (isFp8(i)) sub = "fp8 · " + sub;
     const cls = ["node", N.status[i] ? "changed" : "", i === state.selected ? "selected" : "",
-      passes(i) ? "" : "filtered"].join(" ");
+      passes(i) ? "" : "filtered", isFp8(i) ? "fp8" : ""].join(" ");
     const tip = `${N.name[i]}\n${S[N.op[i]]}: ${p}\n${S[N.rule[i]]}: ${S[N.reason[i]]}` +
+      (N.fp8[i] ? `\nfloat8: ${S[N.fp8[i][1]]}: ${S[N.fp8[i][2]]}` : "") +
       (diffMode ? `\n${STATUS[N.status[i]]}` : "");
     const strip = diffMode ? `<rect x="${x - w / 2}" y="${y - h / 2}" width="6" height="${h}" fill="${COLOURS[p] || "#10b981"}"/>` : "";
-    return `<g class="${cls}" data-i="${i}" data-name="${esc(N.name[i])}" data-precision="${esc(p)}" data-rule="${esc(S[N.rule[i]])}" data-status="${N.status[i]}"><title>${esc(tip)}</title>` +
+    return `<g class="${cls}" data-i="${i}" data-name="${esc(N.name[i])}" data-precision="${esc(p)}" data-rule="${esc(S[N.rule[i]])}" data-status="${N.status[i]}" data-fp8="${N.fp8[i] ? esc(S[N.fp8[i][1]]) : ""}"><title>${esc(tip)}</title>` +
       `<rect class="box" x="${x - w / 2}" y="${y - h / 2}" width="${w}" height="${h}" rx="6" fill="${fill}"/>${strip}` +
       `<text class="op" x="${x - w / 2 + 10}" y="${y - 3}" fill="${ink}">${esc(trunc(S[N.op[i]], 22))}</text>` +
       `<text class="sub" x="${x - w / 2 + 10}" y="${y + 12}" fill="${ink}">${esc(trunc(sub, 26))}</text></g>`;
@@ -303,6 +305,7 @@
       const arrow = depth === 0 ? "" : "  ".repeat(depth) + "<- ";
       lines.push(`${arrow}${N.name[current]} (${S[N.op[current]]}): ${prec(current)}, rule ${S[N.rule[current]]}: ${S[N.reason[current]]}`);
     }
+    lines.push(...fp8Lines(i));
     if (N.group[i] >= 0) {
       N.inputs[i].forEach((t, slot) => {
         if (t < 0) return;
@@ -319,6 +322,17 @@
     }
     return lines.join("\n") + "\n";
   }
+  // The node's float8 decision and its operands' scale sources (report.py: fp8_lines).
+  function fp8Lines(i) {
+    const f = N.fp8[i];
+    if (!f) return [];
+    const lines = [`  float8: ${S[f[0]]}, rule ${S[f[1]]}: ${S[f[2]]}`];
+    for (const [label, value, source] of f[3]) {
+      lines.push(`  operand ${label} ${pyRepr(value)}: ${source || `not quantised (${D.dtype})`}`);
+    }
+    return lines;
+  }
+  const isFp8 = (i) => Boolean(N.fp8[i]) && S[N.fp8[i][0]] === "float8_e4m3fn";
   const nodeLink = (i) => `<a data-node="${i}">${esc(N.name[i])}</a>`;
   const tensorLink = (t) => `<a data-tensor="${t}">${esc(T.name[t])}</a>`;
   const groupLink = (g) => `<a data-g="${g}">${esc(g === ROOT ? modelLabel() : G.id[g])}</a>`;
@@ -327,6 +341,10 @@
     const rows = [["op", esc(S[N.op[i]])], ["precision", swatch(prec(i))], ["rule", esc(S[N.rule[i]])],
       ["reason", esc(S[N.reason[i]])]];
     if (N.via[i] >= 0) rows.push(["via", nodeLink(N.via[i])]);
+    if (N.fp8[i]) {
+      rows.push(["float8", `${esc(S[N.fp8[i][0]])}, ${esc(S[N.fp8[i][1]])}: ${esc(S[N.fp8[i][2]])}`]);
+      for (const [label, value, source] of N.fp8[i][3]) rows.push([`scale ${label}`, `${esc(value)}: ${esc(source || "not quantised")}`]);
+    }
     if (N.flops[i] !== null) rows.push(["flops", N.flops[i].toLocaleString("en")]);
     if (N.group[i] >= 0) rows.push(["group", groupLink(N.group[i])]);
     if (N.plumbing[i]) rows.push(["", "shape plumbing or constant (hidden by default)"]);

@@ -1,0 +1,174 @@
+"""Float8: the settings of graphamp's float8 tier (plain data, no torch at import).
+
+Float8 is an overlay on the low type: matrix ops already decided float16/bfloat16 get float8
+operands where the rules of :mod:`graphamp.passes.fp8` allow, everything else keeps its
+precision. Three recipes, as Transformer Engine and torchao name them:
+
+* ``Float8.current(granularity="tensor" | "row")``: each step's (or run's) own amax, HYBRID
+  formats (E4M3 forward operands, E5M2 gradients): torchao's TENSORWISE / ROWWISE recipes;
+* ``Float8.delayed(history=1024, algorithm="max" | "most_recent", margin=0)``: Transformer
+  Engine's ``DelayedScaling``: the scale from an amax history of earlier steps;
+* ``Float8.static()``: scales fixed from calibration data (what ``graphamp convert --fp8
+  --calibrate DATA`` and ``graphamp.fx.convert(..., calibrate=...)`` use); weights get one
+  scale per output channel at conversion.
+
+Fields every recipe shares: ``deny_names`` (globs on node names and module paths kept out of
+float8), ``keep_last`` (keep the last matrix op, the LM head or output layer), ``sizes`` (which
+size table keeps small products out: ``"torchao"`` is torchao's auto-filter for the recipe's
+granularity, ``"none"`` keeps only the multiple-of-16 rule) and ``max_underflow`` (the share of
+an operand's non-zero calibrated values that may flush to zero at its scale before the node
+keeps the low type).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphamp.errors import GraphampError
+
+RECIPES = ("current", "delayed", "static")
+GRANULARITIES = ("tensor", "row")
+ALGORITHMS = ("max", "most_recent")
+SIZE_TABLES = ("torchao", "none")
+E4M3_MAX = 448.0  # the largest float8_e4m3fn value
+E5M2_MAX = 57344.0  # the largest float8_e5m2 value
+
+
+@dataclass(frozen=True)
+class Float8:
+    """How float8 matrix products are scaled and which ones are kept out (module docstring).
+
+    Make one with :meth:`current`, :meth:`delayed` or :meth:`static`; the fields are checked
+    on construction (a bad value is a :class:`~graphamp.errors.GraphampError` naming it).
+    """
+
+    recipe: str = "current"
+    granularity: str = "tensor"
+    history: int = 1024  # delayed: amax history length
+    algorithm: str = "max"  # delayed: how the history gives the amax
+    margin: int = 0  # delayed: scale = 448 / amax / 2**margin
+    deny_names: tuple[str, ...] = ()
+    keep_last: bool = True
+    sizes: str = "torchao"
+    max_underflow: float = 0.01
+    extra: Mapping[str, Any] = field(default_factory=dict)  # settings a dialect adds
+
+    def __post_init__(self) -> None:
+        _one_of("recipe", self.recipe, RECIPES)
+        _one_of("granularity", self.granularity, GRANULARITIES)
+        _one_of("algorithm", self.algorithm, ALGORITHMS)
+        _one_of("sizes", self.sizes, SIZE_TABLES)
+        _whole("history", self.history, 1)
+        _whole("margin", self.margin, 0)
+        if not (isinstance(self.max_underflow, int | float) and 0 <= self.max_underflow <= 1):
+            raise GraphampError(
+                f"Float8: max_underflow must be a share between 0 and 1, not {self.max_underflow!r}"
+            )
+        if isinstance(self.deny_names, str) or not all(isinstance(n, str) for n in self.deny_names):
+            raise GraphampError("Float8: deny_names must be a sequence of glob strings")
+        object.__setattr__(self, "deny_names", tuple(self.deny_names))
+        if self.recipe == "static" and self.granularity != "tensor":
+            raise GraphampError(
+                "Float8.static: activations take one scale per tensor (granularity 'tensor'); "
+                "weights take one per output channel"
+            )
+
+    # -- the recipes -------------------------------------------------------------------------
+
+    @classmethod
+    def current(cls, granularity: str = "tensor", **shared: Any) -> Float8:
+        """Current scaling: each step's own amax (torchao's TENSORWISE or ROWWISE)."""
+        return cls(recipe="current", granularity=granularity, **shared)
+
+    @classmethod
+    def delayed(
+        cls, history: int = 1024, algorithm: str = "max", margin: int = 0, **shared: Any
+    ) -> Float8:
+        """Delayed scaling with Transformer Engine's semantics (module docstring)."""
+        return cls(recipe="delayed", history=history, algorithm=algorithm, margin=margin, **shared)
+
+    @classmethod
+    def static(cls, **shared: Any) -> Float8:
+        """Scales fixed from calibration data; no size table by default: a deployed model
+        gains float8's halved weight bytes whatever the product's size."""
+        shared.setdefault("sizes", "none")
+        return cls(recipe="static", **shared)
+
+    # -- what the passes read ----------------------------------------------------------------
+
+    def source(self) -> str:
+        """The scale source of an activation operand: ``calibration``, ``current`` or
+        ``delayed`` (a plan's scale record)."""
+        return "calibration" if self.recipe == "static" else self.recipe
+
+    def source_detail(self) -> dict[str, object]:
+        """The settings a scale record names besides its source (delayed: the history)."""
+        if self.recipe == "delayed":
+            return {"history": self.history, "algorithm": self.algorithm, "margin": self.margin}
+        return {}
+
+    def scale_of(self, amax: float) -> float:
+        """The static scale of a value whose largest magnitude is ``amax``: amax / 448 (a
+        quantised value is x / scale), 1 where amax is 0 or not finite."""
+        if not math.isfinite(amax) or amax <= 0:
+            return 1.0
+        return amax / E4M3_MAX
+
+    def describe(self) -> str:
+        if self.recipe == "delayed":
+            return (
+                f"float8 delayed scaling (history {self.history}, {self.algorithm}, margin "
+                f"{self.margin})"
+            )
+        if self.recipe == "static":
+            return "float8 static scaling (calibrated activations per tensor, weights per channel)"
+        return f"float8 current scaling ({self.granularity}wise)"
+
+    # -- the plan's record -------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, object]:
+        """The settings as a plan records them (stable keys, only what applies)."""
+        data: dict[str, object] = {"recipe": self.recipe, "granularity": self.granularity}
+        if self.recipe == "delayed":
+            data.update(self.source_detail())
+        data.update(
+            deny_names=list(self.deny_names),
+            keep_last=self.keep_last,
+            sizes=self.sizes,
+            max_underflow=self.max_underflow,
+        )
+        if self.extra:
+            data["extra"] = dict(sorted(self.extra.items()))
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object], *, where: str = "fp8 settings") -> Float8:
+        known = {
+            "recipe", "granularity", "history", "algorithm", "margin", "deny_names",
+            "keep_last", "sizes", "max_underflow", "extra",
+        }  # fmt: skip
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise GraphampError(f"{where}: unknown float8 setting {unknown[0]!r}")
+        fields = dict(data)
+        if "deny_names" in fields:
+            fields["deny_names"] = tuple(fields["deny_names"])  # type: ignore[arg-type]
+        try:
+            return cls(**fields)  # type: ignore[arg-type]
+        except TypeError as exc:
+            raise GraphampError(f"{where}: {exc}") from None
+
+
+def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise GraphampError(
+            f"Float8: {name} must be one of {', '.join(map(repr, allowed))}, not {value!r}"
+        )
+
+
+def _whole(name: str, value: object, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise GraphampError(f"Float8: {name} must be a whole number >= {least}, not {value!r}")

@@ -1,0 +1,274 @@
+"""fp8: which matrix ops decided low compute on float8 operands, and where their scales come from.
+
+Float8 is an overlay on the low type (``options["fp8"]``, a :class:`graphamp.Float8`): it runs
+after the decide step and before ``casts``, and changes no node's own decision. For every matrix
+op (a node whose dialect recorded its :class:`~graphamp.core.graph.MatrixDims`, or whose op is
+one of the dialect's matrix ops) decided in the low type, it records one
+:class:`~graphamp.plans.records.Fp8Decision`, the first rule that holds:
+
+1. ``fp8_deny`` (policy): its name or module matches the settings' ``deny_names``; it is the
+   last matrix op of the graph (the LM head or output layer, with ``keep_last``); or it is a
+   MoE router (its output reaches a TopK through ops that keep the order of values).
+2. ``fp8_operands``: both operands are activations (attention's products, Q x K^T and P x V):
+   float8 kernels and every recipe quantise a stored or trained weight against an activation.
+3. ``fp8_shape``: K or N unknown or not a multiple of 16 (what CUDA's float8 GEMMs need), or
+   under the size table (``sizes = "torchao"``: torchao's auto-filter, K <= 4096 and N <= 1024
+   tensorwise; N <= 2048, K <= 1024, or N <= 4096 and K <= 2048 rowwise), where float8's
+   quantisation costs more than its faster product gains.
+4. ``fp8_range`` (calibration): a static recipe has no calibrated range of the activation, or
+   it was zero or not finite; or its binade histogram shows more than ``max_underflow`` of its
+   non-zero values below half of float8's smallest subnormal at its scale (amax / 448), where
+   they would flush to zero.
+5. ``fp8`` (chosen): both operands quantised to E4M3, the output in the low type.
+
+Each chosen node's operands get a :class:`~graphamp.plans.records.ScaleRecord` (one per value,
+shared by every float8 op reading it): an activation's source is the recipe's (calibration,
+current, delayed), a stored weight's is ``weight`` per output channel under a static recipe.
+Every chosen product is checked against what CUDA accepts (:mod:`graphamp.passes.fp8_gemm`);
+one it would refuse is an internal error, since the rules above should have kept it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+
+from graphamp.core.graph import MatrixDims, NodeKind, OpNode
+from graphamp.core.vocab import Precision, Rule
+from graphamp.dialects.registry import matrix_ops_for
+from graphamp.errors import InternalError
+from graphamp.numerics.ranges import Ranges, underflow_share
+from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.context import PassContext
+from graphamp.passes.fp8_gemm import ScaledGemm, problems
+from graphamp.plans.records import Fp8Decision, ScaleRecord
+from graphamp.training.float8 import E4M3_MAX, Float8
+
+# Half of float8_e4m3fn's smallest subnormal (2**-9): a quantised value below it rounds to 0.
+E4M3_FLUSH = 2.0**-10
+# Ops between a router's product and its TopK that keep the order of values.
+_ORDER_KEEPING = frozenset({"softmax", "sigmoid", "cast", "reshape", "view", "_to_copy", "add"})
+
+
+@register
+class Fp8Pass(Pass):
+    """Decide float8 operands for matrix ops already decided low (module docstring)."""
+
+    name = "fp8"
+    requires = frozenset({Fact.DECIDED})
+    gives = frozenset({Fact.FP8_DECIDED})
+    after = ("paint", "promote", "cost", "tuned")
+    before = ("casts",)
+
+    def applies(self, context: PassContext) -> bool:
+        return context.options.get("fp8") is not None
+
+    def run(self, context: PassContext) -> PassResult:
+        settings: Float8 = context.options["fp8"]
+        ranges: Ranges | None = context.options.get("ranges")
+        decider = _Decider(context, settings, ranges)
+        chosen = 0
+        for node in decider.matrix_nodes:
+            decision = decider.decide(node)
+            context.fp8_decisions[node.name] = decision
+            if decision.rule is Rule.FP8:
+                decider.record_scales(node)
+                chosen += 1
+        context.scales = sorted(decider.scales.values(), key=lambda r: (r.tensor, r.format))
+        considered = len(decider.matrix_nodes)
+        return PassResult(modified=False, note=f"{chosen} of {considered} matrix ops float8")
+
+
+class _Decider:
+    """The rules of one graph under one :class:`Float8` (module docstring)."""
+
+    def __init__(self, context: PassContext, settings: Float8, ranges: Ranges | None) -> None:
+        self.graph, self.settings, self.ranges = context.graph, settings, ranges
+        self.low = context.policy.dtype
+        matrix_ops = matrix_ops_for(context.policy.dialect)
+        every = [
+            node
+            for node in context.graph
+            if node.kind is NodeKind.OP and (node.matrix is not None or node.op in matrix_ops)
+        ]
+        main = [node for node in every if not node.body]
+        self.last = main[-1].name if settings.keep_last and main else None
+        self.matrix_nodes = [
+            node
+            for node in every
+            if (decision := context.decisions.get(node.name)) is not None
+            and decision.precision == self.low
+        ]
+        self.scales: dict[str, ScaleRecord] = {}
+        self._stored: dict[str, bool] = {}
+
+    # -- the rules ---------------------------------------------------------------------------
+
+    def decide(self, node: OpNode) -> Fp8Decision:
+        dims = node.matrix
+        operands = _operands(node, dims)
+        low = Precision(self.low)
+
+        def kept(rule: Rule, reason: str) -> Fp8Decision:
+            return Fp8Decision(low, rule, f"{reason}: kept {self.low}", operands)
+
+        pattern = self._denied_name(node)
+        if pattern is not None:
+            return kept(Rule.FP8_DENY, f"its name matches the float8 deny rule {pattern!r}")
+        if node.name == self.last:
+            return kept(
+                Rule.FP8_DENY, "the last matrix op of the graph (the LM head or output layer)"
+            )
+        topk = self._router_of(node)
+        if topk is not None:
+            return kept(Rule.FP8_DENY, f"a MoE router: its output picks experts in {topk!r}")
+        if dims is None or len(operands) < 2:
+            return kept(Rule.FP8_SHAPE, "its matrix dimensions are unknown")
+        if not any(self._is_stored(value) for value in operands):
+            return kept(
+                Rule.FP8_OPERANDS,
+                f"both operands ({operands[0]!r}, {operands[1]!r}) are activations "
+                "(an attention product)",
+            )
+        shape = self._shape_problem(dims)
+        if shape:
+            return kept(Rule.FP8_SHAPE, shape)
+        for value in operands:
+            if not self._is_stored(value):
+                problem = self._range_problem(value)
+                if problem:
+                    return kept(Rule.FP8_RANGE, problem)
+        self._validate(node, dims)
+        return Fp8Decision(
+            Precision.FLOAT8_E4M3FN,
+            Rule.FP8,
+            f"K = {dims.k}, N = {dims.n}: both operands e4m3fn ({self.settings.describe()}), "
+            f"output {self.low}",
+            operands,
+        )
+
+    def _denied_name(self, node: OpNode) -> str | None:
+        for pattern in self.settings.deny_names:
+            for name in (node.name, node.scope):
+                if name and fnmatch.fnmatchcase(name, pattern):
+                    return pattern
+        return None
+
+    def _router_of(self, node: OpNode) -> str | None:
+        """The TopK this node's output reaches through order-keeping ops, if any."""
+        pending, seen = list(node.outputs), set()
+        while pending:
+            value = pending.pop()
+            if not value or value in seen:
+                continue
+            seen.add(value)
+            for reader, _ in self.graph.consumers(value):
+                op = self.graph.nodes[reader].op.lower()
+                if op == "topk":
+                    return reader
+                if op in _ORDER_KEEPING:
+                    pending.extend(self.graph.nodes[reader].outputs)
+        return None
+
+    def _is_stored(self, value: str) -> bool:
+        """Whether ``value`` is a stored value or computed from stored values only (a
+        transposed or reshaped weight): what a weight operand is."""
+        known = self._stored.get(value)
+        if known is not None:
+            return known
+        info = self.graph.tensors.get(value)
+        result = False
+        if info is not None and not info.is_graph_input:
+            if info.is_constant:
+                result = True
+            elif info.producer is not None:
+                producer = self.graph.nodes[info.producer]
+                given = [name for name in producer.inputs if name]
+                result = producer.kind is NodeKind.CONSTANT or (
+                    bool(given) and all(self._is_stored(name) for name in given)
+                )
+        self._stored[value] = result
+        return result
+
+    def _shape_problem(self, dims: MatrixDims) -> str:
+        k, n = dims.k, dims.n
+        if k is None or n is None:
+            return f"K = {k}, N = {n}: a dimension is unknown (float8 needs multiples of 16)"
+        if k % 16 or n % 16:
+            return f"K = {k}, N = {n}: not both multiples of 16 (what float8 GEMMs need)"
+        if self.settings.sizes == "torchao":
+            if self.settings.granularity == "row":
+                small = n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048)
+                table = "N <= 2048, K <= 1024, or N <= 4096 and K <= 2048 (rowwise)"
+            else:
+                small = k <= 4096 and n <= 1024
+                table = "K <= 4096 and N <= 1024 (tensorwise)"
+            if small:
+                return (
+                    f"K = {k}, N = {n}: under torchao's size table, {table}, where float8 "
+                    "does not pay"
+                )
+        return ""
+
+    def _range_problem(self, value: str) -> str:
+        ranges, static = self.ranges, self.settings.recipe == "static"
+        found = ranges.tensors.get(value) if ranges is not None else None
+        if found is None:
+            return f"no calibrated range of {value!r} for its static scale" if static else ""
+        if found.nonfinite:
+            return f"{value!r} held {found.nonfinite} inf/NaN values on the calibration data"
+        if found.max_abs <= 0 or not math.isfinite(found.max_abs):
+            return f"{value!r} was 0 on every calibration batch: no scale fits it"
+        threshold = found.max_abs / E4M3_MAX * E4M3_FLUSH
+        share = underflow_share(found, threshold)
+        if share is not None and share > self.settings.max_underflow:
+            return (
+                f"{share:.1%} of {value!r}'s non-zero values lie below {threshold:.3g}, where "
+                f"they flush to zero at its scale (max |x| {found.max_abs:.6g} / 448); at most "
+                f"{self.settings.max_underflow:.1%} may"
+            )
+        return ""
+
+    def _validate(self, node: OpNode, dims: MatrixDims) -> None:
+        """The product the dialect will emit, checked against CUDA's rules (per-channel
+        weight scales of a static recipe are a dequantised weight, not a scaled GEMM's)."""
+        granularity = self.settings.granularity
+        gemm = ScaledGemm(
+            "e4m3fn", "e4m3fn", dims.m, dims.k, dims.n, out_dtype=self.low,
+            a_granularity=granularity, b_granularity=granularity,
+        )  # fmt: skip
+        found = problems(gemm)
+        if found:
+            raise InternalError(f"fp8 pass chose {node.name!r}, which CUDA refuses: {found[0]}")
+
+    # -- scale records -----------------------------------------------------------------------
+
+    def record_scales(self, node: OpNode) -> None:
+        settings = self.settings
+        for value in _operands(node, node.matrix):
+            if self._is_stored(value) and settings.recipe == "static":
+                granularity, source, detail = "channel", "weight", {"axis": _n_axis(node)}
+            else:
+                granularity, source = settings.granularity, settings.source()
+                detail = dict(settings.source_detail())
+                if source == "calibration" and self.ranges is not None:
+                    detail.update(
+                        amax=self.ranges.tensors[value].max_abs, batches=self.ranges.batches
+                    )
+            record = self.scales.get(value)
+            if record is None:
+                state = [f"{value}/amax_history", f"{value}/scale"] if source == "delayed" else []
+                record = ScaleRecord(value, "e4m3fn", granularity, source, detail, [], state)
+                self.scales[value] = record
+            record.consumers.append(node.name)
+
+
+def _operands(node: OpNode, dims: MatrixDims | None) -> list[str]:
+    """The values of the product's A and B slots (the first two inputs without dims)."""
+    slots = (dims.a, dims.b) if dims is not None else (0, 1)
+    return [node.inputs[s] for s in slots if s < len(node.inputs) and node.inputs[s]]
+
+
+def _n_axis(node: OpNode) -> int:
+    """The axis of B that runs over N (its output channels), as the dialect recorded it."""
+    return node.matrix.n_axis if node.matrix is not None else -1
