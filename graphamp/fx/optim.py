@@ -1,6 +1,18 @@
 """Optimizers as pure functions of (parameters, gradients, state): torch.optim's SGD, Adam
 and AdamW formulas (the single-tensor ones) on tensors, so a training step traces them into its
-graph; and the conversions of their state to and from torch.optim's own layout."""
+graph; and the conversions of their state to and from torch.optim's own layout.
+
+Parameters of any float type train as torch.optim trains them: the optimizer reads each
+gradient and keeps each state tensor in its parameter's type, and every operation runs in that
+type, as the eager step's does. Most of torch.optim's operations take their hyper-parameters
+as Python numbers fixed when the step is captured, so the graph calls the same aten op with the
+same number on the same types: the same kernel, the same bits. The learning rate and Adam's
+step size change between calls, so the graph reads them from tensors, and the two operations
+that take them as numbers are reproduced: ``addcdiv`` on a bfloat16/float16 parameter computes
+in float32 and rounds once (what its kernel does), and SGD's ``add(grad, alpha=-lr)``, whose
+CPU kernel rounds differently in its vector body and its scalar tail, is the kernel itself
+called with the rate as a number (:func:`descend`).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +29,8 @@ OPTIMIZERS = ("SGD", "Adam", "AdamW")
 # Flags that choose torch.optim's implementation, not its arithmetic: the graph is one
 # implementation of the same formulas, so they are accepted and ignored.
 _IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
+# Parameter types whose kernels compute in their own type (no wider one to reproduce).
+_WIDE = (torch.float32, torch.float64)
 
 
 @dataclass(frozen=True)
@@ -94,8 +108,9 @@ def resume_state(
             own = optimizer.state.get(model_params[name], {})
             for key in state_keys(kind, group.hyper):
                 value = own.get(_TORCH_STATE_KEYS.get(key, key))
-                if value is not None:
-                    resumed[f"{key}:{name}"] = value.detach().clone().float()
+                if value is not None:  # in the type the step keeps it in, the parameter's
+                    kept = resumed[f"{key}:{name}"].dtype
+                    resumed[f"{key}:{name}"] = value.detach().clone().to(kept)
             if kind == "SGD" and own.get("momentum_buffer") is not None:
                 # SGD keeps no step count; one past the first step makes the buffer count.
                 resumed["step"] = torch.tensor(1.0)
@@ -149,9 +164,10 @@ def update(
     for group, lr in zip(groups, lrs, strict=True):
         h, names = group.hyper, group.names
         group_params = [params[name] for name in names]
-        group_grads = (
-            [-grads[name] for name in names] if h["maximize"] else [grads[n] for n in names]
-        )
+        # torch.optim reads a gradient in its parameter's type (autograd's): a float32
+        # gradient of a bfloat16 parameter (unscaled, accumulated) is rounded to it first.
+        as_read = [grads[n].to(params[n].dtype) for n in names]
+        group_grads = [-g for g in as_read] if h["maximize"] else as_read
         old = {key: [state[f"{key}:{name}"] for name in names] for key in state_keys(kind, h)}
         if kind == "SGD":
             stepped, new = _sgd(h, lr, step, group_params, group_grads, old)
@@ -197,7 +213,36 @@ def _sgd(
             if h["nesterov"]
             else new
         )
-    return _each(lambda p, g: torch.addcmul(p, g, lr, value=-1), params, grads), buffers
+    return _each(lambda p, g: descend(p, g, lr), params, grads), buffers
+
+
+def descend(param: torch.Tensor, direction: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
+    """SGD's last operation, ``param.add(direction, alpha=-lr)``, with ``lr`` a tensor.
+
+    In float32 that kernel is one fused multiply-add, which ``addcmul(param, direction, lr,
+    value=-1)`` computes too (an op a step graph makes in place and groups into one foreach
+    call). In a lower type it is not one formula: the CPU kernel rounds ``-lr`` to the type,
+    then its vector body computes in float32 and rounds once, its scalar tail rounds the
+    product first. The graph calls that kernel itself (:func:`_descend`)."""
+    if param.dtype in _WIDE:
+        return torch.addcmul(param, direction, lr, value=-1)
+    return _descend(param, direction, lr)
+
+
+@torch.library.custom_op("graphamp::descend", mutates_args=())
+def _descend(param: torch.Tensor, direction: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
+    """``param.add(direction, alpha=-lr)`` as torch.optim.SGD calls it, ``lr`` as a number
+    (reading a CPU tensor costs nothing). Where ``lr`` lives on an accelerator, reading it
+    would wait for the device: there the update is computed in float32 and rounded once, as
+    torch.optim's multi-tensor kernels (its default there) compute it."""
+    if lr.device.type == "cpu":
+        return param.add(direction, alpha=-lr.item())
+    return torch.addcmul(param.float(), direction.float(), lr, value=-1).to(param.dtype)
+
+
+@_descend.register_fake
+def _(param: torch.Tensor, direction: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(param)
 
 
 def _adam(
@@ -227,13 +272,23 @@ def _adam(
         moments["max_exp_avg_sq"] = exp_avg_sq
     # The bias corrections and the step size in float64, as torch.optim computes them in
     # Python floats (``lr`` is a float64 tensor): each is then rounded to float32 once, where
-    # it multiplies or divides a float32 tensor.
+    # it multiplies or divides a tensor (a bfloat16/float16 tensor's kernel reads a number as
+    # float32 too).
     step64 = step.double()
     bias2_root = (1 - beta2**step64).sqrt()
     denom = _each(torch.sqrt, exp_avg_sq)
     denom = _each(lambda d: d / bias2_root, denom)
     denom = _each(lambda d: d + h["eps"], denom)
     step_size = lr / (1 - beta1**step64)
-    change = _each(lambda m: step_size * m, exp_avg)
-    change = _each(torch.div, change, denom)
-    return _each(torch.sub, params, change), moments
+    # The last operation, param.addcdiv(exp_avg, denom, value=-step_size): its kernel computes
+    # param + value * exp_avg / denom in float32 (a bfloat16/float16 tensor's values widened)
+    # and rounds once to the parameter's type.
+    change = _each(lambda m: step_size * m, _widened(exp_avg))
+    change = _each(torch.div, change, _widened(denom))
+    stepped = _each(torch.sub, _widened(params), change)
+    return _each(lambda new, p: new.to(p.dtype), stepped, params), moments
+
+
+def _widened(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors`` as a kernel computing on them reads them: bfloat16/float16 as float32."""
+    return [t if t.dtype in _WIDE else t.float() for t in tensors]

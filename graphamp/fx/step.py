@@ -97,9 +97,10 @@ class TrainStep:
         if self.reduce is not None:  # replicas start from the first rank's state
             state = [*self.params.values(), *self.opt_state.values(), *self.buffers.values()]
             distributed.broadcast_from_first(self.reduce, state)
-        # Gradients are carried between calls only when micro-batches accumulate.
+        # Gradients are carried between calls only when micro-batches accumulate, in float32
+        # whatever the parameters' type (the optimizer reads their average in that type).
         carried = self.trainable if self.accumulate > 1 else []
-        self.grad_acc = {n: torch.zeros_like(self.params[n]) for n in carried}
+        self.grad_acc = {n: torch.zeros_like(self.params[n], dtype=torch.float32) for n in carried}
 
         self._use(signatures.batch_signature(batch), self._capture_graphs(batch))
         decisions = {k: v for step in self.captured.values() for k, v in step.decisions.items()}
