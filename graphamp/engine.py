@@ -3,6 +3,7 @@
 read (the dialect) -> passes (the pass manager, over the neutral graph) -> plan (the record)
 and edit script -> apply (the dialect). With ``reviewed=`` a reviewed plan's decisions are
 applied instead of new ones, and a model that no longer matches the plan is refused.
+:func:`convert_and_save` also writes the result, checking weights on disk as it writes them.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from graphamp.core import collector
 from graphamp.core.graph import OpGraph
 from graphamp.dialects.base import Dialect, ReadGraph
 from graphamp.dialects.registry import for_source
-from graphamp.errors import GraphampError, PolicyWarning
+from graphamp.errors import GraphampError, PolicyWarning, WeightOverflow
 from graphamp.passes import PassContext, PassManager
+from graphamp.passes.options import Options
 from graphamp.plans.edits import EditScript
 from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
@@ -52,6 +55,9 @@ class Conversion:
     seconds: dict[str, float]
     graph: OpGraph
     script: EditScript | None = None  # the edits applied (what the summary reports on)
+    # convert_and_save: the weight on disk that overflowed while written, after which every
+    # weight was checked before converting again (empty: none did)
+    rechecked: str = ""
 
 
 def analyse(
@@ -60,7 +66,7 @@ def analyse(
     *,
     dialect: Dialect | None = None,
     reviewed: Plan | None = None,
-    options: dict[str, Any] | None = None,
+    options: Options | None = None,
     label: str | None = None,
 ) -> Analysis:
     """Load ``source`` (a path or a model object), read it and run the passes."""
@@ -87,15 +93,15 @@ def analyse_model(
     policy: Policy,
     *,
     reviewed: Plan | None = None,
-    options: dict[str, Any] | None = None,
+    options: Options | None = None,
     label: str = "",
     seconds: dict[str, float] | None = None,
 ) -> Analysis:
     """Read a loaded ``model`` and run the passes over its graph."""
     seconds = dict(seconds or {})
-    options = dict(options or {})
+    options = options or Options()
     if reviewed is not None:
-        options["reviewed"] = reviewed
+        options = dataclasses.replace(options, reviewed=reviewed)
     with collector.paused():
         start = time.perf_counter()
         read = dialect.read(model, policy)
@@ -115,7 +121,7 @@ def convert(
     *,
     dialect: Dialect | None = None,
     reviewed: Plan | None = None,
-    options: dict[str, Any] | None = None,
+    options: Options | None = None,
     label: str | None = None,
 ) -> Conversion:
     """Analyse ``source`` and apply the edits: the converted model and its plan."""
@@ -126,6 +132,54 @@ def convert(
         return apply(analysis)
 
 
+def convert_and_save(
+    source: Path,
+    target: Path,
+    policy: Policy,
+    *,
+    dialect: Dialect | None = None,
+    reviewed: Plan | None = None,
+    options: Options | None = None,
+) -> Conversion:
+    """Convert the file ``source`` and write the result to ``target`` (the input's own bytes
+    where nothing changed and the dialect can copy them).
+
+    Weights on disk are not read before converting (``Options.speculate_weights``): the
+    writer range-checks each one as it converts it, and the ``speculation_check`` pass
+    measures those no writer will convert. Should one overflow, nothing of that attempt is
+    kept, and the conversion starts over with every weight checked first, so that weight's
+    readers stay float32 as they always would (``Conversion.rechecked`` names it). With a
+    reviewed plan nothing is deferred: the plan is compared with the analysis, counts
+    included."""
+    dialect = dialect or for_source(source)
+    options = options or Options()
+    speculate = reviewed is None
+    try:
+        return _convert_and_save(source, target, policy, dialect, reviewed, options, speculate)
+    except WeightOverflow as miss:
+        if not speculate:
+            raise
+        conversion = _convert_and_save(source, target, policy, dialect, reviewed, options, False)
+        return dataclasses.replace(conversion, rechecked=miss.weight)
+
+
+def _convert_and_save(
+    source: Path,
+    target: Path,
+    policy: Policy,
+    dialect: Dialect,
+    reviewed: Plan | None,
+    options: Options,
+    speculate: bool,
+) -> Conversion:
+    options = dataclasses.replace(options, speculate_weights=speculate)
+    result = convert(source, policy, dialect=dialect, reviewed=reviewed, options=options)
+    unchanged = result.script is not None and result.script.empty
+    if not (unchanged and dialect.save_unchanged(source, target)):
+        dialect.save(result.model, target)
+    return result
+
+
 def apply(analysis: Analysis) -> Conversion:
     start = time.perf_counter()
     with collector.paused():
@@ -134,17 +188,6 @@ def apply(analysis: Analysis) -> Conversion:
     seconds = {**analysis.seconds, "apply": time.perf_counter() - start}
     log.info("converted in %.2f s", sum(seconds.values()))
     return Conversion(converted, analysis.plan, seconds, analysis.graph, analysis.script)
-
-
-def range_options(ranges: object | None, tuned: object | None = None) -> dict[str, Any]:
-    """The pass options for calibrated ranges (the ``range`` pass) and a tuned set of nodes
-    kept float32 (the ``tuned`` pass); empty when neither is given."""
-    options: dict[str, Any] = {}
-    if ranges is not None:
-        options["ranges"] = ranges
-    if tuned:
-        options["tuned"] = frozenset(tuned)  # type: ignore[arg-type]
-    return options
 
 
 def reviewed_policy(plan: Plan, where: str) -> Policy:

@@ -29,7 +29,7 @@ from graphamp.core.vocab import Precision, Rule
 from graphamp.passes.base import Fact, Pass, PassResult, register
 from graphamp.passes.context import PassContext
 from graphamp.passes.loss_scale import STEP, add_node, reroute
-from graphamp.training.distributed import GradientClipping, GradientReduce, Sharding, buckets
+from graphamp.training.distributed import buckets
 
 FOUND_INF = "found_inf"
 
@@ -74,11 +74,13 @@ class AllReducePass(Pass):
     before = ("loss_scale",)
 
     def applies(self, context: PassContext) -> bool:
-        reduce = context.options.get("all_reduce")
-        return reduce is not None and bool(context.graph.with_role(Role.GRADIENT))
+        return context.options.all_reduce is not None and bool(
+            context.graph.with_role(Role.GRADIENT)
+        )
 
     def run(self, context: PassContext) -> PassResult:
-        reduce: GradientReduce = context.options["all_reduce"]
+        reduce = context.options.all_reduce
+        assert reduce is not None  # applies() checked it
         gradients = {g.name: g for g in by_readiness(context, Role.GRADIENT)}
         sizes = [(name, elements(g) * reduce.item_bytes) for name, g in gradients.items()]
         groups = buckets(sizes, reduce.bucket_bytes, reduce.first_bucket_bytes)
@@ -86,7 +88,7 @@ class AllReducePass(Pass):
         low = reduce.dtype != "float32"
         halved = " (half of float32's)" if low else ""
         why_scaled = ""
-        if context.options.get("loss_scaling") is not None:
+        if context.options.loss_scaling is not None:
             survive = f": small values survive {reduce.dtype}" if low else ""
             why_scaled = f"; the loss-scaled gradients travel and are unscaled after{survive}"
         if not reduce.agree_found_inf:  # (else all_reduce.found_inf says how they agree)
@@ -133,13 +135,15 @@ class AgreeFoundInfPass(Pass):
     def applies(self, context: PassContext) -> bool:
         if FOUND_INF not in context.graph.tensors:
             return False
-        reduce = context.options.get("all_reduce")
+        reduce = context.options.all_reduce
         # A sharded step's ranks each check only their own shards: they must agree.
-        return "shard" in context.options or (reduce is not None and reduce.agree_found_inf)
+        return context.options.shard is not None or (reduce is not None and reduce.agree_found_inf)
 
     def run(self, context: PassContext) -> PassResult:
-        sharded = "shard" in context.options
-        reduce: GradientReduce | Sharding = context.options["shard" if sharded else "all_reduce"]
+        sharding = context.options.shard
+        sharded = sharding is not None
+        reduce = sharding if sharding is not None else context.options.all_reduce
+        assert reduce is not None  # applies() checked it
         why = "each rank checks only its own shards of the gradients, so " if sharded else ""
         node = add_node(
             context,
@@ -170,19 +174,21 @@ class ClipGradNormPass(Pass):
     before = ("finite_check",)
 
     def applies(self, context: PassContext) -> bool:
-        clipping = context.options.get("clip_grad_norm")
-        return clipping is not None and bool(context.graph.with_role(Role.GRADIENT))
+        return context.options.clip_grad_norm is not None and bool(
+            context.graph.with_role(Role.GRADIENT)
+        )
 
     def run(self, context: PassContext) -> PassResult:
-        clipping: GradientClipping = context.options["clip_grad_norm"]
+        clipping = context.options.clip_grad_norm
+        assert clipping is not None  # applies() checked it
         gradients = [g.name for g in context.graph.with_role(Role.GRADIENT)]
-        reduced = context.options.get("all_reduce") is not None
+        reduced = context.options.all_reduce is not None
         where = " (every rank holds the averaged gradients)" if reduced else ""
         params: dict[str, float | str] = {
             "max_norm": clipping.max_norm,
             "norm_type": clipping.norm_type,
         }
-        sharding = context.options.get("shard")
+        sharding = context.options.shard
         if sharding is not None:  # each rank holds a shard: the norm needs every rank's part
             where = f" (each rank's part of it summed over the {sharding.world_size} ranks)"
             params.update(group=sharding.group, world_size=sharding.world_size)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
 from graphamp.core.graph import OpGraph
 from graphamp.passes.facts import Fact
+from graphamp.passes.options import Options
 from graphamp.passes.weights import WeightRanges
 from graphamp.plans.edits import EditScript
 from graphamp.plans.plan import Plan
@@ -29,21 +29,18 @@ from graphamp.policy.policy import Policy
 
 @dataclass
 class PassContext:
-    """Everything the passes read and write for one graph.
-
-    ``options`` carries named inputs of optional passes: ``"reviewed"`` (a Plan whose
-    decisions to apply), ``"loss_scaling"`` (a training step's scaling), ...
-    """
+    """Everything the passes read and write for one graph; ``options`` are the run's inputs
+    to the optional passes (:class:`~graphamp.passes.options.Options`)."""
 
     graph: OpGraph
     policy: Policy
-    options: dict[str, Any] = field(default_factory=dict)
+    options: Options = field(default_factory=Options)
     decisions: dict[str, NodeDecision] = field(default_factory=dict)
     script: EditScript = field(default_factory=EditScript)
     kept_weights: list[WeightRecord] = field(default_factory=list)
     # patterns replaced by fused ops (the fuse_norms pass); the casts pass hands them on
     rewrites: list[RewriteRecord] = field(default_factory=list)
-    # float8 (the fp8 pass, with options["fp8"]): per matrix op decided low, and the scales
+    # float8 (the fp8 pass, with Options.fp8): per matrix op decided low, and the scales
     fp8_decisions: dict[str, Fp8Decision] = field(default_factory=dict)
     scales: list[ScaleRecord] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what the user should hear about
@@ -53,7 +50,7 @@ class PassContext:
     def __post_init__(self) -> None:
         # Stored values are scanned once, when a pass first asks about one.
         self.weights = WeightRanges(
-            self.graph, self.policy.dtype, speculate=bool(self.options.get("speculate_weights"))
+            self.graph, self.policy.dtype, speculate=self.options.speculate_weights
         )
 
     def plan(self, label: str = "") -> Plan:
@@ -81,7 +78,7 @@ class PassContext:
             casts_retargeted=script.retarget_casts,
             casts_removed=script.remove_nodes,
             rewrites=script.rewrites,
-            fp8_settings=fp8.to_dict() if (fp8 := self.options.get("fp8")) is not None else None,
+            fp8_settings=fp8.to_dict() if (fp8 := self.options.fp8) is not None else None,
             fp8=dict(self.fp8_decisions),
             scales=list(self.scales),
             model=label,

@@ -1,6 +1,6 @@
 """fp8: which matrix ops decided low compute on float8 operands, and where their scales come from.
 
-Float8 is an overlay on the low type (``options["fp8"]``, a :class:`graphamp.Float8`): it runs
+Float8 is an overlay on the low type (``Options.fp8``, a :class:`graphamp.Float8`): it runs
 after the decide step and before ``casts``, and changes no node's own decision. For every matrix
 op (a node whose dialect recorded its :class:`~graphamp.core.graph.MatrixDims`, or whose op is
 one of the dialect's matrix ops) decided in the low type, it records one
@@ -61,12 +61,12 @@ class Fp8Pass(Pass):
     before = ("casts",)
 
     def applies(self, context: PassContext) -> bool:
-        return context.options.get("fp8") is not None
+        return context.options.fp8 is not None
 
     def run(self, context: PassContext) -> PassResult:
-        settings: Float8 = context.options["fp8"]
-        ranges: Ranges | None = context.options.get("ranges")
-        decider = _Decider(context, settings, ranges)
+        settings = context.options.fp8
+        assert settings is not None  # applies() checked it
+        decider = _Decider(context, settings, context.options.ranges)
         chosen = 0
         for node in decider.matrix_nodes:
             decision = decider.decide(node)

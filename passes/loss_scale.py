@@ -104,10 +104,11 @@ class LossScalePass(Pass):
 
     def applies(self, context: PassContext) -> bool:
         seeds = context.graph.with_role(Role.GRAD_SEED)
-        return bool(seeds) and context.options.get("loss_scaling") is not None
+        return bool(seeds) and context.options.loss_scaling is not None
 
     def run(self, context: PassContext) -> PassResult:
-        scaling = context.options["loss_scaling"]
+        scaling = context.options.loss_scaling
+        assert scaling is not None  # applies() checked it
         graph = context.graph
         scale = add_state(context, "loss_scale.scale", "float32", scaling.initial_scale)
         (seed,) = graph.with_role(Role.GRAD_SEED)
@@ -203,11 +204,12 @@ class ScaleUpdatePass(Pass):
 
     def applies(self, context: PassContext) -> bool:
         # Update steps only: an accumulating micro-step has no finite check and keeps the scale.
-        dynamic = isinstance(context.options.get("loss_scaling"), DynamicLossScaling)
+        dynamic = isinstance(context.options.loss_scaling, DynamicLossScaling)
         return dynamic and Fact.FINITE_CHECKED in context.facts
 
     def run(self, context: PassContext) -> PassResult:
-        scaling: DynamicLossScaling = context.options["loss_scaling"]
+        scaling = context.options.loss_scaling
+        assert isinstance(scaling, DynamicLossScaling)  # applies() checked it
         good = add_state(context, "loss_scale.good", "int32", 0)
         bad = add_state(context, "loss_scale.bad", "int32", 0)
         names = ("loss_scale.scale", good, bad)

@@ -24,11 +24,11 @@ class PolicyCheckPass(Pass):
     before = ("classify",)
 
     def applies(self, context: PassContext) -> bool:
-        return "reviewed" not in context.options  # a reviewed plan's policy is not the user's
+        return context.options.reviewed is None  # a reviewed plan's policy is not the user's
 
     def run(self, context: PassContext) -> PassResult:
         problems = unmatched_rules(context)
-        if problems and context.options.get("strict"):
+        if problems and context.options.strict:
             raise GraphampError(f"{problems[0]} (--strict)")
         context.warnings.extend(problems)
         return PassResult(modified=False, note=f"{len(problems)} unmatched rules")

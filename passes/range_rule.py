@@ -1,6 +1,6 @@
 """range: keep float32 the ops whose values leave the target type's range on calibration data.
 
-With ``options["ranges"]`` (a :class:`~graphamp.numerics.ranges.Ranges`, what
+With ``options.ranges`` (a :class:`~graphamp.numerics.ranges.Ranges`, what
 ``graphamp.onnx.calibrate`` or ``graphamp.fx.convert(..., calibrate=...)`` recorded on the
 float32 model), every op that classify would let run low (allow, infer or clear) and that reads
 or writes, in a computation-type slot, a value beyond the target's limit
@@ -14,7 +14,7 @@ the rule itself).
 from __future__ import annotations
 
 from graphamp.core.vocab import Precision, Rule
-from graphamp.numerics.ranges import Ranges, range_decisions
+from graphamp.numerics.ranges import range_decisions
 from graphamp.passes.base import Fact, Pass, PassResult, register
 from graphamp.passes.context import PassContext
 from graphamp.plans.records import NodeDecision
@@ -34,12 +34,13 @@ class RangePass(Pass):
     before = ("paint", "promote", "cost")
 
     def applies(self, context: PassContext) -> bool:
-        return context.options.get("ranges") is not None and Fact.DECIDED not in context.facts
+        return context.options.ranges is not None and Fact.DECIDED not in context.facts
 
     def run(self, context: PassContext) -> PassResult:
-        ranges: Ranges = context.options["ranges"]
+        ranges = context.options.ranges
+        assert ranges is not None  # applies() checked it
         found = range_decisions(
-            ranges, context.graph, context.policy.dtype, margin=context.options.get("range_margin")
+            ranges, context.graph, context.policy.dtype, margin=context.options.range_margin
         )
         kept = 0
         for name, finding in found.items():

@@ -13,7 +13,7 @@ from __future__ import annotations
 from graphamp.core.dtypes import LOW_TYPES
 from graphamp.core.graph import OpNode
 from graphamp.core.vocab import DENY_SEEDS, Rule
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, InternalError
 from graphamp.passes.base import Fact, Pass, PassResult, register
 from graphamp.passes.classify import stored_float32_inputs
 from graphamp.passes.context import PassContext
@@ -21,8 +21,12 @@ from graphamp.plans.plan import Plan
 from graphamp.plans.records import NodeDecision
 
 
-def _reviewed(context: PassContext) -> Plan:
-    return context.options["reviewed"]
+def _reviewed(context: PassContext) -> tuple[Plan, str]:
+    """The reviewed plan, and what to call it in errors (its file, else its model)."""
+    plan = context.options.reviewed
+    if plan is None:
+        raise InternalError("a reviewed-plan pass ran without a reviewed plan")
+    return plan, context.options.reviewed_where or plan.model or "the plan"
 
 
 @register
@@ -34,11 +38,10 @@ class ReviewedDecisionsPass(Pass):
     before = ("classify",)  # and so classify and paint find nothing left to decide
 
     def applies(self, context: PassContext) -> bool:
-        return "reviewed" in context.options
+        return context.options.reviewed is not None
 
     def run(self, context: PassContext) -> PassResult:
-        plan, graph = _reviewed(context), context.graph
-        where = context.options.get("reviewed_where") or plan.model or "the plan"
+        (plan, where), graph = _reviewed(context), context.graph
         for node in graph:
             if node.name not in plan.nodes:
                 raise GraphampError(f"{where}: the model's node {node.name!r} is not in the plan")
@@ -90,17 +93,17 @@ class ReviewedRecordsPass(Pass):
     requires = frozenset({Fact.EDITS})
 
     def applies(self, context: PassContext) -> bool:
-        return "reviewed" in context.options
+        return context.options.reviewed is not None
 
     def run(self, context: PassContext) -> PassResult:
-        reviewed = _reviewed(context)
+        reviewed, where = _reviewed(context)
         difference = first_difference(
             _decided(reviewed.to_dict()), _decided(context.plan().to_dict())
         )
         if difference is not None:
             raise GraphampError(
-                f"{context.options.get('reviewed_where') or reviewed.model or 'the plan'}: "
-                "the model no longer matches the reviewed plan (or the plan was edited): "
+                f"{where}: the model no longer matches the reviewed plan (or the plan was "
+                "edited): "
                 f"{difference}"
             )
         return PassResult(modified=False)

@@ -36,10 +36,6 @@ from graphamp.passes.context import PassContext
 from graphamp.passes.loss_scale import STEP, add_node, reroute
 from graphamp.training.distributed import Sharding, buckets, divide_factors
 
-SHARD = "shard"  # the option holding the Sharding
-# the option naming each whole parameter's graph input: (its shard's input, the parameter)
-WHOLES = "whole_parameters"
-
 
 def _item_bytes(dtype: str) -> int:
     return BY_NAME[dtype].numpy(0).itemsize
@@ -51,7 +47,7 @@ def _plural(count: int, word: str) -> str:
 
 def _label(context: PassContext, names: list[str]) -> str:
     """The model's names of the parameters ``names`` stand for (the first few)."""
-    labels = {whole: name for whole, (_, name) in context.options.get(WHOLES, {}).items()}
+    labels = {whole: name for whole, (_, name) in context.options.whole_parameters.items()}
     shown = [labels.get(name, name) for name in names[:4]]
     return ", ".join(shown) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
@@ -89,12 +85,14 @@ class AllGatherPass(Pass):
     before = ("loss_scale",)
 
     def applies(self, context: PassContext) -> bool:
-        return SHARD in context.options and bool(context.options.get(WHOLES))
+        return context.options.shard is not None and bool(context.options.whole_parameters)
 
     def run(self, context: PassContext) -> PassResult:
-        sharding: Sharding = context.options[SHARD]
+        sharding = context.options.shard
+        assert sharding is not None  # applies() checked it
         graph, low = context.graph, context.policy.dtype
-        wholes = _first_reads(graph, [graph.tensors[name] for name in context.options[WHOLES]])
+        named = context.options.whole_parameters
+        wholes = _first_reads(graph, [graph.tensors[name] for name in named])
         read = [w for w in wholes if graph.consumers(w.name)]
         typed = {w.name: _gather_type(context, w, low) for w in read}
         groups: list[list[str]] = []
@@ -139,7 +137,7 @@ class AllGatherPass(Pass):
         node = add_node(
             context,
             NodeKind.ALL_GATHER,
-            [context.options[WHOLES][name][0] for name in names],
+            [context.options.whole_parameters[name][0] for name in names],
             [(f"{name}.gathered", dtype) for name in names],
             Rule.ALL_GATHER,
             f"bucket {index + 1} of {count}: {_plural(len(names), 'parameter')} "
@@ -174,10 +172,12 @@ class ReduceScatterPass(Pass):
     before = ("loss_scale",)
 
     def applies(self, context: PassContext) -> bool:
-        return SHARD in context.options and bool(context.graph.with_role(Role.GRADIENT))
+        sharded = context.options.shard is not None
+        return sharded and bool(context.graph.with_role(Role.GRADIENT))
 
     def run(self, context: PassContext) -> PassResult:
-        sharding: Sharding = context.options[SHARD]
+        sharding = context.options.shard
+        assert sharding is not None  # applies() checked it
         gradients = {g.name: g for g in by_readiness(context, Role.GRADIENT)}
         sizes = [(name, elements(g) * sharding.item_bytes) for name, g in gradients.items()]
         groups = buckets(sizes, sharding.bucket_bytes, sharding.first_bucket_bytes)
@@ -193,7 +193,7 @@ class ReduceScatterPass(Pass):
             if factor != 1
         )
         scaled = ""
-        if context.options.get("loss_scaling") is not None:
+        if context.options.loss_scaling is not None:
             survive = f": small values survive {sharding.dtype}" if low else ""
             scaled = f"; the loss-scaled gradients travel and are unscaled after{survive}"
         for index, names in enumerate(groups):

@@ -1,6 +1,6 @@
 """tuned: keep float32 the nodes ``graphamp tune`` found, as ``deny_names`` would.
 
-``options["tuned"]`` is a collection of node names (what tune's search found must stay
+``options.tuned`` is a set of node names (what tune's search found must stay
 float32 for the model to meet its tolerance). Each such node that classify and the range rule
 would let run low becomes float32 with rule ``tuned``, a deny seed: paint spreads deny from it
 exactly as from a ``deny_names`` rule, so the ``deny_names = [...]`` snippet tune prints gives
@@ -28,10 +28,10 @@ class TunedPass(Pass):
     before = ("paint", "promote", "cost")
 
     def applies(self, context: PassContext) -> bool:
-        return bool(context.options.get("tuned")) and Fact.DECIDED not in context.facts
+        return bool(context.options.tuned) and Fact.DECIDED not in context.facts
 
     def run(self, context: PassContext) -> PassResult:
-        names = sorted(context.options["tuned"])
+        names = sorted(context.options.tuned)
         missing = [name for name in names if name not in context.decisions]
         if missing:
             raise GraphampError(f"tuned node {missing[0]!r} is not a node of the model")

@@ -8,6 +8,7 @@ from graphamp.core.dtypes import FLOAT_TYPES
 from graphamp.core.graph import MatrixDims, NodeKind, OpGraph, OpNode, TensorInfo
 from graphamp.numerics.ranges import Ranges, TensorRange, log2_counts
 from graphamp.passes import PassContext, PassManager
+from graphamp.passes.options import Options
 from graphamp.policy.policy import Policy
 from graphamp.training.float8 import Float8
 
@@ -167,10 +168,7 @@ def calibrated(graph: OpGraph, values: dict[str, np.ndarray] | None = None) -> R
 
 
 def run(graph: OpGraph, fp8: Float8 | None, ranges: Ranges | None = None, **policy) -> PassContext:
-    options: dict[str, object] = {}
-    if fp8 is not None:
-        options["fp8"] = fp8
-    if ranges is not None:
-        options["ranges"] = ranges
-    context = PassContext(graph, Policy.create("float16", **policy), options)
+    context = PassContext(
+        graph, Policy.create("float16", **policy), Options(ranges=ranges, fp8=fp8)
+    )
     return PassManager(check=True).run(context)

@@ -7,6 +7,7 @@ runs a command (numpy, rich, the engine, the dialects) is imported inside the fu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
     from graphamp.core.graph import OpGraph
     from graphamp.dialects.base import Dialect
+    from graphamp.passes.options import Options
     from graphamp.plans.plan import Plan
     from graphamp.policy.policy import Policy
 
@@ -257,18 +259,21 @@ def plan_of(path: str | Path, args: argparse.Namespace) -> tuple[OpGraph | None,
     dialect = for_file(path)
     options = policy_options(args)
     if getattr(args, "calibrate", None):  # plan --calibrate DATA
-        options["ranges"] = dialect.calibrate(
+        ranges = dialect.calibrate(
             path, load_input_batches(args.calibrate, dialect.input_specs(path))
         )
+        options = dataclasses.replace(options, ranges=ranges)
     analysis = engine.analyse(
         path, policy_from_args(args, dialect), dialect=dialect, options=options
     )
     return analysis.graph, analysis.plan
 
 
-def policy_options(args: argparse.Namespace) -> dict[str, object]:
+def policy_options(args: argparse.Namespace) -> Options:
     """Pass options the policy flags set (``--strict``)."""
-    return {"strict": True} if getattr(args, "strict", False) else {}
+    from graphamp.passes.options import Options
+
+    return Options(strict=bool(getattr(args, "strict", False)))
 
 
 def emit(text: str, args: argparse.Namespace) -> None:

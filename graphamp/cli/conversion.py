@@ -4,7 +4,7 @@ for each model of a folder (:mod:`graphamp.cli.folder`)."""
 from __future__ import annotations
 
 import argparse
-import functools
+import dataclasses
 import signal
 import sys
 import time
@@ -22,12 +22,14 @@ from graphamp.cli.common import (
 )
 from graphamp.cli.numerics import calibrated
 from graphamp.cli.summary import nothing_converted, print_summary
-from graphamp.errors import GraphampError, WeightOverflow
+from graphamp.errors import GraphampError
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from graphamp import engine
+    from graphamp.dialects.base import Dialect
+    from graphamp.passes.options import Options
     from graphamp.plans.plan import Plan
     from graphamp.policy.policy import Policy
 
@@ -59,7 +61,7 @@ def convert_model(
             raise GraphampError(f"--from-plan applies the plan's own policy: drop {given[0]}")
         reviewed = Plan.load(from_plan)
         policy = engine.reviewed_policy(reviewed, str(from_plan))
-        options["reviewed_where"] = str(from_plan)
+        options = dataclasses.replace(options, reviewed_where=str(from_plan))
     else:
         policy = policy_from_args(args, dialect)
     if args.calibrate and reviewed is not None:
@@ -69,61 +71,45 @@ def convert_model(
     start = time.perf_counter()
     ranges = calibrated(dialect, source, args)
     if ranges is not None:
-        options["ranges"] = ranges
-    # Weights on disk are range-checked while they are written (read once, not twice);
-    # should one overflow, nothing was kept, and the conversion starts over with every
-    # weight checked first (it then stays float32 with its readers, as always).
-    attempt = functools.partial(
-        _convert_and_write, args, console, policy, options, reviewed, feeds, start
+        options = dataclasses.replace(options, ranges=ranges)
+    return _convert_and_write(
+        args, console, dialect, policy, options, reviewed, feeds, start, source, target, label
     )
-    where = (source, target, label)
-    try:
-        # (a reviewed plan is compared with the analysis, counts included: no deferring)
-        return attempt(*where, speculate=reviewed is None)
-    except WeightOverflow as miss:
-        print(
-            f"graphamp: {label}{miss.weight!r} holds values beyond {policy.dtype}: checking "
-            "every weight before converting",
-            file=sys.stderr,
-        )
-        return attempt(*where, speculate=False)
 
 
 def _convert_and_write(
     args: argparse.Namespace,
     console: Console,
+    dialect: Dialect,
     policy: Policy,
-    options: dict[str, object],
+    options: Options,
     reviewed: Plan | None,
     feeds: object,
     start: float,
     source: Path,
     target: Path,
     label: str,
-    *,
-    speculate: bool,
 ) -> tuple[engine.Conversion, int]:
     """Convert, write ``target`` (staged: moved into place only when the whole command
-    succeeded), print the summary and verify; (the conversion, the exit status). With
-    ``speculate``, weights on disk are range-checked as they are written (WeightOverflow on a
-    miss)."""
+    succeeded), print the summary and verify; (the conversion, the exit status)."""
     from graphamp import engine
-    from graphamp.dialects.registry import for_file
 
-    dialect = for_file(source)
-    options = {**options, "speculate_weights": speculate}
-    result = engine.convert(source, policy, dialect=dialect, reviewed=reviewed, options=options)
     status = 0
     # Written beside OUT (args.outputs) and moved into place, with the plan, when the command
     # returns: an error leaves no output. Over tolerance (exit 1) the model is kept.
     path = args.outputs.path(target)
     try:
-        # nothing converted: the input's own bytes, where the dialect would write it as it is
-        unchanged = result.script is not None and result.script.empty
-        if not (unchanged and dialect.save_unchanged(source, path)):
-            dialect.save(result.model, path)
+        result = engine.convert_and_save(
+            source, path, policy, dialect=dialect, reviewed=reviewed, options=options
+        )
     except GraphampError as exc:  # name OUT, not the folder it is staged in
         raise GraphampError(str(exc).replace(str(path), str(target))) from None
+    if result.rechecked:
+        print(
+            f"graphamp: {label}{result.rechecked!r} holds values beyond {policy.dtype}: every "
+            "weight was checked before converting",
+            file=sys.stderr,
+        )
     if not args.no_runtime_check:
         for warning in dialect.check_runtime(source, path):
             print(f"graphamp: warning: {label}{warning}", file=sys.stderr)

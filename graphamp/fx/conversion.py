@@ -13,6 +13,7 @@ from graphamp import engine
 from graphamp.core import collector
 from graphamp.errors import GraphampError, SlowPrecisionWarning, StaticShapeWarning
 from graphamp.fx.dialect import FxDialect
+from graphamp.passes.options import Options
 from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
 
@@ -113,11 +114,9 @@ def convert(
     with collector.paused():  # one block: no full collection between capturing and applying
         captured = dialect.load(model)
         _warn_static_batches(captured.meta["graphamp"].static_batches)
-        options = {}
-        if calibrate is not None:
-            options["ranges"] = dialect.calibrate(captured, calibrate)
+        ranges = dialect.calibrate(captured, calibrate) if calibrate is not None else None
         analysis = engine.analyse_model(
-            dialect, captured, policy, options=options, label=dialect.label(model)
+            dialect, captured, policy, options=Options(ranges=ranges), label=dialect.label(model)
         )
         result = engine.apply(analysis)  # the plan is kept with the module (FxDialect.keep_plan)
     return result.model, result.plan

@@ -15,6 +15,7 @@ MAX all-reduce of ``found_inf`` makes the ranks agree on skipping a step.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from graphamp.errors import GraphampError
 from graphamp.fx import differentiate, distributed, fsdp, marks, optim
 from graphamp.fx.step import TrainStep
-from graphamp.passes.shard import SHARD, WHOLES
+from graphamp.passes.options import Options
 from graphamp.training.distributed import DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES, Sharding
 
 
@@ -112,10 +113,12 @@ class ShardedTrainStep(TrainStep):
         args = [*state[:count], *wholes, *state[count:], *rest, *fakes]
         return make_fx(differentiate.functionalize(self.forward, fn), tracing_mode="fake")(*args)
 
-    def _options(self, traced: fx.GraphModule) -> dict[str, Any]:
+    def _options(self, traced: fx.GraphModule) -> Options:
         shards, wholes = self._placeholders(traced)
         named = zip(wholes, zip(shards, self.params, strict=True), strict=True)
-        return {**super()._options(traced), SHARD: self.sharding, WHOLES: dict(named)}
+        return dataclasses.replace(
+            super()._options(traced), shard=self.sharding, whole_parameters=dict(named)
+        )
 
     def _placeholders(self, traced: fx.GraphModule) -> tuple[list[str], list[str]]:
         """The names of ``traced``'s shard and whole-parameter placeholders."""

@@ -26,6 +26,7 @@ from graphamp.fx.signatures import CapturedStep, StepGraphs
 from graphamp.fx.types import torch_dtype
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.loss_scale import STEP
+from graphamp.passes.options import Options
 from graphamp.plans import report
 from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
@@ -181,13 +182,11 @@ class TrainStep:
         flat = [t.clone() for t in self._flatten()]
         return differentiate.trace(self.forward, fn, [*flat, *self._learning_rates(), *batch])
 
-    def _options(self, traced: fx.GraphModule) -> dict[str, Any]:
+    def _options(self, traced: fx.GraphModule) -> Options:
         """What the step pipeline's passes read."""
-        return {
-            "loss_scaling": self.loss_scaling,
-            "all_reduce": self.reduce,
-            "clip_grad_norm": self.clipping,
-        }
+        return Options(
+            loss_scaling=self.loss_scaling, all_reduce=self.reduce, clip_grad_norm=self.clipping
+        )
 
     def _schedule(self, module: fx.GraphModule) -> None:
         """Order the collectives of ``module``'s graph to overlap with the computation."""

@@ -21,6 +21,7 @@ from graphamp.numerics.ranges import Ranges
 from graphamp.onnx.conversion import Conversion
 from graphamp.onnx.dialect import OnnxDialect
 from graphamp.onnx.files import from_proto, inferred_types, load, save
+from graphamp.passes.options import Options
 from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
 
@@ -90,7 +91,7 @@ def _engine_arguments(
         "policy": _policy(policy, overrides, reviewed),
         "dialect": OnnxDialect(),
         "reviewed": reviewed,
-        "options": engine.range_options(ranges),
+        "options": Options(ranges=ranges),
     }
 
 

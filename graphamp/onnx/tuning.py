@@ -26,6 +26,7 @@ max |y - y32| <= atol), as ``--verify`` measures.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from graphamp.onnx.statgraph import float32_values
 from graphamp.onnx.switchable import Switchable
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.base import registered
+from graphamp.passes.options import Options
 from graphamp.policy.policy import Policy
 
 # The passes that decide precisions (the casts pass is not needed to evaluate a plan).
@@ -97,20 +99,18 @@ def tune(
     atol: float = 0.0,
     policy: Policy | None = None,
     ranges: Ranges | None = None,
-    options: dict[str, object] | None = None,
+    options: Options | None = None,
 ) -> TuneResult:
     """Find the nodes to keep float32 (module docstring). ``model`` is a path or a model;
     ``data`` a DATA path, a dict of arrays or an iterable of them; ``options`` more pass
-    options (``strict``)."""
+    options (``strict``); ``ranges`` and the kept set are tune's own."""
     start = time.perf_counter()
     proto = as_proto(model)
     policy = policy or Policy.create()
     batches = as_batches(data, input_specs(proto))
-    extra = dict(options or {})
-    analysis = engine.analyse(
-        proto, policy, dialect=OnnxDialect(), options={**extra, **engine.range_options(ranges)}
-    )
-    decide = Decider(analysis, policy, ranges)
+    options = dataclasses.replace(options or Options(), ranges=ranges)
+    analysis = engine.analyse(proto, policy, dialect=OnnxDialect(), options=options)
+    decide = Decider(analysis, policy, options)
     # the switchable model holds the float32 weights under their names, as does the comparison
     # model built on it: both sessions use one copy
     switch = Switchable(proto, analysis.graph, policy.dtype, Weights())
@@ -140,7 +140,7 @@ def tune(
     if not met:  # values the float32 model holds beyond the type's range overflow: keep them
         kept = _overflowing(attribute.ranges(), analysis.graph, policy.dtype, decide)
         if kept:  # the real conversion is checked at the end anyway: check it now
-            conversion = _convert(proto, policy, ranges, tuple(kept))
+            conversion = _convert(proto, policy, options, tuple(kept))
             checked = (conversion, *_check(conversion, batches, expected, rtol, atol))
             real, met = 1, checked[1]
             answers[frozenset(kept)] = met
@@ -171,19 +171,19 @@ def tune(
     if checked is not None and checked[1]:
         final, real_met, errors = checked
     else:
-        final = _convert(proto, policy, ranges, tuple(kept))
+        final = _convert(proto, policy, options, tuple(kept))
         real_met, errors = _check(final, batches, expected, rtol, atol)
         real += 1
     if met and not real_met:  # the switchable model disagreed: search again on real conversions
 
         def meets_real(candidate: frozenset[str]) -> bool:
-            conversion = _convert(proto, policy, ranges, tuple(sorted(candidate)))
+            conversion = _convert(proto, policy, options, tuple(sorted(candidate)))
             return _check(conversion, batches, expected, rtol, atol)[0]
 
         found = find_kept(kept + [n for n in candidates if n not in set(kept)], meets_real)
         real += found.evaluations
         kept = list(found.kept)
-        final = _convert(proto, policy, ranges, tuple(kept))
+        final = _convert(proto, policy, options, tuple(kept))
         real_met, errors = _check(final, batches, expected, rtol, atol)
     return TuneResult(
         Conversion(final.model, final.plan, final.seconds, final.graph),
@@ -257,10 +257,10 @@ class Decider:
     """The low nodes of a plan with a set of nodes kept float32 (rule ``tuned``), from the
     deciding passes over the graph already read."""
 
-    def __init__(self, analysis: engine.Analysis, policy: Policy, ranges: Ranges | None) -> None:
+    def __init__(self, analysis: engine.Analysis, policy: Policy, options: Options) -> None:
         self.graph = analysis.graph
         self.policy = policy
-        self.ranges = ranges
+        self.options = options
         self.passes = [cls for cls in registered() if cls.name in _DECIDING]
         self.weights = None
         self.known: dict[frozenset[str], frozenset[str]] = {}
@@ -271,7 +271,7 @@ class Decider:
         return self.known[kept]
 
     def _decide(self, kept: frozenset[str]) -> frozenset[str]:
-        options = engine.range_options(self.ranges, kept)
+        options = dataclasses.replace(self.options, tuned=kept)
         context = PassContext(self.graph, self.policy, options)
         if self.weights is not None:  # stored values scanned once for every plan
             context.weights = self.weights
@@ -325,9 +325,9 @@ def _overflowing(ranges: Ranges, graph: OpGraph, dtype: str, decide: Decider) ->
 
 
 def _convert(
-    proto: onnx.ModelProto, policy: Policy, ranges: Ranges | None, kept: tuple[str, ...]
+    proto: onnx.ModelProto, policy: Policy, options: Options, kept: tuple[str, ...]
 ) -> engine.Conversion:
-    options = engine.range_options(ranges, kept)
+    options = dataclasses.replace(options, tuned=frozenset(kept))
     return engine.convert(proto, policy, dialect=OnnxDialect(), options=options)
 
 

@@ -9,6 +9,7 @@ from graphamp.errors import GraphampError
 from graphamp.numerics.ranges import Ranges, TensorRange, limit, range_decisions
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.base import order, registered
+from graphamp.passes.options import Options
 from graphamp.policy.policy import Policy
 from tests.opgraphs import GraphBuilder
 
@@ -30,9 +31,7 @@ def two_branches():
 
 
 def decide(graph, ranges=None, tuned=None, dtype="float16", **policy):  # type: ignore[no-untyped-def]
-    options = {"ranges": ranges} if ranges is not None else {}
-    if tuned:
-        options["tuned"] = frozenset(tuned)
+    options = Options(ranges=ranges, tuned=frozenset(tuned or ()))
     context = PassContext(graph, Policy.create(dtype, **policy), options)
     return PassManager(check=True).run(context).decisions
 

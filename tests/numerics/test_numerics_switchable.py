@@ -14,6 +14,7 @@ from graphamp.onnx.runtime import run
 from graphamp.onnx.session import as_proto
 from graphamp.onnx.switchable import Switchable
 from graphamp.onnx.tuning import Decider
+from graphamp.passes.options import Options
 from graphamp.policy.policy import Policy
 from tests.helpers import chain
 from tests.numerics import numerics_models as planted
@@ -75,7 +76,7 @@ def test_switchable_agrees_with_the_real_conversion(name, dtype):
     feeds = planted.batches(1, width=width)[0]
     policy = Policy.create(dtype)
     analysis = engine.analyse(proto, policy, dialect=OnnxDialect())
-    decide = Decider(analysis, policy, None)
+    decide = Decider(analysis, policy, Options())
     switch = Switchable(proto, analysis.graph, dtype)
     low_nodes = sorted(decide(frozenset()))
     assert low_nodes  # something to switch
@@ -83,7 +84,7 @@ def test_switchable_agrees_with_the_real_conversion(name, dtype):
     sets = [(), tuple(low_nodes[:1]), tuple(low_nodes[-1:])]
     sets.append(tuple(n for n in low_nodes if rng.random() < 0.5))
     for kept in sets:
-        options = engine.range_options(None, kept)
+        options = Options(tuned=frozenset(kept))
         converted = engine.convert(proto, policy, dialect=OnnxDialect(), options=options)
         real, evaluator = run(engine_proto(converted), feeds)
         low = decide(frozenset(kept))

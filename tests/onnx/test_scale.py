@@ -406,7 +406,7 @@ def test_a_weight_found_too_large_while_writing_starts_the_conversion_over(
     source = _external_model(tmp_path, huge=1e6)
     out, plan = tmp_path / "out.onnx", tmp_path / "plan.json"
     assert main(["convert", str(source), "-o", str(out), "--plan", str(plan)]) == 0
-    assert "'w' holds values beyond float16: checking every weight" in capsys.readouterr().err
+    assert "'w' holds values beyond float16: every weight was checked" in capsys.readouterr().err
     decided = json.loads(plan.read_text())
     assert decided["nodes"]["mm"]["rule"] == "weight_range"
     assert decided == gonnx.convert(source).plan.to_dict() | {"model": decided["model"]}
@@ -417,6 +417,29 @@ def test_a_weight_found_too_large_while_writing_starts_the_conversion_over(
         "out.onnx.data",
         "plan.json",
     }
+
+
+def test_the_engine_starts_over_when_a_weight_overflows_while_written(tmp_path: Path) -> None:
+    """engine.convert_and_save, not its caller, owns the speculative check's retry: the first
+    attempt assumes the weights on disk fit and the writer finds one that does not; the
+    conversion it returns checked every weight first (and says which weight made it), with
+    the scan-first plan; with a reviewed plan nothing is assumed, so no attempt is retried."""
+    from graphamp import engine
+    from graphamp.onnx.dialect import OnnxDialect
+    from graphamp.policy.policy import Policy
+
+    source = _external_model(tmp_path, huge=1e6)
+    out = tmp_path / "out.onnx"
+    policy = Policy.create("float16")
+    result = engine.convert_and_save(source, out, policy, dialect=OnnxDialect())
+    assert result.rechecked == "w"
+    assert result.plan.nodes["mm"].rule == "weight_range"
+    assert result.plan.to_dict() == gonnx.convert(source).plan.to_dict()
+    again = engine.convert_and_save(
+        source, tmp_path / "again.onnx", policy, dialect=OnnxDialect(), reviewed=result.plan
+    )
+    assert again.rechecked == ""
+    assert (tmp_path / "again.onnx.data").read_bytes() == (tmp_path / "out.onnx.data").read_bytes()
 
 
 def test_a_weight_no_writer_checks_is_measured_before_writing(

@@ -13,13 +13,15 @@ from graphamp.passes import Fact, Pass, PassContext, PassManager, PassResult
 from graphamp.passes.base import order
 from graphamp.passes.casts import CastsPass
 from graphamp.passes.classify import ClassifyPass
+from graphamp.passes.options import Options
 from graphamp.passes.paint import PaintPass
 from graphamp.policy.policy import Policy
 from tests.opgraphs import GraphBuilder, chain
 
 
 def run(graph, policy=None, **options):  # type: ignore[no-untyped-def]
-    context = PassContext(graph, policy or Policy.create("float16", spread="tensorflow"), options)
+    policy = policy or Policy.create("float16", spread="tensorflow")
+    context = PassContext(graph, policy, Options(**options))
     return PassManager(check=True).run(context)
 
 

@@ -24,6 +24,7 @@ from graphamp.core.vocab import Rule
 from graphamp.errors import GraphampError
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.loss_scale import STEP
+from graphamp.passes.options import Options
 from graphamp.policy.policy import Policy
 from graphamp.training.distributed import GradientClipping, GradientReduce, buckets
 from tests.opgraphs import GraphBuilder
@@ -184,7 +185,7 @@ def two_gradient_step():  # type: ignore[no-untyped-def]
 
 
 def run_step_passes(**options):  # type: ignore[no-untyped-def]
-    context = PassContext(two_gradient_step(), Policy.create("float16"), options)
+    context = PassContext(two_gradient_step(), Policy.create("float16"), Options(**options))
     return PassManager(pipeline=STEP, check=True).run(context)
 
 

@@ -21,7 +21,7 @@ from graphamp.core.graph import NodeKind, Role
 from graphamp.core.vocab import Rule
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.loss_scale import STEP
-from graphamp.passes.shard import SHARD, WHOLES
+from graphamp.passes.options import Options
 from graphamp.policy.policy import Policy
 from graphamp.training.distributed import Sharding
 from tests.opgraphs import GraphBuilder
@@ -276,11 +276,11 @@ def test_the_sharded_passes_gather_reduce_scatter_and_agree():
     context = PassContext(
         sharded_step_graph(),
         Policy.create("float16"),
-        {
-            "loss_scaling": graphamp.DynamicLossScaling(),
-            SHARD: sharding,
-            WHOLES: {"w1": ("s1", "layer.weight"), "w2": ("s2", "norm.weight")},
-        },
+        Options(
+            loss_scaling=graphamp.DynamicLossScaling(),
+            shard=sharding,
+            whole_parameters={"w1": ("s1", "layer.weight"), "w2": ("s2", "norm.weight")},
+        ),
     )
     context = PassManager(pipeline=STEP, check=True).run(context)
     graph, script, decisions = context.graph, context.script, context.decisions

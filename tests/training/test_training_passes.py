@@ -16,6 +16,7 @@ from graphamp.core.graph import NodeKind, Role
 from graphamp.core.vocab import Rule
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.loss_scale import STEP
+from graphamp.passes.options import Options
 from graphamp.policy.policy import Policy
 from tests.opgraphs import GraphBuilder
 
@@ -38,7 +39,7 @@ def step_graph():  # type: ignore[no-untyped-def]
 
 
 def run_step(scaling):  # type: ignore[no-untyped-def]
-    context = PassContext(step_graph(), Policy.create("float16"), {"loss_scaling": scaling})
+    context = PassContext(step_graph(), Policy.create("float16"), Options(loss_scaling=scaling))
     return PassManager(pipeline=STEP, check=True).run(context)
 
 

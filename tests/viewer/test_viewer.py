@@ -451,13 +451,14 @@ def test_float8_nodes_are_marked_and_explained_with_their_scale_sources(browser,
 
     from graphamp import engine
     from graphamp.models import export_onnx
+    from graphamp.passes.options import Options
     from graphamp.policy.policy import Policy
     from graphamp.training.float8 import Float8
 
     path = export_onnx("gpt", tmp_path / "gpt.onnx", "small")
     rng = np.random.default_rng(0)
     batches = [{"input_ids": rng.integers(0, 128, (2, 16))} for _ in range(2)]
-    options = {"fp8": Float8.static(), "ranges": gonnx.calibrate(str(path), batches)}
+    options = Options(fp8=Float8.static(), ranges=gonnx.calibrate(str(path), batches))
     analysis = engine.analyse(str(path), Policy.create("float16"), options=options)
     chosen = {n for n, d in analysis.plan.fp8.items() if d.precision == "float8_e4m3fn"}
     assert len(chosen) == 12
