@@ -10,6 +10,8 @@ chain. The built-in ones:
 * :mod:`paint` spreads precisions along the dataflow (TensorFlow's semantics),
 * :mod:`promote` decides them by type promotion (autocast's semantics, PyTorch),
 * :mod:`qdq` keeps the quantised ops of a QDQ model float32 where their quantisers are,
+* :mod:`integer_values` keeps integers carried in float exact (quantised models' accumulators
+  and requantisation, frame counts),
 * :mod:`casts` turns the decisions into casts, weight conversions and cast clean-up,
 * :mod:`reviewed` applies a reviewed plan's decisions instead, and refuses a drifted model,
 * :mod:`loss_scale` adds loss scaling, unscaling, the finite check and the step guard to

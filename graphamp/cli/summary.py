@@ -20,6 +20,8 @@ NOTABLE_RULES = {
     "control_flow": "owns bodies graphamp does not enter",
     "range": "values out of range on data",
     "tuned": "graphamp tune kept it",
+    "integer_range": "reads a wide integer cast to float",
+    "integer_valued": "its result is used as an integer",
 }
 
 

@@ -55,6 +55,10 @@ class Rule(enum.StrEnum):
     RANGE = "range"  # a value beyond the target's range on calibration data
     TUNED = "tuned"  # kept float32 by graphamp tune's search
     QDQ = "qdq"  # a quantised op between float32 quantisers (passes/qdq.py)
+    # integers carried in float (passes/integer_values.py): a wide integer cast to float, and
+    # float arithmetic whose result is used as an integer
+    INTEGER_RANGE = "integer_range"
+    INTEGER_VALUED = "integer_valued"
     CONTROL_FLOW = "control_flow"
     OPAQUE = "opaque"
     TYPE_UNKNOWN = "type_unknown"
@@ -90,7 +94,7 @@ DENY_SEEDS = frozenset({Rule.DENY, Rule.DENY_NAME, Rule.DENY_TENSOR, Rule.TUNED}
 """Rules that start a deny spread (and must never end low). ``tuned`` is one: tune prints its
 set as ``deny_names``, which must give the same precisions."""
 
-KEPT_FLOAT32 = DENY_SEEDS | {Rule.RANGE}
+KEPT_FLOAT32 = DENY_SEEDS | {Rule.RANGE, Rule.INTEGER_RANGE, Rule.INTEGER_VALUED}
 """Rules whose nodes must never end low (checked between passes)."""
 
 FP8_RULES = frozenset({Rule.FP8, Rule.FP8_SHAPE, Rule.FP8_DENY, Rule.FP8_OPERANDS, Rule.FP8_RANGE})

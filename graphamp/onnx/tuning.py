@@ -61,6 +61,7 @@ _DECIDING = (
     "policy_check",
     "classify",
     "qdq",
+    "integer_values",
     "range",
     "tuned",
     "paint",
