@@ -17,8 +17,8 @@ one of the dialect's matrix ops) decided in the low type, it records one
    quantisation costs more than its faster product gains.
 4. ``fp8_range`` (calibration): a static recipe has no calibrated range of the activation, or
    it was zero or not finite; or its binade histogram shows more than ``max_underflow`` of its
-   non-zero values below half of float8's smallest subnormal at its scale (amax / 448), where
-   they would flush to zero.
+   non-zero values below half of float8's smallest subnormal at its scale (amax * 2**margin /
+   448), where they would flush to zero.
 5. ``fp8`` (chosen): both operands quantised to E4M3, the output in the low type.
 
 Each chosen node's operands get a :class:`~graphamp.plans.records.ScaleRecord` (one per value,
@@ -42,7 +42,7 @@ from graphamp.passes.base import Fact, Pass, PassResult, register
 from graphamp.passes.context import PassContext
 from graphamp.passes.fp8_gemm import ScaledGemm, problems
 from graphamp.plans.records import Fp8Decision, ScaleRecord
-from graphamp.training.float8 import E4M3_MAX, Float8
+from graphamp.training.float8 import Float8
 
 # Half of float8_e4m3fn's smallest subnormal (2**-9): a quantised value below it rounds to 0.
 E4M3_FLUSH = 2.0**-10
@@ -219,12 +219,13 @@ class _Decider:
             return f"{value!r} held {found.nonfinite} inf/NaN values on the calibration data"
         if found.max_abs <= 0 or not math.isfinite(found.max_abs):
             return f"{value!r} was 0 on every calibration batch: no scale fits it"
-        threshold = found.max_abs / E4M3_MAX * E4M3_FLUSH
+        threshold = self.settings.scale_of(found.max_abs) * E4M3_FLUSH
         share = underflow_share(found, threshold)
         if share is not None and share > self.settings.max_underflow:
             return (
                 f"{share:.1%} of {value!r}'s non-zero values lie below {threshold:.3g}, where "
-                f"they flush to zero at its scale (max |x| {found.max_abs:.6g} / 448); at most "
+                f"they flush to zero at its scale ({self.settings.scale_of(found.max_abs):.3g}); "
+                "at most "
                 f"{self.settings.max_underflow:.1%} may"
             )
         return ""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from graphamp.cli.common import add_policy_arguments, plan_of
 from graphamp.cli.files import Files
+from graphamp.cli.numerics import add_calibrate_argument, add_fp8_arguments
 from graphamp.errors import GraphampError
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
         help="write the current plan to the baseline instead of comparing",
     )
     add_policy_arguments(parser)
+    add_calibrate_argument(parser)
+    add_fp8_arguments(parser)
 
 
 def given_entries(args: argparse.Namespace) -> list[tuple[Path, Path]]:
@@ -68,6 +71,7 @@ def entries_of(args: argparse.Namespace) -> list[tuple[Path, Path]]:
 
 def files(args: argparse.Namespace) -> Files:
     files = Files(new_folders=True).read("--config", args.config)  # --update makes folders
+    files.read("--calibrate", args.calibrate)
     for index, (model, baseline) in enumerate(entries_of(args)):
         what = "MODEL" if args.model else f"entry {index + 1}'s model"
         files.read_model(f"the model {what}", model)
@@ -128,6 +132,7 @@ def check_one(model: Path, baseline: Path, args: argparse.Namespace) -> int:
     ``--update``: every baseline is moved into place when all are planned), 1 when it
     drifted."""
     from graphamp.plans.plan import Plan
+    from graphamp.plans.plandiff import same_record
 
     _, plan = plan_of(model, args)
     plan.model = model.name
@@ -139,7 +144,7 @@ def check_one(model: Path, baseline: Path, args: argparse.Namespace) -> int:
     reviewed = Plan.load(baseline)
     difference = reviewed.diff(plan)
     difference.old_label, difference.new_label = f"{baseline} (baseline)", f"{model} (now)"
-    if difference.empty and reviewed.to_json() == plan.to_json():
+    if difference.empty and same_record(reviewed, plan):
         print(f"{model}: plan matches {baseline}")
         return 0
     if difference.empty:  # only reasons, policy or counts moved: still a drift to review

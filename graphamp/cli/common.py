@@ -256,12 +256,20 @@ def plan_of(path: str | Path, args: argparse.Namespace) -> tuple[OpGraph | None,
         if getattr(args, "calibrate", None):
             raise GraphampError(f"{path}: --calibrate needs a model, not a plan file")
         return None, Plan.load(path)
+    from graphamp.cli.numerics import check_fp8_flags, float8_option
+
     dialect = for_file(path)
     options = policy_options(args)
+    check_fp8_flags(args)
+    fp8 = float8_option(args, dialect, path)
+    if fp8 is not None:
+        options = dataclasses.replace(options, fp8=fp8)
     if getattr(args, "calibrate", None):  # plan --calibrate DATA
-        ranges = dialect.calibrate(
-            path, load_input_batches(args.calibrate, dialect.input_specs(path))
-        )
+        batches = load_input_batches(args.calibrate, dialect.input_specs(path))
+        if fp8 is not None:
+            ranges = dialect.calibrate(path, batches, histograms=True)
+        else:
+            ranges = dialect.calibrate(path, batches)
         options = dataclasses.replace(options, ranges=ranges)
     analysis = engine.analyse(
         path, policy_from_args(args, dialect), dialect=dialect, options=options

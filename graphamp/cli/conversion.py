@@ -20,7 +20,7 @@ from graphamp.cli.common import (
     report_verification,
     verification_inputs,
 )
-from graphamp.cli.numerics import calibrated
+from graphamp.cli.numerics import calibrated, float8_option
 from graphamp.cli.summary import nothing_converted, print_summary
 from graphamp.errors import GraphampError
 
@@ -69,7 +69,10 @@ def convert_model(
     # Inputs are checked before any work, so a bad --inputs file writes nothing.
     feeds = verification_inputs(dialect, source, args) if args.verify else None
     start = time.perf_counter()
-    ranges = calibrated(dialect, source, args)
+    fp8 = float8_option(args, dialect, source)
+    if fp8 is not None:
+        options = dataclasses.replace(options, fp8=fp8)
+    ranges = calibrated(dialect, source, args, histograms=fp8 is not None)
     if ranges is not None:
         options = dataclasses.replace(options, ranges=ranges)
     return _convert_and_write(

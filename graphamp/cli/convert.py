@@ -11,7 +11,7 @@ from graphamp.cli.common import (
     add_verify_arguments,
 )
 from graphamp.cli.files import Files
-from graphamp.cli.numerics import add_calibrate_argument
+from graphamp.cli.numerics import add_calibrate_argument, add_fp8_arguments, check_fp8_flags
 from graphamp.errors import GraphampError
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
         "(done below 512 MiB; a refusal is exit 3 and nothing is written)",
     )
     add_calibrate_argument(parser)
+    add_fp8_arguments(parser)
     add_verify_arguments(parser, flag=True)
 
 
@@ -92,6 +93,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     if (args.inputs or args.rtol is not None or args.atol) and not args.verify:
         raise GraphampError("--inputs, --rtol and --atol are only used with --verify")
+    check_fp8_flags(args)
+    if args.fp8 and args.from_plan:
+        raise GraphampError("--from-plan applies the plan's own float8 settings: drop --fp8")
     if Path(args.input).is_dir():
         from graphamp.cli.folder import convert_folder
 

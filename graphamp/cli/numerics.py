@@ -29,6 +29,56 @@ def add_calibrate_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_fp8_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fp8",
+        action="store_true",
+        help="(ONNX, needs --calibrate) also put float8 (E4M3) operands on the matrix ops "
+        "decided low that the float8 rules choose: activations QuantizeLinear/"
+        "DequantizeLinear per tensor at max|x|*2/448 from DATA, weights stored float8 with "
+        "a DequantizeLinear per output channel; opset 21 or later. Kept in the low type, "
+        "each with its rule in the plan: products of two activations (attention), the last "
+        "matrix op, K or N not a multiple of 16, values that would underflow "
+        "(docs/float8.md)",
+    )
+    parser.add_argument(
+        "--fp8-deny-names",
+        metavar="GLOB",
+        nargs="+",
+        default=[],
+        help="with --fp8: keep these nodes (globs on node names) out of float8",
+    )
+
+
+def check_fp8_flags(args: argparse.Namespace) -> None:
+    """One-line errors for float8 flags that cannot work together, before any work."""
+    if getattr(args, "fp8_deny_names", None) and not args.fp8:
+        raise GraphampError("--fp8-deny-names is only used with --fp8")
+    if getattr(args, "fp8", False) and not getattr(args, "calibrate", None):
+        raise GraphampError(
+            "--fp8 needs --calibrate DATA: an ONNX model's float8 scales are fixed from "
+            "calibration (max |x| / 448 per activation, with one binade of headroom)"
+        )
+
+
+def float8_option(args: argparse.Namespace, dialect: Dialect, source: Path) -> object | None:
+    """The ``Float8`` of ``--fp8`` (static scales: ONNX models only), None without it; a
+    model that already holds quantisers is refused here, before calibration runs it."""
+    if not getattr(args, "fp8", False):
+        return None
+    from graphamp.training.float8 import Float8
+
+    if dialect.name != "onnx":
+        raise GraphampError(
+            f"{source}: --fp8 converts ONNX models; for a PyTorch model use "
+            "graphamp.fx.convert(..., fp8=graphamp.Float8...) (docs/float8.md)"
+        )
+    from graphamp.onnx.float8 import refuse_quantised_file
+
+    refuse_quantised_file(source)
+    return Float8.static(deny_names=tuple(args.fp8_deny_names))
+
+
 def add_inputs_argument(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--inputs", metavar="DATA", required=True, help=f"{what}: {DATA_HELP}")
 
@@ -40,11 +90,16 @@ def batches(dialect: Dialect, model: object, data: str) -> InputBatches:
     return load_input_batches(data, dialect.input_specs(model))
 
 
-def calibrated(dialect: Dialect, source: Path, args: argparse.Namespace) -> Ranges | None:
-    """The ranges ``--calibrate DATA`` records on the float32 model (None without it)."""
+def calibrated(
+    dialect: Dialect, source: Path, args: argparse.Namespace, *, histograms: bool = False
+) -> Ranges | None:
+    """The ranges ``--calibrate DATA`` records on the float32 model (None without it); with
+    ``histograms``, float8's binade histograms of the values matrix ops read too."""
     data = getattr(args, "calibrate", None)
     if not data:
         return None
+    if histograms:
+        return dialect.calibrate(source, batches(dialect, source, data), histograms=True)
     return dialect.calibrate(source, batches(dialect, source, data))
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from graphamp.cli.common import add_policy_arguments, emit, plan_text
 from graphamp.cli.files import Files
-from graphamp.cli.numerics import add_calibrate_argument
+from graphamp.cli.numerics import add_calibrate_argument, add_fp8_arguments
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -44,6 +44,7 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     )
     add_policy_arguments(parser)
     add_calibrate_argument(parser)
+    add_fp8_arguments(parser)
 
 
 def files(args: argparse.Namespace) -> Files:

@@ -56,6 +56,11 @@ def print_summary(
         "MatMul/Gemm/Conv in low precision",
         f"{summary['matrix_ops_low']} of {summary['matrix_ops']}",
     )
+    if plan.fp8_settings is not None:
+        table.add_row(
+            "of them with float8 operands (plan: fp8)",
+            f"{summary['matrix_ops_fp8']} of {summary['matrix_ops_low']}",
+        )
     if plan.rewrites:
         table.add_row("norms fused (--no-fuse keeps them)", str(len(plan.rewrites)))
     table.add_row("casts inserted", str(summary["casts_inserted"]))

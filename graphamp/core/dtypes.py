@@ -44,6 +44,10 @@ TABLE: tuple[DType, ...] = (
     DType("uint64", np.uint64, 13, "uint64"),
     DType("complex64", np.complex64, 14, "complex64"),
     DType("complex128", np.complex128, 15, "complex128"),
+    # float8 (the float8 tier's stored weights and quantised values): no float math of the
+    # passes' own runs on them, so they count as no float type here
+    DType("float8_e4m3fn", ml_dtypes.float8_e4m3fn, 17, "float8_e4m3fn"),
+    DType("float8_e5m2", ml_dtypes.float8_e5m2, 19, "float8_e5m2"),
 )
 
 BY_NAME: dict[str, DType] = {entry.name: entry for entry in TABLE}

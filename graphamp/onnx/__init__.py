@@ -24,6 +24,7 @@ from graphamp.onnx.files import from_proto, inferred_types, load, save
 from graphamp.passes.options import Options
 from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
+from graphamp.training.float8 import Float8
 
 if TYPE_CHECKING:  # a file or a ModelProto converts without importing onnx_ir
     import onnx_ir as ir
@@ -46,12 +47,13 @@ __all__ = [
 Model: TypeAlias = "str | os.PathLike[str] | onnx.ModelProto | ir.Model"
 
 
-def calibrate(model: Model, data: object) -> Ranges:
+def calibrate(model: Model, data: object, *, histograms: bool = False) -> Ranges:
     """The ranges of ``model``'s float32 values on ``data`` (a DATA path, a dict of arrays or
-    an iterable of them): see :mod:`graphamp.onnx.calibration`."""
+    an iterable of them): see :mod:`graphamp.onnx.calibration`. ``histograms`` also records
+    the binade histograms of the values matrix ops read (float8's underflow rule)."""
     from graphamp.onnx.calibration import calibrate as run
 
-    return run(model, data)  # type: ignore[arg-type]
+    return run(model, data, histograms=histograms)  # type: ignore[arg-type]
 
 
 def debug(original: Model, converted: Model, data: object, *, plan: Plan | None = None):  # type: ignore[no-untyped-def]
@@ -85,13 +87,22 @@ def _engine_arguments(
     overrides: dict[str, object],
     reviewed: Plan | None,
     ranges: Ranges | None,
+    fp8: Float8 | None = None,
 ) -> dict[str, object]:
     """What analyse() and convert() hand the engine."""
+    if fp8 is not None:
+        if fp8.recipe != "static":
+            raise GraphampError(
+                f"ONNX float8 takes static scales from calibration: Float8.static(), not "
+                f"Float8.{fp8.recipe}()"
+            )
+        if ranges is None:
+            raise GraphampError("float8 (fp8=) needs ranges= from calibrate(): its scales")
     return {
         "policy": _policy(policy, overrides, reviewed),
         "dialect": OnnxDialect(),
         "reviewed": reviewed,
-        "options": Options(ranges=ranges),
+        "options": Options(ranges=ranges, fp8=fp8),
     }
 
 
@@ -101,10 +112,11 @@ def analyse(
     *,
     reviewed: Plan | None = None,
     ranges: Ranges | None = None,
+    fp8: Float8 | None = None,
     **overrides: object,
 ) -> engine.Analysis:
     """Read ``model`` and run the passes: its graph, plan and edit script; nothing converted."""
-    return engine.analyse(model, **_engine_arguments(policy, overrides, reviewed, ranges))
+    return engine.analyse(model, **_engine_arguments(policy, overrides, reviewed, ranges, fp8))
 
 
 def convert(
@@ -113,6 +125,7 @@ def convert(
     *,
     reviewed: Plan | None = None,
     ranges: Ranges | None = None,
+    fp8: Float8 | None = None,
     **overrides: object,
 ) -> Conversion:
     """Convert a float32 ONNX model to mixed precision.
@@ -123,6 +136,9 @@ def convert(
     ``reviewed`` applies that plan's decisions instead (and refuses a model that no longer
     matches it); its own policy is used. ``ranges`` (from :func:`calibrate`) keeps float32,
     with rule ``range``, every op whose values leave the target type's range on that data.
+    ``fp8`` (``graphamp.Float8.static()``, with ``ranges`` from ``calibrate(...,
+    histograms=True)``) puts float8 operands on the matrix ops the fp8 rules choose:
+    QuantizeLinear/DequantizeLinear activations, float8 weights (docs/float8.md).
     """
-    result = engine.convert(model, **_engine_arguments(policy, overrides, reviewed, ranges))
+    result = engine.convert(model, **_engine_arguments(policy, overrides, reviewed, ranges, fp8))
     return Conversion(result.model, result.plan, result.seconds, result.graph)

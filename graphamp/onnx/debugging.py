@@ -334,10 +334,14 @@ def _every_node(graph: onnx.GraphProto, path: str = "", scope: Callable[[str], s
 def _precisions(
     converted: onnx.ModelProto, types: dict[str, int], plan: Plan | None
 ) -> Callable[[str], str]:
-    """A node's precision: the plan's, else the type of its first float output in the
-    converted model."""
+    """A node's precision: the plan's (float8_e4m3fn for a float8 node), else the type of its
+    first float output in the converted model."""
     if plan is not None:
-        return lambda name: str(plan.nodes[name].precision) if name in plan.nodes else "?"
+        # a float8 node's operands are float8 (its own decision says the low type it outputs)
+        fp8 = {name: str(d.precision) for name, d in plan.fp8.items()}
+        return lambda name: (
+            fp8.get(name) or str(plan.nodes[name].precision) if name in plan.nodes else "?"
+        )
     found: dict[str, str] = {}
     for name, node in zip(node_names(converted.graph), converted.graph.node, strict=True):
         kinds = [dtypes.from_onnx(types.get(o, 0)) for o in node.output if o]

@@ -74,11 +74,19 @@ class OnnxDialect(Dialect):
     def apply(
         self, read: ReadGraph, script: EditScript
     ) -> ir.Model | onnx.ModelProto | StreamedModel:
-        if isinstance(read.model, ProtoModel):
-            return _checker_ready(proto_writer.apply(read, script))
-        from graphamp.onnx import writer
+        if script.fp8 is not None:
+            from graphamp.onnx import float8
 
-        return _checker_ready(writer.apply(read, script))
+            float8.refuse_quantised(read.graph, "the model")
+        if isinstance(read.model, ProtoModel):
+            model = proto_writer.apply(read, script)
+        else:
+            from graphamp.onnx import writer
+
+            model = writer.apply(read, script)
+        if script.fp8 is not None:
+            model = float8.emit(model, read, script.fp8.scales, script.fp8.dtype)
+        return _checker_ready(model)
 
     def save(self, model: ir.Model | onnx.ModelProto | StreamedModel, path: Path) -> None:
         files.save(model, path)

@@ -19,6 +19,7 @@ from graphamp.numerics.inputs import InputSpec
 from graphamp.onnx import infile
 from graphamp.onnx.emulate import LOW_CODES, emulated, has_low_values
 from graphamp.onnx.files import inferred_types
+from graphamp.onnx.session import QDQ_SWITCH, holds_float8
 
 NotImplementedByOrt = ort.capi.onnxruntime_pybind11_state.NotImplemented
 
@@ -91,6 +92,8 @@ def run(
     providers = [cuda, "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if holds_float8(model):  # (CUDA too: its QDQ fusion refuses float8 MatMuls without bias)
+        options.add_session_config_entry(QDQ_SWITCH, "1")
     if quantised:
         # The CPU provider fuses a float32 DequantizeLinear -> op -> QuantizeLinear group into
         # an integer kernel that requantises its own way: on a quantised ViT that alone moves
@@ -146,7 +149,9 @@ def check_loads(original: Path, converted: Path) -> list[str]:
     if size > RUNTIME_CHECK_MAX_BYTES:
         return []
     error = _load_error(converted)
-    if error is None or _load_error(original) is not None:
+    if error is None:
+        return _default_session_note(converted)
+    if _load_error(original) is not None:
         return []
     if isinstance(error, NotImplementedByOrt):
         return [
@@ -156,7 +161,25 @@ def check_loads(original: Path, converted: Path) -> list[str]:
     raise InternalError(f"onnxruntime refuses the converted model: {_first_line(error)}")
 
 
-def _load_error(path: Path) -> BaseException | None:
+def _default_session_note(path: Path) -> list[str]:
+    """For a float8 model: one line when onnxruntime's default session refuses it (its QDQ
+    fusion makes MatMulIntegerToFloat of a float8 MatMul whose float32 output no bias Add
+    follows, which that op's schema refuses), saying how to load it; else nothing."""
+    mapped = infile.read(path)
+    proto = mapped.proto if mapped is not None else onnx.load(str(path), load_external_data=False)
+    if not holds_float8(proto):
+        return []
+    error = _load_error(path, optimised=True)
+    if error is None:
+        return []
+    return [
+        f"onnxruntime's default session refuses this float8 model ({_first_line(error)}): "
+        f"load it with the session option {QDQ_SWITCH}=1 (SessionOptions()."
+        f"add_session_config_entry('{QDQ_SWITCH}', '1')), as graphamp's checks do"
+    ]
+
+
+def _load_error(path: Path, *, optimised: bool = False) -> BaseException | None:
     """Why onnxruntime's CPU provider refuses the model at ``path`` (None when it loads it).
 
     A session built only to be thrown away: no graph optimisations and no pre-packing (which
@@ -167,7 +190,8 @@ def _load_error(path: Path) -> BaseException | None:
     weights (reading them in was most of the check's time and twice their size in memory)."""
     options = ort.SessionOptions()
     options.log_severity_level = 4
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if not optimised:  # (optimised: the default level, whose QDQ fusion a float8 model meets)
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.add_session_config_entry("session.disable_prepacking", "1")
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     ort.set_default_logger_severity(4)

@@ -33,6 +33,15 @@ _ARRAY_TYPES = frozenset(
 _STUB_LOCATION = "graphamp-session-weight"  # never read: the value is given as an array
 
 
+FLOAT8_CODES = frozenset({17, 18, 19, 20})  # onnx.TensorProto's FLOAT8* element types
+QDQ_SWITCH = "session.disable_quant_qdq"
+
+
+def holds_float8(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` stores float8 values (weights or zero points: a float8 QDQ model)."""
+    return any(init.data_type in FLOAT8_CODES for init in model.graph.initializer)
+
+
 class Weights:
     """Large initializers as onnxruntime values, each converted once. One store may serve the
     sessions of several models only when an initializer name means the same values in all of
@@ -113,6 +122,10 @@ class Session:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if level is not None:
             options.graph_optimization_level = level
+        if holds_float8(proto):
+            # onnxruntime's QDQ fusion refuses a float8 MatMul without a bias Add after it;
+            # unfused, its DequantizeLinear + MatMul compute the model's float8 arithmetic
+            options.add_session_config_entry(QDQ_SWITCH, "1")
         ort.set_default_logger_severity(4)
         self.weights = weights if weights is not None else Weights()
         light, names = _without_weights(proto)

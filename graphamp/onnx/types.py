@@ -28,9 +28,18 @@ def ir_type(name: str) -> ir.DataType:
     return ir.DataType[name.upper()]
 
 
+# the schemas' type names that are not the dtype table's
+_SCHEMA_NAMES = {
+    "float": "float32",
+    "double": "float64",
+    "float8e4m3fn": "float8_e4m3fn",
+    "float8e5m2": "float8_e5m2",
+}
+
+
 def type_str_dtype(type_str: str) -> str:
     """The dtype a schema's type string names (``tensor(float)`` -> ``float32``)."""
     if type_str.startswith("tensor(") and type_str.endswith(")"):
         inner = type_str[7:-1]
-        return {"float": "float32", "double": "float64"}.get(inner, inner)
+        return _SCHEMA_NAMES.get(inner, inner)
     return UNKNOWN

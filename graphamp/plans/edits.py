@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphamp.plans.records import CastRecord, RewriteRecord, WeightRecord
+from graphamp.plans.records import CastRecord, RewriteRecord, ScaleRecord, WeightRecord
+
+
+@dataclass
+class Fp8Edits:
+    """The float8 part of a conversion: the low type and the plan's scale records (a dialect
+    quantises each record's value for its consumers)."""
+
+    dtype: str
+    scales: list[ScaleRecord] = field(default_factory=list)
 
 
 @dataclass
@@ -46,6 +55,7 @@ class EditScript:
     removed_inputs: list[str] = field(default_factory=list)  # graph inputs nothing reads now
     new_outputs: list[str] = field(default_factory=list)  # graph outputs a pass added
     replace_outputs: dict[str, str] = field(default_factory=dict)  # output -> value it returns
+    fp8: Fp8Edits | None = None  # float8 quantisers and weights (the fp8 pass's records)
 
     @property
     def empty(self) -> bool:

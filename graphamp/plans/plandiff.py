@@ -9,6 +9,7 @@ the data the way a Cast's bytes move with the shapes."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from graphamp.plans.records import (
@@ -224,6 +225,21 @@ def _flat(summary: dict[str, object]) -> dict[str, object]:
         else:
             flat[key] = value
     return flat
+
+
+def same_record(old: PlanRecords, new: PlanRecords) -> bool:
+    """Whether two plans record the same thing, float8 scales' measured values (``amax``,
+    batches) aside: what ``graphamp check`` accepts as no drift."""
+    return _comparable(old) == _comparable(new)
+
+
+def _comparable(plan: PlanRecords) -> str:
+    if not plan.scales:
+        return plan.to_json()
+    data = plan.to_dict()
+    for record in data["scales"]:  # type: ignore[union-attr]
+        record["detail"] = {k: v for k, v in record["detail"].items() if k not in MEASURED}
+    return json.dumps(data, sort_keys=True)
 
 
 def _scale_kind(record: ScaleRecord) -> tuple[object, ...]:

@@ -8,9 +8,13 @@ precision. Three recipes, as Transformer Engine and torchao name them:
   formats (E4M3 forward operands, E5M2 gradients): torchao's TENSORWISE / ROWWISE recipes;
 * ``Float8.delayed(history=1024, algorithm="max" | "most_recent", margin=0)``: Transformer
   Engine's ``DelayedScaling``: the scale from an amax history of earlier steps;
-* ``Float8.static()``: scales fixed from calibration data (what ``graphamp convert --fp8
-  --calibrate DATA`` and ``graphamp.fx.convert(..., calibrate=...)`` use); weights get one
-  scale per output channel at conversion.
+* ``Float8.static(margin=1)``: scales fixed from calibration data (what ``graphamp convert
+  --fp8 --calibrate DATA`` and ``graphamp.fx.convert(..., calibrate=...)`` use): an
+  activation's scale is max|x| * 2**margin / 448, weights get one scale per output channel
+  (max|w| / 448) at conversion. The margin of one binade is the ``range`` rule's margin for
+  float16, for the same reason: calibration data are a sample, and a larger value would
+  saturate at +-448. It costs float8 almost nothing: E4M3's relative precision is the same in
+  every binade above 2**-6, so the headroom moves only the smallest values into subnormals.
 
 Fields every recipe shares: ``deny_names`` (globs on node names and module paths kept out of
 float8), ``keep_last`` (keep the last matrix op, the LM head or output layer), ``sizes`` (which
@@ -49,7 +53,7 @@ class Float8:
     granularity: str = "tensor"
     history: int = 1024  # delayed: amax history length
     algorithm: str = "max"  # delayed: how the history gives the amax
-    margin: int = 0  # delayed: scale = 448 / amax / 2**margin
+    margin: int = 0  # delayed and static: the scale leaves 2**margin of headroom above amax
     deny_names: tuple[str, ...] = ()
     keep_last: bool = True
     sizes: str = "torchao"
@@ -91,11 +95,11 @@ class Float8:
         return cls(recipe="delayed", history=history, algorithm=algorithm, margin=margin, **shared)
 
     @classmethod
-    def static(cls, **shared: Any) -> Float8:
-        """Scales fixed from calibration data; no size table by default: a deployed model
-        gains float8's halved weight bytes whatever the product's size."""
+    def static(cls, margin: int = 1, **shared: Any) -> Float8:
+        """Scales fixed from calibration data (module docstring); no size table by default: a
+        deployed model gains float8's halved weight bytes whatever the product's size."""
         shared.setdefault("sizes", "none")
-        return cls(recipe="static", **shared)
+        return cls(recipe="static", margin=margin, **shared)
 
     # -- what the passes read ----------------------------------------------------------------
 
@@ -105,17 +109,18 @@ class Float8:
         return "calibration" if self.recipe == "static" else self.recipe
 
     def source_detail(self) -> dict[str, object]:
-        """The settings a scale record names besides its source (delayed: the history)."""
+        """The settings a scale record names besides its source (delayed: the history;
+        static: the margin)."""
         if self.recipe == "delayed":
             return {"history": self.history, "algorithm": self.algorithm, "margin": self.margin}
+        if self.recipe == "static":
+            return {"margin": self.margin}
         return {}
 
     def scale_of(self, amax: float) -> float:
-        """The static scale of a value whose largest magnitude is ``amax``: amax / 448 (a
-        quantised value is x / scale), 1 where amax is 0 or not finite."""
-        if not math.isfinite(amax) or amax <= 0:
-            return 1.0
-        return amax / E4M3_MAX
+        """The static scale of a value whose largest magnitude is ``amax``: amax * 2**margin
+        / 448 (a quantised value is x / scale), 1 where amax is 0 or not finite."""
+        return scale_of(amax, self.margin)
 
     def describe(self) -> str:
         if self.recipe == "delayed":
@@ -132,8 +137,7 @@ class Float8:
     def to_dict(self) -> dict[str, object]:
         """The settings as a plan records them (stable keys, only what applies)."""
         data: dict[str, object] = {"recipe": self.recipe, "granularity": self.granularity}
-        if self.recipe == "delayed":
-            data.update(self.source_detail())
+        data.update(self.source_detail())
         data.update(
             deny_names=list(self.deny_names),
             keep_last=self.keep_last,
@@ -160,6 +164,14 @@ class Float8:
             return cls(**fields)  # type: ignore[arg-type]
         except TypeError as exc:
             raise GraphampError(f"{where}: {exc}") from None
+
+
+def scale_of(amax: float, margin: int = 0) -> float:
+    """amax * 2**margin / 448, the scale that maps amax (with the margin's headroom) to
+    float8_e4m3fn's largest value; 1 where amax is 0 or not finite."""
+    if not math.isfinite(amax) or amax <= 0:
+        return 1.0
+    return amax * 2.0**margin / E4M3_MAX
 
 
 def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:

@@ -24,7 +24,9 @@ def test_recipes_and_their_defaults():
     static = Float8.static(deny_names=["lm_head*"])
     assert static.source() == "calibration" and static.sizes == "none"
     assert static.deny_names == ("lm_head*",)
-    assert static.scale_of(448.0 * 3) == 3.0 and static.scale_of(0.0) == 1.0
+    # one binade of headroom by default: amax * 2 / 448
+    assert static.margin == 1 and static.scale_of(448.0 * 3) == 6.0 and static.scale_of(0.0) == 1.0
+    assert Float8.static(margin=0).scale_of(448.0 * 3) == 3.0
 
 
 @pytest.mark.parametrize(

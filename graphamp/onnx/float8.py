@@ -1,0 +1,247 @@
+"""Float8 in ONNX models: the QuantizeLinear/DequantizeLinear pairs and float8 weights the
+plan's scale records ask for, written into a converted model.
+
+The ``fp8`` pass (:mod:`graphamp.passes.fp8`) decides which matrix ops take float8 operands and
+records each quantised value's scale; the writer has already converted the model to its low
+type. This module then, for a static recipe (scales fixed at conversion):
+
+* an activation read by float8 ops gets ``QuantizeLinear -> DequantizeLinear`` once, shared by
+  its float8 readers, at scale max|x| * 2**margin / 448 from calibration (a scalar in the low
+  type, a float8 zero point), ``saturate`` left at 1: a value past the headroom saturates;
+* a weight is stored as ``float8_e4m3fn`` with one scale per output channel (max |w| / 448 over
+  the channel, in the low type, from the float32 weight), and a ``DequantizeLinear`` (axis: the
+  weight's N axis) gives its float8 readers the low type; the low copy stays only if another op
+  still reads it;
+* the model's opset becomes at least 21 (low-type scales need it), through ONNX's version
+  converter where it is older.
+
+A runtime then sees ``DQ -> MatMul`` groups it may fuse into a float8 GEMM (TensorRT), or
+runs as dequantise + matrix product (onnxruntime), which emulates float8 exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from graphamp.core.dtypes import numpy_type
+from graphamp.core.graph import OpGraph, unique_name
+from graphamp.dialects.base import ReadGraph
+from graphamp.errors import GraphampError
+from graphamp.onnx.infile import StreamedModel
+from graphamp.onnx.statgraph import node_names
+from graphamp.plans.records import ScaleRecord
+from graphamp.training.float8 import E4M3_MAX, scale_of
+
+FP8_OPSET = 21  # DequantizeLinear writes its scale's type; float16/bfloat16 scales need 21
+QUANTISERS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+_E4M3 = onnx.TensorProto.FLOAT8E4M3FN
+
+
+def refuse_quantised(graph: OpGraph, where: str) -> None:
+    """A model that already holds quantisers is refused with float8 (its Q/DQ groups are
+    today's ``qdq`` rule's, as ModelOpt leaves quantised models alone)."""
+    found = next((n for n in graph if n.op in QUANTISERS and not n.domain), None)
+    if found is not None:
+        _refuse(where, found.op, found.name)
+
+
+def refuse_quantised_file(path: str | os.PathLike[str]) -> None:
+    """:func:`refuse_quantised` for a model file, read without its weights (before any
+    calibration runs it)."""
+    from graphamp.onnx import infile
+
+    mapped = infile.read(path)
+    proto = mapped.proto if mapped is not None else onnx.load(str(path), load_external_data=False)
+    names = node_names(proto.graph)
+    for name, node in zip(names, proto.graph.node, strict=True):
+        if node.op_type in QUANTISERS and node.domain in ("", "ai.onnx"):
+            _refuse(str(path), node.op_type, name)
+
+
+def _refuse(where: str, op: str, node: str) -> None:
+    raise GraphampError(
+        f"{where}: already quantised ({op} node {node!r}): --fp8 converts float models; "
+        "drop --fp8 to convert it to the low type as it is"
+    )
+
+
+def emit(model: Any, read: ReadGraph, scales: list[ScaleRecord], dtype: str) -> Any:
+    """``model`` (what the writer made: a ModelProto, a StreamedModel or an onnx_ir model)
+    with the scale records' quantisers and float8 weights (module docstring)."""
+    if not scales:
+        return model
+    if not isinstance(model, onnx.ModelProto | StreamedModel):
+        import onnx_ir as ir
+
+        model = ir.to_proto(model)
+    proto = model.proto if isinstance(model, StreamedModel) else model
+    _at_least_opset(proto)
+    _Emitter(proto, read.graph, dtype, model).run(scales)
+    return model
+
+
+class _Emitter:
+    def __init__(self, proto: onnx.ModelProto, graph: OpGraph, dtype: str, model: Any) -> None:
+        self.proto, self.graph, self.low = proto, graph, numpy_type(dtype)
+        self.model = model
+        main = proto.graph
+        self.by_name = dict(zip(node_names(main), main.node, strict=True))
+        self.taken = {name for node in main.node for name in (*node.input, *node.output)}
+        self.taken |= {init.name for init in main.initializer} | set(self.by_name)
+        self.before: dict[int, list[onnx.NodeProto]] = {}  # node position -> nodes to put first
+        self.position = {id(node): index for index, node in enumerate(main.node)}
+
+    def run(self, scales: list[ScaleRecord]) -> None:
+        for record in scales:
+            readers = self._readers(record)
+            if record.source == "weight":
+                self._weight(record, readers)
+            elif record.source == "calibration":
+                self._activation(record, readers)
+            else:
+                raise GraphampError(
+                    f"ONNX float8 takes static scales only; {record.tensor!r} has a "
+                    f"{record.source} scale (use Float8.static())"
+                )
+        nodes = []
+        for index, node in enumerate(self.proto.graph.node):
+            nodes += self.before.get(index, [])
+            nodes.append(node)
+        del self.proto.graph.node[:]
+        self.proto.graph.node.extend(nodes)
+        self._drop_unread()
+
+    def _readers(self, record: ScaleRecord) -> list[tuple[onnx.NodeProto, int]]:
+        """(node, input slot) of each float8 reader of ``record``'s value in the written model
+        (its slot may now read a cast or converted copy of it)."""
+        readers = []
+        for consumer in record.consumers:
+            node = self.by_name.get(consumer)
+            if node is None:
+                raise GraphampError(f"float8: node {consumer!r} is not in the written model")
+            slots = [
+                s for s, v in enumerate(self.graph.nodes[consumer].inputs) if v == record.tensor
+            ]
+            readers += [(node, slot) for slot in slots]
+        return readers
+
+    def _name(self, base: str) -> str:
+        return unique_name(base, self.taken)
+
+    def _insert(
+        self, readers: list[tuple[onnx.NodeProto, int]], nodes: list[onnx.NodeProto]
+    ) -> None:
+        first = min(self.position[id(node)] for node, _ in readers)
+        self.before.setdefault(first, []).extend(nodes)
+
+    def _activation(self, record: ScaleRecord, readers: list[tuple[onnx.NodeProto, int]]) -> None:
+        amax = float(record.detail["amax"])  # type: ignore[arg-type]
+        margin = int(record.detail.get("margin", 0))  # type: ignore[call-overload]
+        scale = np.array(scale_of(amax, margin), np.float32).astype(self.low)
+        value = readers[0][0].input[readers[0][1]]
+        scale_name, zero_name = (
+            self._name(f"{record.tensor}/fp8_scale"),
+            self._name(f"{record.tensor}/fp8_zero"),
+        )
+        self.proto.graph.initializer.extend([
+            numpy_helper.from_array(np.asarray(scale), scale_name),
+            helper.make_tensor(zero_name, _E4M3, [], [0.0]),
+        ])  # fmt: skip
+        quantised, restored = (
+            self._name(f"{record.tensor}/fp8"),
+            self._name(f"{record.tensor}/fp8_dq"),
+        )
+        nodes = [
+            helper.make_node("QuantizeLinear", [value, scale_name, zero_name], [quantised],
+                             name=self._name(f"{record.tensor}/QuantizeLinear")),
+            helper.make_node("DequantizeLinear", [quantised, scale_name, zero_name], [restored],
+                             name=self._name(f"{record.tensor}/DequantizeLinear")),
+        ]  # fmt: skip
+        self._insert(readers, nodes)
+        for node, slot in readers:
+            node.input[slot] = restored
+
+    def _weight(self, record: ScaleRecord, readers: list[tuple[onnx.NodeProto, int]]) -> None:
+        axis = int(record.detail.get("axis", -1))  # type: ignore[call-overload]
+        info = self.graph.tensors[record.tensor]
+        if info.load_value is None:
+            raise GraphampError(f"float8: weight {record.tensor!r} has no stored value")
+        values = np.asarray(info.load_value(), np.float32)
+        axis %= values.ndim
+        quantised, scales = quantise_per_channel(values, axis, self.low)
+        stored, scale_name = (
+            self._name(f"{record.tensor}/fp8"),
+            self._name(f"{record.tensor}/fp8_scale"),
+        )
+        restored = self._name(f"{record.tensor}/fp8_dq")
+        tensor = helper.make_tensor(stored, _E4M3, values.shape, quantised.tobytes(), raw=True)
+        self.proto.graph.initializer.extend([tensor, numpy_helper.from_array(scales, scale_name)])
+        node = helper.make_node(
+            "DequantizeLinear", [stored, scale_name], [restored], axis=axis,
+            name=self._name(f"{record.tensor}/DequantizeLinear"),
+        )  # fmt: skip
+        self._insert(readers, [node])
+        for reader, slot in readers:
+            reader.input[slot] = restored
+
+    def _drop_unread(self) -> None:
+        """Initializers no node reads any more (a weight's low copy all of whose readers now
+        read its float8 one), with a StreamedModel's data positions moved to match."""
+        graph = self.proto.graph
+        read = {name for node in graph.node for name in node.input}
+        read |= {value.name for value in graph.output}
+        keep = [i for i, init in enumerate(graph.initializer) if init.name in read]
+        if len(keep) == len(graph.initializer):
+            return
+        if isinstance(self.model, StreamedModel):
+            moved = {old: new for new, old in enumerate(keep)}
+            self.model.data = {moved[p]: d for p, d in self.model.data.items() if p in moved}
+        kept = [graph.initializer[i] for i in keep]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+
+
+def quantise_per_channel(values: np.ndarray, axis: int, low: type) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` as float8_e4m3fn with one scale per index of ``axis`` (max |w| / 448 in the
+    low type ``low``; 1 for an all-zero channel), and those scales. Each channel is divided by
+    its scale as the low type holds it and clipped to +-448 before rounding, so that the
+    stored value times the stored scale is what a runtime's DequantizeLinear gives."""
+    moved = np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1)
+    amax = np.abs(moved).max(axis=1) if moved.size else np.zeros(values.shape[axis], np.float32)
+    scales = np.where(amax > 0, amax / E4M3_MAX, 1.0).astype(np.float32).astype(low)
+    as_float = scales.astype(np.float32)
+    as_float[as_float == 0] = 1.0  # a channel so small its scale flushes in the low type
+    shape = [1] * values.ndim
+    shape[axis] = -1
+    ratio = np.clip(values / as_float.reshape(shape), -E4M3_MAX, E4M3_MAX)
+    return ratio.astype(ml_dtypes.float8_e4m3fn), np.where(scales == 0, 1, scales).astype(low)
+
+
+def quantise(values: np.ndarray, scale: float) -> np.ndarray:
+    """``values / scale`` rounded to float8_e4m3fn as QuantizeLinear does (saturating)."""
+    with np.errstate(over="ignore"):  # a quotient past float32's range saturates like any
+        ratio = np.asarray(values, np.float32) / np.float32(scale)
+    return np.clip(ratio, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+
+
+def _at_least_opset(proto: onnx.ModelProto) -> None:
+    opset = next((o for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is not None and opset.version >= FP8_OPSET:
+        return
+    from onnx import version_converter
+
+    try:
+        converted = version_converter.convert_version(proto, FP8_OPSET)
+    except Exception as exc:  # the converter's errors are of many types
+        version = opset.version if opset is not None else "none"
+        raise GraphampError(
+            f"float8 needs opset {FP8_OPSET} (low-type scales); the model is opset {version} "
+            f"and ONNX's version converter failed: {str(exc).splitlines()[0]}"
+        ) from None
+    proto.CopyFrom(converted)
