@@ -160,8 +160,12 @@ def _is_ir_model(source: object) -> bool:
 
 def _checker_ready(model: Any) -> Any:
     """``model`` with what onnxruntime overlooks and the checker does not settled: its IR
-    version (at least 3, the first with opset_import; :func:`_initializers_need_no_inputs`)
-    and a main graph without a name, named ``main_graph`` (the name torch.onnx gives)."""
+    version (at least 3, the first with opset_import; :func:`_initializers_need_no_inputs`),
+    a main graph without a name, named ``main_graph`` (the name torch.onnx gives), and graph
+    outputs without a type or shape (:mod:`graphamp.onnx.output_types`)."""
+    from graphamp.onnx.output_types import declare_outputs
+
+    declare_outputs(model)
     proto = getattr(model, "proto", model)  # a StreamedModel's proto holds its graph
     if not proto.graph.name:
         proto.graph.name = "main_graph"

@@ -1,0 +1,123 @@
+"""Every graph output of a converted model declared as the checker requires: a type and a shape.
+
+``onnx.checker`` refuses a main-graph output whose tensor type lacks an element type or a
+``shape`` (onnxruntime runs such a model; the checker, and tools built on it, do not). The
+readers give each output what type inference settles, and the writers write what the
+conversion made of it; an output inference left without a shape is settled here, after
+either writer, on the model about to be saved:
+
+1. An If's output whose branches return different ranks (onnxconverter-common's If test
+   model: rank 1 from ``then_branch``, a scalar from ``else_branch``) has no declaration that
+   fits both: it is declared with the larger rank, every size unknown, which the checker
+   accepts and onnxruntime runs (warning when a run returns the other rank), and a
+   :class:`~graphamp.errors.RepairWarning` names it.
+2. Any other output whose shape or element type nothing tells (a custom op's, declared with
+   no type) is refused, naming it: no declaration can be made up for it, and no valid model
+   can be written without one.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import onnx
+
+from graphamp.errors import GraphampError, RepairWarning
+
+
+def declare_outputs(model: Any) -> None:
+    """Settle the outputs of ``model`` (a ModelProto, an onnx_ir Model, or a streamed model's
+    proto) that lack a type or shape (module docstring), in place."""
+    proto = getattr(model, "proto", model)
+    if isinstance(proto, onnx.ModelProto):
+        _declare_proto(proto.graph)
+    else:
+        _declare_ir(proto.graph)
+
+
+def _declare_proto(graph: onnx.GraphProto) -> None:
+    producers = None
+    for output in graph.output:
+        tensor = output.type.tensor_type
+        kind = output.type.WhichOneof("value")
+        if kind not in (None, "tensor_type") or (tensor.elem_type and tensor.HasField("shape")):
+            continue
+        if producers is None:
+            producers = {name: node for node in graph.node for name in node.output}
+        name = output.name
+        node = producers.get(name)
+        while node is not None and node.op_type == "Cast":  # an output cast back to its type
+            name = node.input[0]
+            node = producers.get(name)
+        ranks: dict[str, int | None] = {}
+        types: list[int] = [tensor.elem_type]
+        if node is not None and node.op_type == "If" and node.domain in ("", "ai.onnx"):
+            index = list(node.output).index(name)
+            for attribute in node.attribute:
+                if attribute.name in _BRANCHES and index < len(attribute.g.output):
+                    result = attribute.g.output[index].type.tensor_type
+                    ranks[attribute.name] = (
+                        len(result.shape.dim) if result.HasField("shape") else None
+                    )
+                    types.append(result.elem_type)
+        rank, elem_type = _settled(output.name, ranks, types)
+        tensor.elem_type = elem_type
+        tensor.shape.Clear()
+        for _ in range(rank):
+            tensor.shape.dim.add()
+
+
+def _declare_ir(graph: Any) -> None:
+    import onnx_ir as ir
+
+    for value in graph.outputs:
+        if value.type is not None and not isinstance(value.type, ir.TensorType):
+            continue  # a sequence or an optional: the checker asks no shape of it
+        if value.shape is not None and value.dtype is not None:
+            continue
+        source, node = value, value.producer()
+        while node is not None and node.op_type == "Cast":  # an output cast back to its type
+            source = node.inputs[0]
+            node = source.producer() if source is not None else None
+        ranks: dict[str, int | None] = {}
+        types = [value.dtype]
+        if node is not None and node.op_type == "If" and node.domain in ("", "ai.onnx"):
+            index = list(node.outputs).index(source)
+            for name in _BRANCHES:
+                branch = node.attributes.get(name)
+                results = branch.value.outputs if branch is not None else []
+                if index < len(results):
+                    result = results[index]
+                    ranks[name] = result.shape.rank() if result.shape is not None else None
+                    types.append(result.dtype)
+        known = [int(t) for t in types if t is not None]
+        rank, elem_type = _settled(value.name, ranks, known)
+        value.dtype = ir.DataType(elem_type)
+        value.shape = ir.Shape([None] * rank)
+
+
+_BRANCHES = ("then_branch", "else_branch")
+
+
+def _settled(name: str, ranks: dict[str, int | None], types: list[int]) -> tuple[int, int]:
+    """(rank, element type) to declare output ``name`` with, from its If's branches' results;
+    refused where they do not tell (module docstring)."""
+    elem_type = next((t for t in types if t), 0)
+    if len(ranks) < 2 or None in ranks.values() or not elem_type:
+        raise GraphampError(
+            f"graph output {name!r} declares no shape and type inference cannot settle one:"
+            " the ONNX checker refuses a graph output without one, so no valid model can be"
+            " written; declare its type and shape in the model"
+        )
+    rank = max(r for r in ranks.values() if r is not None)
+    if len(set(ranks.values())) > 1:
+        shown = " and ".join(f"rank {r} from {branch}" for branch, r in ranks.items())
+        warnings.warn(
+            f"graph output {name!r} declares no shape and its If returns {shown}: declared"
+            f" rank {rank} of unknown sizes (the checker requires a shape; onnxruntime warns"
+            " when a run returns another rank)",
+            RepairWarning,
+            stacklevel=4,
+        )
+    return rank, elem_type
