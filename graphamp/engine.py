@@ -26,6 +26,7 @@ from graphamp.passes.options import Options
 from graphamp.plans.edits import EditScript, Fp8Edits
 from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
+from graphamp.training.float8 import Float8
 
 log = logging.getLogger("graphamp")
 
@@ -102,6 +103,10 @@ def analyse_model(
     options = options or Options()
     if reviewed is not None:
         options = dataclasses.replace(options, reviewed=reviewed)
+        if reviewed.fp8_settings is not None and options.fp8 is None:  # its float8 settings
+            where = options.reviewed_where or reviewed.model or "the plan"
+            fp8 = Float8.from_dict(reviewed.fp8_settings, where=where)
+            options = dataclasses.replace(options, fp8=fp8)
     with collector.paused():
         start = time.perf_counter()
         read = dialect.read(model, policy)

@@ -30,17 +30,19 @@ one it would refuse is an internal error, since the rules above should have kept
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import math
 
 from graphamp.core.graph import MatrixDims, NodeKind, OpNode
 from graphamp.core.vocab import Precision, Rule
 from graphamp.dialects.registry import matrix_ops_for
-from graphamp.errors import InternalError
+from graphamp.errors import GraphampError, InternalError
 from graphamp.numerics.ranges import Ranges, underflow_share
 from graphamp.passes.base import Fact, Pass, PassResult, register
 from graphamp.passes.context import PassContext
 from graphamp.passes.fp8_gemm import ScaledGemm, problems
+from graphamp.plans.plan import Plan
 from graphamp.plans.records import Fp8Decision, ScaleRecord
 from graphamp.training.float8 import Float8
 
@@ -66,6 +68,9 @@ class Fp8Pass(Pass):
     def run(self, context: PassContext) -> PassResult:
         settings = context.options.fp8
         assert settings is not None  # applies() checked it
+        reviewed = context.options.reviewed
+        if reviewed is not None and reviewed.fp8_settings is not None:
+            return _apply_reviewed(context, settings, reviewed)
         decider = _Decider(context, settings, context.options.ranges)
         chosen = 0
         for node in decider.matrix_nodes:
@@ -79,10 +84,46 @@ class Fp8Pass(Pass):
         return PassResult(modified=False, note=f"{chosen} of {considered} matrix ops float8")
 
 
-class _Decider:
-    """The rules of one graph under one :class:`Float8` (module docstring)."""
+def _apply_reviewed(context: PassContext, settings: Float8, plan: Plan) -> PassResult:
+    """A reviewed float8 plan's decisions and scales, its calibrated amax included (``convert
+    --from-plan``: no data is given). It must decide exactly the matrix ops decided low, and
+    each node it chose must still pass every rule but the calibration one; else the model
+    moved since the review, and it is refused naming the node."""
+    where = context.options.reviewed_where or plan.model or "the plan"
+    decider = _Decider(context, settings, None, structural=True)
+    names = {node.name for node in decider.matrix_nodes}
+    if names != set(plan.fp8):
+        name = sorted(names ^ set(plan.fp8))[0]
+        side = "the model decides it low" if name in names else "the model does not decide it low"
+        raise GraphampError(
+            f"{where}: the plan's float8 decisions do not cover the model's matrix ops: "
+            f"{name!r} ({side})"
+        )
+    for node in decider.matrix_nodes:
+        reviewed = plan.fp8[node.name]
+        if reviewed.rule is Rule.FP8 and (now := decider.decide(node)).rule is not Rule.FP8:
+            raise GraphampError(
+                f"{where}: the plan puts {node.name!r} in float8, but the model now keeps it "
+                f"(rule {now.rule}: {now.reason})"
+            )
+        context.fp8_decisions[node.name] = dataclasses.replace(reviewed)
+    context.scales = [dataclasses.replace(record) for record in plan.scales]
+    return PassResult(modified=False, note="float8 decisions from the reviewed plan")
 
-    def __init__(self, context: PassContext, settings: Float8, ranges: Ranges | None) -> None:
+
+class _Decider:
+    """The rules of one graph under one :class:`Float8` (module docstring); ``structural``
+    leaves out the calibration rule (a reviewed plan's nodes, checked without data)."""
+
+    def __init__(
+        self,
+        context: PassContext,
+        settings: Float8,
+        ranges: Ranges | None,
+        *,
+        structural: bool = False,
+    ) -> None:
+        self.structural = structural
         self.graph, self.settings, self.ranges = context.graph, settings, ranges
         self.low = context.policy.dtype
         matrix_ops = matrix_ops_for(context.policy.dialect)
@@ -211,6 +252,8 @@ class _Decider:
         return ""
 
     def _range_problem(self, value: str) -> str:
+        if self.structural:
+            return ""
         ranges, static = self.ranges, self.settings.recipe == "static"
         found = ranges.tensors.get(value) if ranges is not None else None
         if found is None:

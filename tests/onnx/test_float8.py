@@ -173,6 +173,17 @@ def test_the_command_line_converts_verifies_and_explains(zoo, tmp_path, capsys):
     )
     assert "operand B 'onnx::MatMul_239': e4m3fn per channel, weight: at conversion" in explained
     # check: the same model and data give the same plan; other data, other amax: still the same
+    # --from-plan applies the reviewed float8 decisions and scales, with no data
+    reviewed = tmp_path / "reviewed.onnx"
+    assert main(["convert", str(path), "-o", str(reviewed), "--from-plan", str(plan)]) == 0
+    assert reviewed.read_bytes() == out.read_bytes()
+    edited = json.loads(plan.read_text())
+    attention = "/layers.0/attention/MatMul"
+    edited["fp8"][attention].update(precision="float8_e4m3fn", rule="fp8")
+    (tmp_path / "edited.json").write_text(json.dumps(edited))
+    args = ["convert", str(path), "-o", str(tmp_path / "x.onnx"), "--from-plan"]
+    assert main([*args, str(tmp_path / "edited.json")]) == 2
+    assert f"puts '{attention}' in float8, but the model now keeps it" in capsys.readouterr().err
     check = ["check", str(path), "--baseline", str(plan), "--fp8", "--calibrate", str(data)]
     assert main(check) == 0
     other = tmp_path / "other.npz"
