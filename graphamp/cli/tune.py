@@ -16,9 +16,12 @@ from graphamp.cli.common import (
 from graphamp.cli.files import Files
 from graphamp.cli.numerics import (
     add_calibrate_argument,
+    add_fp8_arguments,
     add_inputs_argument,
     batches,
     calibrated,
+    check_fp8_flags,
+    float8_option,
     require_onnx,
 )
 
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from graphamp.plans.plan import Plan
+    from graphamp.policy.policy import Policy
 
 HELP = "find a small set of nodes to keep float32 so the model meets a tolerance, and convert"
 
@@ -64,6 +68,7 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
         "--plan", metavar="PLAN.json", help="also write the plan (tuned nodes: rule 'tuned')"
     )
     add_calibrate_argument(parser)
+    add_fp8_arguments(parser)
     add_policy_arguments(parser)
 
 
@@ -88,9 +93,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
     require_onnx(dialect, source, "tune")
     dialect.check_target(target)
     policy = policy_from_args(args, dialect)
+    check_fp8_flags(args)
+    fp8 = float8_option(args, dialect, source)
     data = batches(dialect, source, args.inputs)  # checked before any work
     start = time.perf_counter()
-    ranges = calibrated(dialect, source, args)
+    ranges = calibrated(dialect, source, args, histograms=fp8 is not None)
+    if fp8 is not None:
+        return _tune_fp8(args, console, policy, fp8, ranges, data, source, target)
     result = tune(
         source,
         data,
@@ -119,6 +128,46 @@ def run(args: argparse.Namespace, console: Console) -> int:
     print(result.snippet(), flush=True)
     _warn_tf32(result.kept, result.conversion.plan, policy.target, console)
     dialect.save(result.conversion.model, args.outputs.path(target))
+    if args.plan:
+        result.conversion.plan.save(args.outputs.path(args.plan))
+    return 0
+
+
+def _tune_fp8(
+    args: argparse.Namespace,
+    console: Console,
+    policy: Policy,
+    fp8: object,
+    ranges: object,
+    data: object,
+    source: Path,
+    target: Path,
+) -> int:
+    """``tune --fp8``: the float8 nodes to keep in the low type (graphamp/onnx/fp8_tuning.py)."""
+    from graphamp.dialects.registry import for_file
+    from graphamp.onnx.fp8_tuning import tune_fp8
+
+    result = tune_fp8(
+        source, data, rtol=args.rtol, atol=args.atol, policy=policy, ranges=ranges, fp8=fp8
+    )  # type: ignore[arg-type]
+    errors = ", ".join(f"{name} {error:.3g}" for name, error in result.errors.items())
+    baseline = ", ".join(f"{name} {e:.3g}" for name, e in result.baseline_errors.items())
+    console.print(f"baseline ({policy.dtype} + float8, no node kept): max rel error {baseline}")
+    if not result.met:
+        console.print(
+            f"[red]no set of float8 nodes meets rtol {args.rtol:g}[/] (with all "
+            f"{result.candidates} kept {policy.dtype}: {errors}): the low type itself misses "
+            "it, tune without --fp8 first; nothing written"
+        )
+        return 1
+    console.print(
+        f"kept {policy.dtype}: {len(result.kept)} of {result.candidates} float8 nodes; "
+        f"{result.evaluations} conversions measured in {result.seconds:.2f} s; max rel error "
+        f"{errors}"
+    )
+    if result.kept:
+        print(result.snippet(), flush=True)
+    for_file(source).save(result.conversion.model, args.outputs.path(target))
     if args.plan:
         result.conversion.plan.save(args.outputs.path(args.plan))
     return 0

@@ -88,7 +88,7 @@ class TuneResult:
 
     def snippet(self) -> str:
         """The found set as a policy snippet (TOML)."""
-        names = ", ".join(_toml_string(_glob_escape(name)) for name in self.kept)
+        names = ", ".join(_toml_string(glob_escape(name)) for name in self.kept)
         return f"deny_names = [{names}]"
 
 
@@ -363,7 +363,7 @@ def _within(
     return verify.compare(expected, got, rtol=rtol, atol=atol, provider="").ok
 
 
-def _glob_escape(name: str) -> str:
+def glob_escape(name: str) -> str:
     """``name`` as a deny_names glob that matches only itself."""
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 

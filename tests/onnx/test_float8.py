@@ -292,3 +292,29 @@ def test_the_faithful_evaluator_keeps_float8_weights_and_rounds_the_rest(zoo):
     copy = emulated(proto, inferred_types(proto))
     kinds = {init.data_type for init in copy.graph.initializer}
     assert TensorProto.FLOAT8E4M3FN in kinds and TensorProto.FLOAT16 not in kinds
+
+
+def test_tune_finds_the_float8_nodes_to_keep_for_a_tolerance(zoo, tmp_path, capsys):
+    path, calibration, held_out = zoo["bert"]
+    data, inputs = tmp_path / "cal.npz", tmp_path / "in.npz"
+    np.savez(data, **{k: np.concatenate([b[k] for b in calibration]) for k in calibration[0]})
+    np.savez(inputs, **held_out[0])
+    out, plan = tmp_path / "tuned.onnx", tmp_path / "tuned.json"
+    args = ["tune", str(path), "-o", str(out), "--inputs", str(inputs), "--fp8"]
+    args += ["--calibrate", str(data), "--plan", str(plan)]
+    assert main([*args, "--rtol", "0.05"]) == 0  # float8 everywhere meets it
+    assert "kept float16: 0 of 12 float8 nodes" in capsys.readouterr().out
+    assert main([*args, "--rtol", "0.015"]) == 0
+    shown = capsys.readouterr().out
+    kept = json.loads(plan.read_text())["fp8"]
+    denied = sorted(n for n, d in kept.items() if d["rule"] == "fp8_deny" and "/pooler/" not in n)
+    assert denied and len(denied) < 12 and "--fp8-deny-names" in shown
+    reference = onnx.load(str(path))
+    expected, _ = run(reference, held_out[0])
+    found, _ = run(onnx.load(str(out)), held_out[0])
+    for name, value in expected.items():  # the written model meets the tolerance
+        assert np.abs(found[name] - value).max() <= 0.015 * np.abs(value).max()
+    out.unlink()
+    assert main([*args, "--rtol", "0.0001"]) == 1  # float16 alone misses it
+    assert "without --fp8 first; nothing written" in " ".join(capsys.readouterr().out.split())
+    assert not out.exists()
