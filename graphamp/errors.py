@@ -1,6 +1,10 @@
-"""graphamp's error types: what the CLI turns into one line and an exit status."""
+"""graphamp's error types: what the CLI turns into one line and an exit status; its warning
+types, and :func:`warn`, which points a warning at the user's line."""
 
 from __future__ import annotations
+
+import sys
+import warnings
 
 
 class GraphampError(Exception):
@@ -57,3 +61,18 @@ class StaticShapeWarning(UserWarning):
 class RepairWarning(UserWarning):
     """A model's own declaration (a value's type or shape) contradicted type inference or was
     incomplete, and was repaired from what inference settles; the converted model says so."""
+
+
+def warn(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` pointed at the first caller outside graphamp: the user's line, however
+    deep inside graphamp the cause was found (a training step finds it on its first call,
+    several frames down), so the warning names the line to change and Python's once-per-line
+    filter shows it once."""
+    frame, level = sys._getframe(), 1  # level 1: this function's own line
+    while frame is not None and _in_graphamp(frame.f_globals.get("__name__", "")):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
+def _in_graphamp(module: str) -> bool:
+    return module == "graphamp" or module.startswith("graphamp.")

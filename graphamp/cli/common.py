@@ -113,17 +113,32 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep these graph inputs/outputs (comma-separated, repeatable) in float32",
     )
     for name, meaning in (
-        ("allow", "always low precision (unless a name rule denies them)"),
-        ("infer", "low precision between low-precision neighbours"),
-        ("clear", "follow any low-precision neighbour"),
-        ("deny", "always float32; deny spreads to following infer/clear ops"),
+        ("allow", "that always run in low precision (unless a name rule denies them)"),
+        (
+            "infer",
+            "that may run in either type, as --spread decides: cost (the ONNX default) takes "
+            "the type that moves fewer bytes through Casts and weights; autocast (the PyTorch "
+            "default) follows type promotion; tensorflow puts them low between low-precision "
+            "ops; all puts them low",
+        ),
+        (
+            "clear",
+            "that do not care about the float type (Reshape, Transpose, Relu): decided as "
+            "infer ops, except that under --spread tensorflow they follow any low-precision "
+            "neighbour",
+        ),
+        (
+            "deny",
+            "that always stay float32; under --spread cost or tensorflow, deny spreads forward "
+            "to the infer and clear ops on a path to a deny or infer op",
+        ),
     ):
         group.add_argument(
             f"--{name}",
             type=_ops,
             metavar="OPS",
             action="extend",
-            help=f"op types that run {meaning}",
+            help=f"op types {meaning}",
         )
     group.add_argument(
         "--deny-name",

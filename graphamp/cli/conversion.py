@@ -66,7 +66,10 @@ def convert_model(
         policy = policy_from_args(args, dialect)
     if args.calibrate and reviewed is not None:
         raise GraphampError("--from-plan applies the plan's decisions: drop --calibrate")
-    # Inputs are checked before any work, so a bad --inputs file writes nothing.
+    # The provider and inputs are checked before any work, so a bad --inputs file or a
+    # --provider this machine lacks writes nothing.
+    if args.verify:
+        dialect.check_provider(args.provider)
     feeds = verification_inputs(dialect, source, args) if args.verify else None
     start = time.perf_counter()
     fp8 = float8_option(args, dialect, source)

@@ -42,8 +42,9 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
         "--output",
         metavar="OUT",
         required=True,
-        help="where to write the converted model (not IN itself); for a folder IN, the "
-        "folder to write (made if missing; not IN nor inside it)",
+        help="where to write the converted model (not IN itself; its suffix, if it has a "
+        "model's, names IN's format: .onnx for an ONNX model); for a folder IN, the folder to "
+        "write (made if missing; not IN nor inside it, no model suffix)",
     )
     add_policy_arguments(parser)
     parser.add_argument(

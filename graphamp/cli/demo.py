@@ -72,6 +72,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     if args.model not in ZOO:
         raise GraphampError(f"--model {args.model!r}: choose one of {', '.join(ZOO)}")
+    OnnxDialect().check_provider(args.provider)  # before the model is built and converted
     with tempfile.TemporaryDirectory(prefix="graphamp-demo-") as tmp:
         folder = Path(tmp)
         source = folder / f"{args.model}.onnx"

@@ -26,6 +26,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from graphamp.core.io import same_file
 from graphamp.errors import GraphampError
 
 MAX_FOLDER_FILES = 100_000  # files of a folder read that are compared with the writes
@@ -70,8 +71,10 @@ class Files:
         self, what: str, path: str | os.PathLike[str] | None, model: str | os.PathLike[str]
     ) -> Files:
         """A model written by the dialect of ``model``, with the files it may write beside it
-        (an ONNX model's external data file)."""
+        (an ONNX model's external data file). A name whose suffix is another dialect's is
+        refused: the suffix names the format (``-o out.pt2`` for an ONNX model)."""
         if path:
+            _check_suffix(what, Path(path), Path(model))
             self.writes.append((what, Path(path)))
             for part in _written_files(Path(path), Path(model))[1:]:
                 self.companions.append((f"{what}'s data file", part))
@@ -90,7 +93,7 @@ class Files:
                 raise GraphampError(f"{path}: folder {_folder(path)} does not exist")
         for index, (what, path) in enumerate(writes):
             for read_what, read in reads:
-                link = _same(path, read)
+                link = same_file(path, read)
                 if link is not None:
                     which = f"{read_what} ({read}{link})" if link else read_what
                     raise GraphampError(
@@ -98,7 +101,7 @@ class Files:
                         "a file it reads; nothing was written"
                     )
             for other_what, other in writes[:index]:
-                link = _same(path, other)
+                link = same_file(path, other)
                 if link is not None:
                     raise GraphampError(
                         f"{path}: {other_what} and {what} name the same file{link}; "
@@ -143,6 +146,27 @@ def _model_files(path: Path) -> list[Path]:
         return [path]
 
 
+def _check_suffix(what: str, path: Path, model: Path) -> None:
+    """Refuse ``path`` for a model of ``model``'s dialect when its suffix names another's."""
+    from graphamp.dialects.registry import for_file, named_by_suffix, suffixes_of
+
+    by_suffix = named_by_suffix(path)
+    if by_suffix is None:
+        return
+    try:
+        written = for_file(model).name
+    except (GraphampError, OSError):  # unreadable or not a model: the command says so
+        return
+    if by_suffix[0] == written:
+        return
+    own = suffixes_of(written)
+    rename = f": name it {path.name[: -len(by_suffix[1])]}{own[0]}" if own else ""
+    raise GraphampError(
+        f"{path}: {what} ends in {by_suffix[1]}, which names a {by_suffix[0]} file, but "
+        f"{model} converts to {written} (the suffix names the format){rename}"
+    )
+
+
 def _written_files(path: Path, model: Path) -> list[Path]:
     from graphamp.dialects.registry import for_file
 
@@ -183,18 +207,3 @@ def _check_readable(what: str, path: Path) -> None:
     except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EPERM):
             raise GraphampError(f"{path}: permission denied: cannot read {what}") from None
-
-
-def _same(a: Path, b: Path) -> str | None:
-    """None when ``a`` and ``b`` are different files; else "" (the same path), or how they
-    are the same file (", through a link")."""
-    if os.path.abspath(a) == os.path.abspath(b):
-        return ""
-    if os.path.realpath(a) == os.path.realpath(b):
-        return ", through a symbolic link"
-    try:
-        if os.path.samefile(a, b):
-            return ", through a hard link"
-    except OSError:  # one of them does not exist yet
-        pass
-    return None

@@ -35,6 +35,21 @@ def temp_prefix(path: Path) -> str:
     return f".{Path(path).name}.graphamp-{HOST}-{os.getpid()}-"
 
 
+def same_file(a: Path, b: Path) -> str | None:
+    """None when ``a`` and ``b`` are different files; else "" (the same path), or how they
+    are the same file (", through a link")."""
+    if os.path.abspath(a) == os.path.abspath(b):
+        return ""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return ", through a symbolic link"
+    try:
+        if os.path.samefile(a, b):
+            return ", through a hard link"
+    except OSError:  # one of them does not exist yet
+        pass
+    return None
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder."""
     write_atomic_with(path, lambda tmp: tmp.write_bytes(data))

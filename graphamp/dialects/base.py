@@ -97,6 +97,9 @@ class Dialect(abc.ABC):
     def check_target(self, path: Path) -> None:  # noqa: B027 (optional: most accept any path)
         """Refuse, before any work, an output path this dialect cannot write."""
 
+    def check_provider(self, provider: str) -> None:  # noqa: B027 (optional: cpu runs anywhere)
+        """Refuse, before any work, a provider :meth:`run` cannot use on this machine."""
+
     @abc.abstractmethod
     def input_specs(self, model: Any) -> list[InputSpec]:
         """The graph inputs a caller feeds, for :func:`graphamp.numerics.inputs.random_inputs`

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphamp.dialects.registry import entries, for_file
+from graphamp.dialects.registry import entries, for_file, named_by_suffix
 from graphamp.errors import GraphampError
 
 PLAN_SUFFIX = ".plan.json"
@@ -48,8 +48,7 @@ def model_suffixes() -> list[str]:
 def is_model_name(path: Path) -> bool:
     """Whether a registered dialect reads files named like ``path``. By suffix alone: in a
     folder, first bytes would take any zip archive for a .pt2 program."""
-    name = path.name.lower()
-    return any(name.endswith(suffix) for suffix in model_suffixes())
+    return named_by_suffix(path) is not None
 
 
 def read_folder(root: str | os.PathLike[str]) -> ModelFolder:
@@ -103,7 +102,14 @@ def _check_plan_names(folder: ModelFolder) -> None:
 
 def check_output_folder(source: Path, output: Path, what: str) -> None:
     """Refuse an output folder that is the input folder or inside it (graphamp never writes
-    into what it reads), or whose parent folder does not exist."""
+    into what it reads), whose name is a model file's (``out.onnx``: a folder a reader would
+    take for the converted model), or whose parent folder does not exist."""
+    by_suffix = named_by_suffix(output)
+    if by_suffix is not None:
+        raise GraphampError(
+            f"{output}: {what} is a folder for a folder IN, but its name ends in "
+            f"{by_suffix[1]}, a model file's suffix; name the folder without it"
+        )
     inside = _within(output, source)
     if inside is not None:
         where = "is the input folder" if inside == Path(".") else f"is inside the input {source}"

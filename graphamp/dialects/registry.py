@@ -160,17 +160,33 @@ def named(name: str, **options: object) -> Dialect:
     raise GraphampError(f"unknown dialect {name!r}: choose one of {known}")
 
 
+def named_by_suffix(path: str | Path) -> tuple[str, str] | None:
+    """(the dialect, the suffix) that ``path``'s name ends with (the longest registered
+    suffix), or None: what a file of that name holds, whether or not it exists."""
+    name = Path(path).name.lower()
+    matches = [
+        (suffix, entry.name)
+        for entry in entries()
+        for suffix in entry.suffixes
+        if name.endswith(suffix)
+    ]
+    if not matches:
+        return None
+    suffix, dialect = max(matches, key=lambda match: len(match[0]))
+    return dialect, suffix
+
+
+def suffixes_of(name: str) -> tuple[str, ...]:
+    """The suffixes of the files the dialect ``name`` reads and writes (none: objects only)."""
+    return next((entry.suffixes for entry in entries() if entry.name == name), ())
+
+
 def for_file(path: str | Path) -> Dialect:
     """The dialect of the file at ``path``: by suffix, then by first bytes, else ONNX."""
     path = Path(path)
-    matches = [
-        (len(suffix), entry)
-        for entry in entries()
-        for suffix in entry.suffixes
-        if path.name.lower().endswith(suffix)
-    ]
-    if matches:
-        return max(matches, key=lambda match: match[0])[1].load_class()()
+    by_suffix = named_by_suffix(path)
+    if by_suffix is not None:
+        return named(by_suffix[0])
     try:
         with open(path, "rb") as handle:
             head = handle.read(16)

@@ -47,6 +47,21 @@ class Captured:
     static_batches: list[str] = field(default_factory=list)
 
 
+def example_args(value: object) -> tuple[Any, ...] | None:
+    """``example_inputs`` as torch.export takes them: a tuple of the module's positional
+    arguments. One tensor is the tuple of it (a module of one input, the common case); any
+    other value is refused, since it could be one argument or several."""
+    if value is None or isinstance(value, tuple):
+        return value
+    if isinstance(value, torch.Tensor):
+        return (value,)
+    hint = "tuple(x) if its items are the arguments, " if isinstance(value, list) else ""
+    raise GraphampError(
+        f"example_inputs: a tuple of the module's positional arguments (or one tensor), got a "
+        f"{type(value).__name__} x: pass {hint}(x,) if x is the one argument"
+    )
+
+
 def capture(
     model: nn.Module | torch.export.ExportedProgram,
     example_inputs: tuple[Any, ...] | None,
@@ -61,6 +76,7 @@ def capture(
             )
         program = model
     elif isinstance(model, nn.Module):
+        example_inputs = example_args(example_inputs)
         program = _export(model, example_inputs, example_kwargs, dynamic_shapes)
     else:
         raise GraphampError(

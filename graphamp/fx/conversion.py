@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -11,7 +10,7 @@ from torch import fx, nn
 
 from graphamp import engine
 from graphamp.core import collector
-from graphamp.errors import GraphampError, SlowPrecisionWarning, StaticShapeWarning
+from graphamp.errors import GraphampError, SlowPrecisionWarning, StaticShapeWarning, warn
 from graphamp.fx.dialect import FxDialect
 from graphamp.passes.options import Options
 from graphamp.plans.plan import Plan
@@ -45,25 +44,25 @@ def fx_policy(
             f"dialect='fx_{device}'"
         )
     if device == "cpu" and not cpu_has_native(policy.dtype):
-        warnings.warn(
+        warn(
             f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no {policy.dtype} "
             f"matrix instructions ({_NATIVE_CHECKS[policy.dtype][1]}): PyTorch emulates "
             f"{policy.dtype} matrix products here, tens of times slower than float32. The "
             "results are right; for speed, run on a CPU with them or on a GPU",
             SlowPrecisionWarning,
-            stacklevel=3,
         )
     return policy
 
 
 def analyse(
     model: Model,
-    example_inputs: tuple[Any, ...] | None = None,
+    example_inputs: tuple[Any, ...] | torch.Tensor | None = None,
     *,
     example_kwargs: dict[str, Any] | None = None,
     dynamic_shapes: Any = None,
     policy: Policy,
     weights: str = "master",
+    strict: bool = False,
 ) -> engine.Analysis:
     """Capture ``model`` and run the passes: its graph and plan; nothing is converted."""
     dialect = FxDialect(
@@ -72,12 +71,12 @@ def analyse(
         example_kwargs=example_kwargs,
         dynamic_shapes=dynamic_shapes,
     )
-    return engine.analyse(model, policy, dialect=dialect)
+    return engine.analyse(model, policy, dialect=dialect, options=Options(strict=strict))
 
 
 def convert(
     model: Model,
-    example_inputs: tuple[Any, ...] | None = None,
+    example_inputs: tuple[Any, ...] | torch.Tensor | None = None,
     *,
     example_kwargs: dict[str, Any] | None = None,
     dynamic_shapes: Any = None,
@@ -85,12 +84,14 @@ def convert(
     device: str | None = None,
     weights: str = "master",
     calibrate: Iterable[Any] | None = None,
+    strict: bool = False,
     **policy_overrides: Any,
 ) -> tuple[fx.GraphModule, Plan]:
     """Convert ``model`` to a mixed-precision GraphModule; returns it and its Plan.
 
-    ``model`` may be an ``nn.Module`` (captured with torch.export on ``example_inputs`` and
-    ``example_kwargs``), a ``GraphModule`` or an ``ExportedProgram``; it is never changed.
+    ``model`` may be an ``nn.Module`` (captured with torch.export on ``example_inputs``, a
+    tuple or one tensor, and ``example_kwargs``), a ``GraphModule`` or an ``ExportedProgram``;
+    it is never changed.
     ``dynamic_shapes`` has torch.export's meaning; left out, the first dimension of every input
     tensor of two or more dimensions is dynamic where the model allows it (a
     :class:`~graphamp.errors.StaticShapeWarning` names the inputs where it does not), and
@@ -101,8 +102,9 @@ def convert(
     low-precision ops read them). ``calibrate`` (batches: tuples of the module's arguments,
     single tensors, or dicts of arrays by input name) runs the float32 module on each and keeps
     float32, with rule ``range``, every op whose values there leave the target type's range
-    (see :mod:`graphamp.numerics.ranges`). :func:`graphamp.fx.save` writes the result as a ``.pt2``
-    program.
+    (see :mod:`graphamp.numerics.ranges`). ``strict`` makes a policy rule that matches nothing
+    in the model (a :class:`~graphamp.errors.PolicyWarning`) an error. :func:`graphamp.fx.save`
+    writes the result as a ``.pt2`` program.
     """
     dialect = FxDialect(
         weights=weights,
@@ -116,7 +118,11 @@ def convert(
         _warn_static_batches(captured.meta["graphamp"].static_batches)
         ranges = dialect.calibrate(captured, calibrate) if calibrate is not None else None
         analysis = engine.analyse_model(
-            dialect, captured, policy, options=Options(ranges=ranges), label=dialect.label(model)
+            dialect,
+            captured,
+            policy,
+            options=Options(ranges=ranges, strict=strict),
+            label=dialect.label(model),
         )
         result = engine.apply(analysis)  # the plan is kept with the module (FxDialect.keep_plan)
     return result.model, result.plan
@@ -124,12 +130,11 @@ def convert(
 
 def _warn_static_batches(inputs: list[str]) -> None:
     if inputs:
-        warnings.warn(
+        warn(
             f"the first dimension of input {', '.join(inputs)} stays static: the converted module "
             "runs only at that size there (torch.export fixes sizes 0 and 1, and the model's "
             "code can fix others: give an example batch of 2 or more, or pass dynamic_shapes)",
             StaticShapeWarning,
-            stacklevel=3,
         )
 
 

@@ -13,7 +13,7 @@ from torch import fx, nn
 from graphamp.dialects.base import Dialect, ReadGraph
 from graphamp.errors import GraphampError
 from graphamp.fx import reader, writer
-from graphamp.fx.capture import capture
+from graphamp.fx.capture import capture, example_args
 from graphamp.fx.samples import embedding_bounds, input_spec
 from graphamp.fx.types import torch_dtype
 from graphamp.numerics.inputs import InputSpec
@@ -22,6 +22,7 @@ from graphamp.plans.edits import EditScript
 from graphamp.policy.policy import Policy
 
 WEIGHT_MODES = ("master", "low")
+NO_GPU = "--provider cuda: PyTorch sees no GPU here: verify with --provider cpu"
 
 
 class FxDialect(Dialect):
@@ -37,14 +38,14 @@ class FxDialect(Dialect):
         self,
         *,
         weights: str = "master",
-        example_inputs: tuple[Any, ...] | None = None,
+        example_inputs: tuple[Any, ...] | torch.Tensor | None = None,
         example_kwargs: dict[str, Any] | None = None,
         dynamic_shapes: Any = None,
     ) -> None:
         if weights not in WEIGHT_MODES:
             raise GraphampError(f"weights={weights!r}: choose 'master' or 'low'")
         self.weights = weights
-        self.example_inputs = example_inputs
+        self.example_inputs = example_args(example_inputs)
         self.example_kwargs = example_kwargs
         self.dynamic_shapes = dynamic_shapes
 
@@ -81,6 +82,10 @@ class FxDialect(Dialect):
         placeholders = [n for n in model.graph.nodes if n.op == "placeholder"]
         return [input_spec(node, embedding_bounds(model.graph)) for node in placeholders]
 
+    def check_provider(self, provider: str) -> None:
+        if provider == "cuda" and not torch.cuda.is_available():
+            raise GraphampError(NO_GPU)
+
     def run(
         self, model: Any, feeds: dict[str, np.ndarray], *, provider: str = "cpu"
     ) -> tuple[dict[str, np.ndarray], str]:
@@ -110,7 +115,7 @@ def run_module(
     its float outputs as float32 arrays named ``output <i>``."""
     device = "cuda" if provider == "cuda" else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise GraphampError("--provider cuda: PyTorch sees no GPU here: verify with --provider cpu")
+        raise GraphampError(NO_GPU)
     args = []
     for name, spec in zip(names, specs, strict=True):
         if name not in feeds:

@@ -12,13 +12,14 @@ waits for the host.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, SlowPrecisionWarning
 from graphamp.fx import differentiate, distributed, eager, marks, optim, reader, signatures, writer
 from graphamp.fx.conversion import convert, fx_policy
 from graphamp.fx.fsdp import local
@@ -120,7 +121,9 @@ class TrainStep:
         """The model converted on ``batch``'s inputs (float32 master weights): the forward
         module a capture traces through, and its plan."""
         batch_inputs, static = tuple(batch[:-1]), "static"  # captured per batch signature
-        return convert(self._source(), batch_inputs, dynamic_shapes=static, policy=self._policy)
+        with warnings.catch_warnings():  # _build warned of a slow type once, with the policy
+            warnings.simplefilter("ignore", SlowPrecisionWarning)
+            return convert(self._source(), batch_inputs, dynamic_shapes=static, policy=self._policy)
 
     def _source(self) -> nn.Module:
         """The module the forward pass is captured from."""

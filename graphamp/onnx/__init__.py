@@ -11,6 +11,7 @@ the policy from keyword overrides and returns ONNX types.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
 import onnx
@@ -88,6 +89,7 @@ def _engine_arguments(
     reviewed: Plan | None,
     ranges: Ranges | None,
     fp8: Float8 | None = None,
+    strict: bool = False,
 ) -> dict[str, object]:
     """What analyse() and convert() hand the engine."""
     if fp8 is not None:
@@ -102,7 +104,7 @@ def _engine_arguments(
         "policy": _policy(policy, overrides, reviewed),
         "dialect": OnnxDialect(),
         "reviewed": reviewed,
-        "options": Options(ranges=ranges, fp8=fp8),
+        "options": Options(ranges=ranges, fp8=fp8, strict=strict),
     }
 
 
@@ -113,10 +115,13 @@ def analyse(
     reviewed: Plan | None = None,
     ranges: Ranges | None = None,
     fp8: Float8 | None = None,
+    strict: bool = False,
     **overrides: object,
 ) -> engine.Analysis:
-    """Read ``model`` and run the passes: its graph, plan and edit script; nothing converted."""
-    return engine.analyse(model, **_engine_arguments(policy, overrides, reviewed, ranges, fp8))
+    """Read ``model`` and run the passes: its graph, plan and edit script; nothing converted
+    (the arguments are :func:`convert`'s)."""
+    arguments = _engine_arguments(policy, overrides, reviewed, ranges, fp8, strict)
+    return engine.analyse(model, **arguments)
 
 
 def convert(
@@ -126,6 +131,7 @@ def convert(
     reviewed: Plan | None = None,
     ranges: Ranges | None = None,
     fp8: Float8 | None = None,
+    strict: bool = False,
     **overrides: object,
 ) -> Conversion:
     """Convert a float32 ONNX model to mixed precision.
@@ -139,6 +145,12 @@ def convert(
     ``fp8`` (``graphamp.Float8.static()``, with ``ranges`` from ``calibrate(...,
     histograms=True)``) puts float8 operands on the matrix ops the fp8 rules choose:
     QuantizeLinear/DequantizeLinear activations, float8 weights (docs/float8.md).
+    ``strict`` makes a policy rule that matches nothing in the model (a
+    :class:`~graphamp.errors.PolicyWarning`) an error, as ``--strict`` does.
     """
-    result = engine.convert(model, **_engine_arguments(policy, overrides, reviewed, ranges, fp8))
-    return Conversion(result.model, result.plan, result.seconds, result.graph)
+    arguments = _engine_arguments(policy, overrides, reviewed, ranges, fp8, strict)
+    result = engine.convert(model, **arguments)
+    conversion = Conversion(result.model, result.plan, result.seconds, result.graph)
+    if isinstance(model, str | os.PathLike):
+        conversion.read_from = Path(model)
+    return conversion

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import onnx
@@ -9,6 +10,7 @@ import onnx
 from graphamp import engine
 from graphamp.core import collector
 from graphamp.onnx.infile import StreamedModel
+from graphamp.onnx.writing import remember_source
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -26,6 +28,9 @@ class Conversion(engine.Conversion):
     """
 
     _converted: ir.Model | onnx.ModelProto | StreamedModel
+    # The file converted, if a path was: the model built from it remembers it, so that
+    # graphamp.onnx.save refuses to write over it unasked.
+    read_from: Path | None = None
 
     @property  # type: ignore[override]
     def model(self) -> ir.Model:
@@ -35,6 +40,8 @@ class Conversion(engine.Conversion):
 
             with collector.paused():
                 self._converted = ir.serde.deserialize_model(self._converted)
+        if self.read_from is not None:
+            remember_source(self._converted, self.read_from)
         return self._converted
 
     @model.setter

@@ -17,6 +17,7 @@ from graphamp.numerics.ranges import Ranges
 from graphamp.onnx import files, infile, proto_reader, proto_writer
 from graphamp.onnx.infile import StreamedModel
 from graphamp.onnx.proto_reader import ProtoModel
+from graphamp.onnx.writing import written_files
 from graphamp.plans.edits import EditScript
 from graphamp.policy.policy import Policy
 
@@ -102,7 +103,12 @@ class OnnxDialect(Dialect):
         return [Path(path), *external_data_files(Path(path))]
 
     def written_files(self, path: Path) -> list[Path]:
-        return [Path(path), Path(path).parent / f"{Path(path).name}.data"]  # as files.save
+        return written_files(Path(path))
+
+    def check_provider(self, provider: str) -> None:
+        from graphamp.onnx import runtime
+
+        runtime.check_provider(provider)
 
     def check_runtime(self, original: Path, converted: Path) -> list[str]:
         from graphamp.onnx import runtime

@@ -30,8 +30,10 @@ from graphamp.onnx.validate import Checked, validate
 from graphamp.onnx.validate_nodes import node_fields
 from graphamp.onnx.writing import (
     EXTERNAL_DATA_THRESHOLD,
+    check_not_a_source,
     check_room,
     disk_full_is_an_error,
+    remember_source,
     replace_together,
 )
 
@@ -51,7 +53,9 @@ def load(path: str | os.PathLike[str], *, direct: bool = False) -> ir.Model | Pr
         raise GraphampError(f"{path}: no such file")
     mapped = infile.read(path) if direct else None
     if mapped is None:
-        return _validated(_parse(path), str(path), path.parent, direct=direct)
+        model = _validated(_parse(path), str(path), path.parent, direct=direct)
+        remember_source(model, path)  # save() refuses to write over it unasked
+        return model
     where = str(path)
     lengths = {name: tensor.nbytes for name, tensor in mapped.tensors.items()}
     proto, checked = _checked(mapped.proto, where, path.parent, lengths)
@@ -66,7 +70,9 @@ def load(path: str | os.PathLike[str], *, direct: bool = False) -> ir.Model | Pr
         if proto is not mapped.proto:  # sorted or repaired: so is the whole proto
             whole, inferred, note = _settled(whole, where, checked)
         proto = whole
-    return _to_ir(proto, where, path.parent, inferred, note)
+    model = _to_ir(proto, where, path.parent, inferred, note)
+    remember_source(model, path)
+    return model
 
 
 def _parse(path: Path) -> onnx.ModelProto:
@@ -245,10 +251,19 @@ def _copy_field(message, descriptor, value) -> None:  # type: ignore[no-untyped-
         setattr(message, descriptor.name, value)
 
 
-def save(model: ir.Model | onnx.ModelProto | StreamedModel, path: str | os.PathLike[str]) -> None:
+def save(
+    model: ir.Model | onnx.ModelProto | StreamedModel,
+    path: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+) -> None:
     """Write ``model`` atomically; weights go to ``<name>.data`` beside it when over 2 GB
     or when the input kept them there (a ``ModelProto``, from the direct path, is written
     as it is when it fits in one file, else through onnx_ir).
+
+    A path that would write over a file the model was read from (the model file or its
+    external data, as :func:`graphamp.onnx.load` and :func:`graphamp.onnx.convert` of a path
+    record it) is refused unless ``overwrite`` says so: the input is never overwritten unasked.
 
     The data file is written a tensor at a time (a converted weight a chunk at a time, see
     :mod:`graphamp.onnx.ir_files`), so memory stays small whatever the model's size. The model
@@ -258,6 +273,8 @@ def save(model: ir.Model | onnx.ModelProto | StreamedModel, path: str | os.PathL
     one that fills up anyway is the same one-line error.
     """
     path = Path(path)
+    if not overwrite:
+        check_not_a_source(model, path)
     if isinstance(model, StreamedModel):  # weights read (and converted) as they are written
         size = model.nbytes()
         if size <= EXTERNAL_DATA_THRESHOLD:

@@ -122,15 +122,54 @@ def run(
             f"onnxruntime cannot load the model to verify it: {_first_line(exc)}"
         ) from None
     names = [o.name for o in session.get_outputs()]
-    used = session.get_providers()[0].replace("ExecutionProvider", "").lower()
+    used = _used(session)
     if provider == "cuda" and used != "cuda":
-        raise GraphampError(
-            "--provider cuda: onnxruntime could not use CUDA here (no GPU, or no CUDA "
-            f"libraries; it would run on {used}): verify with --provider cpu"
-        )
+        raise GraphampError(_no_cuda(f"no GPU, or no CUDA libraries; it would run on {used}"))
     outputs = session.run(names, typed)
     tf32 = ", use_tf32=0" if used == "cuda" else ""
     return dict(zip(names, outputs, strict=True)), f"onnxruntime {used}{emulation}{tf32}"
+
+
+def check_provider(provider: str) -> None:
+    """Refuse ``--provider cuda`` where onnxruntime cannot use CUDA (no GPU, no CUDA libraries
+    or a CPU-only build), before any work: a one-node model is loaded the way :func:`run`
+    loads one, and the provider onnxruntime picked for it is read back."""
+    if provider != "cuda":
+        return
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise GraphampError(_no_cuda("this onnxruntime build has no CUDA provider"))
+    helper, float32 = onnx.helper, onnx.TensorProto.FLOAT
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "probe",
+        [helper.make_tensor_value_info("x", float32, [1])],
+        [helper.make_tensor_value_info("y", float32, [1])],
+    )
+    ort.set_default_logger_severity(4)  # a failed CUDA set-up is our one line, not ort's log
+    try:
+        session = ort.InferenceSession(
+            helper.make_model(
+                graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7
+            ).SerializeToString(),
+            providers=["CUDAExecutionProvider", "CPUExecutionProvider"],
+        )
+    except Exception as exc:  # onnxruntime's own error types
+        raise GraphampError(_no_cuda(_first_line(exc))) from None
+    if _used(session) != "cuda":
+        raise GraphampError(
+            _no_cuda(f"no GPU, or no CUDA libraries; it would run on {_used(session)}")
+        )
+
+
+def _used(session: ort.InferenceSession) -> str:
+    """The provider a session runs on first: "cuda", "cpu"."""
+    return session.get_providers()[0].replace("ExecutionProvider", "").lower()
+
+
+def _no_cuda(why: str) -> str:
+    return (
+        f"--provider cuda: onnxruntime could not use CUDA here ({why}): verify with --provider cpu"
+    )
 
 
 RUNTIME_CHECK_MAX_BYTES = 512 * 1024 * 1024

@@ -6,14 +6,56 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from graphamp.core.io import signals_held
+from graphamp.core.io import same_file, signals_held
 from graphamp.errors import GraphampError
 
 EXTERNAL_DATA_THRESHOLD = 1_900_000_000  # bytes of weights above which we write external data
+# An onnx_ir model's ``meta`` key: the files (the model, its external data) it was read from.
+READ_FROM = "graphamp.read_from"
+
+
+def written_files(path: Path) -> list[Path]:
+    """The files saving a model to ``path`` may write: the model and its data file beside it."""
+    return [path, path.parent / f"{path.name}.data"]
+
+
+def remember_source(model: object, path: Path) -> None:
+    """Record on ``model`` (an onnx_ir model; other types keep nothing) that it was read from
+    the ONNX file ``path`` (and so from the data files it names)."""
+    meta = getattr(model, "meta", None)
+    if isinstance(meta, MutableMapping):
+        meta[READ_FROM] = str(path)
+
+
+def check_not_a_source(model: object, path: Path) -> None:
+    """Refuse to save ``model`` to ``path`` when that would write over a file it was read from:
+    the model file :func:`remember_source` recorded, a data file that model names, or the file
+    of an onnx_ir external tensor. Only files that exist can be sources, so a new path costs
+    no reading."""
+    existing = [written for written in written_files(path) if written.exists()]
+    if not existing:
+        return
+    from graphamp.onnx.locations import external_data_files
+
+    recorded = getattr(model, "meta", {}).get(READ_FROM)
+    sources = [Path(recorded), *external_data_files(Path(recorded))] if recorded else []
+    graph = getattr(model, "graph", None)
+    for value in getattr(graph, "initializers", {}).values():
+        location = getattr(value.const_value, "path", None)  # an onnx_ir ExternalTensor's
+        if isinstance(location, str | os.PathLike):
+            sources.append(Path(location))
+    for written in existing:
+        for source in sources:
+            link = same_file(written, source)
+            if link is not None:
+                raise GraphampError(
+                    f"{path}: saving would overwrite {source}{link}, which the model was read "
+                    "from; save it elsewhere, or pass overwrite=True; nothing was written"
+                )
 
 
 @contextmanager

@@ -224,3 +224,28 @@ def test_symbolic_trace_and_exported_program_are_accepted_unchanged():
             output.float(), first_output(model(*inputs)), rtol=0.05, atol=0.05
         )
     assert traced.code == traced_code and program.graph_module.code == program_code
+
+
+def test_one_tensor_is_the_example_inputs_and_another_non_tuple_is_one_clear_error():
+    """convert(module, x) with x a tensor converts as convert(module, (x,)) does; a list (one
+    argument, or the arguments?) is one GraphampError saying what example inputs are."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(4, 8)
+    module, plan = gfx.convert(model, x)
+    assert plan.nodes == gfx.convert(model, (x,))[1].nodes
+    torch.testing.assert_close(module(x).float(), model(x), rtol=5e-2, atol=5e-2)
+    with pytest.raises(GraphampError, match=r"example_inputs: a tuple .* got a list"):
+        gfx.convert(model, [x])
+
+
+def test_strict_makes_a_rule_that_matches_nothing_an_error():
+    """strict=True is --strict for the Python API: an op no node has is refused, where
+    without it the rule is a PolicyWarning and the conversion goes on."""
+    from graphamp.errors import PolicyWarning
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.Softmax(dim=-1))
+    x = torch.randn(4, 8)
+    with pytest.warns(PolicyWarning, match="softmaxx"):
+        gfx.convert(model, x, deny=["softmaxx"])
+    with pytest.raises(GraphampError, match="softmaxx"):
+        gfx.convert(model, x, deny=["softmaxx"], strict=True)

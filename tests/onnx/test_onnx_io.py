@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 import graphamp.onnx as gonnx
-from tests.helpers import assert_valid, convert, model, run, weight
+from graphamp.errors import GraphampError, PolicyWarning
+from tests.helpers import assert_valid, chain, convert, model, run, weight
 
 
 def test_external_data_model_loads_converts_and_saves_with_external_data(tmp_path):
@@ -74,3 +76,49 @@ def test_graph_input_retyped_only_when_every_reader_wants_low():
     assert out.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
     assert [(c.tensor, c.dst) for c in plan.casts] == [("x", "float16")]
     assert_valid(out)
+
+
+def _bytes_of(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_save_refuses_to_write_over_the_file_the_model_was_read_from(tmp_path):
+    """graphamp.onnx.save, like the command line, never writes over its input unasked: the
+    model file of convert(path) or load(path), nor the external data file it reads. One
+    GraphampError naming the file, nothing written; overwrite=True writes."""
+    source = tmp_path / "model.onnx"
+    onnx.save(chain(["MatMul", "Relu", "MatMul"]), str(source))
+    before = _bytes_of(tmp_path)
+    for read in (gonnx.convert(source).model, gonnx.load(source)):
+        with pytest.raises(GraphampError, match=r"would overwrite .*model\.onnx.*overwrite=True"):
+            gonnx.save(read, tmp_path / "." / "model.onnx")
+        assert _bytes_of(tmp_path) == before
+    gonnx.save(gonnx.convert(source).model, tmp_path / "model.fp16.onnx")  # a new file: fine
+    gonnx.save(gonnx.convert(source).model, source, overwrite=True)
+    assert source.read_bytes() != before["model.onnx"]
+    assert_valid(onnx.load(str(source)))
+
+
+def test_save_refuses_to_write_over_the_external_data_the_model_reads(tmp_path):
+    """A model read with its weights in a data file: saving over the model, or to a name
+    whose data file is the one it reads, is refused and leaves both files as they were."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    proto = model(nodes, initializers=[weight("w", (64, 64))], shape=(64, 64))
+    source = tmp_path / "model.onnx"
+    onnx.save(proto, str(source), save_as_external_data=True, location="w.onnx.data")
+    before = _bytes_of(tmp_path)
+    result = gonnx.convert(source)
+    for target, read in (("model.onnx", "model.onnx"), ("w.onnx", "w.onnx.data")):
+        with pytest.raises(GraphampError, match=rf"would overwrite .*{read}, which the model"):
+            gonnx.save(result.model, tmp_path / target)
+        assert _bytes_of(tmp_path) == before
+
+
+def test_strict_makes_a_rule_that_matches_nothing_an_error(tmp_path):
+    """strict=True is --strict for graphamp.onnx.convert and analyse."""
+    proto = chain(["MatMul", "Softmax", "MatMul"])
+    with pytest.warns(PolicyWarning, match="Softmx"):
+        gonnx.convert(proto, deny=["Softmx"])
+    for function in (gonnx.convert, gonnx.analyse):
+        with pytest.raises(GraphampError, match="Softmx"):
+            function(proto, deny=["Softmx"], strict=True)

@@ -35,8 +35,7 @@ def test_a_weight_product_is_chosen_with_both_scale_sources():
         "e4m3fn", "tensor", "calibration", ["up"]
     )  # fmt: skip
     assert (
-        x.detail["batches"] == 4
-        and x.detail["amax"] == context.options.ranges.tensors["x"].max_abs
+        x.detail["batches"] == 4 and x.detail["amax"] == context.options.ranges.tensors["x"].max_abs
     )
     weight = scales["w_down"]
     assert (weight.granularity, weight.source, weight.detail) == ("channel", "weight", {"axis": 1})

@@ -625,3 +625,24 @@ def test_the_host_guard_and_the_traced_guard_keep_and_update_the_same_values():
         assert torch.equal(host.params[name], where.params[name]), name
     for name in host.opt_state:
         assert torch.equal(host.opt_state[name], where.opt_state[name]), name
+
+
+def test_a_slow_low_precision_type_is_one_warning_at_the_users_line(monkeypatch):
+    """The README's training example on a CPU that emulates float16: one SlowPrecisionWarning
+    (not one per internal conversion), pointing at the user's call, not into graphamp."""
+    import warnings
+
+    import graphamp.fx as gfx
+    from graphamp.errors import SlowPrecisionWarning
+
+    monkeypatch.setattr(gfx.conversion, "cpu_has_native", lambda dtype: False)
+    model = small_net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step = train_step(model, nn.functional.mse_loss, optimizer, dtype="float16")
+        for x, y in batches(3, poison=set()):
+            step(x, y)
+    slow = [w for w in caught if issubclass(w.category, SlowPrecisionWarning)]
+    assert len(slow) == 1, [str(w.message) for w in slow]
+    assert slow[0].filename == __file__, slow[0].filename
