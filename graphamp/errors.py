@@ -12,6 +12,11 @@ class GraphampError(Exception):
     (exit status 2)."""
 
 
+class RunFailure(GraphampError):
+    """A runtime could not run a model on the inputs it was given (a value or shape the model
+    does not take): the message names the runtime and says its first line."""
+
+
 class InternalError(Exception):
     """graphamp produced something invalid (a broken invariant, a model the runtime refuses):
     a bug to report, never the user's mistake (exit status 3)."""

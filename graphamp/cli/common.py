@@ -1,5 +1,5 @@
-"""What the graphamp commands share: the policy and verification flags, reading
-a model or plan file through its dialect, and the summary and verification tables.
+"""What the graphamp commands share: the policy flags, reading a model or plan file through
+its dialect, and the plan's text (verification: :mod:`graphamp.cli.verification`).
 
 The flags are defined with light imports only (the parser is built for ``--help`` too); what
 runs a command (numpy, rich, the engine, the dialects) is imported inside the functions."""
@@ -9,18 +9,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from graphamp.cli.parser import non_negative
 from graphamp.core.vocab import TARGET_TYPES, ListName
 from graphamp.errors import GraphampError
 
 if TYPE_CHECKING:
-    import numpy as np
-    from rich.console import Console
-
     from graphamp.core.graph import OpGraph
     from graphamp.dialects.base import Dialect
     from graphamp.passes.options import Options
@@ -176,41 +171,6 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_verify_arguments(parser: argparse.ArgumentParser, *, flag: bool) -> None:
-    group = parser.add_argument_group(
-        "verification",
-        "Run the float32 and the converted model on the same inputs and report, "
-        "per output, max abs error, max error relative to max |y|, and NaN/Inf counts.",
-    )
-    if flag:
-        group.add_argument("--verify", action="store_true", help="verify after converting")
-    group.add_argument(
-        "--inputs",
-        metavar="DATA",
-        help="an .npz with one array per graph input, the batch along the first axis, or a "
-        "folder of them (default: random, never zeros, seed 0)",
-    )
-    group.add_argument(
-        "--rtol",
-        type=non_negative,
-        metavar="R",
-        help="allowed max |y - y32| / max |y32| (default 0.01 float16, 0.05 bfloat16)",
-    )
-    group.add_argument(
-        "--atol",
-        type=non_negative,
-        default=0.0,
-        metavar="A",
-        help="allowed max |y - y32|, passes an output on its own (default 0)",
-    )
-    group.add_argument(
-        "--provider",
-        choices=("cpu", "cuda"),
-        default="cpu",
-        help="onnxruntime execution provider (default cpu)",
-    )
-
-
 def policy_flags_given(args: argparse.Namespace) -> list[str]:
     """The policy flags set on the command line, as the user spelt them."""
     given = []
@@ -305,74 +265,6 @@ def emit(text: str, args: argparse.Namespace) -> None:
         args.outputs.path(args.output).write_bytes(text.encode("utf-8"))
     else:
         sys.stdout.write(text)
-
-
-def verification_inputs(
-    dialect: Dialect, original: object, args: argparse.Namespace
-) -> Iterable[dict[str, np.ndarray]]:
-    """The batches to verify on: ``--inputs`` (an .npz or a folder of them) checked against
-    the model's inputs (before anything is converted or written), else one random batch."""
-    from graphamp.numerics.batches import load_input_batches
-    from graphamp.numerics.inputs import random_inputs
-
-    specs = dialect.input_specs(original)
-    if not args.inputs:
-        return [random_inputs(specs)]
-    return load_input_batches(args.inputs, specs)
-
-
-def report_verification(
-    console: Console,
-    dialect: Dialect,
-    original: object,
-    converted: object,
-    args: argparse.Namespace,
-    dtype: str,
-    feeds: Iterable[dict[str, np.ndarray]] | None = None,
-) -> int:
-    """Run both models (objects or saved files) through ``dialect`` on each batch and print
-    the table (each output's worst batch); 1 when an output is over tolerance."""
-    from rich.table import Table
-
-    from graphamp.numerics import verify
-
-    if feeds is None:
-        feeds = verification_inputs(dialect, original, args)
-    rtol = args.rtol if args.rtol is not None else verify.DEFAULT_RTOL[dtype]
-    report = verify.worst(
-        verify.verify(
-            original,
-            converted,
-            batch,
-            rtol=rtol,
-            atol=args.atol,
-            provider=args.provider,
-            dialect=dialect,
-        )
-        for batch in feeds
-    )
-    table = Table(
-        title=f"verification on {report.provider}, rtol {rtol:g}, atol {args.atol:g}",
-        title_justify="left",
-    )
-    for column in ("output", "max abs error", "max rel error", "NaN/Inf", "result"):
-        table.add_column(column, justify="left" if column == "output" else "right")
-    for output in report.outputs:
-        table.add_row(
-            output.name,
-            f"{output.max_abs_error:.3g}",
-            f"{output.max_rel_error:.3g}",
-            str(output.nan_inf),
-            "ok" if report.passed(output) else "[red]OVER[/]",
-        )
-    console.print(table)
-    if not report.ok:
-        console.print(
-            "[red]verification failed[/]: the converted model was written; deny the ops "
-            "or names behind the error (see --plan) and convert again"
-        )
-        return 1
-    return 0
 
 
 def plan_text(model: str | Path, args: argparse.Namespace) -> str:

@@ -8,23 +8,19 @@ import dataclasses
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from graphamp.cli.common import (
-    policy_flags_given,
-    policy_from_args,
-    policy_options,
-    report_verification,
-    verification_inputs,
-)
+from graphamp.cli.common import policy_flags_given, policy_from_args, policy_options
 from graphamp.cli.numerics import calibrated, float8_option
 from graphamp.cli.summary import nothing_converted, print_summary
+from graphamp.cli.verification import float32_outputs, report_verification, verification_inputs
 from graphamp.errors import GraphampError
 
 if TYPE_CHECKING:
+    import numpy as np
     from rich.console import Console
 
     from graphamp import engine
@@ -32,6 +28,8 @@ if TYPE_CHECKING:
     from graphamp.passes.options import Options
     from graphamp.plans.plan import Plan
     from graphamp.policy.policy import Policy
+
+    Feeds = dict[str, np.ndarray]
 
 
 def convert_model(
@@ -67,10 +65,12 @@ def convert_model(
     if args.calibrate and reviewed is not None:
         raise GraphampError("--from-plan applies the plan's decisions: drop --calibrate")
     # The provider and inputs are checked before any work, so a bad --inputs file or a
-    # --provider this machine lacks writes nothing.
+    # --provider this machine lacks writes nothing; so is the float32 model's run on the
+    # first batch (kept: verification compares with it).
     if args.verify:
         dialect.check_provider(args.provider)
     feeds = verification_inputs(dialect, source, args) if args.verify else None
+    reference = float32_outputs(dialect, source, feeds, args) if feeds is not None else None
     start = time.perf_counter()
     fp8 = float8_option(args, dialect, source)
     if fp8 is not None:
@@ -78,8 +78,19 @@ def convert_model(
     ranges = calibrated(dialect, source, args, histograms=fp8 is not None)
     if ranges is not None:
         options = dataclasses.replace(options, ranges=ranges)
+    verification = (feeds, reference)
     return _convert_and_write(
-        args, console, dialect, policy, options, reviewed, feeds, start, source, target, label
+        args,
+        console,
+        dialect,
+        policy,
+        options,
+        reviewed,
+        verification,
+        start,
+        source,
+        target,
+        label,
     )
 
 
@@ -90,14 +101,16 @@ def _convert_and_write(
     policy: Policy,
     options: Options,
     reviewed: Plan | None,
-    feeds: object,
+    verification: tuple[Iterable[Feeds] | None, tuple[Feeds, str] | None],
     start: float,
     source: Path,
     target: Path,
     label: str,
 ) -> tuple[engine.Conversion, int]:
     """Convert, write ``target`` (staged: moved into place only when the whole command
-    succeeded), print the summary and verify; (the conversion, the exit status)."""
+    succeeded), print the summary and verify; (the conversion, the exit status).
+    ``verification``: the batches to verify on (None: no --verify) and the float32 model's
+    outputs on the first."""
     from graphamp import engine
 
     status = 0
@@ -125,11 +138,19 @@ def _convert_and_write(
     note = nothing_converted(result.plan)
     if note:
         print(f"graphamp: warning: {label}{note}", file=sys.stderr)
+    feeds, reference = verification
     if feeds is not None:
         if label:
             console.print(f"{source}:")
         status = report_verification(
-            console, dialect, source, path, args, policy.dtype, feeds=feeds
+            console,
+            dialect,
+            source,
+            path,
+            args,
+            policy.dtype,
+            feeds=feeds,
+            reference=reference,
         )
     return result, status
 

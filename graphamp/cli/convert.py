@@ -6,12 +6,10 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from graphamp.cli.common import (
-    add_policy_arguments,
-    add_verify_arguments,
-)
+from graphamp.cli.common import add_policy_arguments
 from graphamp.cli.files import Files
 from graphamp.cli.numerics import add_calibrate_argument, add_fp8_arguments, check_fp8_flags
+from graphamp.cli.verification import add_verify_arguments
 from graphamp.errors import GraphampError
 
 if TYPE_CHECKING:

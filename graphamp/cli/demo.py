@@ -8,9 +8,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from graphamp.cli.common import DTYPES, add_verify_arguments, report_verification
+from graphamp.cli.common import DTYPES
 from graphamp.cli.files import Files
 from graphamp.cli.summary import print_summary
+from graphamp.cli.verification import add_verify_arguments, report_verification
 from graphamp.errors import GraphampError
 
 if TYPE_CHECKING:

@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     from graphamp.numerics.ranges import Ranges
 
 DATA_HELP = (
-    "an .npz with one array per graph input (the batch along the first axis), or a folder "
-    "of such files"
+    "an .npz with one array per graph input by name, fed as it is (a 0-d array for a scalar "
+    "input, a state with its batch on axis 1 as it is; a file holding a multiple of a fixed "
+    "batch that every input declares first is split into batches), or a folder of such files"
 )
 
 

@@ -7,12 +7,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from graphamp.cli.common import (
-    add_policy_arguments,
-    non_negative,
-    policy_from_args,
-    policy_options,
-)
+from graphamp.cli.common import add_policy_arguments, policy_from_args, policy_options
 from graphamp.cli.files import Files
 from graphamp.cli.numerics import (
     add_calibrate_argument,
@@ -24,6 +19,7 @@ from graphamp.cli.numerics import (
     float8_option,
     require_onnx,
 )
+from graphamp.cli.parser import non_negative
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -11,7 +11,7 @@ import torch
 from torch import fx, nn
 
 from graphamp.dialects.base import Dialect, ReadGraph
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, RunFailure
 from graphamp.fx import reader, writer
 from graphamp.fx.capture import capture, example_args
 from graphamp.fx.samples import embedding_bounds, input_spec
@@ -128,7 +128,11 @@ def run_module(
             )
         args.append(torch.from_numpy(array).to(device=device, dtype=torch_dtype(spec.dtype)))
     with torch.no_grad():
-        result = module(*args)
+        try:
+            result = module(*args)
+        except RuntimeError as exc:  # a shape or value the module does not take
+            message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise RunFailure(f"torch: {message}") from None
     flat = result if isinstance(result, tuple | list) else (result,)
     outputs = {f"output {i}": t.float().cpu().numpy() for i, t in enumerate(flat)}
     return outputs, f"torch ({device})"

@@ -1,10 +1,13 @@
 """Data for the numerics commands (``--inputs DATA``): batches of feeds from ``.npz`` files.
 
-DATA is an ``.npz`` file with one array per graph input, the batch along the first axis, or a
-folder of such files (read in name order). A file holding more rows than the inputs' fixed
-batch dimension is split into batches of that size. Every file is checked before any array is
-read (names, shapes and types come from the ``.npy`` headers), so a bad file is refused in one
-line before work starts; arrays are then read one file at a time and never unpickled.
+DATA is an ``.npz`` file with one array per graph input, or a folder of such files (read in
+name order). Each file is one batch, its arrays fed as they are (a 0-d array for a scalar input,
+a state whose batch is on another axis as it is), checked against the shapes the model declares.
+Only where every input declares one fixed first dimension and every array of the file holds a
+multiple of it along its first axis is the file split into batches of that size (a batch-1
+model's calibration data in one file). Every file is checked before any array is read (names,
+shapes and types come from the ``.npy`` headers), so a bad file is refused in one line before
+work starts; arrays are then read one file at a time and never unpickled.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ DataSource = str | os.PathLike[str] | Mapping[str, np.ndarray] | Iterable[Mappin
 @dataclass(frozen=True)
 class _File:
     path: Path
-    rows: int  # along the first axis
+    rows: int  # along the first axis, where the file is split (else 1)
     batch: int  # rows per batch; 0: the file is one batch
 
 
@@ -125,33 +128,28 @@ def _check_file(
     for spec in specs:
         if spec.name not in headers:
             raise GraphampError(f"{file}: no array for model input {spec.name!r}")
-        shape, dtype = headers[spec.name]
-        if not shape:
-            raise GraphampError(
-                f"{file}: array {spec.name!r} is a scalar: the batch is its first axis"
-            )
-        _check_type(file, spec, dtype)
+        _check_type(file, spec, headers[spec.name][1])
+    for name, (shape, _) in headers.items():
+        if 0 in shape:
+            raise GraphampError(f"{file}: array {name!r} holds no values (shape {shape})")
     _check_ids(file, specs)
-    rows = {name: shape[0] for name, (shape, _) in headers.items()}
-    if len(set(rows.values())) != 1:
-        counts = ", ".join(f"{name} {count}" for name, count in sorted(rows.items()))
-        raise GraphampError(f"{file}: arrays disagree on the batch size (first axis: {counts})")
-    total = next(iter(rows.values()))
-    if total == 0:
-        raise GraphampError(f"{file}: the arrays hold no rows")
     batch = _fixed_batch(specs)
-    if batch is not None and total != batch and total % batch == 0:
-        # more rows than the model's fixed batch: split, each batch checked for its shape
-        for spec in specs:
-            _check_shape(file, spec, (batch, *headers[spec.name][0][1:]))
-        return _File(file, total, batch)
-    for spec in specs:
+    rows = {shape[0] if shape else None for shape, _ in headers.values()}
+    if batch is not None and len(rows) == 1:
+        total = rows.pop()
+        if total is not None and total != batch and total % batch == 0:
+            # more rows than the model's fixed batch: split, each batch checked for its shape
+            for spec in specs:
+                _check_shape(file, spec, (batch, *headers[spec.name][0][1:]))
+            return _File(file, total, batch)
+    for spec in specs:  # fed as it is
         _check_shape(file, spec, headers[spec.name][0])
-    return _File(file, total, 0)
+    return _File(file, 1, 0)
 
 
 def _fixed_batch(specs: list[InputSpec]) -> int | None:
-    """The fixed size of the inputs' first axis, when every input declares the same one."""
+    """The fixed size of the inputs' first axis, when every input declares the same one (a
+    scalar input declares none)."""
     sizes = {spec.shape[0] if spec.shape else None for spec in specs}
     size = sizes.pop() if len(sizes) == 1 else None
     return size if isinstance(size, int) else None

@@ -15,7 +15,14 @@ import numpy as np
 
 from graphamp.dialects.base import Dialect
 from graphamp.dialects.registry import for_object
+from graphamp.errors import InternalError, RunFailure
 from graphamp.numerics.inputs import random_inputs as _random_inputs
+
+
+class FloatModelFails(RunFailure):
+    """The float32 model itself fails on the inputs (the message: what its runtime said): the
+    inputs do not suit it, so there is nothing to verify against."""
+
 
 # Default tolerance on max |y - y32| / max |y32| per output, by target dtype.
 DEFAULT_RTOL = {"float16": 1e-2, "bfloat16": 5e-2}
@@ -143,12 +150,33 @@ def verify(
     atol: float = 0.0,
     provider: str = "cpu",
     dialect: Dialect | None = None,
+    reference: tuple[dict[str, np.ndarray], str] | None = None,
 ) -> Report:
-    """Run both models on ``feeds`` and compare every output."""
+    """Run both models on ``feeds`` and compare every output; ``reference``: the float32
+    model's outputs on ``feeds`` and what computed them, where :func:`run_float32` gave them
+    already."""
     dialect = dialect or for_object(original)
-    reference, reference_backend = dialect.run(original, feeds, provider=provider)
-    outputs, backend = dialect.run(converted, feeds, provider=provider)
+    if reference is None:
+        reference = run_float32(original, feeds, provider=provider, dialect=dialect)
+    reference_outputs, reference_backend = reference
+    try:
+        outputs, backend = dialect.run(converted, feeds, provider=provider)
+    except RunFailure as exc:  # what the float32 model ran on, the conversion must too
+        raise InternalError(
+            f"the converted model fails where the float32 model runs ({exc})"
+        ) from None
     label = (
         backend if backend == reference_backend else f"{backend} vs float32 on {reference_backend}"
     )
-    return compare(reference, outputs, rtol=rtol, atol=atol, provider=label)
+    return compare(reference_outputs, outputs, rtol=rtol, atol=atol, provider=label)
+
+
+def run_float32(
+    original: object, feeds: dict[str, np.ndarray], *, provider: str, dialect: Dialect
+) -> tuple[dict[str, np.ndarray], str]:
+    """The float32 model's outputs on ``feeds`` and what computed them; FloatModelFails where
+    its runtime cannot run it on them."""
+    try:
+        return dialect.run(original, feeds, provider=provider)
+    except RunFailure as exc:
+        raise FloatModelFails(str(exc)) from None

@@ -14,12 +14,12 @@ import onnx
 import onnxruntime as ort
 
 from graphamp.core import dtypes
-from graphamp.errors import GraphampError, InternalError
+from graphamp.errors import GraphampError, InternalError, RunFailure
 from graphamp.numerics.inputs import InputSpec
 from graphamp.onnx import infile
 from graphamp.onnx.emulate import LOW_CODES, emulated, has_low_values
 from graphamp.onnx.files import inferred_types
-from graphamp.onnx.session import QDQ_SWITCH, holds_float8
+from graphamp.onnx.session import QDQ_SWITCH, holds_float8, run_message
 
 NotImplementedByOrt = ort.capi.onnxruntime_pybind11_state.NotImplemented
 
@@ -91,7 +91,8 @@ def run(
     cuda = ("CUDAExecutionProvider", {"use_tf32": "0"})
     providers = [cuda, "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    # (a run that fails is raised as one line below, not also logged in onnxruntime's form)
+    options.log_severity_level = 4
     if holds_float8(model):  # (CUDA too: its QDQ fusion refuses float8 MatMuls without bias)
         options.add_session_config_entry(QDQ_SWITCH, "1")
     if quantised:
@@ -125,7 +126,10 @@ def run(
     used = _used(session)
     if provider == "cuda" and used != "cuda":
         raise GraphampError(_no_cuda(f"no GPU, or no CUDA libraries; it would run on {used}"))
-    outputs = session.run(names, typed)
+    try:
+        outputs = session.run(names, typed)
+    except Exception as exc:  # onnxruntime's own error types: the inputs do not suit the model
+        raise RunFailure(f"onnxruntime: {run_message(exc)}") from None
     tf32 = ", use_tf32=0" if used == "cuda" else ""
     return dict(zip(names, outputs, strict=True)), f"onnxruntime {used}{emulation}{tf32}"
 

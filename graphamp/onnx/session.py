@@ -10,6 +10,7 @@ external data and loaded from there.
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -20,7 +21,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from graphamp.core import dtypes
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, RunFailure
 from graphamp.onnx.files import with_stubs
 
 SERIALIZE_LIMIT = 1_900_000_000
@@ -108,7 +109,8 @@ class Session:
         self.what = what
         self.input_types = _input_types(proto)
         options = ort.SessionOptions()
-        options.log_severity_level = 3
+        # (a run that fails is raised as one line, not also logged in onnxruntime's form)
+        options.log_severity_level = 4
         # Memory patterns pre-plan one block for every intermediate of a run, and the arena
         # keeps what a run took: with the statistics models (thousands of small reductions)
         # together they held several times the model's memory (5 GB on BERT-base, batch 8,
@@ -166,7 +168,7 @@ class Session:
         try:
             values = self._session.run(names, typed)
         except Exception as exc:  # onnxruntime's own error types
-            raise GraphampError(f"onnxruntime cannot run {self.what}: {_first_line(exc)}") from None
+            raise RunFailure(f"onnxruntime cannot run {self.what}: {run_message(exc)}") from None
         return dict(zip(names, values, strict=True))
 
 
@@ -201,6 +203,20 @@ def is_stub(init: onnx.TensorProto) -> bool:
 def _input_types(proto: onnx.ModelProto) -> dict[str, int]:
     stored = {init.name for init in proto.graph.initializer}
     return {v.name: v.type.tensor_type.elem_type for v in proto.graph.input if v.name not in stored}
+
+
+def run_message(exc: BaseException) -> str:
+    """What onnxruntime says of a failed run in one short line: the node, and its reason
+    without the error-code prefix, the source location and the C++ check that failed."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", lines[0])
+    node = re.search(r"running (\w+) node\. Name:'([^']*)'", text)
+    detail = text.split("Status Message: ", 1)[-1]
+    detail = re.sub(r"^\S+:\d+ ", "", detail)  # the source file of the check
+    if " was false. " in detail:  # the C++ check itself: its explanation follows it
+        detail = detail.split(" was false. ", 1)[1]
+    where = f"{node[1]} node {node[2]!r}: " if node else ""
+    return (where + detail)[:300]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -122,3 +122,74 @@ def ratio_of_tiny_values() -> onnx.ModelProto:
         helper.make_node("MatMul", ["r", "W"], ["y"], name="project"),
     ]
     return _model(nodes, weights, 16)
+
+
+VAD_WINDOW = 512  # samples per call at 16 kHz (32 ms)
+VAD_STATE = 128
+
+
+def voice_activity() -> onnx.ModelProto:
+    """A voice-activity detector shaped like silero VAD: ``input`` [batch, 512] samples, ``sr``
+    a scalar int64 sample rate and ``state`` [2, batch, 128] (the batch on axis 1) carried from
+    call to call; ``output`` [batch, 1] and ``stateN``. The window is cut into frames of
+    ``sr / 125`` samples (128 at 16 kHz) by a Reshape, so a sample rate that is not one the
+    model knows (random ids from 1 to 15) makes the float32 model itself fail in onnxruntime."""
+    rng = np.random.default_rng(0)
+    frames = VAD_WINDOW // 128
+    weights = {
+        "per_frame": np.array(125, np.int64),
+        "leading": np.array([-1, frames], np.int64),
+        "state_index": np.array(0, np.int64),
+        "carry_index": np.array(1, np.int64),
+        "zero_axis": np.array([0], np.int64),
+        "frame_axis": np.array([1], np.int64),
+        "W_in": _weight(rng, (128, VAD_STATE), 0.2),
+        "W_state": _weight(rng, (VAD_STATE, VAD_STATE), 0.2),
+        "W_out": _weight(rng, (VAD_STATE, 1), 0.2),
+    }
+    nodes = [
+        helper.make_node("Div", ["sr", "per_frame"], ["frame"], name="frame_size"),
+        helper.make_node("Unsqueeze", ["frame", "zero_axis"], ["frame_1d"], name="frame_1d"),
+        helper.make_node("Concat", ["leading", "frame_1d"], ["shape"], name="shape", axis=0),
+        helper.make_node("Reshape", ["input", "shape"], ["framed"], name="frames"),
+        helper.make_node("ReduceMean", ["framed", "frame_axis"], ["mean"], keepdims=0),
+        helper.make_node("MatMul", ["mean", "W_in"], ["seen"], name="encode"),
+        helper.make_node("Gather", ["state", "state_index"], ["h"], name="hidden", axis=0),
+        helper.make_node("MatMul", ["h", "W_state"], ["recalled"], name="recall"),
+        helper.make_node("Add", ["seen", "recalled"], ["mixed"], name="mix"),
+        helper.make_node("Tanh", ["mixed"], ["h_next"], name="update"),
+        helper.make_node("Gather", ["state", "carry_index"], ["c"], name="carried", axis=0),
+        helper.make_node("Unsqueeze", ["h_next", "zero_axis"], ["h_row"], name="h_row"),
+        helper.make_node("Unsqueeze", ["c", "zero_axis"], ["c_row"], name="c_row"),
+        helper.make_node("Concat", ["h_row", "c_row"], ["stateN"], name="new_state", axis=0),
+        helper.make_node("MatMul", ["h_next", "W_out"], ["logit"], name="score"),
+        helper.make_node("Sigmoid", ["logit"], ["output"], name="probability"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "voice_activity",
+        [
+            helper.make_tensor_value_info("input", F32, ["batch", VAD_WINDOW]),
+            helper.make_tensor_value_info("state", F32, [2, "batch", VAD_STATE]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        [
+            helper.make_tensor_value_info("output", F32, ["batch", 1]),
+            helper.make_tensor_value_info("stateN", F32, [2, "batch", VAD_STATE]),
+        ],
+        [numpy_helper.from_array(values, name) for name, values in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    model.ir_version = 10
+    return model
+
+
+def voice_activity_inputs(batch: int = 1, seed: int = 1) -> dict[str, np.ndarray]:
+    """Real-looking inputs for :func:`voice_activity`: 16 kHz samples, a 0-d sample rate and
+    a small state with the batch on axis 1."""
+    rng = np.random.default_rng(seed)
+    return {
+        "input": _weight(rng, (batch, VAD_WINDOW), 0.3),
+        "state": _weight(rng, (2, batch, VAD_STATE), 0.1),
+        "sr": np.array(16000, np.int64),
+    }

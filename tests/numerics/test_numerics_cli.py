@@ -132,13 +132,13 @@ def _bad_files(tmp_path):  # type: ignore[no-untyped-def]
     cases["no input"] = (npz("noinput", z=x), "array 'z' is no input")
     cases["shape"] = (npz("shape", x=x[:, :5]), "input 'x' has shape (4, 5)")
     cases["rows"] = (npz("rows", x=np.concatenate([x, x[:2]])), "input 'x' has shape (6, 16)")
-    cases["scalar"] = (npz("scalar", x=np.float32(1.5)), "is a scalar")
+    cases["scalar"] = (npz("scalar", x=np.float32(1.5)), "input 'x' has shape ()")
     cases["strings"] = (npz("strings", x=np.full((4, 16), "a")), "the array holds <U1")
     cases["objects"] = (
         npz("objects", x=np.array([[1.5] * 16] * 4, dtype=object)),
         "holds Python objects",
     )
-    cases["no rows"] = (npz("norows", x=np.ones((0, 16), np.float32)), "hold no rows")
+    cases["no rows"] = (npz("norows", x=np.ones((0, 16), np.float32)), "holds no values")
     return cases
 
 
@@ -184,3 +184,60 @@ def test_tune_says_how_to_keep_a_kept_matrix_op_float32_on_a_gpu():
         console = Console(record=True, width=300)
         _warn_tf32(kept, plan, target, console)
         assert ('"use_tf32": "0"' in console.export_text()) is said, (target, kept)
+
+
+@pytest.fixture()
+def vad(tmp_path):
+    path = tmp_path / "vad.onnx"
+    onnx.save(planted.voice_activity(), str(path))
+    return path
+
+
+def test_verify_on_random_inputs_a_model_cannot_run_is_one_line_and_exit_2(vad, tmp_path, capfd):
+    """A voice-activity model's sample rate drawn at random (1 to 15) breaks the float32 model
+    itself: refused before converting, in one line, without onnxruntime's own log lines."""
+    out = tmp_path / "vad.fp16.onnx"
+    assert main(["convert", str(vad), "-o", str(out), "--verify"]) == 2
+    captured = capfd.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith(f"graphamp: error: {vad}: the float32 model fails on random inputs ")
+    assert "(onnxruntime: Reshape node 'frames': " in line and line.endswith(": pass --inputs")
+    assert "onnxruntime_src" not in line and "[E:onnxruntime" not in captured.out
+    assert not captured.out.strip()  # refused before any work: no summary of a conversion
+    assert not out.exists() and not list(tmp_path.glob(".vad.fp16*"))
+
+
+def test_inputs_feed_a_scalar_and_a_state_batched_on_axis_1_as_they_are(vad, tmp_path, capsys):
+    data = tmp_path / "vad.npz"
+    feeds = planted.voice_activity_inputs(batch=3)
+    assert feeds["sr"].shape == () and feeds["state"].shape == (2, 3, 128)
+    np.savez(data, **feeds)
+    out = tmp_path / "vad.fp16.onnx"
+    assert main(["convert", str(vad), "-o", str(out), "--verify", "--inputs", str(data)]) == 0
+    table = capsys.readouterr().out
+    assert "float16 rounding emulated" in table and "stateN" in table
+    assert out.exists()
+    # calibration reads the same files
+    plan = tmp_path / "plan.json"
+    assert main(["plan", str(vad), "--calibrate", str(data), "-o", str(plan)]) == 0
+    # a sample rate the model does not know, given as data: refused, naming the file
+    np.savez(data, **{**feeds, "sr": np.array(7)})
+    out.unlink()
+    argv = ["convert", str(vad), "-o", str(out), "--verify", "--inputs", str(data)]
+    line = user_error(capsys, argv, f"the float32 model fails on {data} (onnxruntime: Reshape")
+    assert "pass --inputs" not in line and not out.exists()
+
+
+def test_calibration_and_debug_data_a_model_cannot_run_on_is_one_line(vad, tmp_path, capfd):
+    data = tmp_path / "vad.npz"
+    np.savez(data, **{**planted.voice_activity_inputs(batch=2), "sr": np.array(7)})
+    out = tmp_path / "vad.fp16.onnx"
+    for argv in (
+        ["convert", str(vad), "-o", str(out), "--calibrate", str(data)],
+        ["debug", str(vad), str(vad), "--inputs", str(data)],
+    ):
+        assert main(argv) == 2
+        captured = capfd.readouterr()
+        (line,) = captured.err.strip().splitlines()
+        assert "onnxruntime cannot run" in line and "Reshape node 'frames': " in line, line
+        assert "onnxruntime_src" not in line and not out.exists()
