@@ -149,7 +149,8 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="GLOB",
         help="run nodes whose name or module path matches GLOB low wherever their schema, "
         "kernel and weights allow, whatever the op lists say (repeatable; plan rule "
-        "allow_name; a --deny-name match wins)",
+        "allow_name; a --deny-name match wins); in a model that already computes low, the "
+        "way to lower a float32 op it keeps (rule kept)",
     )
     group.add_argument(
         "--deny-tensor",

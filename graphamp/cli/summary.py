@@ -22,6 +22,7 @@ NOTABLE_RULES = {
     "tuned": "graphamp tune kept it",
     "integer_range": "reads a wide integer cast to float",
     "integer_valued": "its result is used as an integer",
+    "kept": "the input model keeps it float32",
 }
 
 
@@ -175,9 +176,16 @@ def nothing_converted(plan: Plan) -> str | None:
     low = [d for d in plan.nodes.values() if d.rule == "already_low"]
     if low:
         types = sorted({str(d.precision) for d in low})
+        kept = sum(d.rule == "kept" for d in plan.nodes.values())
+        also = (
+            f" and the {kept} float32 ops it keeps stay float32 (rule kept; --allow-name"
+            " lowers one)"
+            if kept
+            else ""
+        )
         return (
-            f"nothing converted: {len(low)} nodes already compute in {', '.join(types)}; "
-            "the output is the input's graph"
+            f"nothing converted: {len(low)} nodes already compute in {', '.join(types)}{also};"
+            " the output is the input's graph"
         )
     return f"nothing converted: no node runs in {plan.dtype} under this policy"
 

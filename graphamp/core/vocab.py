@@ -63,6 +63,7 @@ class Rule(enum.StrEnum):
     OPAQUE = "opaque"
     TYPE_UNKNOWN = "type_unknown"
     ALREADY_LOW = "already_low"
+    KEPT = "kept"  # float32 in a model that already computes low: its own decision (kept.py)
     FLOAT64 = "float64"
     NO_FLOAT = "no_float"
     CAST = "cast"
@@ -94,7 +95,7 @@ DENY_SEEDS = frozenset({Rule.DENY, Rule.DENY_NAME, Rule.DENY_TENSOR, Rule.TUNED}
 """Rules that start a deny spread (and must never end low). ``tuned`` is one: tune prints its
 set as ``deny_names``, which must give the same precisions."""
 
-KEPT_FLOAT32 = DENY_SEEDS | {Rule.RANGE, Rule.INTEGER_RANGE, Rule.INTEGER_VALUED}
+KEPT_FLOAT32 = DENY_SEEDS | {Rule.RANGE, Rule.INTEGER_RANGE, Rule.INTEGER_VALUED, Rule.KEPT}
 """Rules whose nodes must never end low (checked between passes)."""
 
 FP8_RULES = frozenset({Rule.FP8, Rule.FP8_SHAPE, Rule.FP8_DENY, Rule.FP8_OPERANDS, Rule.FP8_RANGE})

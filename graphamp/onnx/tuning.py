@@ -64,6 +64,7 @@ _DECIDING = (
     "integer_values",
     "range",
     "tuned",
+    "kept",
     "paint",
     "promote",
     "cost",
