@@ -312,7 +312,7 @@ def _lossless_cast_source(
 
 class _Readers:
     """The (node, slot) readers of a tensor, listed when first asked for: only graph inputs,
-    Casts and weights are, so a graph of 50,000 nodes lists a handful, not every tensor's."""
+    Casts and weights are, so a large graph lists a handful, not every tensor's."""
 
     def __init__(self, graph: OpGraph) -> None:
         self.graph = graph

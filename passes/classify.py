@@ -86,11 +86,11 @@ class _Classifier:
 
     Where the policy has no name or tensor rule, rules 1-6 but the weights' read nothing of a
     plain op but its op type's facts (list, schema, kernel, computation type, FLOPs): the
-    nodes of one op type with the same facts share the decision (a graph of 50,000 nodes has
-    a few dozen such types). The weights rule is still applied node by node, to the nodes that
+    nodes of one op type with the same facts share the decision (a large graph has far fewer
+    such types than nodes). The weights rule is still applied node by node, to the nodes that
     read a stored value, but once a stored value is known to fit (measured, or of another type
-    than float32) a node that reads only such values is not looked at again: the chain's 6,250
-    readers of one weight ask once. Decisions are never changed in place (a pass replaces a
+    than float32) a node that reads only such values is not looked at again: the many
+    readers of one shared weight ask once. Decisions are never changed in place (a pass replaces a
     node's), so sharing one is safe.
     """
 

@@ -95,8 +95,8 @@ class Network:
         maximum flow, so a tie stays float32 whatever the flow algorithm did).
 
         The flow is Dinic's (shortest augmenting paths, a blocking flow per BFS level graph)
-        over integer arrays: networkx's ``boykov_kolmogorov`` on a DiGraph gives the same set,
-        at three times the cost on a 50,000-node chain, most of it building the DiGraph. Before
+        over integer arrays: networkx's ``boykov_kolmogorov`` gives the same set, but needs a
+        DiGraph of the network built first, an object per node and edge. Before
         it, what it would push first along the shortest paths is pushed without a search: a
         node's capacity from the source against its capacity to the sink, array-wise (most of
         the cost pass's edges have a terminal end: a value whose producer or reader is fixed),
@@ -244,7 +244,7 @@ def cut(variables: int, costs: Costs) -> list[int]:
     -> aux' -> member; the aux edges are unbounded. A cost with one member (most of them: a
     value one op reads) is the edge member -> head and head -> member instead, with no aux
     node: the same cuts at the same price in a smaller flow graph. The regions that share no
-    cost are cut in one flow (one call: a graph of 50,000 nodes has thousands of them); the
+    cost are cut in one flow (one call, however many regions a large graph has); the
     cut of each is the same as alone."""
     # every bounded edge carries at most its cost, and a cost makes at most two of them
     network = Network(variables, unbounded=2 * costs.total() + 1)

@@ -116,7 +116,7 @@ def paint(graph: OpGraph, classes: dict[str, NodeDecision], low: str) -> dict[st
     position = {name: index for index, name in enumerate(order)}
     for root in [n for n in order if n in low_set]:
         # A walk per low node, inline: most have no clear neighbour outside low_set, and a
-        # graph of 50,000 nodes has tens of thousands of them.
+        # large graph has a great many low nodes.
         reached, stack = [], [root]
         while stack:
             for near in flow.neighbours(stack.pop()):

@@ -38,7 +38,7 @@ def unmatched_rules(context: PassContext) -> list[str]:
     graph, policy = context.graph, context.policy
     problems: list[str] = []
     # (each table is built only where a rule needs it: most policies name no node or tensor,
-    # and a graph of 50,000 nodes has 100,000 names to sort)
+    # and a large graph has a name per node and per value to sort)
     ops = sorted({node.op for node in graph}) if policy.moved_ops else []
     for op in policy.moved_ops:
         if op not in ops:

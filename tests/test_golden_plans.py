@@ -1,9 +1,9 @@
 """The plans of every zoo model, in both dtypes and both dialects, are byte-identical to the
 plans recorded in ``tests/golden/``.
 
-They were recorded before the engine was restructured into dialects and passes with contracts
-(issue 9): a refactor must not move a single decision, cast or reason. A change that means to
-move decisions regenerates them on purpose and the diff is reviewed like code::
+They are the record of what the engine decides: a refactor must not move a single decision,
+cast or reason. A change that means to move decisions regenerates them on purpose and the diff
+is reviewed like code::
 
     GRAPHAMP_UPDATE_GOLDEN=1 python -m pytest tests/test_golden_plans.py
 """

@@ -1,4 +1,4 @@
-"""The package as built (issue 26): the wheel builds without setuptools' deprecation warnings,
+"""The package as built: the wheel builds without setuptools' deprecation warnings,
 holds the viewer's static files and the op lists, and runs ``graphamp --version`` and
 ``graphamp demo`` from outside the source tree. (tools/ci/check_wheel.sh does the same with a
 fresh virtual environment and the dependencies installed from the package index.)

@@ -7,9 +7,10 @@ from collections.abc import Iterable, Iterator
 
 
 class Dataflow:
-    """A directed graph over node names as two adjacency tables: what the passes walk (networkx
-    did the same at five times the cost on a 50,000-node graph). An edge added twice is one
-    edge; neighbours come in the order their edges were first added."""
+    """A directed graph over node names as two adjacency tables: what the passes walk (plain
+    dicts, without the attribute dict per edge and the views a networkx graph builds). An
+    edge added twice is one edge; neighbours come in the order their edges were first
+    added."""
 
     def __init__(self, nodes: Iterable[str]) -> None:
         self._successors: dict[str, dict[str, None]] = {name: {} for name in nodes}

@@ -18,7 +18,7 @@ A new value's name is also taken as a node name (a Cast is named after its outpu
 
 The names of the graph are read at the first name asked for, not when the generator is made: a
 pass makes one per run and most runs add nothing (a graph with no norm to fuse, a model with
-nothing to cast), and a graph of 50,000 nodes has 100,000 names to read. The passes that use
+nothing to cast), and a large graph has a name per node and per value to read. The passes that use
 it change the graph only after taking their names.
 """
 

@@ -3,8 +3,8 @@
 A traced graph calls each op as ``torch.ops.aten.mm.default(a, b)``: the overload object's
 ``__call__`` and the dispatcher's boxed argument parsing. Eager PyTorch code calls
 ``torch.mm(a, b)``, a binding generated from the same schema that parses its arguments in C++
-and calls the same op: ~1.2 µs less per call on a CPU, where a BERT step graph makes several
-hundred calls and autograd's engine makes the backward's from C++.
+and calls the same op with less Python on the way, which adds up where a step graph makes
+several hundred calls and autograd's engine makes the backward's from C++.
 
 :func:`with_bindings` gives each aten node the binding of its op's own name (``torch.mm``,
 ``torch._C._nn.gelu``, ``Tensor.view``...) where calling that binding on meta tensors like the

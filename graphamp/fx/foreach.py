@@ -3,15 +3,14 @@ foreach op.
 
 After :mod:`graphamp.fx.in_place`, an optimizer's tail is runs of the same update on every
 parameter: ``add_(grad, momentum, alpha=0.9)`` once per parameter, then
-:func:`~graphamp.fx.in_place.update_unless` of ``addcmul_`` once per parameter (the formulas
-are written one operation at a time over all tensors, :func:`graphamp.fx.optim.update`). Run
-node by node, each is a Python call and a dispatch (~2-4 µs on a CPU; a kernel launch each on
-a GPU), where torch.optim calls one ``_foreach_*_`` op per list. :func:`grouped` turns each
-run of consecutive, independent nodes with the same op and the same non-tensor arguments into
-one call of the matching foreach op (``_foreach_add_.List``, ``_foreach_addcmul_.Scalar``...),
-which on a CPU runs the same kernel per tensor (on a GPU, torch.optim's multi-tensor
-kernels: what its foreach path computes). ``torch.compile`` gets the nodes
-back one by one (:func:`ungrouped`).
+:func:`~graphamp.fx.in_place.update_unless` of ``addcmul_`` once per parameter (the formulas are
+written one operation at a time over all tensors, :func:`graphamp.fx.optim.update`). Run node by
+node, each is a Python call and a dispatch (and on a GPU a kernel launch), where torch.optim
+calls one ``_foreach_*_`` op per list. :func:`grouped` turns each run of consecutive,
+independent nodes with the same op and the same non-tensor arguments into one call of the
+matching foreach op (``_foreach_add_.List``, ``_foreach_addcmul_.Scalar``...), which on a CPU
+runs the same kernel per tensor (on a GPU, torch.optim's multi-tensor kernels: what its foreach
+path computes). ``torch.compile`` gets the nodes back one by one (:func:`ungrouped`).
 """
 
 from __future__ import annotations

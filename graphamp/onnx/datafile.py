@@ -2,9 +2,9 @@
 
 Bytes go through two page-aligned buffers: the caller fills one while a background thread writes
 the other, so reading and rounding the next weights overlaps the disk write. The file is opened
-with ``O_DIRECT`` where the filesystem takes it: the data skips the page cache, which on a
-machine without memory to spare (or a VM whose fresh pages are slow to get) is several times
-faster than a buffered write, and leaves the cache to the input being read. The last, partial
+with ``O_DIRECT`` where the filesystem takes it: the data skips the page cache, so a machine
+without memory to spare (or a VM whose fresh pages are slow to get) neither copies it nor
+reclaims pages for it, and the cache is left to the input being read. The last, partial
 block is written padded and the file cut to its length. Elsewhere (tmpfs, other systems) the
 same code writes through the page cache.
 """

@@ -64,7 +64,7 @@ def checked(
     if own is None:
         return proto, _inferred(light(proto), data_prop), ""
     # inference's entries of the values the model declares (an output's last: it wins); a
-    # model that declares no value_info needs none of the others, which may be 50,000
+    # model that declares no value_info needs none of the others (one per value of the graph)
     declared_names = {info.name for info in proto.graph.value_info}
     inferred = (
         {info.name: info for info in own.graph.value_info if info.name in declared_names}

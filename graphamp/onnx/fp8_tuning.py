@@ -3,8 +3,7 @@ conversion meets a tolerance.
 
 Plain ``tune`` switches nodes between float32 and the low type inside one switchable model;
 float8's quantisers and float8 weights are not such a switch, so this search converts for real
-and measures each candidate through the faithful evaluator (the zoo's models convert in well
-under a second). The search:
+and measures each candidate through the faithful evaluator. The search:
 
 1. Convert with float8 everywhere the rules allow; done when it meets the tolerance.
 2. Keep every float8 node in the low type: when even that misses, float8 is not the cause

@@ -230,7 +230,7 @@ def _load_error(path: Path, *, optimised: bool = False) -> BaseException | None:
     the file's, but for the weights the file holds: those are referenced as external data of
     the file itself (its own bytes, where :mod:`graphamp.onnx.infile` finds them), which
     onnxruntime memory-maps and never reads here, so the load costs the graph, not the
-    weights (reading them in was most of the check's time and twice their size in memory)."""
+    weights (reading them in would cost time and memory in proportion to the model)."""
     options = ort.SessionOptions()
     options.log_severity_level = 4
     if not optimised:  # (optimised: the default level, whose QDQ fusion a float8 model meets)

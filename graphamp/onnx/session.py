@@ -2,8 +2,9 @@
 
 Large initializers are not serialized: onnxruntime gets them as arrays (external
 initializers, used where they are, not copied), and the model it parses holds data-less stubs.
-That saves serializing and parsing the weights again for every session (seconds on GPT-2
-size), and sessions over models that hold the same weights share one copy (:class:`Weights`).
+That saves serializing and parsing the weights again for every session (the bulk of a large
+model's bytes), and sessions over models that hold the same weights share one copy
+(:class:`Weights`).
 A model still over protobuf's 2 GB limit without them is written to a temporary folder with
 external data and loaded from there.
 """
@@ -113,14 +114,13 @@ class Session:
         options.log_severity_level = 4
         # Memory patterns pre-plan one block for every intermediate of a run, and the arena
         # keeps what a run took: with the statistics models (thousands of small reductions)
-        # together they held several times the model's memory (5 GB on BERT-base, batch 8,
-        # against 1 GB without them), at no gain in speed.
+        # together they hold a block per intermediate on top of the model, at no gain in
+        # speed.
         options.enable_mem_pattern = False
         options.enable_cpu_mem_arena = False
         # A thread that waits for work sleeps instead of spinning: a model of thousands of
-        # small nodes (statistics, Ifs) otherwise keeps a second core busy waiting, which on
-        # shared cores took twice the CPU time and up to twice the wall time (GPT-2's
-        # comparison model at load 5). The values computed are the same.
+        # small nodes (statistics, Ifs) otherwise keeps a second core busy waiting, CPU time
+        # that other work on shared cores needs. The values computed are the same.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if level is not None:
             options.graph_optimization_level = level

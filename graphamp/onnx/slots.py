@@ -77,7 +77,7 @@ def computing_node(
 ) -> OpNode:
     """Fill ``op_node`` (an op that is neither a Cast, a Constant nor control flow) from its
     schema. Nodes of one op with the same types get the same slots: the schema work is done
-    once per signature (a graph of 50,000 nodes may have a dozen)."""
+    once per signature (a large graph has few: most nodes repeat a handful of them)."""
     inputs, outputs, domain = op_node.inputs, op_node.outputs, op_node.domain
     input_types = tuple([tensors[name].dtype if name else "" for name in inputs])
     opset = opset_of(opsets, domain)

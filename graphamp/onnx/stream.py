@@ -15,7 +15,7 @@ Nothing here imports onnx_ir: the direct path uses these on the weights of a mod
 maps (:mod:`graphamp.onnx.infile`), the onnx_ir path through :mod:`graphamp.onnx.ir_tensors`.
 
 Rounding float32 to float16 is done by onnxruntime's Cast kernel (F16C instructions) when the
-chunk holds no NaN: numpy rounds in software at about 1 GB/s, slower than the disk. The two agree
+chunk holds no NaN: numpy rounds in software, slower than the disk delivers the bytes. The two agree
 bit for bit on every one of the 2**32 float32 values except NaN payloads, so NaN chunks and all
 other conversions go through numpy (bfloat16 through ml_dtypes, which is fast).
 """

@@ -183,8 +183,8 @@ class _GraphCheck:
     ) -> None:
         self.where, self.opsets, self.functions, self.base_dir = where, opsets, functions, base_dir
         self.function_domains = {domain for domain, _ in functions}
-        # Node signatures check_node passed: its verdict depends on nothing else, and a graph
-        # of 50,000 nodes has a handful of them.
+        # Node signatures check_node passed: its verdict depends on nothing else, and a large
+        # graph has far fewer signatures than nodes.
         self.passed: set[tuple[object, ...]] = set()
         self.subgraphs = False  # met a graph attribute
         # The path of the body being checked (``<node>/<attribute>/``): errors name a body's

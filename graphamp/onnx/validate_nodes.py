@@ -29,8 +29,8 @@ _AttributeType = onnx.AttributeProto.AttributeType
 
 class NodeFields(NamedTuple):
     """A node's fields, read from its proto once: each read of a protobuf field builds new
-    Python objects, and validation, the strings check and the direct reader all need them (on
-    a graph of 50,000 nodes a single field read across all nodes takes 10-30 ms)."""
+    Python objects, and validation, the strings check and the direct reader all need them:
+    reading them once per node, not once per user, keeps that cost to one pass."""
 
     name: str
     op_type: str
@@ -41,8 +41,8 @@ class NodeFields(NamedTuple):
     metadata: Sequence[onnx.StringStringEntryProto]  # metadata_props, the same way
 
 
-# NodeFields from a plain tuple, in C: NamedTuple's own constructor is a Python function, which
-# took a fifth of node_fields' time on a 50,000-node graph
+# NodeFields from a plain tuple, in C: NamedTuple's own constructor is a Python function, one
+# more Python call per node
 _from_tuple = partial(tuple.__new__, NodeFields)
 
 
@@ -223,8 +223,8 @@ def check_strings(  # type: ignore[no-untyped-def]
 def _node_strings(
     graph: onnx.GraphProto, fields: list[NodeFields], texts: list[str], stack: list[object]
 ) -> None:
-    """The strings of a graph's nodes, their fields read directly (a generic walk over 50,000
-    nodes took a fifth of a second); attributes and the like go on ``stack``."""
+    """The strings of a graph's nodes, their fields read directly (a generic walk would visit
+    every field of every node); attributes and the like go on ``stack``."""
     for node, known in zip(graph.node, fields, strict=True):
         name, op_type, domain, inputs, outputs, attributes, metadata = known  # (unpacked once)
         texts += inputs

@@ -1,4 +1,4 @@
-"""The user's files are sacred (issue 26): every path a command writes is checked, before any
+"""The user's files are sacred: every path a command writes is checked, before any
 work, against every path it reads and every other path it writes, by identity (symbolic and
 hard links included); all outputs of one command land together or none does; a folder that
 cannot be written and a file that cannot be read are the user's mistake (exit 2, naming it);
@@ -212,7 +212,7 @@ def test_check_update_refuses_two_entries_with_one_baseline(capsys, folder, smal
 
 def test_outputs_land_together_or_not_at_all(capsys, folder, small, monkeypatch):
     """The model is staged until the plan is written too: a failure writing the plan leaves
-    neither (convert used to write OUT, then fail on --plan)."""
+    neither, not OUT without its plan."""
     from graphamp.plans.plan import Plan
 
     def broken(self, path):  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""The smaller command-line mends of issue 26, each on a hand-written model: --version, -v after
+"""Smaller command-line behaviours, each on a hand-written model: --version, -v after
 the command, abbreviated flags refused, debug --top below 1 refused, explain with an op type,
 debug with its models swapped or unrelated, policy flags on a diff of two plan files, a
 torch.save file given to convert, and what demo says it builds."""

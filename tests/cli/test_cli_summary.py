@@ -1,4 +1,4 @@
-"""What convert says to its caller (issue 26): the graph inputs and outputs whose type changed
+"""What convert says to its caller: the graph inputs and outputs whose type changed
 (and --keep-io-types), the weight bytes kept float32 and why, and "nothing converted" meaning
 the input's own bytes; converting a graphamp output again changes no byte."""
 

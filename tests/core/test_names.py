@@ -1,4 +1,4 @@
-"""One name generator for everything graphamp adds (graphamp/core/names.py, issue 26): every node
+"""One name generator for everything graphamp adds (graphamp/core/names.py): every node
 and value name it adds is new in the whole model, subgraphs and functions included, on
 models whose names were chosen by other converters (Keras names each node after its output),
 and the output passes the full checker and loads in onnxruntime."""

@@ -1,4 +1,4 @@
-"""Names as torch 2.13's default ONNX exporter writes them (issue 26): ``torch.onnx.export``
+"""Names as torch 2.13's default ONNX exporter writes them: ``torch.onnx.export``
 with ``dynamo=True`` names nodes ``node_MatMul_3`` and puts the module path in each node's
 ``pkg.torch.onnx.name_scopes`` metadata. deny_names globs match those module paths (as they
 match FX module paths), the plan records them, and the viewer folds the graph by them.

@@ -149,7 +149,7 @@ def test_zoo_models_in_float8_meet_the_error_bars(zoo, name, bar):
         for out, value in expected.items():
             error = np.abs(np.asarray(found[out], np.float64) - value).max() / np.abs(value).max()
             worst = max(worst, float(error))
-    assert 1e-3 < worst <= bar  # float8 error, not none, and within the bar
+    assert 1e-3 < worst <= bar  # float8 error, not none, and within the bar
 
 
 def test_the_command_line_converts_verifies_and_explains(zoo, tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Models onnxruntime loads that graphamp refused or converted into invalid models (issue 26):
+"""Models onnxruntime loads that graphamp refused or converted into invalid models:
 nodes out of topological order, IR-3 models whose initializers are not graph inputs, old
 opsets, declared types that type inference contradicts, and token ids beyond an embedding.
 Each is converted into a model the full checker accepts and onnxruntime runs, with the

@@ -109,8 +109,8 @@ def test_a_converted_t5_folder_loads_in_optimum_and_generates_the_same_tokens(
     for name in SEQ2SEQ_FILES:
         ops = matrix_ops(out / name)
         assert ops and all(dtype == F16 for _, _, dtype in ops), (name, ops)
-    # the merged decoder no dearer in Casts than the two decoders it merges (issue 27's bar;
-    # it failed, 50 against 24, while fuse_norms reached only the main graph)
+    # the merged decoder no dearer in Casts than the two decoders it merges (fuse_norms
+    # reaches inside its If's branches as it does the main graph)
     unmerged_casts = casts(out / "decoder_model.onnx") + casts(out / "decoder_with_past_model.onnx")
     assert casts(out / "decoder_model_merged.onnx") <= unmerged_casts
     emulated_folder(out, faithful)

@@ -1,4 +1,4 @@
-"""--allow-name GLOB / allow_names (issue 26), the counterpart of --deny-name (ModelOpt's
+"""--allow-name GLOB / allow_names, the counterpart of --deny-name (ModelOpt's
 nodes_to_include): matching nodes run low wherever their schema, kernel and weights allow,
 whatever the op lists say, with rule ``allow_name`` in the plan; a deny_names match wins."""
 

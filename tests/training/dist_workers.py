@@ -50,11 +50,10 @@ def _logged(rank: int, worker: Callable[..., None], *args: Any) -> None:
             os.dup2(log.fileno(), stream.fileno())
     worker(rank, *args)
     # The worker has saved its results, passed the barrier and destroyed its process group.
-    # gloo's threads can still be running into interpreter finalization, where a rank then
-    # aborts now and then ("terminate called without an active exception", SIGABRT: once in
-    # the README's test run of 2026-11-25, under the DDP worker, never in 40 runs of it alone):
-    # leave without finalizing. A worker that raises never gets here, so spawn still reports
-    # its error.
+    # gloo's threads can still be running into interpreter finalization, where a rank can
+    # abort ("terminate called without an active exception", SIGABRT) after its work is done
+    # and saved: leave without finalizing. A worker that raises never gets here, so spawn
+    # still reports its error.
     leave_without_finalizing()
 
 

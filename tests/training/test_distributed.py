@@ -1,4 +1,4 @@
-"""Training steps across processes (issue 14): two gloo ranks on this CPU, each on half of a
+"""Training steps across processes: two gloo ranks on this CPU, each on half of a
 global batch, against one process on the whole batch. The workers are in
 tests/training/dist_workers.py.
 

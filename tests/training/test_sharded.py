@@ -1,4 +1,4 @@
-"""Training steps sharded across processes (issue 31, FSDP): graphamp's step on a model
+"""Training steps sharded across processes (FSDP): graphamp's step on a model
 sharded with FSDP2's fully_shard, on 2 and 4 gloo ranks of this CPU, against FSDP2 +
 MixedPrecisionPolicy(float16) + autocast + ShardedGradScaler on the same model, data and
 split. The workers are in tests/training/sharded_workers.py (one spawn per world size: starting

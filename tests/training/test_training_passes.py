@@ -124,8 +124,8 @@ def test_loss_scaling_reaches_the_gradients_float16_would_flush():
 
 def test_accumulation_under_the_default_dynamic_scaling():
     """float16's default (dynamic) scaling with accumulate=2: the accumulating micro-step
-    scales its seed but has no finite check and no scale update (it used to stop with an
-    internal error: the scale update needs the finite check)."""
+    scales its seed but has no finite check and no scale update (a scale update needs a
+    finite check, and the accumulating micro-step has none)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -26,7 +26,7 @@ import onnx
 ROOT = Path(__file__).resolve().parents[2]
 LARGE = 1_500_000_000  # bytes: past this a converted model is saved with external data
 
-# Per model: the sizes on a GPU, tiny ones elsewhere.
+# Per model: real-world sizes on a GPU, tiny ones elsewhere.
 SIZES = {
     "full": {
         "bert-base": {

@@ -1,4 +1,4 @@
-"""The faithful evaluator against a GPU's own float16 arithmetic, on planted faults (issue 13).
+"""The faithful evaluator against a GPU's own float16 arithmetic, on planted faults.
 
     python tools/gpu/gpu_numerics.py [--models bert gpt] [--faults overflow cancellation]
 

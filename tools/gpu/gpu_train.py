@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-# (model size, batch) per workload: the sizes on a GPU, tiny ones elsewhere.
+# (model size, batch) per workload: real-world sizes on a GPU, tiny ones elsewhere.
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "full": {
         "resnet50": {"size": "full", "batch": 128, "image": 224, "classes": 1000},

@@ -1,4 +1,4 @@
-"""A data-parallel step on NCCL and a CUDA device (issue 14), where only one GPU is at hand.
+"""A data-parallel step on NCCL and a CUDA device, where only one GPU is at hand.
 
     python tools/gpu/nccl_check.py [--steps 10]
 
