@@ -23,6 +23,7 @@ from graphamp.dialects.registry import for_source
 from graphamp.errors import GraphampError, PolicyWarning, WeightOverflow
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.options import Options
+from graphamp.passes.pipeline import MODEL
 from graphamp.plans.edits import EditScript, Fp8Edits
 from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
@@ -111,7 +112,7 @@ def analyse_model(
         start = time.perf_counter()
         read = dialect.read(model, policy)
         seconds["read"] = time.perf_counter() - start
-        context = PassManager().run(PassContext(read.graph, policy, options))
+        context = PassManager(MODEL).run(PassContext(read.graph, policy, options))
         if options.fp8 is not None:  # what the dialect writes of the fp8 pass's records
             context.script.fp8 = Fp8Edits(policy.dtype, list(context.scales))
     seconds["passes"] = sum(context.seconds.values())

@@ -26,9 +26,9 @@ import math
 
 from graphamp.core.graph import NodeKind, Role, TensorInfo
 from graphamp.core.vocab import Precision, Rule
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
-from graphamp.passes.loss_scale import STEP, add_node, reroute
+from graphamp.passes.loss_scale import add_node, reroute
 from graphamp.training.distributed import buckets
 
 FOUND_INF = "found_inf"
@@ -65,13 +65,10 @@ def by_readiness(context: PassContext, role: Role) -> list[TensorInfo]:
     return sorted(graph.with_role(role), key=made_at)
 
 
-@register
 class AllReducePass(Pass):
     """Average the gradients over the process group (see the module docstring)."""
 
     name = "all_reduce"
-    pipeline = STEP
-    before = ("loss_scale",)
 
     def applies(self, context: PassContext) -> bool:
         return context.options.all_reduce is not None and bool(
@@ -123,14 +120,11 @@ class AllReducePass(Pass):
         )
 
 
-@register
 class AgreeFoundInfPass(Pass):
     """Reduce the finite check's flag with MAX over the ranks (see the module docstring)."""
 
     name = "all_reduce_found_inf"
-    pipeline = STEP
     requires = frozenset({Fact.FINITE_CHECKED})
-    after = ("finite_check", "scale_update")
 
     def applies(self, context: PassContext) -> bool:
         if FOUND_INF not in context.graph.tensors:
@@ -164,14 +158,10 @@ class AgreeFoundInfPass(Pass):
         return PassResult(modified=True)
 
 
-@register
 class ClipGradNormPass(Pass):
     """Clip the unscaled gradients by their global norm (see the module docstring)."""
 
     name = "clip_grad_norm"
-    pipeline = STEP
-    after = ("all_reduce", "reduce_scatter", "loss_scale")
-    before = ("finite_check",)
 
     def applies(self, context: PassContext) -> bool:
         return context.options.clip_grad_norm is not None and bool(

@@ -1,17 +1,21 @@
-"""The contract every pass keeps, and the manager that runs them.
+"""The contract every pass keeps, and the manager that runs a pipeline of them.
 
 A pass is a small class in the spirit of onnx_ir's ``PassBase`` and torch.fx's
 ``PassManager``: it says which *facts* it needs (``requires``) and which it establishes
-(``gives``), whether it applies to the graph at hand (``applies``), and does one job in
-``run``, returning a :class:`PassResult`. A pass whose facts are all established already
-(by an alternative pass that ran first) is skipped. Passes register themselves with
-:func:`register`; the manager orders every registered pass by those declarations (a pass runs
-after the passes giving what it requires, and after/before the passes it names), so a new
-pass is added by writing it, not by editing a hand-written chain.
+(``gives``), which dialect's ops it knows when it knows only one (``dialect``), whether it has
+work on the graph at hand (``applies``), and does one job in ``run``, returning a
+:class:`PassResult`.
 
-Between passes, in tests and under ``graphamp -v``, the manager checks the rules every pass
-keeps (:mod:`graphamp.passes.invariants`); a broken rule is an :class:`InternalError` naming
-the pass that broke it.
+Which passes run, and in which order, is not the passes' business: the pipelines are ordered
+lists written in one place (:mod:`graphamp.passes.pipeline`), as grappler's ``Optimize()`` and
+onnx_ir's ``PassManager`` have them. Where a pipeline runs one of several passes (the policy's
+spread picks how precisions spread), the list holds a :class:`Choice`.
+
+:class:`PassManager` checks the contract: when built, that each pass's ``requires`` are given by
+the passes before it on every path through the list; when run, that they were established
+(a pass that gives a fact may have had no work); after each pass, under ``graphamp -v`` and in
+the tests, the rules every pass keeps (:mod:`graphamp.passes.invariants`). A broken one is an
+:class:`InternalError` naming the pass.
 """
 
 from __future__ import annotations
@@ -20,10 +24,9 @@ import abc
 import logging
 import os
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
-
-import networkx as nx
+from typing import ClassVar, TypeAlias
 
 from graphamp.errors import InternalError
 from graphamp.passes.context import PassContext
@@ -45,12 +48,11 @@ class Pass(abc.ABC):
     """One job over a :class:`PassContext` (see the module docstring)."""
 
     name: ClassVar[str]
-    # Which graphs it works on: "model" (a model to convert) or "step" (a training step).
-    pipeline: ClassVar[str] = "model"
     requires: ClassVar[frozenset[Fact]] = frozenset()
     gives: ClassVar[frozenset[Fact]] = frozenset()
-    after: ClassVar[tuple[str, ...]] = ()  # run after these passes when both apply
-    before: ClassVar[tuple[str, ...]] = ()  # run before these passes when both apply
+    # The one op vocabulary it knows (a Policy.dialect: the op-list family, "onnx"); None:
+    # it works on any graph. The manager skips it on graphs of another dialect.
+    dialect: ClassVar[str | None] = None
 
     def applies(self, context: PassContext) -> bool:
         """Whether this pass has work on this context (default: always)."""
@@ -60,91 +62,114 @@ class Pass(abc.ABC):
     def run(self, context: PassContext) -> PassResult: ...
 
 
-_REGISTRY: list[type[Pass]] = []
+@dataclass(frozen=True)
+class Choice:
+    """A step of a pipeline that runs one of several branches: ``pick`` names the branch
+    for a context (``what`` says in words what it looks at, for errors and the docs)."""
+
+    name: str
+    what: str
+    pick: Callable[[PassContext], str]
+    branches: Mapping[str, Sequence[Step]]
+
+    def branch(self, context: PassContext) -> Sequence[Step]:
+        key = self.pick(context)
+        if key not in self.branches:
+            raise InternalError(f"step {self.name!r}: no branch for {self.what} {key!r}")
+        return self.branches[key]
 
 
-def register(cls: type[Pass]) -> type[Pass]:
-    """Class decorator: make ``cls`` part of every pipeline the manager builds."""
-    if any(existing.name == cls.name for existing in _REGISTRY):
-        raise ValueError(f"a pass named {cls.name!r} is already registered")
-    _REGISTRY.append(cls)
-    return cls
+Step: TypeAlias = "type[Pass] | Choice"
 
 
-def registered() -> list[type[Pass]]:
-    return list(_REGISTRY)
+def pass_classes(steps: Sequence[Step]) -> Iterator[type[Pass]]:
+    """Every pass of ``steps``, in order, each branch of a choice in turn."""
+    for step in steps:
+        if isinstance(step, Choice):
+            for branch in step.branches.values():
+                yield from pass_classes(branch)
+        else:
+            yield step
 
 
-def order(passes: list[type[Pass]]) -> list[type[Pass]]:
-    """``passes`` sorted by their declarations; ties keep registration order."""
-    by_name = {p.name: p for p in passes}
-    rank = {p.name: index for index, p in enumerate(passes)}
-    dependencies = nx.DiGraph()
-    dependencies.add_nodes_from(by_name)
-    for later in passes:
-        for earlier in passes:
-            if earlier is not later and later.requires & earlier.gives:
-                dependencies.add_edge(earlier.name, later.name)
-        for name in later.after:
-            if name in by_name:
-                dependencies.add_edge(name, later.name)
-        for name in later.before:
-            if name in by_name:
-                dependencies.add_edge(later.name, name)
-    try:
-        names = list(nx.lexicographical_topological_sort(dependencies, key=rank.__getitem__))
-    except nx.NetworkXUnfeasible:
-        cycle = " -> ".join(a for a, _ in nx.find_cycle(dependencies))
-        raise InternalError(f"the passes' declarations form a cycle: {cycle}") from None
-    return [by_name[name] for name in names]
+def _check_requirements(steps: Sequence[Step], given: frozenset[Fact]) -> frozenset[Fact]:
+    """The facts given after ``steps`` on every path (those before them: ``given``); raise
+    when a pass requires a fact that some path to it does not give."""
+    for step in steps:
+        if isinstance(step, Choice):
+            after = [_check_requirements(branch, given) for branch in step.branches.values()]
+            given = frozenset.intersection(*after) if after else given
+            continue
+        missing = step.requires - given
+        if missing:
+            raise InternalError(
+                f"pass {step.name!r} needs {', '.join(sorted(missing))}, which no pass before "
+                "it in the pipeline gives"
+            )
+        given |= step.gives
+    return given
 
 
 class PassManager:
-    """Runs passes in declaration order, checking the invariants between them when asked.
+    """Runs a pipeline (an ordered list of passes and choices: :mod:`graphamp.passes.pipeline`),
+    checking each pass's requirements, and the invariants between passes when asked.
 
     ``check`` defaults to on under ``graphamp -v`` (logging at INFO) and when the environment
     sets ``GRAPHAMP_CHECK_INVARIANTS=1`` (the test suite does).
     """
 
-    def __init__(
-        self,
-        passes: list[type[Pass]] | None = None,
-        *,
-        pipeline: str = "model",
-        check: bool | None = None,
-    ) -> None:
-        if passes is None:
-            passes = [cls for cls in registered() if cls.pipeline == pipeline]
-        self.passes = [cls() for cls in order(passes)]
+    def __init__(self, steps: Sequence[Step], *, check: bool | None = None) -> None:
+        classes = list(pass_classes(steps))
+        names = [cls.name for cls in classes]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise InternalError(f"pass {twice[0]!r} is in the pipeline twice")
+        _check_requirements(steps, frozenset())
+        self.steps = tuple(steps)
+        self._instances = {cls: cls() for cls in classes}
         if check is None:
             check = os.environ.get(CHECK_ENV) == "1" or log.isEnabledFor(logging.INFO)
         self.check = check
 
+    @property
+    def names(self) -> list[str]:
+        """The passes' names, in order, each branch of a choice in turn."""
+        return [cls.name for cls in pass_classes(self.steps)]
+
     def run(self, context: PassContext) -> PassContext:
         if self.check:
             check_invariants(context, after="reading the graph")
-        for current in self.passes:
-            if current.gives and current.gives <= context.facts:
-                continue  # an alternative pass established all it would give
-            if not current.applies(context):
-                continue
-            missing = current.requires - context.facts
-            if missing:
-                raise InternalError(
-                    f"pass {current.name!r} needs {', '.join(sorted(missing))}, which no "
-                    "earlier pass established"
-                )
-            start = time.perf_counter()
-            result = current.run(context)
-            context.seconds[current.name] = time.perf_counter() - start
-            context.facts |= current.gives
-            log.info(
-                "pass %s: %s in %.3f s%s",
-                current.name,
-                "modified" if result.modified else "no change",
-                context.seconds[current.name],
-                f" ({result.note})" if result.note else "",
-            )
-            if self.check:
-                check_invariants(context, after=f"pass {current.name!r}")
+        self._run(self.steps, context)
         return context
+
+    def _run(self, steps: Sequence[Step], context: PassContext) -> None:
+        for step in steps:
+            if isinstance(step, Choice):
+                self._run(step.branch(context), context)
+            else:
+                self._run_pass(self._instances[step], context)
+
+    def _run_pass(self, current: Pass, context: PassContext) -> None:
+        if current.dialect is not None and current.dialect != context.policy.dialect:
+            return  # ops of a dialect it does not know
+        if not current.applies(context):
+            return
+        missing = current.requires - context.facts
+        if missing:
+            raise InternalError(
+                f"pass {current.name!r} needs {', '.join(sorted(missing))}, which no earlier "
+                "pass established"
+            )
+        start = time.perf_counter()
+        result = current.run(context)
+        context.seconds[current.name] = time.perf_counter() - start
+        context.facts |= current.gives
+        log.info(
+            "pass %s: %s in %.3f s%s",
+            current.name,
+            "modified" if result.modified else "no change",
+            context.seconds[current.name],
+            f" ({result.note})" if result.note else "",
+        )
+        if self.check:
+            check_invariants(context, after=f"pass {current.name!r}")

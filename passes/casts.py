@@ -31,7 +31,7 @@ from graphamp.core.dtypes import cast_bytes
 from graphamp.core.graph import NodeKind, OpGraph, OpNode
 from graphamp.core.names import Names
 from graphamp.core.vocab import Rule
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.passes.model_casts import share_model_casts
 from graphamp.passes.output_casts import (
@@ -59,7 +59,6 @@ LOSSLESS_WIDENING = frozenset(
 )
 
 
-@register
 class CastsPass(Pass):
     """Turn the decisions into casts, weight conversions and cast clean-up (see the module
     docstring)."""

@@ -40,7 +40,7 @@ import numpy as np
 from graphamp.core.dtypes import LOW_TYPES, UNKNOWN, numpy_type
 from graphamp.core.graph import NodeKind, OpNode
 from graphamp.core.vocab import ListName, Precision, Rule
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.passes.weights import WeightRanges
 from graphamp.plans.records import NodeDecision
@@ -61,7 +61,6 @@ _KEPT_KINDS = {
 _LIST_RULES = {name: Rule(name) for name in ListName}
 
 
-@register
 class ClassifyPass(Pass):
     """Give every node its initial class (see the module docstring)."""
 

@@ -43,7 +43,7 @@ import logging
 
 from graphamp.core.graph import NodeKind, OpGraph
 from graphamp.core.vocab import Precision, Rule
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.passes.cost_terms import LOOP_RUNS, cost_terms
 from graphamp.passes.min_cut import F32, LOW, cut
@@ -56,7 +56,6 @@ __all__ = ["F32", "LOOP_RUNS", "LOW", "CostPass", "decide_by_cost"]
 log = logging.getLogger(__name__)
 
 
-@register
 class CostPass(Pass):
     """Decide infer and clear ops by a minimum cut of Cast and weight bytes (module
     docstring)."""
@@ -64,10 +63,6 @@ class CostPass(Pass):
     name = "cost"
     requires = frozenset({Fact.CLASSIFIED})
     gives = frozenset({Fact.DECIDED})
-    after = ("classify", "saturation", "range", "tuned")
-
-    def applies(self, context: PassContext) -> bool:
-        return context.policy.spread == "cost"
 
     def run(self, context: PassContext) -> PassResult:
         context.decisions = decide_by_cost(context.graph, context.decisions, context.policy)

@@ -39,7 +39,7 @@ from graphamp.core.vocab import Precision, Rule
 from graphamp.dialects.registry import matrix_ops_for
 from graphamp.errors import GraphampError, InternalError
 from graphamp.numerics.ranges import Ranges, underflow_share
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.passes.fp8_gemm import ScaledGemm, problems
 from graphamp.plans.plan import Plan
@@ -52,15 +52,12 @@ E4M3_FLUSH = 2.0**-10
 _ORDER_KEEPING = frozenset({"softmax", "sigmoid", "cast", "reshape", "view", "_to_copy", "add"})
 
 
-@register
 class Fp8Pass(Pass):
     """Decide float8 operands for matrix ops already decided low (module docstring)."""
 
     name = "fp8"
     requires = frozenset({Fact.DECIDED})
     gives = frozenset({Fact.FP8_DECIDED})
-    after = ("paint", "promote", "cost", "tuned")
-    before = ("casts",)
 
     def applies(self, context: PassContext) -> bool:
         return context.options.fp8 is not None

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from graphamp.core.graph import BodyKind, NodeKind, OpGraph, OpNode
 from graphamp.core.names import Names
-from graphamp.passes.base import Pass, PassResult, register
+from graphamp.passes.base import Pass, PassResult
 from graphamp.passes.classify import classify_node
 from graphamp.passes.context import PassContext
 from graphamp.passes.norm_patterns import NormMatch, match_layer_norm, match_rms_norm
@@ -45,12 +45,11 @@ from graphamp.policy.policy import Policy
 RULE = "fuse_norm"
 
 
-@register
 class FuseNormsPass(Pass):
     """Replace decomposed norms by a fused op (see the module docstring)."""
 
     name = "fuse_norms"
-    before = ("policy_check", "reviewed_decisions", "classify", "saturation")
+    dialect = "onnx"  # ONNX's norm patterns and the fused ops ONNX and onnxruntime offer
 
     def applies(self, context: PassContext) -> bool:
         # every pattern of norm_patterns takes a plain ReduceMean: a graph with none has no

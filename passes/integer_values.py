@@ -45,7 +45,7 @@ from graphamp.core.dtypes import BY_NAME, FLOAT_TYPES, numpy_type
 from graphamp.core.graph import NodeKind, OpGraph, OpNode
 from graphamp.core.vocab import Precision, Rule
 from graphamp.numerics.ranges import Ranges, limit
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.passes.numerics import overflow_threshold
 from graphamp.plans.records import NodeDecision
@@ -86,17 +86,11 @@ def integer_max(dtype: str) -> int:
     return max(int(info.max), -int(info.min))
 
 
-@register
 class IntegerValuesPass(Pass):
     """Keep integer values carried in float exact (module docstring)."""
 
     name = "integer_values"
     requires = frozenset({Fact.CLASSIFIED})
-    after = ("classify", "qdq", "saturation")
-    before = ("range", "tuned", "paint", "promote", "cost", "spread_all")
-
-    def applies(self, context: PassContext) -> bool:
-        return Fact.DECIDED not in context.facts
 
     def run(self, context: PassContext) -> PassResult:
         rules = _Rules(context)

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 
 from graphamp.core.graph import NodeKind, OpGraph, OpNode
 from graphamp.core.vocab import Precision, Rule
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.plans.records import NodeDecision
 
@@ -42,18 +42,11 @@ _LOWERABLE = frozenset({Rule.ALLOW, Rule.INFER, Rule.CLEAR, Rule.UNLISTED})
 _NAMED_CASTS = 2  # Casts a reason names
 
 
-@register
 class KeptPass(Pass):
     """Keep float32 the float32 ops of a model that already computes low (module docstring)."""
 
     name = "kept"
     requires = frozenset({Fact.CLASSIFIED})
-    after = ("classify", "qdq", "integer_values", "saturation", "range", "tuned")
-    before = ("paint", "promote", "cost", "spread_all")
-
-    def applies(self, context: PassContext) -> bool:
-        return Fact.DECIDED not in context.facts
-
     def run(self, context: PassContext) -> PassResult:
         kept = keep_model_decisions(context.graph, context.decisions)
         context.decisions.update(kept)

@@ -23,12 +23,10 @@ from __future__ import annotations
 
 from graphamp.core.graph import NodeKind, OpGraph, OpNode, Role, TensorInfo
 from graphamp.core.vocab import Precision, Rule
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.plans.records import NodeDecision
 from graphamp.training.scaling import DynamicLossScaling
-
-STEP = "step"
 
 
 def add_state(context: PassContext, name: str, dtype: str, initial: float) -> str:
@@ -94,12 +92,10 @@ def add_output(context: PassContext, name: str, replaces: str) -> None:
     context.script.new_outputs.append(name)
 
 
-@register
 class LossScalePass(Pass):
     """Scale the backward seed, unscale the gradients (see the module docstring)."""
 
     name = "loss_scale"
-    pipeline = STEP
     gives = frozenset({Fact.LOSS_SCALED})
 
     def applies(self, context: PassContext) -> bool:
@@ -140,13 +136,10 @@ class LossScalePass(Pass):
         return PassResult(modified=True, note=scaling.describe())
 
 
-@register
 class FiniteCheckPass(Pass):
     """Skip steps whose gradients hold inf or NaN (see the module docstring)."""
 
     name = "finite_check"
-    pipeline = STEP
-    after = ("loss_scale",)
     gives = frozenset({Fact.FINITE_CHECKED})
 
     def applies(self, context: PassContext) -> bool:
@@ -194,12 +187,10 @@ class FiniteCheckPass(Pass):
         return PassResult(modified=True)
 
 
-@register
 class ScaleUpdatePass(Pass):
     """Move the dynamic loss scale after every update step (see the module docstring)."""
 
     name = "scale_update"
-    pipeline = STEP
     requires = frozenset({Fact.LOSS_SCALED, Fact.FINITE_CHECKED})
 
     def applies(self, context: PassContext) -> bool:

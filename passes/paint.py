@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 
 from graphamp.core.graph import OpGraph
 from graphamp.core.vocab import DENY_SEEDS, Precision, Rule
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.plans.records import NodeDecision
 
@@ -35,16 +35,12 @@ log = logging.getLogger(__name__)
 _FOLLOWERS = (Rule.INFER, Rule.CLEAR)
 
 
-@register
 class PaintPass(Pass):
     """Spread precisions along the dataflow (see the module docstring)."""
 
     name = "paint"
     requires = frozenset({Fact.CLASSIFIED})
     gives = frozenset({Fact.DECIDED})
-
-    def applies(self, context: PassContext) -> bool:
-        return context.policy.spread == "tensorflow"
 
     def run(self, context: PassContext) -> PassResult:
         context.decisions = paint(context.graph, context.decisions, context.policy.dtype)

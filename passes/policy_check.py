@@ -12,19 +12,14 @@ import difflib
 import fnmatch
 
 from graphamp.errors import GraphampError
-from graphamp.passes.base import Pass, PassResult, register
+from graphamp.passes.base import Pass, PassResult
 from graphamp.passes.context import PassContext
 
 
-@register
 class PolicyCheckPass(Pass):
     """Warn about policy rules that match nothing (see the module docstring)."""
 
     name = "policy_check"
-    before = ("classify",)
-
-    def applies(self, context: PassContext) -> bool:
-        return context.options.reviewed is None  # a reviewed plan's policy is not the user's
 
     def run(self, context: PassContext) -> PassResult:
         problems = unmatched_rules(context)

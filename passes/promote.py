@@ -36,7 +36,7 @@ import logging
 from graphamp.core.dtypes import FLOAT_TYPES, LOW_TYPES
 from graphamp.core.graph import BodyKind, NodeKind, OpGraph, OpNode
 from graphamp.core.vocab import Precision, Rule
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.plans.records import NodeDecision
 
@@ -45,16 +45,12 @@ log = logging.getLogger(__name__)
 _FOLLOWERS = (Rule.INFER, Rule.CLEAR)
 
 
-@register
 class PromotePass(Pass):
     """Decide infer and clear nodes by type promotion (see the module docstring)."""
 
     name = "promote"
     requires = frozenset({Fact.CLASSIFIED})
     gives = frozenset({Fact.DECIDED})
-
-    def applies(self, context: PassContext) -> bool:
-        return context.policy.spread == "autocast"
 
     def run(self, context: PassContext) -> PassResult:
         context.decisions = promote(context.graph, context.decisions, context.policy.dtype)

@@ -29,25 +29,21 @@ from __future__ import annotations
 
 from graphamp.core.graph import OpGraph
 from graphamp.core.vocab import Precision, Rule
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.plans.records import NodeDecision
 from graphamp.policy.policy import Policy
 
 
-@register
 class QdqPass(Pass):
     """Keep float32 the quantised ops whose quantisers stay float32 (module docstring)."""
 
     name = "qdq"
     requires = frozenset({Fact.CLASSIFIED})
-    after = ("classify",)
-    before = ("range", "tuned", "paint", "promote", "cost")
+    dialect = "onnx"  # ONNX's QuantizeLinear and DequantizeLinear
 
     def applies(self, context: PassContext) -> bool:
-        return Fact.DECIDED not in context.facts and any(
-            node.op == "DequantizeLinear" for node in context.graph
-        )
+        return any(node.op == "DequantizeLinear" for node in context.graph)
 
     def run(self, context: PassContext) -> PassResult:
         graph, decisions, low = context.graph, context.decisions, context.policy.dtype

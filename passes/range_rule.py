@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from graphamp.core.vocab import Precision, Rule
 from graphamp.numerics.ranges import range_decisions
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.plans.records import NodeDecision
 
@@ -24,17 +24,14 @@ from graphamp.plans.records import NodeDecision
 _LOWERABLE = frozenset({Rule.ALLOW, Rule.ALLOW_NAME, Rule.INFER, Rule.CLEAR})
 
 
-@register
 class RangePass(Pass):
     """Keep float32 the ops whose calibrated values overflow the target (module docstring)."""
 
     name = "range"
     requires = frozenset({Fact.CLASSIFIED})
-    after = ("classify",)
-    before = ("paint", "promote", "cost")
 
     def applies(self, context: PassContext) -> bool:
-        return context.options.ranges is not None and Fact.DECIDED not in context.facts
+        return context.options.ranges is not None
 
     def run(self, context: PassContext) -> PassResult:
         ranges = context.options.ranges

@@ -14,7 +14,7 @@ from graphamp.core.dtypes import LOW_TYPES
 from graphamp.core.graph import OpNode
 from graphamp.core.vocab import DENY_SEEDS, Rule
 from graphamp.errors import GraphampError, InternalError
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.classify import stored_float32_inputs
 from graphamp.passes.context import PassContext
 from graphamp.plans.plan import Plan
@@ -29,16 +29,11 @@ def _reviewed(context: PassContext) -> tuple[Plan, str]:
     return plan, context.options.reviewed_where or plan.model or "the plan"
 
 
-@register
 class ReviewedDecisionsPass(Pass):
     """Every node's decision, from the reviewed plan."""
 
     name = "reviewed_decisions"
     gives = frozenset({Fact.CLASSIFIED, Fact.DECIDED})
-    before = ("classify",)  # and so classify and paint find nothing left to decide
-
-    def applies(self, context: PassContext) -> bool:
-        return context.options.reviewed is not None
 
     def run(self, context: PassContext) -> PassResult:
         (plan, where), graph = _reviewed(context), context.graph
@@ -85,7 +80,6 @@ def _check_low(node: OpNode, decision: NodeDecision, context: PassContext, where
             )
 
 
-@register
 class ReviewedRecordsPass(Pass):
     """Refuse when the derived casts and weights are not the reviewed ones."""
 

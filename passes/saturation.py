@@ -30,7 +30,7 @@ import numpy as np
 from graphamp.core.dtypes import numpy_type
 from graphamp.core.graph import OpGraph, OpNode
 from graphamp.core.vocab import Precision, Rule
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.passes.numerics import overflow_threshold
 from graphamp.plans.records import NodeDecision
@@ -39,21 +39,15 @@ SATURATING = frozenset({"Tanh", "Sigmoid", "Erf"})
 _LONGEST_CHAIN = 8  # tanh-GELU needs 3 (Mul, Add, Mul): room for reordered exports
 
 
-@register
 class SaturationPass(Pass):
     """Move saturating ``Pow`` nodes from deny to infer (see the module docstring)."""
 
     name = "saturation"
     requires = frozenset({Fact.CLASSIFIED})
-    after = ("classify",)
-    before = ("range", "paint", "promote", "cost")
+    dialect = "onnx"  # ONNX's Pow and Tanh, and what its exporters write for tanh-GELU
 
     def applies(self, context: PassContext) -> bool:
-        return (
-            context.policy.dialect == "onnx"
-            and "Pow" not in context.policy.moved_ops
-            and Fact.DECIDED not in context.facts
-        )
+        return "Pow" not in context.policy.moved_ops
 
     def run(self, context: PassContext) -> PassResult:
         moved = 0

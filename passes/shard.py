@@ -31,9 +31,9 @@ from graphamp.core.dtypes import BY_NAME
 from graphamp.core.graph import NodeKind, OpGraph, Role, TensorInfo
 from graphamp.core.vocab import Precision, Rule
 from graphamp.passes.all_reduce import by_readiness, elements, replace_gradients
-from graphamp.passes.base import Pass, PassResult, register
+from graphamp.passes.base import Pass, PassResult
 from graphamp.passes.context import PassContext
-from graphamp.passes.loss_scale import STEP, add_node, reroute
+from graphamp.passes.loss_scale import add_node, reroute
 from graphamp.training.distributed import Sharding, buckets, divide_factors
 
 
@@ -76,13 +76,10 @@ def _first_reads(graph: OpGraph, wholes: list[TensorInfo]) -> list[TensorInfo]:
     return sorted(wholes, key=first)
 
 
-@register
 class AllGatherPass(Pass):
     """Gather the whole parameters from the ranks' shards (see the module docstring)."""
 
     name = "all_gather"
-    pipeline = STEP
-    before = ("loss_scale",)
 
     def applies(self, context: PassContext) -> bool:
         return context.options.shard is not None and bool(context.options.whole_parameters)
@@ -163,13 +160,10 @@ class AllGatherPass(Pass):
         return received
 
 
-@register
 class ReduceScatterPass(Pass):
     """Average the gradients over the ranks, each keeping its shard (module docstring)."""
 
     name = "reduce_scatter"
-    pipeline = STEP
-    before = ("loss_scale",)
 
     def applies(self, context: PassContext) -> bool:
         sharded = context.options.shard is not None

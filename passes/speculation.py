@@ -15,11 +15,10 @@ scan-first one gives.
 from __future__ import annotations
 
 from graphamp.errors import WeightOverflow
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 
 
-@register
 class SpeculationCheckPass(Pass):
     """Measure the deferred weights nothing will convert (see the module docstring)."""
 

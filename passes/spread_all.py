@@ -20,7 +20,7 @@ import logging
 
 from graphamp.core.graph import NodeKind, OpGraph
 from graphamp.core.vocab import Precision, Rule
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.plans.records import NodeDecision
 
@@ -29,16 +29,12 @@ log = logging.getLogger(__name__)
 _LOWERED = (Rule.INFER, Rule.CLEAR, Rule.UNLISTED)
 
 
-@register
 class SpreadAllPass(Pass):
     """Run low every op that no rule keeps float32 (module docstring)."""
 
     name = "spread_all"
     requires = frozenset({Fact.CLASSIFIED})
     gives = frozenset({Fact.DECIDED})
-
-    def applies(self, context: PassContext) -> bool:
-        return context.policy.spread == "all"
 
     def run(self, context: PassContext) -> PassResult:
         context.decisions = lower_all(context.graph, context.decisions, context.policy.dtype)

@@ -11,24 +11,21 @@ from __future__ import annotations
 
 from graphamp.core.vocab import Precision, Rule
 from graphamp.errors import GraphampError
-from graphamp.passes.base import Fact, Pass, PassResult, register
+from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.plans.records import NodeDecision
 
 _LOWERABLE = frozenset({Rule.ALLOW, Rule.ALLOW_NAME, Rule.INFER, Rule.CLEAR})
 
 
-@register
 class TunedPass(Pass):
     """Keep float32 the nodes tune found (module docstring)."""
 
     name = "tuned"
     requires = frozenset({Fact.CLASSIFIED})
-    after = ("classify", "range")
-    before = ("paint", "promote", "cost")
 
     def applies(self, context: PassContext) -> bool:
-        return bool(context.options.tuned) and Fact.DECIDED not in context.facts
+        return bool(context.options.tuned)
 
     def run(self, context: PassContext) -> PassResult:
         names = sorted(context.options.tuned)

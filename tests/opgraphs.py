@@ -9,6 +9,7 @@ from graphamp.core.graph import MatrixDims, NodeKind, OpGraph, OpNode, TensorInf
 from graphamp.numerics.ranges import Ranges, TensorRange, log2_counts
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.options import Options
+from graphamp.passes.pipeline import MODEL
 from graphamp.policy.policy import Policy
 from graphamp.training.float8 import Float8
 
@@ -171,4 +172,4 @@ def run(graph: OpGraph, fp8: Float8 | None, ranges: Ranges | None = None, **poli
     context = PassContext(
         graph, Policy.create("float16", **policy), Options(ranges=ranges, fp8=fp8)
     )
-    return PassManager(check=True).run(context)
+    return PassManager(MODEL, check=True).run(context)

@@ -26,8 +26,8 @@ from graphamp.fx.fsdp import local
 from graphamp.fx.signatures import CapturedStep, StepGraphs
 from graphamp.fx.types import torch_dtype
 from graphamp.passes import PassContext, PassManager
-from graphamp.passes.loss_scale import STEP
 from graphamp.passes.options import Options
+from graphamp.passes.pipeline import STEP
 from graphamp.plans import report
 from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
@@ -162,7 +162,7 @@ class TrainStep:
         traced = self._trace(fn, batch)
         read = reader.read(traced, master_weights=True, roles=marks.strip(traced))
         context = PassContext(read.graph, self._policy, self._options(traced))
-        context = PassManager(pipeline=STEP).run(context)
+        context = PassManager(STEP).run(context)
         module = writer.apply(read, context.script)
         self._schedule(module)
         eager.for_eager(module)  # last: its passes read the final order

@@ -52,24 +52,9 @@ from graphamp.onnx.session import Session, Weights, as_proto
 from graphamp.onnx.statgraph import float32_values
 from graphamp.onnx.switchable import Switchable
 from graphamp.passes import PassContext, PassManager
-from graphamp.passes.base import registered
 from graphamp.passes.options import Options
+from graphamp.passes.pipeline import DECIDING
 from graphamp.policy.policy import Policy
-
-# The passes that decide precisions (the casts pass is not needed to evaluate a plan).
-_DECIDING = (
-    "policy_check",
-    "classify",
-    "qdq",
-    "integer_values",
-    "range",
-    "tuned",
-    "kept",
-    "paint",
-    "promote",
-    "cost",
-    "spread_all",
-)
 
 
 @dataclass
@@ -263,7 +248,8 @@ class Decider:
         self.graph = analysis.graph
         self.policy = policy
         self.options = options
-        self.passes = [cls for cls in registered() if cls.name in _DECIDING]
+        # the deciding passes convert runs (the casts pass is not needed to evaluate a plan)
+        self.manager = PassManager(DECIDING, check=False)
         self.weights = None
         self.known: dict[frozenset[str], frozenset[str]] = {}
 
@@ -278,7 +264,7 @@ class Decider:
         if self.weights is not None:  # stored values scanned once for every plan
             context.weights = self.weights
         self.weights = context.weights
-        PassManager(self.passes, check=False).run(context)
+        self.manager.run(context)
         low = self.policy.dtype
         return frozenset(n for n, d in context.decisions.items() if d.precision == low)
 

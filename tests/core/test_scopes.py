@@ -8,6 +8,7 @@ import dataclasses
 
 from graphamp.core.graph import Body, BodyKind, NodeKind, OpGraph, OpNode, TensorInfo
 from graphamp.passes import PassContext, PassManager
+from graphamp.passes.pipeline import MODEL
 from graphamp.policy.policy import Policy
 from tests.opgraphs import GraphBuilder
 
@@ -65,7 +66,7 @@ def loop_graph(*, tail: str = "Tanh", entry: str = "float32") -> OpGraph:
 
 def run(graph: OpGraph, policy: Policy | None = None) -> PassContext:
     context = PassContext(graph, policy or Policy.create("float16"))
-    return PassManager(check=True).run(context)
+    return PassManager(MODEL, check=True).run(context)
 
 
 def precisions(context: PassContext) -> dict[str, str]:

@@ -8,8 +8,8 @@ from graphamp.core.vocab import Precision, Rule
 from graphamp.errors import GraphampError
 from graphamp.numerics.ranges import Ranges, TensorRange, limit, range_decisions
 from graphamp.passes import PassContext, PassManager
-from graphamp.passes.base import order, registered
 from graphamp.passes.options import Options
+from graphamp.passes.pipeline import DECIDING, MODEL
 from graphamp.policy.policy import Policy
 from tests.opgraphs import GraphBuilder
 
@@ -33,14 +33,24 @@ def two_branches():
 def decide(graph, ranges=None, tuned=None, dtype="float16", **policy):  # type: ignore[no-untyped-def]
     options = Options(ranges=ranges, tuned=frozenset(tuned or ()))
     context = PassContext(graph, Policy.create(dtype, **policy), options)
-    return PassManager(check=True).run(context).decisions
+    return PassManager(MODEL, check=True).run(context).decisions
 
 
-def test_range_pass_runs_after_classify_and_before_both_spreading_passes():
-    names = [p.name for p in order([p for p in registered() if p.pipeline == "model"])]
-    for spreading in ("paint", "promote"):
+def test_range_and_tuned_run_after_classify_and_before_every_spread():
+    names = PassManager(DECIDING).names
+    for spreading in ("paint", "promote", "cost", "spread_all"):
         assert names.index("classify") < names.index("range") < names.index(spreading)
         assert names.index("range") < names.index("tuned") < names.index(spreading)
+
+
+@pytest.mark.parametrize("spread", ["cost", "tensorflow", "autocast", "all"])
+def test_tuned_and_range_nodes_stay_float32_under_every_spread(spread):
+    """Both rules are deny seeds under every spread; under ``all`` the tuned pass once came
+    after the decide step (an order by import) and so never ran."""
+    graph = two_branches()
+    found = decide(graph, ranges_of(mm=2.0e5), tuned={"side"}, spread=spread)
+    assert (found["side"].rule, found["side"].precision) == (Rule.TUNED, Precision.FLOAT32)
+    assert (found["mm"].rule, found["mm"].precision) == (Rule.RANGE, Precision.FLOAT32)
 
 
 def test_an_overflowing_value_keeps_its_producer_and_readers_float32_with_the_value_named():

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from graphamp.core.graph import NodeKind
 from graphamp.core.vocab import Rule
 from graphamp.passes import PassContext, PassManager
+from graphamp.passes.classify import ClassifyPass
 from graphamp.passes.cost import F32, LOW, decide_by_cost
 from graphamp.passes.cost_terms import cost_terms
 from graphamp.passes.min_cut import cut
@@ -220,9 +221,7 @@ def test_the_cut_is_the_cheapest_assignment_and_ties_stay_float32(seed, keep):
     graph = _random_graph(seed)
     policy = Policy.create("float16", keep_io_types=keep)
     context = PassContext(graph, policy)
-    manager = PassManager(pipeline="model")
-    manager.passes = [p for p in manager.passes if p.name in ("classify",)]
-    manager.run(context)
+    PassManager([ClassifyPass]).run(context)
     classes = context.decisions
     decided = decide_by_cost(graph, classes, policy)
     free = {

@@ -13,13 +13,14 @@ from graphamp.numerics.ranges import Ranges, TensorRange
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.integer_values import exact_limit
 from graphamp.passes.options import Options
+from graphamp.passes.pipeline import MODEL
 from graphamp.policy.policy import Policy
 from tests.opgraphs import GraphBuilder
 
 
 def run(graph, dtype="float16", ranges=None, spread="cost"):  # type: ignore[no-untyped-def]
     context = PassContext(graph, Policy.create(dtype, spread=spread), Options(ranges=ranges))
-    return PassManager(check=True).run(context)
+    return PassManager(MODEL, check=True).run(context)
 
 
 def calibrated(**largest: float) -> Ranges:

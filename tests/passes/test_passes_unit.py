@@ -9,12 +9,13 @@ import pytest
 from graphamp.core.graph import NodeKind
 from graphamp.core.vocab import Precision, Rule
 from graphamp.errors import GraphampError, InternalError
-from graphamp.passes import Fact, Pass, PassContext, PassManager, PassResult
-from graphamp.passes.base import order
+from graphamp.passes import Choice, Fact, Pass, PassContext, PassManager, PassResult
 from graphamp.passes.casts import CastsPass
 from graphamp.passes.classify import ClassifyPass
 from graphamp.passes.options import Options
 from graphamp.passes.paint import PaintPass
+from graphamp.passes.pipeline import MODEL
+from graphamp.passes.promote import PromotePass
 from graphamp.policy.policy import Policy
 from tests.opgraphs import GraphBuilder, chain
 
@@ -22,7 +23,7 @@ from tests.opgraphs import GraphBuilder, chain
 def run(graph, policy=None, **options):  # type: ignore[no-untyped-def]
     policy = policy or Policy.create("float16", spread="tensorflow")
     context = PassContext(graph, policy, Options(**options))
-    return PassManager(check=True).run(context)
+    return PassManager(MODEL, check=True).run(context)
 
 
 def rules(context: PassContext) -> dict[str, str]:
@@ -152,52 +153,95 @@ def test_classify_decides_each_reader_of_a_weight_by_the_weights_it_reads():
     assert (kept.name, kept.consumers) == ("big", ["mm4", "mm5"])
 
 
-def test_manager_orders_a_new_pass_by_its_declarations_without_editing_a_chain():
-    class MarkEverythingDeny(Pass):
-        """Runs between classify and paint because it says so."""
+class MarkEverythingDeny(Pass):
+    """Keeps every node float32 (a pass the built-in pipelines do not have)."""
 
-        name = "test_mark"
-        requires = frozenset({Fact.CLASSIFIED})
-        before = ("paint",)
+    name = "test_mark"
+    requires = frozenset({Fact.CLASSIFIED})
 
-        def run(self, context: PassContext) -> PassResult:
-            for name, decision in context.decisions.items():
-                context.decisions[name] = type(decision)(
-                    op=decision.op, precision=Precision.FLOAT32, rule=Rule.DENY, reason="test"
-                )
-            return PassResult(modified=True)
+    def run(self, context: PassContext) -> PassResult:
+        for name, decision in context.decisions.items():
+            context.decisions[name] = type(decision)(
+                op=decision.op, precision=Precision.FLOAT32, rule=Rule.DENY, reason="test"
+            )
+        return PassResult(modified=True)
 
-    passes = [CastsPass, PaintPass, MarkEverythingDeny, ClassifyPass]
-    assert [p.name for p in order(passes)] == ["classify", "test_mark", "paint", "casts"]
+
+def test_a_pass_runs_where_its_pipeline_lists_it():
+    passes = [ClassifyPass, MarkEverythingDeny, PaintPass, CastsPass]
+    manager = PassManager(passes, check=True)
+    assert manager.names == ["classify", "test_mark", "paint", "casts"]
     context = PassContext(chain("MatMul", "Relu"), Policy.create("float16", spread="tensorflow"))
-    PassManager(passes, check=True).run(context)
+    manager.run(context)
     assert all(d.precision is Precision.FLOAT32 for d in context.decisions.values())
+    assert context.script.casts == []  # nothing low: nothing to cast
 
 
-def test_manager_refuses_a_cycle_and_a_missing_fact():
-    class A(Pass):
-        name = "a"
-        before = ("b",)
+def test_the_manager_refuses_a_pipeline_whose_order_breaks_a_requirement():
+    """Checked when the manager is built, naming the pass: a pass before the facts it needs
+    (on any branch of a choice), a pass listed twice."""
+    with pytest.raises(InternalError, match="pass 'casts' needs decided, which no pass before"):
+        PassManager([ClassifyPass, CastsPass])
+    with pytest.raises(InternalError, match="pass 'test_mark' needs classified"):
+        PassManager([MarkEverythingDeny, ClassifyPass])
+    with pytest.raises(InternalError, match="pass 'classify' is in the pipeline twice"):
+        PassManager([ClassifyPass, MarkEverythingDeny, ClassifyPass])
+    half = Choice("half", "a test", lambda c: "a", {"a": (ClassifyPass, PaintPass), "b": ()})
+    with pytest.raises(InternalError, match="pass 'casts' needs decided"):
+        PassManager([half, CastsPass])  # branch "b" decides nothing
+    both = Choice("both", "a test", lambda c: "a", {"a": (PaintPass,), "b": (PromotePass,)})
+    assert PassManager([ClassifyPass, both, CastsPass]).names == [
+        "classify",
+        "paint",
+        "promote",
+        "casts",
+    ]
+
+
+def test_a_fact_a_pass_did_not_establish_is_an_error_naming_the_pass_that_needs_it():
+    class DecidesNothingHere(PaintPass):
+        name = "never"
+
+        def applies(self, context: PassContext) -> bool:
+            return False
+
+    context = PassContext(chain("MatMul"), Policy.create("float16", spread="tensorflow"))
+    with pytest.raises(InternalError, match="pass 'casts' needs decided, which no earlier"):
+        PassManager([ClassifyPass, DecidesNothingHere, CastsPass], check=True).run(context)
+
+
+def test_a_choice_runs_the_branch_it_picks_and_refuses_one_it_lacks():
+    by_spread = Choice(
+        "decide", "the spread", lambda c: c.policy.spread, {"tensorflow": (PaintPass,)}
+    )
+    manager = PassManager([ClassifyPass, by_spread, CastsPass], check=True)
+    context = PassContext(chain("MatMul"), Policy.create("float16", spread="tensorflow"))
+    assert manager.run(context).decisions["matmul0"].precision is Precision.FLOAT16
+    context = PassContext(chain("MatMul"), Policy.create("float16", spread="cost"))
+    with pytest.raises(InternalError, match="step 'decide': no branch for the spread 'cost'"):
+        manager.run(context)
+
+
+def test_a_pass_that_knows_one_dialect_is_skipped_on_another():
+    ran: list[str] = []
+
+    class OnnxOnly(Pass):
+        name = "onnx_only"
+        dialect = "onnx"
 
         def run(self, context: PassContext) -> PassResult:
+            ran.append(context.policy.dialect)
             return PassResult(False)
 
-    class B(A):
-        name = "b"
-        before = ("a",)
-
-    with pytest.raises(InternalError, match="cycle"):
-        order([A, B])
-    context = PassContext(chain("MatMul"), Policy.create("float16", spread="tensorflow"))
-    with pytest.raises(InternalError, match="needs decided"):
-        PassManager([CastsPass], check=True).run(context)
+    for dialect in ("onnx", "fx_cuda"):
+        PassManager([OnnxOnly]).run(PassContext(chain("Relu"), Policy.create(dialect=dialect)))
+    assert ran == ["onnx"]
 
 
 def test_invariant_checks_name_the_pass_that_broke_a_rule():
     class LowerADenySeed(Pass):
         name = "breaks_deny"
         requires = frozenset({Fact.DECIDED})
-        before = ("casts",)
 
         def run(self, context: PassContext) -> PassResult:
             decision = context.decisions["exp0"]
@@ -216,7 +260,7 @@ def test_invariant_checks_catch_a_graph_out_of_order():
     graph = chain("MatMul", "Relu")
     graph.nodes = dict(reversed(list(graph.nodes.items())))
     with pytest.raises(InternalError, match="reads 'matmul0' before anything produces it"):
-        PassManager(check=True).run(PassContext(graph, Policy.create("float16")))
+        PassManager(MODEL, check=True).run(PassContext(graph, Policy.create("float16")))
 
 
 def test_reviewed_decisions_are_applied_and_a_drifted_graph_refused():

@@ -23,8 +23,8 @@ from graphamp.core.graph import Role
 from graphamp.core.vocab import Rule
 from graphamp.errors import GraphampError
 from graphamp.passes import PassContext, PassManager
-from graphamp.passes.loss_scale import STEP
 from graphamp.passes.options import Options
+from graphamp.passes.pipeline import STEP
 from graphamp.policy.policy import Policy
 from graphamp.training.distributed import GradientClipping, GradientReduce, buckets
 from tests.opgraphs import GraphBuilder
@@ -186,7 +186,7 @@ def two_gradient_step():  # type: ignore[no-untyped-def]
 
 def run_step_passes(**options):  # type: ignore[no-untyped-def]
     context = PassContext(two_gradient_step(), Policy.create("float16"), Options(**options))
-    return PassManager(pipeline=STEP, check=True).run(context)
+    return PassManager(STEP, check=True).run(context)
 
 
 def test_reduce_nodes_sit_between_backward_and_unscaling_in_the_plan():

@@ -20,8 +20,8 @@ import graphamp.fx
 from graphamp.core.graph import NodeKind, Role
 from graphamp.core.vocab import Rule
 from graphamp.passes import PassContext, PassManager
-from graphamp.passes.loss_scale import STEP
 from graphamp.passes.options import Options
+from graphamp.passes.pipeline import STEP
 from graphamp.policy.policy import Policy
 from graphamp.training.distributed import Sharding
 from tests.opgraphs import GraphBuilder
@@ -282,7 +282,7 @@ def test_the_sharded_passes_gather_reduce_scatter_and_agree():
             whole_parameters={"w1": ("s1", "layer.weight"), "w2": ("s2", "norm.weight")},
         ),
     )
-    context = PassManager(pipeline=STEP, check=True).run(context)
+    context = PassManager(STEP, check=True).run(context)
     graph, script, decisions = context.graph, context.script, context.decisions
     assert script.new_nodes[:3] == ["all_gather.0", "all_gather.1", "reduce_scatter.0"]
     assert "all_reduce.found_inf" in script.new_nodes  # always, for a sharded step

@@ -15,8 +15,8 @@ from graphamp.cli import main
 from graphamp.core.graph import NodeKind, Role
 from graphamp.core.vocab import Rule
 from graphamp.passes import PassContext, PassManager
-from graphamp.passes.loss_scale import STEP
 from graphamp.passes.options import Options
+from graphamp.passes.pipeline import STEP
 from graphamp.policy.policy import Policy
 from tests.opgraphs import GraphBuilder
 
@@ -40,7 +40,7 @@ def step_graph():  # type: ignore[no-untyped-def]
 
 def run_step(scaling):  # type: ignore[no-untyped-def]
     context = PassContext(step_graph(), Policy.create("float16"), Options(loss_scaling=scaling))
-    return PassManager(pipeline=STEP, check=True).run(context)
+    return PassManager(STEP, check=True).run(context)
 
 
 def test_dynamic_scaling_adds_every_node_in_order_with_its_reason():
