@@ -33,6 +33,8 @@ from graphamp.passes.context import PassContext
 from graphamp.passes.facts import Fact
 from graphamp.passes.invariants import check_invariants
 
+__all__ = ["CHECK_ENV", "Choice", "Fact", "Pass", "PassManager", "PassResult", "Step"]
+
 log = logging.getLogger("graphamp.passes")
 
 CHECK_ENV = "GRAPHAMP_CHECK_INVARIANTS"

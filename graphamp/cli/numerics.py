@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from graphamp.dialects.base import Dialect
     from graphamp.numerics.batches import InputBatches
     from graphamp.numerics.ranges import Ranges
+    from graphamp.training.float8 import Float8
 
 DATA_HELP = (
     "an .npz with one array per graph input by name, fed as it is (a 0-d array for a scalar "
@@ -62,7 +63,7 @@ def check_fp8_flags(args: argparse.Namespace) -> None:
         )
 
 
-def float8_option(args: argparse.Namespace, dialect: Dialect, source: Path) -> object | None:
+def float8_option(args: argparse.Namespace, dialect: Dialect, source: Path) -> Float8 | None:
     """The ``Float8`` of ``--fp8`` (static scales: ONNX models only), None without it; a
     model that already holds quantisers is refused here, before calibration runs it."""
     if not getattr(args, "fp8", False):
