@@ -10,11 +10,13 @@ disjoint piece of one, :func:`_exclusive`), read before only by ops that write n
 return no view of it, no graph output, and of the result's shape, type and strides.
 
 A parameter or optimizer state the step guard keeps on a skipped step is updated in place
-only past the guard's decision (:func:`guarded_updates`): ``addcmul(param, ...)`` read by the
-guard alone becomes :func:`update_unless`, which on a CPU writes into ``param`` unless the step
-is skipped (the guard then picks ``param`` either way) and elsewhere computes out of place as
-before. Where the unscale writes into the gradients, it moves into the fused finite check
-after it (:func:`unscale_in_check`: GradScaler's kernel unscales as it checks). The values
+only past the guard's decision (:func:`guarded_updates`): each op of its update chain
+(``mul(buffer, 0.9)`` then ``add(that, grad)``; ``addcmul(param, ...)``) becomes
+:func:`update_unless`, which on a CPU writes into the state unless the step is skipped (the
+guard then picks the state either way, and what the chain fed is read by nothing else) and
+elsewhere computes out of place as before. Where the unscale writes into the gradients, it
+moves into the fused finite check after it (:func:`unscale_in_check`: GradScaler's kernel
+unscales as it checks). The values
 computed are the same; only where they live changes. ``torch.compile`` gets the functional
 graph back (:func:`functional`): inductor plans its own buffers.
 """
@@ -109,41 +111,88 @@ def update_unless(
 
 
 def guarded_updates(module: fx.GraphModule) -> int:
-    """Make each update of a kept parameter or state that only the step guard reads an
-    :func:`update_unless` right before the guard (see the module docstring); how many.
+    """Make each op of the update chain of a kept parameter or state an :func:`update_unless`
+    (see the module docstring); how many chains.
 
-    Every other reader of the kept tensor must run before the guard, return a new tensor (no
-    view of it outlives the write) and not be an update moved here itself (moved updates run
-    after everything else before the guard: one reading another's kept tensor would see it
-    written)."""
+    A chain runs from the kept tensor to its new value, each op elementwise with an in-place
+    form, of the kept tensor's layout, reading the previous one as its first operand, which
+    nothing else reads. Its values (and everything computed from them) must reach no output but
+    the guard's choice of the new value: a skipped step reads the kept tensor in their place.
+    Every other reader of the kept tensor runs before the chain's first op and returns a new
+    tensor (no view of it outlives the write). The chain runs where it is when the finite check
+    comes before it; a one-op chain the guard alone reads moves past the check, right before
+    the guard, where it then must not read another moved update's kept tensor."""
     graph = module.graph
     order = {node: index for index, node in enumerate(graph.nodes)}
     made = 0
     for guard in [n for n in graph.nodes if n.target is select_on_host]:
         found_inf, *old_and_new = guard.args
-        pairs = [
-            (old, new, target)
+        discarded = _discarded_when_skipped(graph, guard)
+        chains = [
+            (old, chain)
             for old, new in zip(old_and_new[0::2], old_and_new[1::2], strict=True)
-            if (target := _in_place_target(new)) is not None
-            and old.op == "placeholder"
-            and new.args
-            and new.args[0] is old
-            and set(new.users) == {guard}
-            and _same_layout(old, new)
+            if old.op == "placeholder"
+            and (chain := _update_chain(old, new)) is not None
+            and all(link in discarded for link in chain)
         ]
-        moving = {new for _, new, _ in pairs}
-        for old, new, target in pairs:
-            readers = [user for user in old.users if user is not new and user is not guard]
+        moving = {
+            chain[0]
+            for _, chain in chains
+            if order[chain[0]] < order[found_inf] and set(chain[0].users) == {guard}
+        }
+        for old, chain in chains:
+            first = chain[0]
+            moved = first in moving
+            if order[first] < order[found_inf] and not moved:
+                continue
+            runs_at = order[guard] if moved else order[first]
+            readers = [user for user in old.users if user is not first and user is not guard]
             if any(
-                order[user] > order[guard] or user in moving or not _reads_only(user)
+                order[user] > runs_at or (moved and user in moving) or not _reads_only(user)
                 for user in readers
             ):
                 continue
-            guard.prepend(new)  # past the finite check: update_unless reads found_inf
-            new.args = (found_inf, target, new.target, *new.args)
-            new.target = update_unless
+            if moved:
+                guard.prepend(first)  # past the finite check: update_unless reads found_inf
+            for link in chain:
+                link.args = (found_inf, _in_place_target(link), link.target, *link.args)
+                link.target = update_unless
             made += 1
     return recompiled(module, made)
+
+
+def _update_chain(old: fx.Node, new: fx.Node) -> list[fx.Node] | None:
+    """The ops from ``old`` to ``new``, first to last, when each has an in-place form, the
+    layout of ``old``, and reads the previous one (``old`` for the first) as its first
+    operand, which nothing else reads; None otherwise."""
+    chain: list[fx.Node] = []
+    link = new
+    while True:
+        if _in_place_target(link) is None or not link.args or not _same_layout(old, link):
+            return None
+        chain.append(link)
+        head = link.args[0]
+        if head is old:
+            return chain[::-1]
+        if not isinstance(head, fx.Node) or set(head.users) != {link}:
+            return None
+        link = head
+
+
+def _discarded_when_skipped(graph: fx.Graph, guard: fx.Node) -> set[fx.Node]:
+    """The nodes whose values reach no output but the ``guard``'s choice of a new value: on a
+    skipped step the guard picks the kept values instead, and these are read by nothing."""
+    found_inf, *old_and_new = guard.args
+    kept = {found_inf, *old_and_new[0::2]}
+    discarded: set[fx.Node] = set()
+    for node in reversed(graph.nodes):
+        if (
+            node.users
+            and node not in kept
+            and all(user in discarded or user is guard for user in node.users)
+        ):
+            discarded.add(node)
+    return discarded
 
 
 def unscale_in_check(module: fx.GraphModule) -> int:

@@ -117,6 +117,82 @@ def test_an_update_read_by_more_than_the_guard_stays_out_of_place():
     assert in_place.guarded_updates(module) == 0
 
 
+def momentum_graph(found_inf_first: bool, buffer_read_out: bool = False) -> fx.GraphModule:
+    """SGD with momentum under a step guard: new_b = b * 0.9 + g, new_p = p - lr * new_b; the
+    finite check before the updates (``found_inf_first``) or computed from ``g`` after the
+    buffer's first op; with ``buffer_read_out`` the new buffer is also an output of its own."""
+    graph = fx.Graph()
+    flag, buffer, param, grad = (graph.placeholder(name) for name in ("flag", "b", "p", "g"))
+    lr = graph.placeholder("lr")
+    aten = torch.ops.aten
+    found_inf = graph.call_function(aten.logical_or.default, (flag, flag))
+    if not found_inf_first:
+        found_inf.prepend(graph.call_function(aten.mul.Tensor, (buffer, 0.9)))
+        kept = found_inf.prev
+    else:
+        kept = graph.call_function(aten.mul.Tensor, (buffer, 0.9))
+    new_buffer = graph.call_function(aten.add.Tensor, (kept, grad))
+    new_param = graph.call_function(aten.addcmul.default, (param, new_buffer, lr), {"value": -1})
+    select = graph.call_function(select_on_host, (found_inf, buffer, new_buffer, param, new_param))
+    outputs = [graph.call_function(operator.getitem, (select, i)) for i in (0, 1)]
+    if buffer_read_out:
+        outputs.append(graph.call_function(aten.clone.default, (new_buffer,)))
+    graph.output(tuple(outputs))
+    for node in (buffer, param, grad, kept, new_buffer, new_param):
+        node.meta["val"] = torch.empty(4)
+    flag.meta["val"] = found_inf.meta["val"] = torch.tensor(False)
+    lr.meta["val"] = torch.tensor(0.5)
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def momentum_arguments(skipped: bool) -> tuple[torch.Tensor, ...]:
+    return (
+        torch.tensor(skipped),
+        torch.full((4,), 2.0),
+        torch.ones(4),
+        torch.arange(4.0),
+        torch.tensor(0.5),
+    )
+
+
+def test_an_update_chain_writes_into_its_state_only_when_the_step_is_taken():
+    """The momentum buffer's mul-then-add and the parameter's addcmul, each an update chain
+    the guard alone keeps: written in place when taken, left alone when skipped, with the
+    functional graph's values either way."""
+    module = momentum_graph(found_inf_first=True)
+    expected = {s: module(*momentum_arguments(s)) for s in (False, True)}
+    assert in_place.guarded_updates(module) == 2
+    updates = [n for n in module.graph.nodes if n.target is in_place.update_unless]
+    assert [n.args[2].__name__ for n in updates] == ["mul.Tensor", "add.Tensor", "addcmul.default"]
+    for skipped in (False, True):
+        arguments = momentum_arguments(skipped)
+        before = [a.clone() for a in arguments]
+        buffer, param = module(*arguments)
+        assert buffer is arguments[1] and param is arguments[2], skipped  # no new tensor
+        for want, have in zip(expected[skipped], (buffer, param), strict=True):
+            assert torch.equal(want, have), skipped
+        if skipped:
+            assert all(torch.equal(a, b) for a, b in zip(arguments, before, strict=True))
+
+
+def test_a_chain_read_past_the_guard_or_before_the_check_stays_out_of_place():
+    # the new buffer also an output: its chain stays functional, the parameter's does not
+    module = momentum_graph(found_inf_first=True, buffer_read_out=True)
+    expected = module(*momentum_arguments(False))
+    assert in_place.guarded_updates(module) == 1
+    updates = [n for n in module.graph.nodes if n.target is in_place.update_unless]
+    assert [n.args[2].__name__ for n in updates] == ["addcmul.default"]
+    arguments = momentum_arguments(False)
+    got = module(*arguments)
+    assert all(torch.equal(w, h) for w, h in zip(expected, got, strict=True))
+    assert torch.equal(arguments[1], torch.full((4,), 2.0))  # the buffer: never written
+    # the check computed after the buffer's first op: that chain cannot wait for it
+    module = momentum_graph(found_inf_first=False)
+    assert in_place.guarded_updates(module) == 1
+    updates = [n for n in module.graph.nodes if n.target is in_place.update_unless]
+    assert [n.args[2].__name__ for n in updates] == ["addcmul.default"]
+
+
 def test_an_op_that_returns_a_view_its_schema_does_not_declare_blocks_the_write():
     """aten._unsafe_view declares a new tensor but returns a view: a write into its input
     would change the view read after it."""
