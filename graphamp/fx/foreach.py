@@ -26,6 +26,12 @@ from graphamp.fx.in_place import IN_PLACE_OPS, recompiled, update_unless
 
 _MEMBERS_META = "graphamp_foreach_members"  # on a grouped node: its members, to undo
 _SHORTEST_RUN = 2
+# Ops whose foreach kernel, on bfloat16/float16 tensors and a number, rounds the number to the
+# tensors' type before multiplying (torch 2.13's CPU ``_foreach_mul_.Scalar``), where the
+# per-tensor kernel multiplies by it in float32: grouped, a momentum ``mul_(0.9)`` would
+# compute other bits than torch.optim's. Such runs stay per tensor.
+_ROUNDS_ITS_NUMBER = frozenset({"mul"})
+_REDUCED = frozenset({torch.bfloat16, torch.float16})
 
 
 def each_in_place(op: Any, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
@@ -175,6 +181,13 @@ def _group(graph: fx.Graph, run: list[fx.Node]) -> bool:
             arguments.append(list(column))
             kinds.append("list")
     per_tensor = first.args[1] if guarded else first.target
+    value = first.meta.get("val")
+    if (
+        "scalar" in kinds
+        and per_tensor.overloadpacket.__name__.rstrip("_") in _ROUNDS_ITS_NUMBER  # type: ignore[union-attr]
+        and getattr(value, "dtype", None) in _REDUCED
+    ):
+        return False
     in_place_op = _foreach(per_tensor, kinds, first.kwargs, in_place=True)  # type: ignore[arg-type]
     if in_place_op is None:
         return False

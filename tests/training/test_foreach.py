@@ -51,6 +51,31 @@ def test_a_run_of_momentum_updates_is_one_foreach_add_with_the_same_values():
         assert torch.equal(want, have)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_low_precision_run_multiplied_by_a_number_stays_per_tensor(dtype):
+    """torch's CPU _foreach_mul_.Scalar rounds the number to a bfloat16/float16 list's type
+    first (0.9 becomes 0.8984375 in bfloat16), where mul_ multiplies by it in float32: such a
+    run keeps its per-tensor ops, and the values their bits; its adds are still grouped."""
+
+    def momentum(*tensors: torch.Tensor) -> list[torch.Tensor]:
+        grads, buffers = tensors[:4], tensors[4:]
+        kept = [b * 1.0 for b in buffers]  # new buffers: the ops below write into them
+        scaled = [k * 0.9 for k in kept]
+        return [torch.add(s, g) for s, g in zip(scaled, grads, strict=True)]
+
+    arguments = [t.to(dtype) for t in inputs(8)]
+    module = make_fx(momentum)(*arguments)
+    expected = module(*arguments)
+    in_place.in_place(module)
+    assert foreach.grouped(module) == 1
+    assert grouped_targets(module) == ["aten._foreach_add_.List"]
+    for want, have in zip(expected, module(*arguments), strict=True):
+        assert torch.equal(want.view(torch.int16), have.view(torch.int16))
+    grouped = [b.clone() for b in arguments[4:]]
+    torch._foreach_mul_(grouped, 0.9)  # what grouping would have computed: other bits
+    assert not all(torch.equal(g, b * 0.9) for g, b in zip(grouped, arguments[4:], strict=True))
+
+
 def test_a_tensor_every_member_reads_is_passed_once():
     """An unscale: every gradient times one inverse scale (foreach's Tensor overload, which
     a GPU runs on its fast path), not a list repeating it."""
