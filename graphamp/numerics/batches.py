@@ -20,9 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from graphamp.core import dtypes
 from graphamp.errors import GraphampError
-from graphamp.numerics.inputs import InputSpec, check_feeds, load_npz
+from graphamp.numerics.inputs import (
+    InputSpec,
+    check_feeds,
+    check_shape,
+    check_type,
+    load_npz,
+    refuse_unknown_arrays,
+)
 
 Feeds = dict[str, np.ndarray]
 DataSource = str | os.PathLike[str] | Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]]
@@ -118,17 +124,11 @@ def _check_file(
     file: Path, headers: dict[str, tuple[tuple[int, ...], np.dtype]], specs: list[InputSpec]
 ) -> _File:
     """Refuse, naming the file and the input, arrays that cannot feed the graph inputs."""
-    declared = {spec.name: spec for spec in specs}
-    for name in headers:
-        if name not in declared:
-            raise GraphampError(
-                f"{file}: array {name!r} is no input of the model "
-                f"(its inputs: {', '.join(declared) or 'none'})"
-            )
+    refuse_unknown_arrays(specs, headers, str(file))
     for spec in specs:
         if spec.name not in headers:
             raise GraphampError(f"{file}: no array for model input {spec.name!r}")
-        _check_type(file, spec, headers[spec.name][1])
+        check_type(str(file), spec, headers[spec.name][1])
     for name, (shape, _) in headers.items():
         if 0 in shape:
             raise GraphampError(f"{file}: array {name!r} holds no values (shape {shape})")
@@ -140,10 +140,10 @@ def _check_file(
         if total is not None and total != batch and total % batch == 0:
             # more rows than the model's fixed batch: split, each batch checked for its shape
             for spec in specs:
-                _check_shape(file, spec, (batch, *headers[spec.name][0][1:]))
+                check_shape(str(file), spec, (batch, *headers[spec.name][0][1:]))
             return _File(file, total, batch)
     for spec in specs:  # fed as it is
-        _check_shape(file, spec, headers[spec.name][0])
+        check_shape(str(file), spec, headers[spec.name][0])
     return _File(file, 1, 0)
 
 
@@ -153,16 +153,6 @@ def _fixed_batch(specs: list[InputSpec]) -> int | None:
     sizes = {spec.shape[0] if spec.shape else None for spec in specs}
     size = sizes.pop() if len(sizes) == 1 else None
     return size if isinstance(size, int) else None
-
-
-def _check_shape(file: Path, spec: InputSpec, shape: tuple[int, ...]) -> None:
-    if len(shape) != len(spec.shape) or any(
-        want is not None and got != want for got, want in zip(shape, spec.shape, strict=True)
-    ):
-        declared = tuple("?" if d is None else d for d in spec.shape)
-        raise GraphampError(
-            f"{file}: input {spec.name!r} has shape {shape}, the model declares {declared}"
-        )
 
 
 def _check_ids(file: Path, specs: list[InputSpec]) -> None:
@@ -185,10 +175,3 @@ def _check_ids(file: Path, specs: list[InputSpec]) -> None:
                     f"{file}: array {spec.name!r} holds id {bad}, beyond the {bound} rows of the "
                     f"table it indexes (ids must lie in {-bound} to {bound - 1})"
                 )
-
-
-def _check_type(file: Path, spec: InputSpec, dtype: np.dtype) -> None:
-    floats = spec.dtype in dtypes.FLOAT_TYPES
-    kind = dtype.kind
-    if (floats and kind not in "fiu") or (not floats and spec.dtype != "bool" and kind not in "iu"):
-        raise GraphampError(f"{file}: input {spec.name!r} is {spec.dtype}, the array holds {dtype}")

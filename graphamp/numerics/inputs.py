@@ -9,6 +9,7 @@ are random. A symbolic dimension takes ``dim_size``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,31 +74,44 @@ def check_feeds(specs: list[InputSpec], feeds: dict[str, np.ndarray], where: str
     """Refuse, naming the input, arrays that cannot feed the graph inputs ``specs`` declare:
     a missing or unknown name, the wrong number of dimensions, a fixed dimension of another
     size, or a kind of value the input cannot take (floats for integer ids, say)."""
-    declared = {spec.name: spec for spec in specs}
-    for name in feeds:
+    refuse_unknown_arrays(specs, feeds, where)
+    for spec in specs:
+        if spec.name not in feeds:
+            raise GraphampError(f"{where}: no array for model input {spec.name!r}")
+        array = np.asarray(feeds[spec.name])
+        check_shape(where, spec, tuple(array.shape))
+        check_type(where, spec, array.dtype)
+
+
+def refuse_unknown_arrays(specs: list[InputSpec], names: Iterable[str], where: str) -> None:
+    """Refuse an array named after no graph input of ``specs``."""
+    declared = dict.fromkeys(spec.name for spec in specs)
+    for name in names:
         if name not in declared:
             raise GraphampError(
                 f"{where}: array {name!r} is no input of the model "
                 f"(its inputs: {', '.join(declared) or 'none'})"
             )
-    for spec in specs:
-        if spec.name not in feeds:
-            raise GraphampError(f"{where}: no array for model input {spec.name!r}")
-        array = np.asarray(feeds[spec.name])
-        if len(array.shape) != len(spec.shape) or any(
-            want is not None and got != want
-            for got, want in zip(array.shape, spec.shape, strict=True)
-        ):
-            shape = tuple("?" if d is None else d for d in spec.shape)
-            raise GraphampError(
-                f"{where}: input {spec.name!r} has shape {tuple(array.shape)}, the model "
-                f"declares {shape}"
-            )
-        kind = array.dtype.kind
-        floats = spec.dtype in dtypes.FLOAT_TYPES
-        if (floats and kind not in "fiu") or (
-            not floats and spec.dtype != "bool" and kind not in "iu"
-        ):
-            raise GraphampError(
-                f"{where}: input {spec.name!r} is {spec.dtype}, the array holds {array.dtype}"
-            )
+
+
+def check_shape(where: str, spec: InputSpec, shape: tuple[int, ...]) -> None:
+    """Refuse an array of ``shape`` for ``spec``: another number of dimensions, or a fixed
+    dimension of another size (a symbolic one takes any)."""
+    if len(shape) != len(spec.shape) or any(
+        want is not None and got != want for got, want in zip(shape, spec.shape, strict=True)
+    ):
+        declared = tuple("?" if d is None else d for d in spec.shape)
+        raise GraphampError(
+            f"{where}: input {spec.name!r} has shape {shape}, the model declares {declared}"
+        )
+
+
+def check_type(where: str, spec: InputSpec, dtype: np.dtype) -> None:
+    """Refuse an array of ``dtype`` for ``spec`` when its kind of value cannot feed the input:
+    a float input takes any number, an integer input integers, a bool input anything."""
+    floats = spec.dtype in dtypes.FLOAT_TYPES
+    kind = dtype.kind
+    if (floats and kind not in "fiu") or (not floats and spec.dtype != "bool" and kind not in "iu"):
+        raise GraphampError(
+            f"{where}: input {spec.name!r} is {spec.dtype}, the array holds {dtype}"
+        )
