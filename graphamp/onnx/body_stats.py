@@ -26,6 +26,7 @@ from onnx import helper
 
 from graphamp.onnx.files import with_stubs
 from graphamp.onnx.statgraph import RANGE_STATS, STAT, node_names, stat_name
+from graphamp.onnx.subgraphs import element_types
 
 F32 = onnx.TensorProto.FLOAT
 _INF, _ZERO = f"{STAT}inf", f"{STAT}zero"
@@ -208,9 +209,6 @@ def _range_nodes(
 
 
 def _types(graph: onnx.GraphProto, inferred: onnx.GraphProto | None) -> dict[str, int]:
-    types = {}
-    for source in (graph, inferred) if inferred is not None else (graph,):
-        for info in (*source.input, *source.output, *source.value_info):
-            if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
-                types.setdefault(info.name, info.type.tensor_type.elem_type)
-    return types
+    """Element types of body ``graph``'s values: its own declarations, inference's for the
+    rest."""
+    return {**(element_types(inferred) if inferred is not None else {}), **element_types(graph)}

@@ -21,6 +21,7 @@ from onnx import helper, numpy_helper
 
 from graphamp.core import dtypes
 from graphamp.onnx.session import Weights, is_stub
+from graphamp.onnx.subgraphs import element_types
 
 LOW_CODES = {dtypes.BY_NAME[name].onnx: name for name in dtypes.LOW_TYPES}
 F32 = onnx.TensorProto.FLOAT
@@ -53,7 +54,7 @@ def emulated(
             model = onnx.inliner.inline_local_functions(model)
         # the types inside bodies (and of values inlining made) come from inference
         inferred = onnx.shape_inference.infer_shapes(model).graph
-        types = {**_graph_types(inferred), **types}
+        types = {**element_types(inferred), **types}
     _emulate_graph(model.graph, types, inferred, weights, {})
     return model
 
@@ -133,17 +134,8 @@ def _emulate_bodies(
         else:
             continue
         for body, inferred_body in pairs:
-            body_types = {**types, **(_graph_types(inferred_body) if inferred_body else {})}
+            body_types = {**types, **(element_types(inferred_body) if inferred_body else {})}
             _emulate_graph(body, body_types, inferred_body, weights, outer)
-
-
-def _graph_types(graph: onnx.GraphProto) -> dict[str, int]:
-    """Element types of ``graph``'s own values (not its bodies')."""
-    types = {init.name: init.data_type for init in graph.initializer}
-    for info in (*graph.value_info, *graph.input, *graph.output):
-        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
-            types[info.name] = info.type.tensor_type.elem_type
-    return types
 
 
 def _has_bodies(graph: onnx.GraphProto) -> bool:

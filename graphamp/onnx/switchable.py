@@ -40,20 +40,12 @@ from graphamp.onnx.calibration import functions_inlined
 from graphamp.onnx.files import inferred_types
 from graphamp.onnx.session import Session, Weights
 from graphamp.onnx.statgraph import model_shell, named
+from graphamp.onnx.subgraphs import element_types
 from graphamp.passes.numerics import to_target_limit
 
 F32 = onnx.TensorProto.FLOAT
 FLAG = "graphamp.low/"
 _GRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-
-
-def _types(graph: onnx.GraphProto) -> dict[str, int]:
-    """Element types of ``graph``'s own values, where it declares them."""
-    types = {init.name: init.data_type for init in graph.initializer}
-    for info in (*graph.input, *graph.output, *graph.value_info):
-        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
-            types[info.name] = info.type.tensor_type.elem_type
-    return types
 
 
 class Switchable:
@@ -208,7 +200,11 @@ class Switchable:
             )
             for index, sub in enumerate(bodies):
                 inner = inferred[index] if index < len(inferred) else None
-                sub_types = {**types, **_types(sub), **(_types(inner) if inner else {})}
+                sub_types = {
+                    **types,
+                    **element_types(sub),
+                    **(element_types(inner) if inner else {}),
+                }
                 switched = self._switch(sub, inner, sub_types, f"{path}/{attribute.name}")
                 del sub.node[:]
                 sub.node.extend(switched)
