@@ -23,6 +23,8 @@ agreed, gradients clipped by their global norm, as passes of the ``step`` pipeli
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Protocol
 
 from graphamp.core.graph import NodeKind, Role, TensorInfo
 from graphamp.core.vocab import Precision, Rule
@@ -65,6 +67,73 @@ def by_readiness(context: PassContext, role: Role) -> list[TensorInfo]:
     return sorted(graph.with_role(role), key=made_at)
 
 
+class Bucketed(Protocol):
+    """The settings of a collective that sends the gradients in buckets."""
+
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def bucket_bytes(self) -> int: ...
+    @property
+    def first_bucket_bytes(self) -> int | None: ...
+    @property
+    def item_bytes(self) -> int: ...
+    def describe(self) -> str: ...
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}{'s' if count != 1 else ''}"
+
+
+def scaled_note(context: PassContext, dtype: str) -> str:
+    """What a reason says of the gradients sent under loss scaling (nothing without it)."""
+    if context.options.loss_scaling is None:
+        return ""
+    survive = f": small values survive {dtype}" if dtype != "float32" else ""
+    return f"; the loss-scaled gradients travel and are unscaled after{survive}"
+
+
+def average_in_buckets(
+    context: PassContext,
+    settings: Bucketed,
+    kind: NodeKind,
+    rule: Rule,
+    suffix: str,
+    params: dict[str, float | str],
+    how: Callable[[int], str],
+) -> PassResult:
+    """Average the gradients over the ranks with one ``kind`` node per bucket of about
+    ``settings.bucket_bytes``, in the order backward makes them (the first buckets travel
+    while backward goes on); the optimizer reads the nodes' outputs. Node ``i`` is named
+    ``<kind>.<i>``, its output of gradient ``g`` ``g.<suffix>``; its reason ends with
+    ``how(bytes sent)``."""
+    gradients = {g.name: g for g in by_readiness(context, Role.GRADIENT)}
+    sizes = [(name, elements(g) * settings.item_bytes) for name, g in gradients.items()]
+    groups = buckets(sizes, settings.bucket_bytes, settings.first_bucket_bytes)
+    by_name = dict(sizes)
+    for index, names in enumerate(groups):
+        sent = sum(by_name[name] for name in names)
+        node = add_node(
+            context,
+            kind,
+            names,
+            [(f"{name}.{suffix}", gradients[name].dtype) for name in names],
+            rule,
+            f"bucket {index + 1} of {len(groups)}: {plural(len(names), 'gradient')} averaged "
+            f"over the {settings.world_size} ranks{how(sent)}",
+            params=dict(params),
+            name=f"{kind.value}.{index}",
+            precision=Precision(settings.dtype),
+        )
+        replace_gradients(context, node.name, names, node.outputs)
+    total = sum(by_name.values())
+    return PassResult(
+        modified=True, note=f"{len(groups)} buckets, {total} bytes: {settings.describe()}"
+    )
+
+
 class AllReducePass(Pass):
     """Average the gradients over the process group (see the module docstring)."""
 
@@ -78,45 +147,28 @@ class AllReducePass(Pass):
     def run(self, context: PassContext) -> PassResult:
         reduce = context.options.all_reduce
         assert reduce is not None  # applies() checked it
-        gradients = {g.name: g for g in by_readiness(context, Role.GRADIENT)}
-        sizes = [(name, elements(g) * reduce.item_bytes) for name, g in gradients.items()]
-        groups = buckets(sizes, reduce.bucket_bytes, reduce.first_bucket_bytes)
-        by_name = dict(sizes)
         low = reduce.dtype != "float32"
         halved = " (half of float32's)" if low else ""
-        why_scaled = ""
-        if context.options.loss_scaling is not None:
-            survive = f": small values survive {reduce.dtype}" if low else ""
-            why_scaled = f"; the loss-scaled gradients travel and are unscaled after{survive}"
+        why_scaled = scaled_note(context, reduce.dtype)
         if not reduce.agree_found_inf:  # (else all_reduce.found_inf says how they agree)
             why_scaled += (
                 "; an inf or NaN on any rank is in every rank's average, so the finite check "
                 "skips the step on every rank"
             )
-        for index, names in enumerate(groups):
-            sent = sum(by_name[name] for name in names)
-            node = add_node(
-                context,
-                NodeKind.ALL_REDUCE,
-                names,
-                [(f"{name}.reduced", gradients[name].dtype) for name in names],
-                Rule.ALL_REDUCE,
-                f"bucket {index + 1} of {len(groups)}: {len(names)} gradient"
-                f"{'s' if len(names) > 1 else ''} averaged over the {reduce.world_size} ranks, "
-                f"{sent} bytes sent as {reduce.dtype}{halved}{why_scaled}",
-                params={
-                    "op": "mean",
-                    "group": reduce.group,
-                    "world_size": reduce.world_size,
-                    "dtype": reduce.dtype,
-                },
-                name=f"all_reduce.{index}",
-                precision=Precision(reduce.dtype),
-            )
-            replace_gradients(context, node.name, names, node.outputs)
-        total = sum(by_name.values())
-        return PassResult(
-            modified=True, note=f"{len(groups)} buckets, {total} bytes: {reduce.describe()}"
+        params: dict[str, float | str] = {
+            "op": "mean",
+            "group": reduce.group,
+            "world_size": reduce.world_size,
+            "dtype": reduce.dtype,
+        }
+        return average_in_buckets(
+            context,
+            reduce,
+            NodeKind.ALL_REDUCE,
+            Rule.ALL_REDUCE,
+            "reduced",
+            params,
+            lambda sent: f", {sent} bytes sent as {reduce.dtype}{halved}{why_scaled}",
         )
 
 

@@ -30,7 +30,12 @@ from __future__ import annotations
 from graphamp.core.dtypes import BY_NAME
 from graphamp.core.graph import NodeKind, OpGraph, Role, TensorInfo
 from graphamp.core.vocab import Precision, Rule
-from graphamp.passes.all_reduce import by_readiness, elements, replace_gradients
+from graphamp.passes.all_reduce import (
+    average_in_buckets,
+    elements,
+    plural,
+    scaled_note,
+)
 from graphamp.passes.base import Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.passes.loss_scale import add_node, reroute
@@ -39,10 +44,6 @@ from graphamp.training.distributed import Sharding, buckets, divide_factors
 
 def _item_bytes(dtype: str) -> int:
     return BY_NAME[dtype].numpy(0).itemsize
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}{'s' if count != 1 else ''}"
 
 
 def _label(context: PassContext, names: list[str]) -> str:
@@ -137,7 +138,7 @@ class AllGatherPass(Pass):
             [context.options.whole_parameters[name][0] for name in names],
             [(f"{name}.gathered", dtype) for name in names],
             Rule.ALL_GATHER,
-            f"bucket {index + 1} of {count}: {_plural(len(names), 'parameter')} "
+            f"bucket {index + 1} of {count}: {plural(len(names), 'parameter')} "
             f"({_label(context, names)}) gathered whole from the {sharding.world_size} ranks' "
             f"shards, {received} bytes received as {dtype}{halved}: {why}",
             params={
@@ -172,11 +173,6 @@ class ReduceScatterPass(Pass):
     def run(self, context: PassContext) -> PassResult:
         sharding = context.options.shard
         assert sharding is not None  # applies() checked it
-        gradients = {g.name: g for g in by_readiness(context, Role.GRADIENT)}
-        sizes = [(name, elements(g) * sharding.item_bytes) for name, g in gradients.items()]
-        groups = buckets(sizes, sharding.bucket_bytes, sharding.first_bucket_bytes)
-        by_name = dict(sizes)
-        low = sharding.dtype != "float32"
         before, after = divide_factors(sharding.world_size, sharding.dtype)
         divided = " and ".join(
             part
@@ -186,33 +182,22 @@ class ReduceScatterPass(Pass):
             )
             if factor != 1
         )
-        scaled = ""
-        if context.options.loss_scaling is not None:
-            survive = f": small values survive {sharding.dtype}" if low else ""
-            scaled = f"; the loss-scaled gradients travel and are unscaled after{survive}"
-        for index, names in enumerate(groups):
-            sent = sum(by_name[name] for name in names)
-            node = add_node(
-                context,
-                NodeKind.REDUCE_SCATTER,
-                names,
-                [(f"{name}.shard", gradients[name].dtype) for name in names],
-                Rule.REDUCE_SCATTER,
-                f"bucket {index + 1} of {len(groups)}: {_plural(len(names), 'gradient')} "
-                f"averaged over the {sharding.world_size} ranks, each rank keeping the rows "
-                f"of its own shard ({divided}); {sent} bytes sent as {sharding.dtype} "
-                f"({sharding.dtype_source}){scaled}",
-                params={
-                    "group": sharding.group,
-                    "world_size": sharding.world_size,
-                    "rank": sharding.rank,
-                    "dtype": sharding.dtype,
-                },
-                name=f"reduce_scatter.{index}",
-                precision=Precision(sharding.dtype),
-            )
-            replace_gradients(context, node.name, names, node.outputs)
-        total = sum(by_name.values())
-        return PassResult(
-            modified=True, note=f"{len(groups)} buckets, {total} bytes: {sharding.describe()}"
+        scaled = scaled_note(context, sharding.dtype)
+        params: dict[str, float | str] = {
+            "group": sharding.group,
+            "world_size": sharding.world_size,
+            "rank": sharding.rank,
+            "dtype": sharding.dtype,
+        }
+        return average_in_buckets(
+            context,
+            sharding,
+            NodeKind.REDUCE_SCATTER,
+            Rule.REDUCE_SCATTER,
+            "shard",
+            params,
+            lambda sent: (
+                f", each rank keeping the rows of its own shard ({divided}); {sent} "
+                f"bytes sent as {sharding.dtype} ({sharding.dtype_source}){scaled}"
+            ),
         )
