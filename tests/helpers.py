@@ -1,6 +1,11 @@
-"""Tiny hand-built ONNX graphs for the tests."""
+"""What several test modules share: tiny hand-built ONNX graphs, and graphamp's command line
+run as a process of its own (the ``cli`` fixture in ``tests/conftest.py`` runs it in-process)."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -100,3 +105,35 @@ def run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray
 
     outputs, _ = run_model(proto, feeds)
     return list(outputs.values())
+
+
+class CliResult(NamedTuple):
+    """What a run of the command line gave: as :class:`subprocess.CompletedProcess` has it."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli_process(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m graphamp.cli ARGS`` as a process of its own. Only for what the in-process
+    ``cli`` fixture cannot show: the exit status through the entry point, logging configured
+    once per process (``-v``), what reaches stderr at interpreter exit."""
+    return subprocess.run(
+        [sys.executable, "-m", "graphamp.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_user_error(
+    result: CliResult | subprocess.CompletedProcess[str], *fragments: str
+) -> None:
+    """Exit status 2 and one line on stderr holding every fragment, no traceback."""
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]

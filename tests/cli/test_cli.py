@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import onnx
 import pytest
 
 from graphamp.cli import main
-from tests.helpers import chain
+from tests.helpers import assert_user_error, chain, cli_process
 
 
 @pytest.fixture()
@@ -50,24 +48,11 @@ def test_verify_with_inputs_file(small_model, tmp_path):
     )
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "graphamp.cli", *args], capture_output=True, text=True, timeout=120
-    )
-
-
-def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-
-
 def test_missing_file(tmp_path):
     out = tmp_path / "o.onnx"
-    assert_user_error(run_cli("convert", str(tmp_path / "nope.onnx"), "-o", str(out)), "nope.onnx")
+    assert_user_error(
+        cli_process("convert", str(tmp_path / "nope.onnx"), "-o", str(out)), "nope.onnx"
+    )
     assert not out.exists()
 
 
@@ -75,33 +60,33 @@ def test_not_onnx_and_truncated(tmp_path, small_model):
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"this is not a model\x00\x01")
     out = tmp_path / "o.onnx"
-    assert_user_error(run_cli("convert", str(junk), "-o", str(out)), "junk.onnx")
+    assert_user_error(cli_process("convert", str(junk), "-o", str(out)), "junk.onnx")
     truncated = tmp_path / "cut.onnx"
     truncated.write_bytes(small_model.read_bytes()[:57])
-    assert_user_error(run_cli("convert", str(truncated), "-o", str(out)), "cut.onnx")
+    assert_user_error(cli_process("convert", str(truncated), "-o", str(out)), "cut.onnx")
     assert not out.exists()
     assert not list(tmp_path.glob(".o.onnx*")), "temporary files left behind"
 
 
-def test_unknown_option_and_op_in_two_lists(small_model, tmp_path):
+def test_unknown_option_and_op_in_two_lists(cli, small_model, tmp_path):
     out = tmp_path / "o.onnx"
     assert_user_error(
-        run_cli("convert", str(small_model), "-o", str(out), "--frobnicate"), "--frobnicate"
+        cli("convert", str(small_model), "-o", str(out), "--frobnicate"), "--frobnicate"
     )
     assert_user_error(
-        run_cli("convert", str(small_model), "-o", str(out), "--allow", "Exp", "--deny", "Exp"),
+        cli("convert", str(small_model), "-o", str(out), "--allow", "Exp", "--deny", "Exp"),
         "'Exp'",
     )
     assert not out.exists()
 
 
-def test_output_equal_to_input_is_refused(small_model):
+def test_output_equal_to_input_is_refused(cli, small_model):
     before = small_model.read_bytes()
-    assert_user_error(run_cli("convert", str(small_model), "-o", str(small_model)), "input")
+    assert_user_error(cli("convert", str(small_model), "-o", str(small_model)), "input")
     assert small_model.read_bytes() == before
 
 
-def test_unknown_op_names_the_node(tmp_path):
+def test_unknown_op_names_the_node(cli, tmp_path):
     from onnx import helper
 
     proto = chain(["MatMul"])
@@ -109,11 +94,11 @@ def test_unknown_op_names_the_node(tmp_path):
     proto.graph.output[0].name = "z"
     path, out = tmp_path / "u.onnx", tmp_path / "o.onnx"
     onnx.save(proto, str(path))
-    assert_user_error(run_cli("convert", str(path), "-o", str(out)), "'weird'", "Frobnicate")
+    assert_user_error(cli("convert", str(path), "-o", str(out)), "'weird'", "Frobnicate")
     assert not out.exists()
 
 
-def test_integer_only_graph_is_refused(tmp_path):
+def test_integer_only_graph_is_refused(cli, tmp_path):
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
@@ -124,12 +109,12 @@ def test_integer_only_graph_is_refused(tmp_path):
     )
     path, out = tmp_path / "ints.onnx", tmp_path / "o.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)]), str(path))
-    assert_user_error(run_cli("convert", str(path), "-o", str(out)), "floating-point")
+    assert_user_error(cli("convert", str(path), "-o", str(out)), "floating-point")
     assert not out.exists()
 
 
-def test_help_documents_every_flag():
-    result = run_cli("convert", "--help")
+def test_help_documents_every_flag(cli):
+    result = cli("convert", "--help")
     assert result.returncode == 0
     for flag in (
         "--dtype",
@@ -150,8 +135,8 @@ def test_help_documents_every_flag():
         assert flag in result.stdout
 
 
-def test_demo_runs(tmp_path):
-    result = run_cli("demo", "--keep", str(tmp_path))
+def test_demo_runs(cli, tmp_path):
+    result = cli("demo", "--keep", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "probabilities" in result.stdout and "ok" in result.stdout
     assert (tmp_path / "mnist.float16.onnx").exists()

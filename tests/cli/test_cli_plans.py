@@ -9,8 +9,7 @@ import onnx
 import pytest
 
 from graphamp.cli import main
-from tests.cli.test_cli import assert_user_error, run_cli
-from tests.helpers import chain
+from tests.helpers import assert_user_error, chain
 from tests.plans.test_plan import layer_norm_model
 
 
@@ -44,8 +43,8 @@ def test_explain_follows_the_chain_of_reasons(bert, capsys):
     assert any(line.strip().startswith("input 0") for line in lines)
 
 
-def test_explain_unknown_node_suggests_names(bert):
-    assert_user_error(run_cli("explain", bert, "/layers.0/Ad"), "did you mean", "/layers.0/Add")
+def test_explain_unknown_node_suggests_names(cli, bert):
+    assert_user_error(cli("explain", bert, "/layers.0/Ad"), "did you mean", "/layers.0/Add")
 
 
 def test_diff_exit_code(tmp_path, bert, capsys):
@@ -104,11 +103,11 @@ def diff_sections(text: str) -> dict[str, list[str]]:
     return sections
 
 
-def test_check_single_model_and_missing_baseline(tmp_path):
+def test_check_single_model_and_missing_baseline(cli, tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(chain(["MatMul", "Exp"]), str(path))
     assert_user_error(
-        run_cli("check", str(path), "--baseline", str(tmp_path / "none.json")), "--update"
+        cli("check", str(path), "--baseline", str(tmp_path / "none.json")), "--update"
     )
     assert main(["check", str(path), "--baseline", str(tmp_path / "p.json"), "--update"]) == 0
     assert main(["check", str(path), "--baseline", str(tmp_path / "p.json")]) == 0

@@ -10,8 +10,7 @@ import onnx
 import pytest
 
 from graphamp.cli import main
-from tests.cli.test_cli import assert_user_error, run_cli
-from tests.helpers import chain, model
+from tests.helpers import assert_user_error, chain, model
 
 
 @pytest.fixture()
@@ -38,40 +37,38 @@ def test_check_update_creates_the_baseline_folder(small, tmp_path):
         (["--rtol", "0.1"], "only used with --verify"),
     ],
 )
-def test_bad_output_and_tolerance_options(small, tmp_path, args, message):
+def test_bad_output_and_tolerance_options(cli, small, tmp_path, args, message):
     out = tmp_path / "out.onnx"
     args = [a.format(tmp=tmp_path) for a in args]
-    assert_user_error(run_cli("convert", str(small), "-o", str(out), *args), message)
+    assert_user_error(cli("convert", str(small), "-o", str(out), *args), message)
     assert not out.exists()
 
 
-def test_output_naming_a_folder_and_plan_into_a_missing_folder(small, tmp_path):
-    assert_user_error(run_cli("convert", str(small), "-o", str(tmp_path)), "is a folder")
+def test_output_naming_a_folder_and_plan_into_a_missing_folder(cli, small, tmp_path):
+    assert_user_error(cli("convert", str(small), "-o", str(tmp_path)), "is a folder")
     missing = tmp_path / "no" / "plan.txt"
-    assert_user_error(run_cli("plan", str(small), "-o", str(missing)), "does not exist")
+    assert_user_error(cli("plan", str(small), "-o", str(missing)), "does not exist")
     (tmp_path / "file").write_text("x")
-    assert_user_error(run_cli("demo", "--keep", str(tmp_path / "file")), "is a file")
+    assert_user_error(cli("demo", "--keep", str(tmp_path / "file")), "is a file")
 
 
-def test_bad_verification_inputs_write_nothing(small, tmp_path):
+def test_bad_verification_inputs_write_nothing(cli, small, tmp_path):
     out = tmp_path / "out.onnx"
     wrong_shape = tmp_path / "wrong.npz"
     np.savez(wrong_shape, x=np.ones((3, 5), np.float32))
-    result = run_cli(
-        "convert", str(small), "-o", str(out), "--verify", "--inputs", str(wrong_shape)
-    )
+    result = cli("convert", str(small), "-o", str(out), "--verify", "--inputs", str(wrong_shape))
     assert_user_error(result, "input 'x' has shape (3, 5), the model declares (4, 4)")
     assert not out.exists() and not list(tmp_path.glob(".out.onnx*"))
     unknown = tmp_path / "unknown.npz"
     np.savez(unknown, y=np.ones((4, 4), np.float32))
-    result = run_cli("convert", str(small), "-o", str(out), "--verify", "--inputs", str(unknown))
+    result = cli("convert", str(small), "-o", str(out), "--verify", "--inputs", str(unknown))
     assert_user_error(result, "array 'y' is no input of the model")
     assert not out.exists()
 
 
-def test_cuda_verification_without_a_gpu_is_an_error_not_a_fallback(small, tmp_path):
+def test_cuda_verification_without_a_gpu_is_an_error_not_a_fallback(cli, small, tmp_path):
     out = tmp_path / "out.onnx"
-    result = run_cli("convert", str(small), "-o", str(out), "--verify", "--provider", "cuda")
+    result = cli("convert", str(small), "-o", str(out), "--verify", "--provider", "cuda")
     assert_user_error(result, "--provider cuda")
     assert not out.exists()
 
@@ -100,15 +97,15 @@ def test_keep_io_types_no_longer_swallows_the_model_path(small, tmp_path):
     ],
 )
 def test_rules_that_match_nothing_are_warned_about_and_strict_refuses_them(
-    small, tmp_path, flags, warning
+    cli, small, tmp_path, flags, warning
 ):
     out = tmp_path / "out.onnx"
-    result = run_cli("convert", str(small), "-o", str(out), *flags)
+    result = cli("convert", str(small), "-o", str(out), *flags)
     assert result.returncode == 0 and "graphamp: warning: " in result.stderr
     assert warning in result.stderr
     assert "Traceback" not in result.stderr
     out.unlink()
-    assert_user_error(run_cli("convert", str(small), "-o", str(out), *flags, "--strict"), warning)
+    assert_user_error(cli("convert", str(small), "-o", str(out), *flags, "--strict"), warning)
     assert not out.exists()
 
 
@@ -122,16 +119,16 @@ def test_a_list_move_on_the_command_line_is_credited_to_it(small, tmp_path):
     assert reason == "deny list: moved to deny by command line"
 
 
-def test_an_already_converted_model_says_nothing_was_converted(small, tmp_path):
+def test_an_already_converted_model_says_nothing_was_converted(cli, small, tmp_path):
     once, twice = tmp_path / "once.onnx", tmp_path / "twice.onnx"
     assert main(["convert", str(small), "-o", str(once)]) == 0
-    result = run_cli("convert", str(once), "-o", str(twice))
+    result = cli("convert", str(once), "-o", str(twice))
     assert result.returncode == 0
     assert "graphamp: warning: nothing converted:" in result.stderr
     assert "nodes already compute in float16" in result.stderr
 
 
-def test_bfloat16_before_opset_22_says_which_ops_stay_float32(tmp_path):
+def test_bfloat16_before_opset_22_says_which_ops_stay_float32(cli, tmp_path):
     from onnx import helper
 
     from tests.helpers import weight
@@ -140,7 +137,7 @@ def test_bfloat16_before_opset_22_says_which_ops_stay_float32(tmp_path):
     proto = model(nodes, initializers=[weight("w", (4, 1, 1, 1))], opset=21, shape=(1, 1, 4, 4))
     path = tmp_path / "conv21.onnx"
     onnx.save(proto, str(path))
-    result = run_cli("convert", str(path), "-o", str(tmp_path / "o.onnx"), "--dtype", "bfloat16")
+    result = cli("convert", str(path), "-o", str(tmp_path / "o.onnx"), "--dtype", "bfloat16")
     assert result.returncode == 0
     assert "its schema does not admit the type (schema)" in result.stdout
 
@@ -158,17 +155,17 @@ def test_bfloat16_before_opset_22_says_which_ops_stay_float32(tmp_path):
         ["convert", "{good}", "-o", "{tmp}/o.onnx", "--from-plan", "{bad}"],
     ],
 )
-def test_every_subcommand_answers_a_broken_file_in_one_line(small, tmp_path, command):
+def test_every_subcommand_answers_a_broken_file_in_one_line(cli, small, tmp_path, command):
     bad = tmp_path / "broken.onnx"
     bad.write_bytes(small.read_bytes()[:57])  # truncated
     args = [a.format(bad=bad, good=small, tmp=tmp_path) for a in command]
-    result = run_cli(*args)
+    result = cli(*args)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o.onnx").exists()
 
 
-def test_a_model_onnxruntime_cannot_load_is_a_user_error_under_verify(tmp_path):
+def test_a_model_onnxruntime_cannot_load_is_a_user_error_under_verify(cli, tmp_path):
     from onnx import helper
 
     # an attribute Relu does not have: graphamp passes it through, onnxruntime refuses it
@@ -177,7 +174,7 @@ def test_a_model_onnxruntime_cannot_load_is_a_user_error_under_verify(tmp_path):
     proto.graph.node[0].attribute.add(name="bogus", type=onnx.AttributeProto.INT, i=1)
     path = tmp_path / "m.onnx"
     onnx.save(proto, str(path))
-    result = run_cli("convert", str(path), "-o", str(tmp_path / "o.onnx"), "--verify")
+    result = cli("convert", str(path), "-o", str(tmp_path / "o.onnx"), "--verify")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "o.onnx").exists()

@@ -14,8 +14,7 @@ import pytest
 
 from graphamp.cli import main
 from graphamp.models import ZOO
-from tests.cli.test_cli import run_cli
-from tests.helpers import chain
+from tests.helpers import chain, cli_process
 
 
 @pytest.fixture()
@@ -42,12 +41,12 @@ def test_version(capsys):
 
 def test_verbose_after_the_command_counts_as_before_it(small):
     """(In processes of their own: logging is configured once per process.)"""
-    quiet = run_cli("plan", str(small)).stderr
-    after = run_cli("plan", str(small), "-v").stderr
-    before = run_cli("-v", "plan", str(small)).stderr
+    quiet = cli_process("plan", str(small)).stderr
+    after = cli_process("plan", str(small), "-v").stderr
+    before = cli_process("-v", "plan", str(small)).stderr
     assert "pass classify" not in quiet
     assert "pass classify" in after and "pass classify" in before
-    twice = run_cli("-v", "plan", str(small), "-v").stderr  # -v twice: every decision
+    twice = cli_process("-v", "plan", str(small), "-v").stderr  # -v twice: every decision
     assert twice.count("\n") > after.count("\n")
 
 

@@ -14,7 +14,7 @@ from graphamp.cli import main
 from graphamp.errors import GraphampError
 from graphamp.fx import pt2
 from graphamp.models import build
-from tests.cli.test_cli import assert_user_error, run_cli
+from tests.helpers import assert_user_error
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_plan_of_a_pt2_program(bert_pt2, capsys):
     assert "(float16)" in capsys.readouterr().out.splitlines()[0]
 
 
-def test_pickled_payloads_are_refused(bert_pt2, tmp_path):
+def test_pickled_payloads_are_refused(cli, bert_pt2, tmp_path):
     path, _, _ = bert_pt2
     tampered = tmp_path / "tampered.pt2"
     with zipfile.ZipFile(path) as source, zipfile.ZipFile(tampered, "w") as out:
@@ -72,16 +72,16 @@ def test_pickled_payloads_are_refused(bert_pt2, tmp_path):
                 data = json.dumps(config).encode()
             out.writestr(item, data)
     target = tmp_path / "o.pt2"
-    assert_user_error(run_cli("convert", str(tampered), "-o", str(target)), "pickle")
+    assert_user_error(cli("convert", str(tampered), "-o", str(target)), "pickle")
     assert not target.exists()
 
 
-def test_bad_pt2_inputs(tmp_path, bert_pt2):
+def test_bad_pt2_inputs(cli, tmp_path, bert_pt2):
     junk = tmp_path / "junk.pt2"
     junk.write_bytes(b"not a zip")
-    assert_user_error(run_cli("convert", str(junk), "-o", str(tmp_path / "o.pt2")), "junk.pt2")
+    assert_user_error(cli("convert", str(junk), "-o", str(tmp_path / "o.pt2")), "junk.pt2")
     path, _, _ = bert_pt2
-    assert_user_error(run_cli("convert", str(path), "-o", str(tmp_path / "o.onnx")), ".pt2")
+    assert_user_error(cli("convert", str(path), "-o", str(tmp_path / "o.onnx")), ".pt2")
 
 
 # graphamp.fx.save / graphamp.fx.load ------------------------------------------------------------

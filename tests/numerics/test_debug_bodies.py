@@ -69,15 +69,13 @@ def test_the_culprit_inside_a_loop_body_is_found_and_denying_it_fixes_the_loop()
     assert all(e < 5e-3 for e in again.outputs.values()), again.outputs
 
 
-def test_the_cli_names_the_body_culprit_by_its_path(tmp_path):
-    from tests.cli.test_cli import run_cli
-
+def test_the_cli_names_the_body_culprit_by_its_path(cli, tmp_path):
     proto, feeds = _loop_with_an_overflow()
     source, out, data = tmp_path / "m.onnx", tmp_path / "out.onnx", tmp_path / "d.npz"
     onnx.save(proto, source)
     np.savez(data, **feeds)
-    assert run_cli("convert", str(source), "-o", str(out)).returncode == 0
-    result = run_cli("debug", str(source), str(out), "--inputs", str(data))
+    assert cli("convert", str(source), "-o", str(out)).returncode == 0
+    result = cli("debug", str(source), str(out), "--inputs", str(data))
     assert result.returncode == 0, result.stderr
     assert "first non-finite: loop/body/scale_up (Mul" in result.stdout, result.stdout
     assert "  1. loop/body/scale_up" in result.stdout

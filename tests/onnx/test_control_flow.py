@@ -16,7 +16,7 @@ from graphamp.errors import GraphampError
 from graphamp.models.control_flow import CASES
 from graphamp.onnx.runtime import run as run_faithfully
 from graphamp.onnx.tuning import tune
-from tests.helpers import F32, assert_valid, convert, model, run, weight
+from tests.helpers import F32, assert_user_error, assert_valid, convert, model, run, weight
 
 
 def branches(then_nodes, then_out, else_nodes, else_out, shape=(4, 4)):
@@ -430,10 +430,8 @@ def test_the_commands_work_on_body_nodes(tmp_path, capsys):
     assert f"+{node}  Tanh  float32" in capsys.readouterr().out
 
 
-def test_a_bad_body_is_one_line_exit_2_and_nothing_written(tmp_path):
-    from tests.cli.test_cli import assert_user_error, run_cli
-
+def test_a_bad_body_is_one_line_exit_2_and_nothing_written(cli, tmp_path):
     source, out = tmp_path / "bad.onnx", tmp_path / "out.onnx"
     onnx.save(_loop_with_body_input(TensorProto.FLOAT16), source)
-    assert_user_error(run_cli("convert", str(source), "-o", str(out)), "node 'loop' (Loop)", "h_in")
+    assert_user_error(cli("convert", str(source), "-o", str(out)), "node 'loop' (Loop)", "h_in")
     assert not out.exists()

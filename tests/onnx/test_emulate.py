@@ -10,7 +10,6 @@ from onnx.reference import ReferenceEvaluator
 
 import graphamp.onnx as gonnx
 from graphamp.onnx.runtime import run
-from tests.cli.test_cli import run_cli
 from tests.helpers import model
 
 
@@ -55,10 +54,10 @@ def test_emulation_agrees_with_onnx_reference_on_healthy_and_overflowing_models(
         assert np.abs(got[finite] - want[finite]).max() <= 2e-3 * scale_y
 
 
-def test_verify_reports_the_overflow_the_cpu_provider_hides(tmp_path):
+def test_verify_reports_the_overflow_the_cpu_provider_hides(cli, tmp_path):
     source = tmp_path / "m.onnx"
     onnx.save(overflowing(2.5e4), str(source))
-    result = run_cli("convert", str(source), "-o", str(tmp_path / "o.onnx"), "--verify")
+    result = cli("convert", str(source), "-o", str(tmp_path / "o.onnx"), "--verify")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "float16 rounding emulated" in result.stdout
     assert "OVER" in result.stdout

@@ -10,8 +10,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from tests.cli.test_cli import assert_user_error, run_cli
-from tests.helpers import chain, model, weight
+from tests.helpers import assert_user_error, chain, model, weight
 
 F32 = onnx.TensorProto.FLOAT
 
@@ -21,13 +20,13 @@ def save_bytes(path, data: bytes) -> str:  # type: ignore[no-untyped-def]
     return str(path)
 
 
-def converted(tmp_path, proto_or_path) -> tuple[object, object]:  # type: ignore[no-untyped-def]
+def converted(cli, tmp_path, proto_or_path) -> tuple[object, object]:  # type: ignore[no-untyped-def]
     source = proto_or_path
     if isinstance(proto_or_path, onnx.ModelProto):
         source = tmp_path / "in.onnx"
         source.write_bytes(proto_or_path.SerializeToString())
     out = tmp_path / "out.onnx"
-    return run_cli("convert", str(source), "-o", str(out)), out
+    return cli("convert", str(source), "-o", str(out)), out
 
 
 def structural_cases() -> dict[str, tuple[onnx.ModelProto, str]]:
@@ -71,9 +70,9 @@ def structural_cases() -> dict[str, tuple[onnx.ModelProto, str]]:
 
 
 @pytest.mark.parametrize("case", sorted(structural_cases()))
-def test_damaged_graphs_are_refused_in_one_line(tmp_path, case):
+def test_damaged_graphs_are_refused_in_one_line(cli, tmp_path, case):
     proto, message = structural_cases()[case]
-    result, out = converted(tmp_path, proto)
+    result, out = converted(cli, tmp_path, proto)
     assert_user_error(result, message)
     assert not out.exists()
 
@@ -93,40 +92,40 @@ def external_model(tmp_path, location: str):  # type: ignore[no-untyped-def]
     return path
 
 
-def test_external_data_missing_outside_or_behind_a_symlink_is_refused(tmp_path):
-    result, out = converted(tmp_path, external_model(tmp_path, "weights.bin"))
+def test_external_data_missing_outside_or_behind_a_symlink_is_refused(cli, tmp_path):
+    result, out = converted(cli, tmp_path, external_model(tmp_path, "weights.bin"))
     assert_user_error(result, "external data file 'weights.bin' is missing")
-    result, out = converted(tmp_path, external_model(tmp_path, "../../etc/passwd"))
+    result, out = converted(cli, tmp_path, external_model(tmp_path, "../../etc/passwd"))
     assert_user_error(result, "'../../etc/passwd' points outside the model's folder")
     secret = tmp_path / "secret.bin"
     secret.write_bytes(np.ones(16, np.float32).tobytes())
     os.symlink(secret, tmp_path / "model" / "link.bin")
-    result, out = converted(tmp_path, external_model(tmp_path, "link.bin"))
+    result, out = converted(cli, tmp_path, external_model(tmp_path, "link.bin"))
     assert_user_error(result, "'link.bin' points outside the model's folder")
     (tmp_path / "model" / "small.bin").write_bytes(b"\0" * 8)
-    result, out = converted(tmp_path, external_model(tmp_path, "small.bin"))
+    result, out = converted(cli, tmp_path, external_model(tmp_path, "small.bin"))
     assert_user_error(result, "'small.bin' is 8 bytes; the tensor needs bytes 0 to 64")
     assert not out.exists()
 
 
 @pytest.mark.parametrize("field", ["producer", "tensor"])
-def test_a_name_that_is_not_utf8_is_refused(tmp_path, field):
+def test_a_name_that_is_not_utf8_is_refused(cli, tmp_path, field):
     proto = chain(["MatMul", "Relu"])
     proto.producer_name = "PRODUCERX"
     proto.graph.node[0].output[0] = proto.graph.node[1].input[0] = "TENSORXXX"
     placeholder = {"producer": b"PRODUCERX", "tensor": b"TENSORXXX"}[field]
     data = proto.SerializeToString().replace(placeholder, b"\xff\xfe" + placeholder[2:])
-    result, out = converted(tmp_path, save_bytes(tmp_path / "bad.onnx", data))
+    result, out = converted(cli, tmp_path, save_bytes(tmp_path / "bad.onnx", data))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert "not valid UTF-8" in result.stderr
     assert not out.exists()
 
 
-def test_valid_external_data_inside_the_folder_still_converts(tmp_path):
+def test_valid_external_data_inside_the_folder_still_converts(cli, tmp_path):
     path = external_model(tmp_path, "weights.bin")
     values = numpy_helper.to_array(chain(["MatMul", "Relu"]).graph.initializer[0])
     (tmp_path / "model" / "weights.bin").write_bytes(values.astype(np.float32).tobytes())
-    result, out = converted(tmp_path, path)
+    result, out = converted(cli, tmp_path, path)
     assert result.returncode == 0, result.stderr
     assert out.exists()

@@ -10,8 +10,7 @@ import pytest
 from onnx import numpy_helper
 
 from graphamp.cli import main
-from tests.cli.test_cli import assert_user_error, run_cli
-from tests.helpers import chain
+from tests.helpers import assert_user_error, chain
 
 
 @pytest.fixture()
@@ -35,14 +34,14 @@ def test_the_reviewed_plan_is_applied_exactly(reviewed, tmp_path):
     assert json.loads(replanned.read_text())["nodes"] == json.loads(plan.read_text())["nodes"]
 
 
-def test_a_model_that_no_longer_matches_is_refused_naming_the_difference(reviewed, tmp_path):
+def test_a_model_that_no_longer_matches_is_refused_naming_the_difference(cli, reviewed, tmp_path):
     model, plan = reviewed
     out = tmp_path / "out.onnx"
     proto = onnx.load(str(model))
     proto.graph.node[1].op_type = "Sigmoid"
     changed = tmp_path / "changed.onnx"
     onnx.save(proto, str(changed))
-    result = run_cli("convert", str(changed), "-o", str(out), "--from-plan", str(plan))
+    result = cli("convert", str(changed), "-o", str(out), "--from-plan", str(plan))
     assert_user_error(result, "node 'relu1' is Sigmoid in the model but Relu in the plan")
     assert not out.exists()
 
@@ -52,19 +51,19 @@ def test_a_model_that_no_longer_matches_is_refused_naming_the_difference(reviewe
     values[0, 0] = 1e6  # beyond float16: the reviewed float16 MatMul would clamp it
     weight.CopyFrom(numpy_helper.from_array(values.astype(np.float32), weight.name))
     onnx.save(proto, str(changed))
-    result = run_cli("convert", str(changed), "-o", str(out), "--from-plan", str(plan))
+    result = cli("convert", str(changed), "-o", str(out), "--from-plan", str(plan))
     assert_user_error(result, "weight 'w0' now holds |x| up to 1e+06")
     assert not out.exists()
 
 
-def test_policy_flags_beside_a_reviewed_plan_are_refused(reviewed, tmp_path):
+def test_policy_flags_beside_a_reviewed_plan_are_refused(cli, reviewed, tmp_path):
     model, plan = reviewed
     out = tmp_path / "out.onnx"
-    result = run_cli("convert", str(model), "-o", str(out), "--from-plan", str(plan), "--deny", "X")
+    result = cli("convert", str(model), "-o", str(out), "--from-plan", str(plan), "--deny", "X")
     assert_user_error(result, "drop --deny")
 
 
-def test_a_hand_edited_plan_that_does_not_hold_together_is_refused(reviewed, tmp_path):
+def test_a_hand_edited_plan_that_does_not_hold_together_is_refused(cli, reviewed, tmp_path):
     model, plan = reviewed
     out = tmp_path / "out.onnx"
     original = json.loads(plan.read_text())
@@ -75,7 +74,7 @@ def test_a_hand_edited_plan_that_does_not_hold_together_is_refused(reviewed, tmp
         data = json.loads(json.dumps(original))
         data["nodes"][node]["precision"] = precision
         plan.write_text(json.dumps(data))
-        result = run_cli("convert", str(model), "-o", str(out), "--from-plan", str(plan))
+        result = cli("convert", str(model), "-o", str(out), "--from-plan", str(plan))
         assert_user_error(result, message)
         assert not out.exists()
 
