@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from graphamp.errors import (
+    Float8Warning,
     GraphampError,
     InternalError,
     PolicyWarning,
@@ -45,6 +46,7 @@ _LAZY = {
 __all__ = [
     "DynamicLossScaling",
     "Float8",
+    "Float8Warning",
     "GraphampError",
     "InternalError",
     "Plan",

@@ -37,6 +37,11 @@ class PolicyWarning(UserWarning):
     name): it is accepted and does nothing. ``strict=True`` / ``--strict`` makes it an error."""
 
 
+class Float8Warning(UserWarning):
+    """A node the plan put in float8 that the dialect cannot build in float8 here: it keeps
+    the low type, and the plan's float8 decision says why."""
+
+
 class SlowPrecisionWarning(UserWarning):
     """The chosen low-precision type has no hardware support on the target device, so the
     converted model computes correctly but slower than float32 would."""

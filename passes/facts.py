@@ -14,3 +14,4 @@ class Fact(enum.StrEnum):
     EDITS = "edits"  # the edit script and cast/weight records exist
     LOSS_SCALED = "loss_scaled"  # a step graph's backward seed is scaled, gradients unscaled
     FINITE_CHECKED = "finite_checked"  # a step graph's updates are guarded by a finite check
+    FP8_SCALED = "fp8_scaled"  # a step graph's float8 GEMM marks are scaled GEMMs

@@ -217,7 +217,9 @@ class _Decider:
         info = self.graph.tensors.get(value)
         result = False
         if info is not None and not info.is_graph_input:
-            if info.is_constant:
+            # a stored value: loaded with the model, or (a PyTorch parameter cast at run
+            # time from its master) made by no node and given by no caller
+            if info.is_constant or info.producer is None:
                 result = True
             elif info.producer is not None:
                 producer = self.graph.nodes[info.producer]

@@ -29,10 +29,13 @@ from graphamp.plans.records import NodeDecision
 from graphamp.training.scaling import DynamicLossScaling
 
 
-def add_state(context: PassContext, name: str, dtype: str, initial: float) -> str:
-    """A new graph input holding state (created with ``initial`` by the caller)."""
+def add_state(
+    context: PassContext, name: str, dtype: str, initial: float, shape: tuple[int, ...] = ()
+) -> str:
+    """A new graph input holding state (``shape``, every element ``initial``, created by the
+    caller)."""
     context.graph.add_tensor(
-        TensorInfo(name, dtype, shape=(), is_graph_input=True, type_fixed=True)
+        TensorInfo(name, dtype, shape=shape, is_graph_input=True, type_fixed=True)
     )
     context.graph.graph_inputs.append(name)
     context.script.new_inputs[name] = initial
@@ -148,14 +151,18 @@ class FiniteCheckPass(Pass):
     def run(self, context: PassContext) -> PassResult:
         graph = context.graph
         gradients = [g.name for g in graph.with_role(Role.GRADIENT)]
+        # A float8 quantiser saturates inf to the format's largest value: a non-finite value
+        # it quantised shows in its amax, not in the gradients.
+        amaxes = [node.outputs[0] for node in graph if node.kind is NodeKind.AMAX]
+        also = f" or any of the {len(amaxes)} float8 amaxes" if amaxes else ""
         check = add_node(
             context,
             NodeKind.FINITE_CHECK,
-            gradients,
+            gradients + amaxes,
             [("found_inf", "bool")],
             Rule.FINITE_CHECK,
-            f"one flag for all {len(gradients)} gradients: true when any holds inf or NaN "
-            "(the largest magnitude of each, which inf and NaN propagate to)",
+            f"one flag for all {len(gradients)} gradients{also}: true when any holds inf or "
+            "NaN (the largest magnitude of each, which inf and NaN propagate to)",
         )
         found_inf = check.outputs[0]
         updates = graph.with_role(Role.UPDATE)

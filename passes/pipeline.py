@@ -20,10 +20,12 @@ The model pipeline (a model to convert, any dialect):
    refuses edits that differ from the reviewed plan's; ``speculation_check`` measures the
    weights on disk no writer will check (``Options.speculate_weights``).
 
-The training-step pipeline (a captured forward, backward and optimizer update): gradient
-communication (``all_reduce``, or ``all_gather`` and ``reduce_scatter`` for a sharded step),
-loss scaling (``loss_scale``), gradient clipping, the finite check and the scale update, and
-the ranks' agreement on the finite check.
+The training-step pipeline (a captured forward, backward and optimizer update): the float8
+products and their scales (``fp8_scaling``, with ``Options.fp8``), gradient communication
+(``all_reduce``, or ``all_gather`` and ``reduce_scatter`` for a sharded step), loss scaling
+(``loss_scale``), gradient clipping, the finite check and the scale update, the ranks'
+agreement on the finite check, and delayed float8 scaling's update after it
+(``fp8_scale_update``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from graphamp.passes.classify import ClassifyPass
 from graphamp.passes.context import PassContext
 from graphamp.passes.cost import CostPass
 from graphamp.passes.fp8 import Fp8Pass
+from graphamp.passes.fp8_scaling import Fp8ScaleUpdatePass, Fp8ScalingPass
 from graphamp.passes.fuse_norms import FuseNormsPass
 from graphamp.passes.integer_values import IntegerValuesPass
 from graphamp.passes.kept import KeptPass
@@ -105,6 +108,7 @@ MODEL: tuple[Step, ...] = (
 )
 
 STEP: tuple[Step, ...] = (
+    Fp8ScalingPass,
     AllReducePass,
     AllGatherPass,
     ReduceScatterPass,
@@ -113,4 +117,5 @@ STEP: tuple[Step, ...] = (
     FiniteCheckPass,
     ScaleUpdatePass,
     AgreeFoundInfPass,
+    Fp8ScaleUpdatePass,
 )

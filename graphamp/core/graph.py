@@ -62,10 +62,10 @@ class NodeKind(enum.Enum):
     CLIP_GRAD_NORM = "clip_grad_norm"  # gradients scaled down to a largest global norm
     ALL_GATHER = "all_gather"  # whole parameters gathered from every rank's shard
     REDUCE_SCATTER = "reduce_scatter"  # gradients averaged over the ranks, each keeping its shard
-    # float8 scaling (a training step's, or a converted model's with current scaling):
-    AMAX = "amax"  # the largest |x| of a value (per tensor or per row)
+    AMAX = "amax"  # float8 scaling: the largest |x| of a value (per tensor or per row)
     QUANTIZE = "quantize"  # a value times its scale, clamped and cast to float8
     SCALE_UPDATE_FP8 = "scale_update_fp8"  # a delayed-scaling amax history and scale's next state
+    FLOAT8_GEMM = "float8_gemm"  # a matrix product of two quantised values and their scales
 
 
 class BodyKind(enum.StrEnum):

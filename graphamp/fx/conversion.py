@@ -11,10 +11,12 @@ from torch import fx, nn
 from graphamp import engine
 from graphamp.core import collector
 from graphamp.errors import GraphampError, SlowPrecisionWarning, StaticShapeWarning, warn
+from graphamp.fx import float8_convert, float8_step
 from graphamp.fx.dialect import FxDialect
 from graphamp.passes.options import Options
 from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
+from graphamp.training.float8 import Float8
 
 Model = nn.Module | torch.export.ExportedProgram
 
@@ -85,6 +87,8 @@ def convert(
     weights: str = "master",
     calibrate: Iterable[Any] | None = None,
     strict: bool = False,
+    fp8: Float8 | None = None,
+    _float8_marks: bool = False,
     **policy_overrides: Any,
 ) -> tuple[fx.GraphModule, Plan]:
     """Convert ``model`` to a mixed-precision GraphModule; returns it and its Plan.
@@ -104,7 +108,10 @@ def convert(
     float32, with rule ``range``, every op whose values there leave the target type's range
     (see :mod:`graphamp.numerics.ranges`). ``strict`` makes a policy rule that matches nothing
     in the model (a :class:`~graphamp.errors.PolicyWarning`) an error. :func:`graphamp.fx.save`
-    writes the result as a ``.pt2`` program.
+    writes the result as a ``.pt2`` program. ``fp8`` (a :class:`graphamp.Float8`: ``current()``,
+    or ``static()`` with ``calibrate``) puts the layers its rules choose in float8
+    (:mod:`graphamp.fx.float8_convert`); ``_float8_marks`` marks them for a training step to
+    trace instead (what ``train_step`` uses).
     """
     dialect = FxDialect(
         weights=weights,
@@ -121,10 +128,13 @@ def convert(
             dialect,
             captured,
             policy,
-            options=Options(ranges=ranges, strict=strict),
+            options=Options(ranges=ranges, strict=strict, fp8=fp8),
             label=dialect.label(model),
         )
         result = engine.apply(analysis)  # the plan is kept with the module (FxDialect.keep_plan)
+    if fp8 is not None:
+        build = float8_step.mark if _float8_marks else float8_convert.lower
+        build(result.model, result.plan, fp8)
     return result.model, result.plan
 
 

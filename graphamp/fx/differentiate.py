@@ -24,7 +24,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from graphamp.errors import GraphampError
-from graphamp.fx import hops
+from graphamp.fx import float8, hops
 
 Gradients = Callable[..., tuple[dict[str, torch.Tensor], Any]]
 
@@ -40,6 +40,16 @@ def higher_order_ops(module: fx.GraphModule) -> list[str]:
     return found
 
 
+def through_autograd(module: fx.GraphModule) -> bool:
+    """Whether a step through ``module`` is differentiated with ``torch.autograd.grad`` under
+    Python functionalization rather than torch.func's transforms: it calls a higher-order op
+    (see the module docstring) or a float8 mark (:mod:`graphamp.fx.float8`), a custom op
+    whose backward torch.func cannot take."""
+    if higher_order_ops(module):
+        return True
+    return any(node.target is float8.FLOAT8_MM for node in module.graph.nodes)
+
+
 def tracing_mode(module: fx.GraphModule) -> str:
     """``make_fx``'s tracing mode for a step through ``module``: with real tensors, as for any
     step, unless it calls a higher-order op other than cond and map (see the module
@@ -51,7 +61,7 @@ def tracing_mode(module: fx.GraphModule) -> str:
 def grad(module: fx.GraphModule, f: Callable[..., tuple[torch.Tensor, Any]]) -> Gradients:
     """``torch.func.grad(f, has_aux=True)`` for a forward through ``module``: the gradients of
     ``f(trainable, rest)[0]`` with respect to ``trainable`` (a dict), and ``f``'s aux value."""
-    if not higher_order_ops(module):
+    if not through_autograd(module):
         return torch.func.grad(f, has_aux=True)
 
     def gradients(
@@ -73,7 +83,7 @@ def grad(module: fx.GraphModule, f: Callable[..., tuple[torch.Tensor, Any]]) -> 
 def functionalize(module: fx.GraphModule, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``torch.func.functionalize(fn, remove="mutations")`` for a step through ``module``:
     ``fn`` traced with functional ops only, the arguments it wrote copied back at the end."""
-    if not higher_order_ops(module):
+    if not through_autograd(module):
         return torch.func.functionalize(fn, remove="mutations")
     from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 

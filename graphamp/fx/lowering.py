@@ -21,7 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphamp.core.graph import NodeKind, OpNode
 from graphamp.errors import InternalError
-from graphamp.fx import collectives
+from graphamp.fx import collectives, float8_lowering
 from graphamp.fx.types import torch_dtype
 from graphamp.training.scaling import DynamicLossScaling
 
@@ -259,6 +259,7 @@ LOWERINGS: dict[NodeKind, Callable[[OpNode], Lowering]] = {
     NodeKind.CLIP_GRAD_NORM: _clip_grad_norm,
     NodeKind.ALL_GATHER: collectives.all_gather,
     NodeKind.REDUCE_SCATTER: collectives.reduce_scatter,
+    **float8_lowering.LOWERINGS,
 }
 
 

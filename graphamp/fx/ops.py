@@ -13,7 +13,7 @@ import torch
 from torch import fx, nn
 
 from graphamp.core.dtypes import FLOAT_TYPES
-from graphamp.core.graph import NodeKind, OpGraph, OpNode, TensorInfo
+from graphamp.core.graph import MatrixDims, NodeKind, OpGraph, OpNode, TensorInfo
 from graphamp.fx.types import dtype_name
 
 CAST_OPS = frozenset({"_to_copy", "to", "_convert_element_type"})
@@ -91,7 +91,44 @@ def read_op(
     elif follow_out:
         op_node.compute_type = graph.tensors[outputs[follow_out[0]]].dtype
     op_node.allowed_types = FLOAT_TYPES
+    op_node.matrix = matrix_dims(node, op)
     return op_node
+
+
+# Where a matrix op's A and B are among its tensor arguments, and B's axis over N.
+_MATRIX_SLOTS = {
+    "linear": (0, 1, 0),  # x[..., K], weight[N, K]
+    "mm": (0, 1, -1),
+    "matmul": (0, 1, -1),
+    "bmm": (0, 1, -1),
+    "addmm": (1, 2, -1),  # (bias, A, B)
+    "baddbmm": (1, 2, -1),
+}
+
+
+def matrix_dims(node: fx.Node, op: str) -> MatrixDims | None:
+    """The product a linear, mm, addmm, matmul, bmm or baddbmm computes, from the traced
+    shapes: batch dimensions folded into M; a dimension the shapes leave symbolic is None.
+    (Convolutions and einsum have none: the float8 pass keeps them in the low type.)"""
+    if op not in _MATRIX_SLOTS:
+        return None
+    a_slot, b_slot, n_axis = _MATRIX_SLOTS[op]
+    args = [arg for arg in flat([node.args, node.kwargs]) if isinstance(arg, fx.Node)]
+    if len(args) <= b_slot:
+        return None
+    a, b = (getattr(args[s].meta.get("val"), "shape", None) for s in (a_slot, b_slot))
+    if a is None or b is None or len(a) < 1 or len(b) < 2:
+        return None
+
+    def known(value: object) -> int | None:
+        return value if isinstance(value, int) else None
+
+    rows: int | None = 1
+    for size in a[:-1]:  # a batch of A (bmm's too) is more rows of the product
+        rows = rows * size if rows is not None and isinstance(size, int) else None
+    k = known(a[-1])
+    n = known(b[0] if n_axis == 0 else b[-1])
+    return MatrixDims(rows, k, n, a=a_slot, b=b_slot, n_axis=n_axis)
 
 
 def _follow_inputs(

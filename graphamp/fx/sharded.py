@@ -70,6 +70,7 @@ class ShardedTrainStep(TrainStep):
         sharded: fsdp.ShardedModel,
         sharding: Sharding,
         clipping: Any = None,
+        fp8: Any = None,
     ) -> None:
         if accumulate != 1:
             raise GraphampError(
@@ -77,7 +78,16 @@ class ShardedTrainStep(TrainStep):
                 "accumulating sharded gradients is not built yet"
             )
         super().__init__(
-            model, loss_fn, optimizer, policy, loss_scaling, accumulate, overrides, None, clipping
+            model,
+            loss_fn,
+            optimizer,
+            policy,
+            loss_scaling,
+            accumulate,
+            overrides,
+            None,
+            clipping,
+            fp8,
         )
         self.sharded, self.sharding = sharded, sharding
         self._skeleton: nn.Module | None = None

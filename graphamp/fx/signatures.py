@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,7 +23,7 @@ from torch import fx
 from graphamp.core.graph import OpGraph
 from graphamp.errors import GraphampError, InternalError, RecaptureWarning
 from graphamp.fx import differentiate, eager
-from graphamp.plans.records import NodeDecision
+from graphamp.plans.records import NodeDecision, ScaleRecord
 
 # Past this many signatures a step warns once: each capture takes seconds and holds its own
 # graphs; batches padded to a few lengths keep it to a few (torch.compile's limit is 8 too).
@@ -61,6 +61,7 @@ class CapturedStep:
     state_inputs: list[str]  # state placeholders, after the traced arguments
     state_outputs: list[tuple[str, str]]  # (output, the state it replaces), after the others
     decisions: dict[str, NodeDecision]
+    scales: list[ScaleRecord] = field(default_factory=list)  # float8 values it quantises
 
 
 @dataclass

@@ -22,6 +22,7 @@ from torch import fx, nn
 from graphamp.errors import GraphampError, SlowPrecisionWarning
 from graphamp.fx import differentiate, distributed, eager, marks, optim, reader, signatures, writer
 from graphamp.fx.conversion import convert, fx_policy
+from graphamp.fx.float8_step import check_lowered, read_marks, step_scales
 from graphamp.fx.fsdp import local
 from graphamp.fx.signatures import CapturedStep, StepGraphs
 from graphamp.fx.types import torch_dtype
@@ -50,6 +51,7 @@ class TrainStep:
         overrides: dict[str, Any],
         reduce: GradientReduce | None = None,
         clipping: GradientClipping | None = None,
+        fp8: Any = None,
     ) -> None:
         if accumulate < 1:
             raise GraphampError(f"accumulate must be at least 1, got {accumulate}")
@@ -58,7 +60,7 @@ class TrainStep:
         self.groups = optim.optimizer_groups(optimizer, model)
         self.policy, self.overrides = policy, overrides
         self.loss_scaling = loss_scaling
-        self.reduce, self.clipping = reduce, clipping
+        self.reduce, self.clipping, self.fp8 = reduce, clipping, fp8
         self.plan: Plan | None = None  # the first batch signature's
         # The batch signature's graphs in use, and every signature's (fx/signatures.py).
         self.graph: Callable[..., Any] | None = None
@@ -106,7 +108,9 @@ class TrainStep:
 
         self._use(signatures.batch_signature(batch), self._capture_graphs(batch))
         decisions = {k: v for step in self.captured.values() for k, v in step.decisions.items()}
-        self.plan = dataclasses.replace(forward_plan, nodes={**forward_plan.nodes, **decisions})
+        scales = step_scales(forward_plan, self.captured["update"].scales)
+        nodes = {**forward_plan.nodes, **decisions}
+        self.plan = dataclasses.replace(forward_plan, nodes=nodes, scales=scales)
 
     def _capture_graphs(self, batch: Sequence[torch.Tensor]) -> StepGraphs:
         """The step graphs for ``batch``'s signature, traced through ``self.forward``."""
@@ -123,7 +127,10 @@ class TrainStep:
         batch_inputs, static = tuple(batch[:-1]), "static"  # captured per batch signature
         with warnings.catch_warnings():  # _build warned of a slow type once, with the policy
             warnings.simplefilter("ignore", SlowPrecisionWarning)
-            return convert(self._source(), batch_inputs, dynamic_shapes=static, policy=self._policy)
+            return convert(  # the float8 layers marked for the trace
+                self._source(), batch_inputs, dynamic_shapes=static, policy=self._policy,
+                fp8=self.fp8, _float8_marks=True,
+            )  # fmt: skip
 
     def _source(self) -> nn.Module:
         """The module the forward pass is captured from."""
@@ -160,23 +167,25 @@ class TrainStep:
     def _capture(self, fn: Callable[..., list[torch.Tensor]], batch: Sequence) -> CapturedStep:
         """Trace ``fn`` (the plain step), then let the step passes add their nodes."""
         traced = self._trace(fn, batch)
-        read = reader.read(traced, master_weights=True, roles=marks.strip(traced))
+        read = read_marks(reader.read(traced, master_weights=True, roles=marks.strip(traced)))
         context = PassContext(read.graph, self._policy, self._options(traced))
         context = PassManager(STEP).run(context)
         module = writer.apply(read, context.script)
+        check_lowered(module)
         self._schedule(module)
         eager.for_eager(module)  # last: its passes read the final order
         script, tensors = context.script, read.graph.tensors
         for name, initial in script.new_inputs.items():
             if name not in self.state:
-                dtype = torch_dtype(tensors[name].dtype)
-                self.state[name] = torch.tensor(initial, dtype=dtype, device=self.device)
+                dtype, shape = torch_dtype(tensors[name].dtype), tensors[name].shape or ()
+                self.state[name] = torch.full(shape, initial, dtype=dtype, device=self.device)
         return CapturedStep(
             module,
             read.graph,
             list(script.new_inputs),
             [(name, str(tensors[name].replaces)) for name in script.new_outputs],
             {name: context.decisions[name] for name in script.new_nodes},
+            context.scales,
         )
 
     def _trace(self, fn: Callable[..., list[torch.Tensor]], batch: Sequence) -> fx.GraphModule:
@@ -188,7 +197,10 @@ class TrainStep:
     def _options(self, traced: fx.GraphModule) -> Options:
         """What the step pipeline's passes read."""
         return Options(
-            loss_scaling=self.loss_scaling, all_reduce=self.reduce, clip_grad_norm=self.clipping
+            loss_scaling=self.loss_scaling,
+            all_reduce=self.reduce,
+            clip_grad_norm=self.clipping,
+            fp8=self.fp8,
         )
 
     def _schedule(self, module: fx.GraphModule) -> None:
@@ -347,7 +359,7 @@ class TrainStep:
     def load_scaling_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Resume the loss scale, its counters and the skip count from
         :meth:`scaling_state_dict` (before the first call or after it)."""
-        known = ("loss_scale.", "skipped_steps")
+        known = ("loss_scale.", "skipped_steps", "float8.")
         unknown = [name for name in state if not name.startswith(known)]
         if unknown:
             raise GraphampError(f"load_scaling_state_dict: unknown entry {unknown[0]!r}")

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from graphamp.errors import GraphampError
-from graphamp.fx import distributed, fsdp
+from graphamp.fx import distributed, float8_step, fsdp
 from graphamp.fx.sharded import ShardedTrainStep, sharding_of
 from graphamp.fx.step import TrainStep
 from graphamp.policy.policy import Policy
@@ -33,6 +33,7 @@ def train_step(
     bucket_bytes: int | None = None,
     agree_found_inf: bool = False,
     mesh: Any = None,
+    fp8: Any = None,
     **policy_overrides: Any,
 ) -> TrainStep:
     """A training step for ``model`` as one mixed-precision graph (captured on first call,
@@ -67,6 +68,9 @@ def train_step(
         loss_scaling, DynamicLossScaling | StaticLossScaling
     ):
         raise GraphampError("loss_scaling: a DynamicLossScaling, a StaticLossScaling or None")
+    if fp8 is not None:
+        dtype = policy.dtype if policy is not None else policy_overrides.get("dtype", "bfloat16")
+        float8_step.check_settings(fp8, dtype, loss_scaling, accumulate)
     clipping = GradientClipping(float(clip_grad_norm)) if clip_grad_norm is not None else None
     if mesh is not None or fsdp.is_sharded(model):
         if agree_found_inf:
@@ -90,6 +94,7 @@ def train_step(
             sharded=sharded,
             sharding=sharding_of(sharded, grad_dtype, bucket_bytes),
             clipping=clipping,
+            fp8=fp8,
         )
     reduce = distributed.gradient_reduce(process_group, grad_dtype, bucket_bytes, agree_found_inf)
     return TrainStep(
@@ -102,4 +107,5 @@ def train_step(
         policy_overrides,
         reduce=reduce,
         clipping=clipping,
+        fp8=fp8,
     )

@@ -7,6 +7,7 @@ flows through them and ``torch.compile`` sees them. Nodes a training pass added 
 
 from __future__ import annotations
 
+import re
 from contextlib import AbstractContextManager
 
 import torch
@@ -59,9 +60,10 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
 
     for name, initial in script.new_inputs.items():  # state: placeholders after the others
         with graph.inserting_before(body):
-            values[name] = graph.placeholder(name.replace(".", "_"))
-        dtype = torch_dtype(read.graph.tensors[name].dtype)
-        values[name].meta["val"] = torch.tensor(initial, dtype=dtype)
+            values[name] = graph.placeholder(re.sub(r"\W", "_", name))  # an identifier
+        tensor = read.graph.tensors[name]
+        shape = tuple(int(d) for d in tensor.shape or ())  # type: ignore[arg-type]
+        values[name].meta["val"] = torch.full(shape, initial, dtype=torch_dtype(tensor.dtype))
     for name in script.new_nodes:
         lowering.build(graph, read.graph.nodes[name], values)
 
@@ -100,6 +102,8 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
         node = values[node_name]
         node.replace_all_uses_with(node.args[0])  # type: ignore[arg-type]
         node.graph.erase_node(node)
+    for name in script.erase_nodes:  # replaced by a node a pass added: nothing reads it now
+        graph.erase_node(values[name])
     for name in script.removed_inputs:  # a pass gave every reader another value
         graph.erase_node(values[name])
 

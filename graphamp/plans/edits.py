@@ -50,7 +50,10 @@ class EditScript:
     # Nodes a pass added to the OpGraph (training steps), in graph order; each dialect knows
     # how to build every NodeKind a pass can add.
     new_nodes: list[str] = field(default_factory=list)
-    # Graph inputs a pass added (state such as the loss scale): tensor -> initial value.
+    # Nodes of the model a pass replaced by one it added (every reader rewired): removed.
+    erase_nodes: list[str] = field(default_factory=list)
+    # Graph inputs a pass added (state such as the loss scale): tensor -> initial value, every
+    # element of the tensor's shape (a scalar when it has none).
     new_inputs: dict[str, float] = field(default_factory=dict)
     removed_inputs: list[str] = field(default_factory=list)  # graph inputs nothing reads now
     new_outputs: list[str] = field(default_factory=list)  # graph outputs a pass added
