@@ -173,9 +173,9 @@ def _warn_tf32(kept: tuple[str, ...], plan: Plan, target: str, console: Console)
     """onnxruntime's CUDA provider runs float32 matrix ops on TF32 tensor cores by default,
     which round their inputs to float16's 10-bit mantissa: a matrix op kept float32 for its
     precision is then not, unless the session turns TF32 off."""
-    from graphamp.dialects.registry import ONNX_MATRIX_OPS
+    from graphamp.onnx.dialect import OnnxDialect
 
-    matrix = [name for name in kept if plan.nodes[name].op in ONNX_MATRIX_OPS]
+    matrix = [name for name in kept if plan.nodes[name].op in OnnxDialect.matrix_ops]
     if matrix and target != "cpu":
         console.print(
             f"note: {len(matrix)} kept node(s) are matrix ops: on onnxruntime's CUDA provider "

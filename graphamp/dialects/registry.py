@@ -16,49 +16,7 @@ from pathlib import Path
 
 from graphamp.dialects.base import Dialect
 from graphamp.errors import GraphampError
-
-ONNX_MATRIX_OPS = frozenset(
-    {
-        "MatMul",
-        "Gemm",
-        "Conv",
-        "ConvTranspose",
-        "Einsum",
-        "Attention",
-        # onnxruntime's fused ops that hold the matrix products of a transformer
-        "com.microsoft.Attention",
-        "com.microsoft.MultiHeadAttention",
-        "com.microsoft.GroupQueryAttention",
-        "com.microsoft.PackedAttention",
-        "com.microsoft.PackedMultiHeadAttention",
-        "com.microsoft.DecoderMaskedMultiHeadAttention",
-        "com.microsoft.FusedMatMul",
-        "com.microsoft.GemmFastGelu",
-        "com.microsoft.MatMulNBits",
-        "com.microsoft.FusedConv",
-    }
-)
-# The aten ops of PyTorch graphs that do matrix work (capture keeps linear/matmul/conv whole).
-ATEN_MATRIX_OPS = frozenset(
-    {
-        "linear",
-        "matmul",
-        "mm",
-        "bmm",
-        "addmm",
-        "baddbmm",
-        "einsum",
-        "conv1d",
-        "conv2d",
-        "conv3d",
-        "convolution",
-        "_convolution",
-        "conv_transpose1d",
-        "conv_transpose2d",
-        "conv_transpose3d",
-        "scaled_dot_product_attention",
-    }
-)
+from graphamp.lists import matrix_ops
 
 
 @dataclass(frozen=True)
@@ -93,21 +51,21 @@ _ENTRIES: list[Entry] = [
         suffixes=(".onnx",),
         object_modules=("onnx", "onnx_ir"),
         lists=("onnx",),
-        matrix_ops=ONNX_MATRIX_OPS,
+        matrix_ops=matrix_ops("onnx"),
     ),
     Entry(
         "pt2",
         "graphamp.fx.pt2:Pt2Dialect",
         suffixes=(".pt2",),
         magic=b"PK\x03\x04",
-        matrix_ops=ATEN_MATRIX_OPS,
+        matrix_ops=matrix_ops("aten"),
     ),
     Entry(
         "fx",
         "graphamp.fx.dialect:FxDialect",
         object_modules=("torch",),
         lists=("fx_cpu", "fx_cuda"),
-        matrix_ops=ATEN_MATRIX_OPS,
+        matrix_ops=matrix_ops("aten"),
     ),
 ]
 DEFAULT = "onnx"

@@ -16,6 +16,7 @@ from graphamp.fx import reader, writer
 from graphamp.fx.capture import capture, example_args
 from graphamp.fx.samples import embedding_bounds, input_spec
 from graphamp.fx.types import torch_dtype
+from graphamp.lists import matrix_ops
 from graphamp.numerics.inputs import InputSpec
 from graphamp.numerics.ranges import Ranges
 from graphamp.plans.edits import EditScript
@@ -32,6 +33,7 @@ class FxDialect(Dialect):
 
     name = "fx"
     lists = "fx_cpu"
+    matrix_ops = matrix_ops("aten")
     default_dtype = "bfloat16"
 
     def __init__(

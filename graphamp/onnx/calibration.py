@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import onnx
 
-from graphamp.dialects.registry import ONNX_MATRIX_OPS
+from graphamp.lists import matrix_ops
 from graphamp.numerics.batches import DataSource, as_batches
 from graphamp.numerics.ranges import Ranges, TensorRange, log2_counts
 from graphamp.onnx.body_stats import with_body_stats
@@ -70,7 +70,7 @@ def _matrix_activations(proto: onnx.ModelProto, measured: set[str]) -> list[str]
     stored = {init.name for init in proto.graph.initializer}
     found: dict[str, None] = {}
     for node in proto.graph.node:
-        if node.op_type in ONNX_MATRIX_OPS and node.domain in ("", "ai.onnx"):
+        if node.op_type in matrix_ops("onnx") and node.domain in ("", "ai.onnx"):
             for name in node.input[:2]:
                 if name in measured and name not in stored:
                     found[name] = None

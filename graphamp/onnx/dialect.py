@@ -12,6 +12,7 @@ import onnx
 
 from graphamp.dialects.base import Dialect, ReadGraph
 from graphamp.errors import GraphampError
+from graphamp.lists import matrix_ops
 from graphamp.numerics.inputs import InputSpec
 from graphamp.numerics.ranges import Ranges
 from graphamp.onnx import files, infile, proto_reader, proto_writer
@@ -44,6 +45,7 @@ class OnnxDialect(Dialect):
 
     name = "onnx"
     lists = "onnx"
+    matrix_ops = matrix_ops("onnx")
 
     def accepts(self, source: object) -> bool:
         return isinstance(source, onnx.ModelProto) or _is_ir_model(source)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import graphamp.onnx as gonnx
-from graphamp.dialects.registry import ONNX_MATRIX_OPS
+from graphamp.lists import matrix_ops
 from graphamp.numerics import verify
 from graphamp.onnx.runtime import check_loads
 from tests.hf_models import hf_model
@@ -123,7 +123,7 @@ def test_fused_graph_converts_like_onnxruntimes_tool_or_better(tmp_path, case):
     gonnx.save(result.model, target)
     assert check_loads(source, target) == []
     out = onnx.load(str(target))
-    matrix = [d for d in result.plan.nodes.values() if d.op in ONNX_MATRIX_OPS]
+    matrix = [d for d in result.plan.nodes.values() if d.op in matrix_ops("onnx")]
     assert matrix and all(d.precision == "float16" for d in matrix), [
         (d.op, d.precision, d.reason) for d in matrix if d.precision != "float16"
     ]

@@ -52,10 +52,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools" / "bench")]
 from benchlib import machine  # noqa: E402
 
 import graphamp.onnx as gonnx  # noqa: E402
-from graphamp.dialects.registry import ONNX_MATRIX_OPS  # noqa: E402
+from graphamp.lists import matrix_ops  # noqa: E402
 from graphamp.numerics import verify  # noqa: E402
 
-MATRIX = {op.rsplit(".", 1)[-1] for op in ONNX_MATRIX_OPS}
+MATRIX = {op.rsplit(".", 1)[-1] for op in matrix_ops("onnx")}
 
 
 def graphamp_tool(path: Path) -> onnx.ModelProto:
