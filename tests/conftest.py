@@ -16,8 +16,6 @@ from tests.helpers import CliResult
 # Every pass manager in the tests checks the rules every pass keeps, between passes.
 os.environ["GRAPHAMP_CHECK_INVARIANTS"] = "1"
 
-ZOO_NAMES = ("simplenet", "mnist", "resnet", "bert", "gpt")
-
 
 @pytest.fixture(scope="session")
 def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -1,10 +1,12 @@
-"""What several test modules share: tiny hand-built ONNX graphs, and graphamp's command line
-run as a process of its own (the ``cli`` fixture in ``tests/conftest.py`` runs it in-process)."""
+"""What several test modules share: tiny hand-built ONNX models, graphamp's command line run as
+a process of its own (the ``cli`` fixture in ``tests/conftest.py`` runs it in-process), the
+docs' code blocks, and scripts run under torchrun."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -15,6 +17,8 @@ import graphamp.onnx as gonnx
 from graphamp.plans.plan import Plan
 
 F32 = TensorProto.FLOAT
+ROOT = Path(__file__).resolve().parent.parent  # the repository
+ZOO_NAMES = ("simplenet", "mnist", "resnet", "bert", "gpt")
 
 
 def weight(name: str, shape: tuple[int, ...] = (4, 4), scale: float = 0.5, seed: int = 0):
@@ -61,6 +65,102 @@ def chain(ops: list[str], weight_scale: float = 0.5):
         else:
             nodes.append(helper.make_node(op, [prev], [out], name=name))
         prev = out
+    return model(nodes, initializers=inits)
+
+
+def keras_style() -> onnx.ModelProto:
+    """Every node named after the value it makes; the graph output ``y``'s producer is node
+    ``y``, so --keep-io-types' Cast back (output ``y``) needs another node name."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="h"),
+        helper.make_node("Relu", ["h"], ["r"], name="r"),
+        helper.make_node("MatMul", ["r", "w"], ["y"], name="y"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", F32, [4, 4])],
+        [helper.make_tensor_value_info("y", F32, [4, 4])],
+        [weight("w")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 9
+    return proto
+
+
+def conv_net(opset: int = 17, ir_version: int = 8) -> onnx.ModelProto:
+    """Conv -> Relu -> MatMul -> Add -> Exp -> Softmax: ops every opset from 7 has (the
+    same weights every time)."""
+    rng = np.random.default_rng(1)
+    weights = [
+        numpy_helper.from_array((rng.standard_normal((3, 2, 3, 3)) * 0.3).astype("f4"), "cw"),
+        numpy_helper.from_array((rng.standard_normal((3, 3)) * 0.3).astype("f4"), "mw"),
+        numpy_helper.from_array((rng.standard_normal((3,)) * 0.3).astype("f4"), "b"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "cw"], ["c"], name="conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "mw"], ["m"], name="mm"),
+        helper.make_node("Add", ["m", "b"], ["a"], name="add"),
+        helper.make_node("Exp", ["a"], ["e"], name="exp"),
+        helper.make_node("Softmax", ["e"], ["y"], name="softmax"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", F32, [1, 2, 5, 5])],
+        [helper.make_tensor_value_info("y", F32, [1, 3, 3, 3])],
+        weights,
+        value_info=[helper.make_tensor_value_info("c", F32, [1, 3, 3, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = ir_version
+    return model
+
+
+def embedding_model() -> onnx.ModelProto:
+    """ids -> Gather(table) -> LogSoftmax -> MatMul: the table feeds only a Gather, whose value
+    a deny-list op reads: under --spread tensorflow the 64 KiB table stays float32 (the case of
+    BERT's embeddings; the cost spread stores it float16 and casts the gathered rows)."""
+    table = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((256, 64)).astype(np.float32), "table"
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+            helper.make_node("LogSoftmax", ["e"], ["l"], name="logsoftmax"),
+            helper.make_node("MatMul", ["l", "w"], ["y"], name="mm"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])],
+        [table, weight("w", (64, 4))],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    return proto
+
+
+def layer_norm_model(gain: float):
+    """x -> MatMul -> LayerNormalization(gain) -> MatMul -> y."""
+    hidden = 4
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="/encoder/mm1"),
+        helper.make_node(
+            "LayerNormalization",
+            ["h", "gamma", "beta"],
+            ["n"],
+            name="/encoder/norm/LayerNormalization",
+            axis=-1,
+        ),
+        helper.make_node("MatMul", ["n", "w2"], ["y"], name="/encoder/mm2"),
+    ]
+    inits = [
+        weight("w1"),
+        weight("w2", seed=1),
+        numpy_helper.from_array(np.full(hidden, gain, np.float32), "gamma"),
+        numpy_helper.from_array(np.full(hidden, 0.1, np.float32), "beta"),
+    ]
     return model(nodes, initializers=inits)
 
 
@@ -137,3 +237,66 @@ def assert_user_error(
     assert "Traceback" not in result.stderr
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
+
+def fenced_blocks(document: str) -> list[tuple[str, str, str]]:
+    """The fenced code blocks of ``document`` (a path under the repository root), in order:
+    (language, who runs it: '' for this module, else the info string's second word, text)."""
+    blocks, current, info = [], None, ("", "")
+    for line in (ROOT / document).read_text().splitlines():
+        stripped = line.strip()
+        if current is None and stripped.startswith("```"):
+            words = stripped[3:].split()
+            info = (words[0] if words else "", words[1] if len(words) > 1 else "")
+            current = []
+        elif current is not None and stripped == "```":
+            blocks.append((*info, "\n".join(current)))
+            current = None
+        elif current is not None:
+            current.append(line)
+    assert current is None, f"{document}: a code block is not closed"
+    return blocks
+
+
+def doc_blocks(document: str, language: str, runner: str = "") -> list[str]:
+    """The blocks of ``document`` in ``language`` that ``runner`` runs ('' for this module)."""
+    blocks = fenced_blocks(document)
+    return [text for lang, who, text in blocks if (lang, who) == (language, runner)]
+
+
+def torchrun(
+    script: Path, nproc: int = 2, timeout: int = 600
+) -> tuple[int, list[tuple[str, str]], str]:
+    """Run ``script`` under torchrun on ``nproc`` processes: (exit status, each rank's
+    (stdout, stderr) from torchrun's per-rank logs, torchrun's own stderr)."""
+    logs = script.parent / "logs"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--redirects", "3"]
+    done = subprocess.run(
+        [*command, "--nproc-per-node", str(nproc), "--log-dir", str(logs), script.name],
+        cwd=script.parent,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    ranks = []
+    for rank in range(nproc):
+        found = sorted(logs.glob(f"*/attempt_*/{rank}"))
+        folder = found[-1] if found else None
+        ranks.append(
+            tuple(
+                (folder / f"{stream}.log").read_text() if folder else "(no log)"
+                for stream in ("stdout", "stderr")
+            )
+        )
+    return done.returncode, ranks, done.stderr  # type: ignore[return-value]
+
+
+def each_rank(ranks: list[tuple[str, str]], launcher: str = "") -> str:
+    """Every rank's stdout and stderr, for a failure message."""
+    parts = [
+        f"--- rank {rank} stdout ---\n{out}\n--- rank {rank} stderr ---\n{err}"
+        for rank, (out, err) in enumerate(ranks)
+    ]
+    if launcher:
+        parts.append(f"--- launcher stderr (end) ---\n{launcher[-2000:]}")
+    return "\n".join(parts)

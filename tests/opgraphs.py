@@ -10,6 +10,8 @@ from graphamp.numerics.ranges import Ranges, TensorRange, log2_counts
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.options import Options
 from graphamp.passes.pipeline import MODEL
+from graphamp.plans.plan import Plan
+from graphamp.plans.records import CastRecord, NodeDecision
 from graphamp.policy.policy import Policy
 from graphamp.training.float8 import Float8
 
@@ -173,3 +175,34 @@ def run(graph: OpGraph, fp8: Float8 | None, ranges: Ranges | None = None, **poli
         graph, Policy.create("float16", **policy), Options(ranges=ranges, fp8=fp8)
     )
     return PassManager(MODEL, check=True).run(context)
+
+
+def toy_plan(names: list[str], constant: bool = True) -> tuple[Plan, OpGraph]:
+    """A chain x -> names[0] -> names[1] -> ... -> y, alternately float16 and float32, a
+    Constant feeding the first node and one cast on each float32 -> float16 boundary."""
+    graph = OpGraph()
+    graph.add_tensor(TensorInfo("x", "float32", is_graph_input=True))
+    nodes: dict[str, NodeDecision] = {}
+    casts = []
+    previous = "x"
+    if constant:
+        graph.add_tensor(TensorInfo("c", "float32"))
+        graph.add_node(OpNode("const", "Constant", [], ["c"], kind=NodeKind.CONSTANT))
+        nodes["const"] = NodeDecision("Constant", "none", "no_float", "a stored value")
+    for index, name in enumerate(names):
+        out = f"t{index}"
+        graph.add_tensor(TensorInfo(out, "float32", is_graph_output=index == len(names) - 1))
+        inputs = [previous, "c"] if constant and index == 0 else [previous]
+        graph.add_node(OpNode(name, "MatMul" if index % 2 == 0 else "Add", inputs, [out]))
+        low = index % 2 == 0
+        nodes[name] = NodeDecision(
+            "MatMul" if low else "Add",
+            "float16" if low else "float32",
+            "allow" if low else "deny",
+            "a reason",
+        )
+        if low:
+            casts.append(CastRecord(previous, "float32", "float16", f"{previous}_h", [name]))
+        previous = out
+    plan = Plan("float16", {"dialect": "onnx"}, nodes=nodes, casts=casts, model="toy")
+    return plan, graph

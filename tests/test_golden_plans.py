@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ZOO_NAMES
+from tests.helpers import ZOO_NAMES
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("GRAPHAMP_UPDATE_GOLDEN") == "1"

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import doc_blocks, fenced_blocks
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 OP_LISTS = "docs/policies.md"  # the page that shows the default op lists
@@ -50,31 +52,6 @@ def test_the_op_tables_match_the_list_data():
     start = page.index("<!-- lists:start -->") + len("<!-- lists:start -->\n")
     end = page.index("<!-- lists:end -->")
     assert page[start:end] == module.lists_markdown(), "run tools/lists/lists_markdown.py"
-
-
-def fenced_blocks(document: str) -> list[tuple[str, str, str]]:
-    """The fenced code blocks of ``document`` (a path under the repository root), in order:
-    (language, who runs it: '' for this module, else the info string's second word, text)."""
-    blocks, current, info = [], None, ("", "")
-    for line in (ROOT / document).read_text().splitlines():
-        stripped = line.strip()
-        if current is None and stripped.startswith("```"):
-            words = stripped[3:].split()
-            info = (words[0] if words else "", words[1] if len(words) > 1 else "")
-            current = []
-        elif current is not None and stripped == "```":
-            blocks.append((*info, "\n".join(current)))
-            current = None
-        elif current is not None:
-            current.append(line)
-    assert current is None, f"{document}: a code block is not closed"
-    return blocks
-
-
-def doc_blocks(document: str, language: str, runner: str = "") -> list[str]:
-    """The blocks of ``document`` in ``language`` that ``runner`` runs ('' for this module)."""
-    blocks = fenced_blocks(document)
-    return [text for lang, who, text in blocks if (lang, who) == (language, runner)]
 
 
 def readme_blocks(language: str, runner: str = "") -> list[str]:

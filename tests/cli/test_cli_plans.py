@@ -9,8 +9,7 @@ import onnx
 import pytest
 
 from graphamp.cli import main
-from tests.helpers import assert_user_error, chain
-from tests.plans.test_plan import layer_norm_model
+from tests.helpers import assert_user_error, chain, layer_norm_model
 
 
 @pytest.fixture()

@@ -10,32 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from graphamp.cli import main
-from tests.core.test_names import keras_style
-from tests.helpers import chain, model, weight
-from tests.onnx.test_model_quirks import conv_net
-
-
-def embedding_model() -> onnx.ModelProto:
-    """ids -> Gather(table) -> LogSoftmax -> MatMul: the table feeds only a Gather, whose value
-    a deny-list op reads: under --spread tensorflow the 64 KiB table stays float32 (the case of
-    BERT's embeddings; the cost spread stores it float16 and casts the gathered rows)."""
-    table = numpy_helper.from_array(
-        np.random.default_rng(0).standard_normal((256, 64)).astype(np.float32), "table"
-    )
-    graph = helper.make_graph(
-        [
-            helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
-            helper.make_node("LogSoftmax", ["e"], ["l"], name="logsoftmax"),
-            helper.make_node("MatMul", ["l", "w"], ["y"], name="mm"),
-        ],
-        "g",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])],
-        [table, weight("w", (64, 4))],
-    )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    proto.ir_version = 8
-    return proto
+from tests.helpers import chain, conv_net, embedding_model, keras_style, model
 
 
 def convert(capsys, tmp_path, proto, *flags: str) -> str:  # type: ignore[no-untyped-def]

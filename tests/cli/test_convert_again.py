@@ -13,11 +13,8 @@ import pytest
 
 from graphamp.cli import main
 from graphamp.plans.plan import Plan
-from tests.cli.test_cli_summary import embedding_model
-from tests.conftest import ZOO_NAMES
-from tests.helpers import chain
+from tests.helpers import ZOO_NAMES, chain, conv_net, embedding_model
 from tests.numerics import numerics_models as planted
-from tests.onnx.test_model_quirks import conv_net
 
 LOW = ("float16", "bfloat16")
 OVERFLOWING = ("hidden", "relu", "down")  # what calibration keeps float32 (rule range)

@@ -17,20 +17,9 @@ from onnx import TensorProto, helper
 from graphamp import engine
 from graphamp.onnx.dialect import OnnxDialect
 from graphamp.policy.policy import Policy
-from tests.helpers import weight
+from tests.helpers import keras_style, weight
 
 F32 = TensorProto.FLOAT
-
-
-def keras_style() -> onnx.ModelProto:
-    """Every node named after the value it makes; the graph output ``y``'s producer is node
-    ``y``, so --keep-io-types' Cast back (output ``y``) needs another node name."""
-    nodes = [
-        helper.make_node("MatMul", ["x", "w"], ["h"], name="h"),
-        helper.make_node("Relu", ["h"], ["r"], name="r"),
-        helper.make_node("MatMul", ["r", "w"], ["y"], name="y"),
-    ]
-    return _model(nodes)
 
 
 def named_like_graphamp() -> onnx.ModelProto:

@@ -12,7 +12,7 @@ import torch
 
 import graphamp.fx as gfx
 from graphamp.core.vocab import Precision
-from tests.fx.test_fx import matrix_dtypes
+from tests.fx.recording import matrix_dtypes
 from tests.hf_models import hf_model
 
 

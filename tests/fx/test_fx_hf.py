@@ -13,7 +13,7 @@ import torch
 import transformers
 
 import graphamp.fx as gfx
-from tests.fx.test_fx import matrix_dtypes
+from tests.fx.recording import matrix_dtypes
 from tests.hf_models import VOCAB, as_they_come
 
 

@@ -15,8 +15,7 @@ import graphamp.onnx as gonnx
 from graphamp.errors import GraphampError
 from tests.helpers import assert_valid, run
 from tests.onnx.function_cases import function_cases
-from tests.onnx.test_node_bodies import feeds_for, loads
-from tests.onnx.test_node_corpus import TOLERANCE, relative_error
+from tests.onnx.node_cases import TOLERANCE, feeds_for, loads, relative_error
 
 F32 = TensorProto.FLOAT
 

@@ -19,39 +19,10 @@ import graphamp.onnx as gonnx
 from graphamp.cli import main
 from graphamp.errors import GraphampError, RepairWarning
 from graphamp.numerics.verify import verify
+from tests.helpers import conv_net
 
 F32 = TensorProto.FLOAT
 RNG = np.random.default_rng(0)
-
-
-def conv_net(opset: int = 17, ir_version: int = 8) -> onnx.ModelProto:
-    """Conv -> Relu -> MatMul -> Add -> Exp -> Softmax: ops every opset from 7 has (the
-    same weights every time)."""
-    rng = np.random.default_rng(1)
-    weights = [
-        numpy_helper.from_array((rng.standard_normal((3, 2, 3, 3)) * 0.3).astype("f4"), "cw"),
-        numpy_helper.from_array((rng.standard_normal((3, 3)) * 0.3).astype("f4"), "mw"),
-        numpy_helper.from_array((rng.standard_normal((3,)) * 0.3).astype("f4"), "b"),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "cw"], ["c"], name="conv"),
-        helper.make_node("Relu", ["c"], ["r"], name="relu"),
-        helper.make_node("MatMul", ["r", "mw"], ["m"], name="mm"),
-        helper.make_node("Add", ["m", "b"], ["a"], name="add"),
-        helper.make_node("Exp", ["a"], ["e"], name="exp"),
-        helper.make_node("Softmax", ["e"], ["y"], name="softmax"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", F32, [1, 2, 5, 5])],
-        [helper.make_tensor_value_info("y", F32, [1, 3, 3, 3])],
-        weights,
-        value_info=[helper.make_tensor_value_info("c", F32, [1, 3, 3, 3])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = ir_version
-    return model
 
 
 def assert_converts_faithfully(

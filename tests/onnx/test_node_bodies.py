@@ -10,14 +10,12 @@ import warnings
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx.backend.test.case.node import collect_testcases
 from onnx.reference import ReferenceEvaluator
 
 import graphamp.onnx as gonnx
-from graphamp.core import dtypes
-from tests.onnx.test_node_corpus import TOLERANCE, relative_error
+from tests.onnx.node_cases import TOLERANCE, feeds_for, loads, relative_error
 
 _GRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
@@ -35,32 +33,6 @@ def body_cases() -> list:  # type: ignore[type-arg]
 
 
 CASES = body_cases()
-
-
-def feeds_for(proto: onnx.ModelProto, inputs: list) -> dict[str, object]:  # type: ignore[type-arg]
-    """The case's inputs in each input's declared type (sequences and optionals as given)."""
-    feeds: dict[str, object] = {}
-    for info, value in zip(proto.graph.input, inputs, strict=False):
-        if info.type.HasField("tensor_type"):
-            name = dtypes.from_onnx(info.type.tensor_type.elem_type)
-            array = np.asarray(value)
-            if name in dtypes.FLOAT_TYPES and array.dtype.kind == "f":
-                array = array.astype(dtypes.numpy_type(name))
-            value = array
-        feeds[info.name] = value
-    return feeds
-
-
-def loads(proto: onnx.ModelProto) -> bool:
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    try:
-        ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except ort.capi.onnxruntime_pybind11_state.NotImplemented:
-        return True  # valid, with no CPU kernel for a low type: runs where one exists
-    except Exception:
-        return False
-    return True
 
 
 def test_the_cases_are_there():

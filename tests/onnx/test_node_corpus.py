@@ -10,36 +10,16 @@ them on the float32 original (onnxruntime itself departs from a few of them).
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
-from onnx.backend.test.case.node import collect_testcases
 from onnx.reference import ReferenceEvaluator
 
 import graphamp.onnx as gonnx
 from graphamp.core import dtypes
-
-RANDOM_OPS = {"Dropout", "RandomNormal", "RandomNormalLike", "RandomUniform",
-              "RandomUniformLike", "Bernoulli", "Multinomial"}  # fmt: skip
-TOLERANCE = {"float16": 2e-2, "bfloat16": 8e-2}
-
-
-def float_cases() -> list:  # type: ignore[type-arg]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cases = collect_testcases()
-    return [
-        case
-        for case in cases
-        if any(
-            i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for i in case.model.graph.input
-        )
-        and not {n.op_type for n in case.model.graph.node} & RANDOM_OPS
-    ]
+from tests.onnx.node_cases import TOLERANCE, float_cases, relative_error
 
 
 def session(proto: onnx.ModelProto) -> ort.InferenceSession:
@@ -67,17 +47,6 @@ def run(proto: onnx.ModelProto, inputs: list, reference: bool) -> list[np.ndarra
     if reference:
         return ReferenceEvaluator(proto).run(None, feeds)
     return session(proto).run(None, feeds)
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    got64, want64 = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    finite = np.isfinite(want64)
-    assert (np.isfinite(got64) == finite).all(), "NaN/Inf where the original has none"
-    if not finite.any():
-        return 0.0
-    scale = np.abs(want64[finite]).max()
-    error = np.abs(got64[finite] - want64[finite]).max()
-    return float(error / scale) if scale else float(error)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

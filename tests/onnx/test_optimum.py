@@ -24,6 +24,7 @@ import onnx
 import pytest
 
 from graphamp.cli import main
+from tests.helpers import doc_blocks
 from tests.optimum_exports import (
     MODELS,
     SEQ2SEQ_FILES,
@@ -36,7 +37,6 @@ from tests.optimum_exports import (
     matrix_ops,
     optimum_python,
 )
-from tests.test_readme import doc_blocks
 
 F16 = onnx.TensorProto.FLOAT16
 

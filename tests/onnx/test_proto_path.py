@@ -20,7 +20,7 @@ from graphamp.errors import GraphampError
 from graphamp.onnx import infile, proto_reader
 from graphamp.onnx.dialect import OnnxDialect
 from graphamp.policy.policy import Policy
-from tests.onnx.test_node_corpus import float_cases
+from tests.onnx.node_cases import float_cases
 
 NODE_FIELDS = ("op", "inputs", "outputs", "kind", "domain", "follow_inputs", "follow_outputs",
                "any_type_inputs", "allowed_types", "schema_source", "no_kernel",

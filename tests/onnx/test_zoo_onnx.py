@@ -8,8 +8,7 @@ import pytest
 
 import graphamp.onnx as gonnx
 from graphamp.numerics import verify
-from tests.conftest import ZOO_NAMES
-from tests.helpers import assert_no_redundant_casts, assert_valid
+from tests.helpers import ZOO_NAMES, assert_no_redundant_casts, assert_valid
 
 DTYPES = ("float16", "bfloat16")
 

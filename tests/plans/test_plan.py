@@ -11,30 +11,7 @@ from onnx import helper, numpy_helper
 import graphamp.onnx as gonnx
 from graphamp.errors import GraphampError
 from graphamp.plans.plan import PLAN_FORMAT, PLAN_VERSION, Plan
-from tests.helpers import chain, model, weight
-
-
-def layer_norm_model(gain: float):
-    """x -> MatMul -> LayerNormalization(gain) -> MatMul -> y."""
-    hidden = 4
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h"], name="/encoder/mm1"),
-        helper.make_node(
-            "LayerNormalization",
-            ["h", "gamma", "beta"],
-            ["n"],
-            name="/encoder/norm/LayerNormalization",
-            axis=-1,
-        ),
-        helper.make_node("MatMul", ["n", "w2"], ["y"], name="/encoder/mm2"),
-    ]
-    inits = [
-        weight("w1"),
-        weight("w2", seed=1),
-        numpy_helper.from_array(np.full(hidden, gain, np.float32), "gamma"),
-        numpy_helper.from_array(np.full(hidden, 0.1, np.float32), "beta"),
-    ]
-    return model(nodes, initializers=inits)
+from tests.helpers import chain, layer_norm_model, model, weight
 
 
 def test_plan_json_is_stable_sorted_and_round_trips():

@@ -27,8 +27,8 @@ from graphamp.passes.options import Options
 from graphamp.passes.pipeline import STEP
 from graphamp.policy.policy import Policy
 from graphamp.training.distributed import GradientClipping, GradientReduce, buckets
+from tests.helpers import doc_blocks, each_rank, torchrun
 from tests.opgraphs import GraphBuilder
-from tests.test_readme import doc_blocks
 from tests.training import dist_workers as workers
 
 SCENARIOS = {
@@ -281,44 +281,6 @@ def test_clipping_follows_grad_scaler_unscale_then_clip_grad_norm():
     assert relative(step.params, expected) <= 5e-3
     unclipped = workers.train({}, None)["params"]
     assert relative(unclipped, expected) > 10 * relative(step.params, expected)
-
-
-def torchrun(
-    script: Path, nproc: int = 2, timeout: int = 600
-) -> tuple[int, list[tuple[str, str]], str]:
-    """Run ``script`` under torchrun on ``nproc`` processes: (exit status, each rank's
-    (stdout, stderr) from torchrun's per-rank logs, torchrun's own stderr)."""
-    logs = script.parent / "logs"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--redirects", "3"]
-    done = subprocess.run(
-        [*command, "--nproc-per-node", str(nproc), "--log-dir", str(logs), script.name],
-        cwd=script.parent,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    ranks = []
-    for rank in range(nproc):
-        found = sorted(logs.glob(f"*/attempt_*/{rank}"))
-        folder = found[-1] if found else None
-        ranks.append(
-            tuple(
-                (folder / f"{stream}.log").read_text() if folder else "(no log)"
-                for stream in ("stdout", "stderr")
-            )
-        )
-    return done.returncode, ranks, done.stderr  # type: ignore[return-value]
-
-
-def each_rank(ranks: list[tuple[str, str]], launcher: str = "") -> str:
-    """Every rank's stdout and stderr, for a failure message."""
-    parts = [
-        f"--- rank {rank} stdout ---\n{out}\n--- rank {rank} stderr ---\n{err}"
-        for rank, (out, err) in enumerate(ranks)
-    ]
-    if launcher:
-        parts.append(f"--- launcher stderr (end) ---\n{launcher[-2000:]}")
-    return "\n".join(parts)
 
 
 def test_the_data_parallel_example_runs_under_torchrun(tmp_path):

@@ -24,10 +24,9 @@ from graphamp.passes.options import Options
 from graphamp.passes.pipeline import STEP
 from graphamp.policy.policy import Policy
 from graphamp.training.distributed import Sharding
+from tests.helpers import doc_blocks, each_rank, torchrun
 from tests.opgraphs import GraphBuilder
-from tests.test_readme import doc_blocks
 from tests.training import sharded_workers as workers
-from tests.training.test_distributed import each_rank, torchrun
 
 TWO = {
     "float32": {},  # the model's policy reduces in float32: the step takes it up

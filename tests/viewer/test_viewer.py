@@ -391,7 +391,7 @@ def test_fx_plans_fold_by_module_path(browser, tmp_path):
 
 
 def test_names_that_look_like_markup_stay_text(browser, tmp_path):
-    from tests.viewer.test_viewer_layout import toy_plan
+    from tests.opgraphs import toy_plan
 
     plan, graph = toy_plan(["</script><b>x", "a'b\"c/<i>op", "ünï/cöde"])
     loaded = Loaded(browser, viewer.plan_page(plan, graph), tmp_path, "markup")
@@ -403,7 +403,7 @@ def test_names_that_look_like_markup_stay_text(browser, tmp_path):
 
 
 def test_an_empty_plan_still_loads(browser, tmp_path):
-    from tests.viewer.test_viewer_layout import toy_plan
+    from tests.opgraphs import toy_plan
 
     plan, graph = toy_plan([], constant=False)
     loaded = Loaded(browser, viewer.plan_page(plan, graph), tmp_path, "empty")

@@ -9,9 +9,8 @@ import random
 import pytest
 
 from graphamp import viewer
-from graphamp.core.graph import NodeKind, OpGraph, OpNode, TensorInfo
-from graphamp.plans.plan import Plan
-from graphamp.plans.records import CastRecord, NodeDecision
+from graphamp.core.graph import NodeKind, OpNode, TensorInfo
+from graphamp.plans.records import NodeDecision
 from graphamp.viewer.hierarchy import (
     MAX_CHILDREN,
     build_hierarchy,
@@ -20,37 +19,7 @@ from graphamp.viewer.hierarchy import (
     scope_path,
 )
 from graphamp.viewer.layout import layered_layout
-
-
-def toy_plan(names: list[str], constant: bool = True) -> tuple[Plan, OpGraph]:
-    """A chain x -> names[0] -> names[1] -> ... -> y, alternately float16 and float32, a
-    Constant feeding the first node and one cast on each float32 -> float16 boundary."""
-    graph = OpGraph()
-    graph.add_tensor(TensorInfo("x", "float32", is_graph_input=True))
-    nodes: dict[str, NodeDecision] = {}
-    casts = []
-    previous = "x"
-    if constant:
-        graph.add_tensor(TensorInfo("c", "float32"))
-        graph.add_node(OpNode("const", "Constant", [], ["c"], kind=NodeKind.CONSTANT))
-        nodes["const"] = NodeDecision("Constant", "none", "no_float", "a stored value")
-    for index, name in enumerate(names):
-        out = f"t{index}"
-        graph.add_tensor(TensorInfo(out, "float32", is_graph_output=index == len(names) - 1))
-        inputs = [previous, "c"] if constant and index == 0 else [previous]
-        graph.add_node(OpNode(name, "MatMul" if index % 2 == 0 else "Add", inputs, [out]))
-        low = index % 2 == 0
-        nodes[name] = NodeDecision(
-            "MatMul" if low else "Add",
-            "float16" if low else "float32",
-            "allow" if low else "deny",
-            "a reason",
-        )
-        if low:
-            casts.append(CastRecord(previous, "float32", "float16", f"{previous}_h", [name]))
-        previous = out
-    plan = Plan("float16", {"dialect": "onnx"}, nodes=nodes, casts=casts, model="toy")
-    return plan, graph
+from tests.opgraphs import toy_plan
 
 
 @pytest.mark.parametrize(
