@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -65,7 +65,17 @@ def run(
     model: onnx.ModelProto, feeds: dict[str, np.ndarray], provider: str = "cpu"
 ) -> tuple[dict[str, np.ndarray], str]:
     """Outputs of ``model`` on ``feeds`` (each converted to the input's declared type), and the
-    evaluator that computed them.
+    evaluator that computed them (:func:`runner`'s, for one run)."""
+    evaluate, evaluator = runner(model, provider)
+    return evaluate(feeds), evaluator
+
+
+Evaluate = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def runner(model: onnx.ModelProto, provider: str = "cpu") -> tuple[Evaluate, str]:
+    """A function giving ``model``'s outputs on feeds (each converted to the input's declared
+    type), loaded once for any number of runs, and the evaluator that computes them.
 
     On the CPU a model holding float16/bfloat16 values runs as its faithful float32 emulation
     (:mod:`graphamp.onnx.emulate`): the CPU provider would compute float16 in float32 between
@@ -84,7 +94,6 @@ def run(
     quantised = provider == "cpu" and _has_quantisers(model)
     if quantised:
         emulation += ", quantisers op by op"
-    typed = _typed_feeds(model, feeds)
     # use_tf32=0: by default the CUDA provider runs float32 MatMul, Gemm and Conv on TF32
     # tensor cores, which round their inputs to float16's 10-bit mantissa, so a node kept
     # float32 for its precision would not be (tools/gpu/gpu_numerics.py measures it).
@@ -115,9 +124,14 @@ def run(
             ) from None
         from onnx.reference import ReferenceEvaluator
 
-        evaluator = ReferenceEvaluator(model)
+        reference = ReferenceEvaluator(model)
         names = [o.name for o in model.graph.output]
-        return dict(zip(names, evaluator.run(names, typed), strict=True)), "onnx.reference"
+
+        def evaluate_reference(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            typed = _typed_feeds(model, feeds)
+            return dict(zip(names, reference.run(names, typed), strict=True))
+
+        return evaluate_reference, "onnx.reference"
     except Exception as exc:  # onnxruntime's own error types: the model cannot be verified
         raise GraphampError(
             f"onnxruntime cannot load the model to verify it: {_first_line(exc)}"
@@ -126,12 +140,17 @@ def run(
     used = _used(session)
     if provider == "cuda" and used != "cuda":
         raise GraphampError(_no_cuda(f"no GPU, or no CUDA libraries; it would run on {used}"))
-    try:
-        outputs = session.run(names, typed)
-    except Exception as exc:  # onnxruntime's own error types: the inputs do not suit the model
-        raise RunFailure(f"onnxruntime: {run_message(exc)}") from None
+
+    def evaluate(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        typed = _typed_feeds(model, feeds)
+        try:
+            outputs = session.run(names, typed)
+        except Exception as exc:  # onnxruntime's own error types: the inputs do not suit it
+            raise RunFailure(f"onnxruntime: {run_message(exc)}") from None
+        return dict(zip(names, outputs, strict=True))
+
     tf32 = ", use_tf32=0" if used == "cuda" else ""
-    return dict(zip(names, outputs, strict=True)), f"onnxruntime {used}{emulation}{tf32}"
+    return evaluate, f"onnxruntime {used}{emulation}{tf32}"
 
 
 def check_provider(provider: str) -> None:

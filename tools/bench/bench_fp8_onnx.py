@@ -1,16 +1,27 @@
 """Float8 ONNX figures (issue 41): the zoo's BERT and GPT converted with ``--fp8 --calibrate``.
 
-For each model (small by default): calibrate on ``--calibration`` batches, convert to float16
-with float8 (``Float8.static()``) and without, and measure on ``--held-out`` other batches
-against the float32 model: the largest error relative to max |y| over every output, from the
-faithful evaluator (onnxruntime CPU over the emulated model: float16 rounding emulated,
-QuantizeLinear/DequantizeLinear exact), and onnxruntime vs ``onnx.reference`` on the float8
-model; the weight bytes (every initializer, and those of the matrix ops only) against the
-float16 model's; which matrix ops are float8 and why the rest are not. With
-``MODELOPT_PYTHON`` (``tools/setup-modelopt.sh``), ModelOpt's FP8 mode on the same model and
-data, measured the same way, and the nodes it put in float8.
+For each model (small by default; ``--size full`` for the BERT-base and GPT-2-sized ones):
+calibrate on ``--calibration`` batches, convert to float16 with float8 (``Float8.static()``)
+and without, and measure on held-out batches against the float32 model the largest error
+relative to max |y| over every output and batch, as ``--verify`` does (faithful evaluator:
+onnxruntime CPU over the emulated model, float16 rounding emulated, QuantizeLinear/
+DequantizeLinear exact), over the first N held-out batches for each N of ``--held-out``.
 
-    python tools/bench/bench_fp8_onnx.py [--size small] [--models bert gpt] [--json out.json]
+The largest error is an extreme of float8's rounding noise: ``--seeds K`` converts again with
+K calibration sets and gives the median and range of the figures over them (each calibration
+puts the activations' rounding grid elsewhere: its scale is max|x| * 2 / 448).
+
+Weight bytes: every initializer of the float8 model against the float16 model's and the
+float32 model's, and by role: matrix-op weights stored float8 (with their scales), matrix-op
+weights kept in the low type, embedding tables (read by Gather), the rest. Also which matrix ops
+are float8 and why the rest are not; onnxruntime vs ``onnx.reference`` on the float8 model (small
+models only; ``onnx.reference`` divides float16 by float16 in float16 inside QuantizeLinear, a
+second rounding the runtimes do not make). With ``MODELOPT_PYTHON`` (``tools/setup-modelopt.sh``),
+ModelOpt's FP8 mode on the same BERT and data, measured the same way, and the nodes it put in
+float8.
+
+    python tools/bench/bench_fp8_onnx.py [--size small] [--models bert gpt] [--held-out 4 16]
+        [--seeds 1] [--json out.json]
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,36 +42,56 @@ import onnx
 import graphamp
 import graphamp.onnx as gonnx
 from graphamp.models import export_onnx
-from graphamp.onnx.runtime import run
+from graphamp.onnx.runtime import input_specs, runner
 
 sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import machine
 
 MATRIX = ("MatMul", "Gemm", "Conv")
+REFERENCE_MAX_BYTES = 16 * 1024 * 1024  # onnx.reference runs float16 MatMuls slowly
 
 
-def batches(model: str, count: int, seed: int, batch: int = 2, seq: int = 16) -> list[dict]:
+def batches(model: onnx.ModelProto, count: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """``count`` batches of random token ids in the shapes the model declares, each id below
+    the size of the table it indexes."""
     rng = np.random.default_rng(seed)
+    specs = input_specs(model)
     out = []
     for _ in range(count):
-        feeds = {"input_ids": rng.integers(0, 128, (batch, seq)).astype(np.int64)}
-        if model == "bert":
-            feeds["token_type_ids"] = rng.integers(0, 2, (batch, seq)).astype(np.int64)
+        feeds = {}
+        for spec in specs:
+            shape = tuple(d if d is not None else 2 for d in spec.shape)
+            feeds[spec.name] = rng.integers(0, spec.index_bound or 2, shape).astype(np.int64)
         out.append(feeds)
     return out
 
 
-def error(reference: onnx.ModelProto, other: onnx.ModelProto, data: list[dict]) -> float:
-    """Largest |other - reference| / max |reference| over outputs and batches (faithful)."""
-    worst = 0.0
-    for feeds in data:
-        expected, _ = run(reference, feeds)
-        found, _ = run(other, feeds)
-        for name, value in expected.items():
-            value = np.asarray(value, np.float64)
-            diff = np.abs(np.asarray(found[name], np.float64) - value).max()
-            worst = max(worst, float(diff / np.abs(value).max()))
-    return worst
+class Errors:
+    """The largest error relative to max |y| of models against one reference, per batch (the
+    reference's outputs computed once)."""
+
+    def __init__(self, reference: onnx.ModelProto, data: list[dict[str, np.ndarray]]) -> None:
+        evaluate, _ = runner(reference)
+        self.data, self.expected = data, [evaluate(feeds) for feeds in data]
+
+    def per_batch(self, model: onnx.ModelProto) -> list[float]:
+        evaluate, evaluator = runner(model)
+        assert "onnxruntime cpu" in evaluator, evaluator
+        found = []
+        for feeds, expected in zip(self.data, self.expected, strict=True):
+            outputs = evaluate(feeds)
+            worst = 0.0
+            for name, value in expected.items():
+                value = np.asarray(value, np.float64)
+                diff = np.abs(np.asarray(outputs[name], np.float64) - value).max()
+                worst = max(worst, float(diff / np.abs(value).max()))
+            found.append(worst)
+        return found
+
+
+def over(per_batch: list[float], counts: list[int]) -> dict[str, float]:
+    """The largest error over the first N batches, for each N of ``counts``."""
+    return {str(n): max(per_batch[:n]) for n in counts}
 
 
 def reference_gap(model: onnx.ModelProto, data: list[dict]) -> float:
@@ -82,24 +114,29 @@ def reference_gap(model: onnx.ModelProto, data: list[dict]) -> float:
     return worst
 
 
-def weight_bytes(model: onnx.ModelProto, matrix_only: bool = False) -> int:
-    """Bytes of the stored values (with ``matrix_only``: those a matrix op reads, directly or
-    through its DequantizeLinear, with their scales)."""
+def weight_roles(model: onnx.ModelProto) -> dict[str, int]:
+    """Bytes of the stored values by role: ``float8`` (matrix-op weights stored float8, with
+    their scales), ``matrix_low`` (matrix-op weights read as they are), ``embedding`` (tables a
+    Gather reads), ``other`` (biases, norms, activation scales, ...). Each initializer counts
+    once, in the first role that holds."""
     inits = {init.name: init for init in model.graph.initializer}
-    if not matrix_only:
-        names = set(inits)
-    else:
-        producers = {out: node for node in model.graph.node for out in node.output}
-        names = set()
-        for node in model.graph.node:
-            if node.op_type not in MATRIX:
-                continue
+    producers = {out: node for node in model.graph.node for out in node.output}
+    role: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.op_type in MATRIX:
             for value in node.input[:2]:
-                if value in inits:
-                    names.add(value)
-                elif value in producers and producers[value].op_type == "DequantizeLinear":
-                    names |= {n for n in producers[value].input if n in inits and inits[n].dims}
-    return sum(onnx.numpy_helper.to_array(inits[n]).nbytes for n in names)
+                source = producers.get(value)
+                if source is not None and source.op_type == "DequantizeLinear":
+                    if source.input[0] in inits:  # a stored weight (not an activation's Q)
+                        role.update(dict.fromkeys(source.input[:2], "float8"))
+                elif value in inits:
+                    role.setdefault(value, "matrix_low")
+        elif node.op_type == "Gather" and node.input[0] in inits:
+            role.setdefault(node.input[0], "embedding")
+    found = dict.fromkeys(("float8", "matrix_low", "embedding", "other"), 0)
+    for name, init in inits.items():
+        found[role.get(name, "other")] += onnx.numpy_helper.to_array(init).nbytes
+    return found
 
 
 def float8_nodes(model: onnx.ModelProto) -> list[str]:
@@ -133,66 +170,93 @@ def modelopt(python: str, path: Path, data: list[dict], folder: Path) -> onnx.Mo
     return onnx.load(str(output))
 
 
-def measure(name: str, size: str, calibration: int, held_out: int, folder: Path) -> dict:
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def measure(name: str, size: str, args: argparse.Namespace, folder: Path) -> dict:
     path = export_onnx(name, folder / f"{name}.onnx", size)
     reference = onnx.load(str(path))
-    calibrate_data = batches(name, calibration, seed=0)
-    test_data = batches(name, held_out, seed=1)
-    ranges = gonnx.calibrate(str(path), calibrate_data, histograms=True)
-    fp8 = gonnx.convert(str(path), fp8=graphamp.Float8.static(), ranges=ranges)
+    counts = sorted(args.held_out)
+    calibrate_data = batches(reference, args.calibration, seed=0)
+    errors = Errors(reference, batches(reference, max(counts), seed=1))
     f16 = gonnx.convert(str(path))
-    fp8_model, f16_model = fp8.to_proto(), f16.to_proto()
+    f16_model = f16.to_proto()
+    fp8 = None
+    per_seed: list[dict[str, float]] = []
+    for seed in range(args.seeds):  # the first: the calibration data of every other figure
+        data = calibrate_data if seed == 0 else batches(reference, args.calibration, 100 + seed)
+        ranges = gonnx.calibrate(str(path), data, histograms=True)
+        converted = gonnx.convert(str(path), fp8=graphamp.Float8.static(), ranges=ranges)
+        per_seed.append(over(errors.per_batch(converted.to_proto()), counts))
+        fp8 = fp8 or converted
+    assert fp8 is not None
+    fp8_model = fp8.to_proto()
     rules = Counter(str(d.rule) for d in fp8.plan.fp8.values())
+    roles, f16_roles = weight_roles(fp8_model), weight_roles(f16_model)
+    total, f16_total = sum(roles.values()), sum(f16_roles.values())
+    f32_total = sum(onnx.numpy_helper.to_array(i).nbytes for i in reference.graph.initializer)
+    matrix = roles["float8"] + roles["matrix_low"]
+    f16_matrix = f16_roles["float8"] + f16_roles["matrix_low"]
     result = {
         "model": f"{name} ({size})",
-        "calibration_batches": calibration,
-        "held_out_batches": held_out,
-        "fp8_error": error(reference, fp8_model, test_data),
-        "float16_error": error(reference, f16_model, test_data),
-        "ort_vs_reference": reference_gap(fp8_model, test_data[:1]),
-        "weight_bytes": weight_bytes(fp8_model),
-        "float16_weight_bytes": weight_bytes(f16_model),
-        "matrix_weight_bytes": weight_bytes(fp8_model, True),
-        "float16_matrix_weight_bytes": weight_bytes(f16_model, True),
+        "calibration_batches": args.calibration,
+        "fp8_error": per_seed[0],
+        "float16_error": over(errors.per_batch(f16_model), counts),
+        "weight_bytes": total,
+        "float16_weight_bytes": f16_total,
+        "float32_weight_bytes": f32_total,
+        "weight_ratio": total / f16_total,
+        "weight_ratio_to_float32": total / f32_total,
+        "matrix_weight_ratio": matrix / f16_matrix,
+        "weight_bytes_by_role": roles,
+        "float16_weight_bytes_by_role": f16_roles,
         "fp8_nodes": sorted(n for n, d in fp8.plan.fp8.items() if d.rule == "fp8"),
         "kept": {
             n: f"{d.rule}: {d.reason}" for n, d in sorted(fp8.plan.fp8.items()) if d.rule != "fp8"
         },
         "rules": dict(sorted(rules.items())),
     }
-    result["weight_ratio"] = result["weight_bytes"] / result["float16_weight_bytes"]
-    result["matrix_weight_ratio"] = (
-        result["matrix_weight_bytes"] / result["float16_matrix_weight_bytes"]
-    )
+    if args.seeds > 1:
+        result["fp8_error_over_seeds"] = {
+            str(n): spread([e[str(n)] for e in per_seed]) for n in counts
+        }
+    if fp8_model.ByteSize() <= REFERENCE_MAX_BYTES:
+        result["ort_vs_reference"] = reference_gap(fp8_model, errors.data[:1])
     python = os.environ.get("MODELOPT_PYTHON")
     if python and name == "bert":
         quantised = modelopt(python, path, calibrate_data, folder)
         if quantised is not None:
-            result["modelopt_error"] = error(reference, quantised, test_data)
+            result["modelopt_error"] = over(errors.per_batch(quantised), counts)
             result["modelopt_fp8_nodes"] = float8_nodes(quantised)
             result["modelopt_quantisers"] = dict(
                 Counter(n.op_type for n in quantised.graph.node if "uantize" in n.op_type)
             )
-            result["error_vs_modelopt"] = result["fp8_error"] / result["modelopt_error"]
+            result["error_vs_modelopt"] = {
+                n: result["fp8_error"][n] / result["modelopt_error"][n] for n in map(str, counts)
+            }
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="small")
+    parser.add_argument("--size", default="small", choices=("small", "full"))
     parser.add_argument("--models", nargs="+", default=["bert", "gpt"])
     parser.add_argument("--calibration", type=int, default=4, help="calibration batches")
-    parser.add_argument("--held-out", type=int, default=4, help="batches measured on")
+    parser.add_argument(
+        "--held-out", type=int, nargs="+", default=[4, 16], help="held-out batch counts"
+    )
+    parser.add_argument("--seeds", type=int, default=1, help="calibration sets (error spread)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     print(machine())
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-fp8-") as folder:
         for name in args.models:
-            found = measure(name, args.size, args.calibration, args.held_out, Path(folder))
+            found = measure(name, args.size, args, Path(folder))
             results.append(found)
             shown = {k: v for k, v in found.items() if k not in ("kept", "fp8_nodes")}
-            print(json.dumps(shown, indent=1))
+            print(json.dumps(shown, indent=1), flush=True)
             print(f"  float8: {len(found['fp8_nodes'])} matrix ops; kept: ")
             for node, why in found["kept"].items():
                 print(f"    {node}: {why}")
