@@ -19,20 +19,20 @@ measured: the values inside a Scan of opset 8 (its states carry a batch axis).
 
 from __future__ import annotations
 
-import itertools
+from functools import cached_property
 
 import onnx
 from onnx import helper
 
+from graphamp.core.names import Names
 from graphamp.onnx.files import with_stubs
 from graphamp.onnx.statgraph import RANGE_STATS, STAT, node_names, stat_name
-from graphamp.onnx.subgraphs import element_types
+from graphamp.onnx.subgraphs import bodies, element_types, model_names
 
 F32 = onnx.TensorProto.FLOAT
 _INF, _ZERO = f"{STAT}inf", f"{STAT}zero"
 NEUTRAL = {"max_abs": _ZERO, "min_abs": _INF, "nonfinite": _ZERO}
 COMBINE = {"max_abs": "Max", "min_abs": "Min", "nonfinite": "Sum"}
-_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 
 Stat = tuple[str, str, str]  # (the value's OpGraph name, statistic, the name holding it here)
 
@@ -42,52 +42,64 @@ def with_body_stats(model: onnx.ModelProto) -> list[str]:
     output the :data:`RANGE_STATS` of the float32 values of its bodies, named
     ``stat_name(<OpGraph name>, stat)`` (values of the main graph: the caller makes them graph
     outputs). The OpGraph names measured, in order."""
-    nodes = [(n, name) for n, name in zip(model.graph.node, node_names(model.graph), strict=True)]
-    fresh = _Fresh(scan8=_scan8(model))
-    owners = [(n, name) for n, name in nodes if _bodies(n) and _entered(n, fresh)]
-    if not owners:
-        return []
-    large = {i.name for i in model.graph.initializer if len(i.raw_data) > 1024}
-    light = with_stubs(model, large, "graphamp-type-inference-stub")
-    inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False).graph
-    twins = dict(zip((id(n) for n in model.graph.node), inferred.node, strict=False))
+    fresh = Fresh(model)
     measured: list[str] = []
-    for node, name in owners:
-        for key, stat, _ in _export(node, name, twins.get(id(node)), fresh, final=True):
+    for node, name, twin in owners(model, fresh):
+        for key, stat, _ in _export(node, name, twin, fresh, final=True):
             if stat == "max_abs":
                 measured.append(key)
     return measured
 
 
-def _entered(node: onnx.NodeProto, fresh: _Fresh) -> bool:
-    # Scan 8's states carry a batch axis: its body is not measured
-    return node.op_type in ("If", "Loop") or (node.op_type == "Scan" and not fresh.scan8)
+def owners(
+    model: onnx.ModelProto, fresh: Fresh
+) -> list[tuple[onnx.NodeProto, str, onnx.NodeProto | None]]:
+    """The main graph's nodes whose bodies are entered (:meth:`Fresh.entered`): each with its
+    name and its twin in the inferred model, which holds the bodies' value types."""
+    named = zip(model.graph.node, node_names(model.graph), strict=True)
+    found = [(node, name) for node, name in named if fresh.entered(node)]
+    if not found:
+        return []
+    large = {i.name for i in model.graph.initializer if len(i.raw_data) > 1024}
+    light = with_stubs(model, large, "graphamp-type-inference-stub")
+    inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False).graph
+    twins = dict(zip((id(n) for n in model.graph.node), inferred.node, strict=False))
+    return [(node, name, twins.get(id(node))) for node, name in found]
 
 
-def _scan8(model: onnx.ModelProto) -> bool:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0) < 9
+class Fresh:
+    """Names for the values this module adds, new in the whole model
+    (:class:`graphamp.core.names.Names` over every name ``model`` holds). A value is named
+    after its statistic, ``stat_name(key, stat)`` with a suffix: that name itself is kept for
+    the statistic's output from the main graph."""
 
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self._model = model
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        self.scan8 = opset < 9  # the model's Scan is opset 8's
 
-class _Fresh:
-    """Names new in the whole model for the values this module adds."""
-
-    def __init__(self, *, scan8: bool) -> None:
-        self.counter = itertools.count()
-        self.scan8 = scan8  # the model's Scan is opset 8's
+    @cached_property
+    def _names(self) -> Names:  # (read at the first name: most models have no bodies)
+        return Names(taken=model_names(self._model))
 
     def __call__(self, key: str, stat: str) -> str:
-        return f"{stat_name(key, stat)}#{next(self.counter)}"
+        base = stat_name(key, stat)
+        self._names.take(base)
+        return self._names.value(base)
 
-
-def _bodies(node: onnx.NodeProto) -> list[onnx.AttributeProto]:
-    return [a for a in node.attribute if a.type in (_GRAPH, _GRAPHS)]
+    def entered(self, node: onnx.NodeProto) -> bool:
+        """Whether ``node``'s bodies are entered: an If's or a Loop's, and a Scan's but of
+        opset 8 (its states carry a batch axis)."""
+        if node.op_type in ("If", "Loop") or (node.op_type == "Scan" and not self.scan8):
+            return bool(bodies(node))
+        return False
 
 
 def _export(
     node: onnx.NodeProto,
     path: str,
     inferred: onnx.NodeProto | None,
-    fresh: _Fresh,
+    fresh: Fresh,
     *,
     final: bool,
 ) -> list[Stat]:
@@ -161,11 +173,11 @@ def _insert_infos(field, at: int, items: list[onnx.ValueInfoProto]) -> None:  # 
 
 
 def _graph_stats(
-    graph: onnx.GraphProto, inferred: onnx.GraphProto | None, path: str, fresh: _Fresh
+    graph: onnx.GraphProto, inferred: onnx.GraphProto | None, path: str, fresh: Fresh
 ) -> list[Stat]:
     """Add to body ``graph`` (OpGraph path ``path``) the statistics of its float32 values and
     of its own bodies' (handed on by their nodes): what it holds, to return."""
-    types = _types(graph, inferred)
+    types = body_types(graph, inferred)
     stats: list[Stat] = []
     stored = {init.name for init in graph.initializer}
     own = [v.name for v in graph.input] + [o for n in graph.node for o in n.output if o]
@@ -173,7 +185,7 @@ def _graph_stats(
     twins = list(inferred.node) if inferred is not None else []
     added: list[onnx.NodeProto] = []
     for index, (node, name) in enumerate(zip(list(graph.node), names, strict=True)):
-        if _bodies(node) and _entered(node, fresh):
+        if fresh.entered(node):
             twin = twins[index] if index < len(twins) else None
             stats += _export(node, f"{path}/{name}", twin, fresh, final=False)
     for value in own:
@@ -188,7 +200,7 @@ def _graph_stats(
 
 
 def _range_nodes(
-    source: str, key: str, outputs: dict[str, str], fresh: _Fresh
+    source: str, key: str, outputs: dict[str, str], fresh: Fresh
 ) -> list[onnx.NodeProto]:
     """As :func:`graphamp.onnx.statgraph._range_nodes`, reading ``source`` in a body."""
     abs_, finite, finite_abs = fresh(key, "abs"), fresh(key, "finite"), fresh(key, "fabs")
@@ -208,7 +220,7 @@ def _range_nodes(
     ]
 
 
-def _types(graph: onnx.GraphProto, inferred: onnx.GraphProto | None) -> dict[str, int]:
+def body_types(graph: onnx.GraphProto, inferred: onnx.GraphProto | None) -> dict[str, int]:
     """Element types of body ``graph``'s values: its own declarations, inference's for the
     rest."""
     return {**(element_types(inferred) if inferred is not None else {}), **element_types(graph)}

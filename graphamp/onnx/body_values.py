@@ -22,8 +22,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from graphamp.onnx.body_stats import _bodies, _entered, _Fresh, _scan8, _types
-from graphamp.onnx.files import with_stubs
+from graphamp.onnx.body_stats import Fresh, body_types, owners
 from graphamp.onnx.statgraph import node_names
 
 F32 = onnx.TensorProto.FLOAT
@@ -48,21 +47,10 @@ def with_body_values(model: onnx.ModelProto, keep: set[str] | None = None) -> li
     """Make every If, Loop and Scan node of ``model``'s main graph (changed in place) also
     output the float32 values of its bodies (only those in ``keep``, when given), named
     :func:`exported_name` of their OpGraph names. The OpGraph names carried out, in order."""
-    fresh = _Fresh(scan8=_scan8(model))
-    owners = [
-        (node, name)
-        for node, name in zip(model.graph.node, node_names(model.graph), strict=True)
-        if _bodies(node) and _entered(node, fresh)
-    ]
-    if not owners:
-        return []
-    large = {i.name for i in model.graph.initializer if len(i.raw_data) > 1024}
-    light = with_stubs(model, large, "graphamp-type-inference-stub")
-    inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False).graph
-    twins = dict(zip((id(n) for n in model.graph.node), inferred.node, strict=False))
+    fresh = Fresh(model)
     carried: list[str] = []
-    for node, name in owners:
-        for key, _ in _carry(node, name, twins.get(id(node)), fresh, keep, final=True):
+    for node, name, twin in owners(model, fresh):
+        for key, _ in _carry(node, name, twin, fresh, keep, final=True):
             carried.append(key)
     return carried
 
@@ -71,7 +59,7 @@ def _carry(
     node: onnx.NodeProto,
     path: str,
     inferred: onnx.NodeProto | None,
-    fresh: _Fresh,
+    fresh: Fresh,
     keep: set[str] | None,
     *,
     final: bool,
@@ -142,18 +130,18 @@ def _graph_values(
     graph: onnx.GraphProto,
     inferred: onnx.GraphProto | None,
     path: str,
-    fresh: _Fresh,
+    fresh: Fresh,
     keep: set[str] | None,
 ) -> list[Carried]:
     """The float32 values of body ``graph`` (OpGraph path ``path``) and of its own bodies
     (handed on by their nodes), each as a name this graph can return."""
-    types = _types(graph, inferred)
+    types = body_types(graph, inferred)
     stored = {init.name for init in graph.initializer}
     twins = list(inferred.node) if inferred is not None else []
     own = [v.name for v in graph.input] + [o for n in graph.node for o in n.output if o]
     carried: list[Carried] = []
     for index, (node, name) in enumerate(zip(list(graph.node), node_names(graph), strict=True)):
-        if _bodies(node) and _entered(node, fresh):
+        if fresh.entered(node):
             twin = twins[index] if index < len(twins) else None
             carried += _carry(node, f"{path}/{name}", twin, fresh, keep, final=False)
     for value in own:

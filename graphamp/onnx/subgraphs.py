@@ -1,8 +1,57 @@
-"""What an ONNX graph (the main graph or a body of control flow) holds, read from its protos."""
+"""What an ONNX model's graphs hold, read from its protos: the bodies inside a node (an If's
+branches, a Loop's or Scan's body), every graph of a model, the names a model uses and the
+element types a graph declares."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import onnx
+
+_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
+
+Scope = onnx.GraphProto | onnx.FunctionProto
+
+
+def bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs ``node``'s attributes hold, in attribute order."""
+    found: list[onnx.GraphProto] = []
+    for attribute in node.attribute:
+        if attribute.type == _GRAPH:
+            found.append(attribute.g)
+        elif attribute.type == _GRAPHS:
+            found.extend(attribute.graphs)
+    return found
+
+
+def scopes(model: onnx.ModelProto) -> Iterator[Scope]:
+    """The main graph, the model's functions, and every body inside any of them, at any depth
+    (each before the bodies inside it)."""
+    pending: list[Scope] = [model.graph, *model.functions]
+    while pending:
+        scope = pending.pop(0)
+        yield scope
+        pending[:0] = [body for node in scope.node for body in bodies(node)]
+
+
+def model_names(model: onnx.ModelProto) -> set[str]:
+    """Every node and value name anywhere in ``model``: graphs, bodies and functions."""
+    names: set[str] = set()
+    for scope in scopes(model):
+        if isinstance(scope, onnx.GraphProto):
+            infos = (*scope.input, *scope.output, *scope.value_info)
+            names.update(info.name for info in infos)
+            names.update(init.name for init in scope.initializer)
+            names.update(sparse.values.name for sparse in scope.sparse_initializer)
+        else:
+            names.update(scope.input)
+            names.update(scope.output)
+        for node in scope.node:
+            names.add(node.name)
+            names.update(node.input)
+            names.update(node.output)
+    names.discard("")
+    return names
 
 
 def element_types(graph: onnx.GraphProto) -> dict[str, int]:
