@@ -39,3 +39,5 @@ echo "## Mixed precision's promise: training speed-up over float32, inference la
 "$py" tools/gpu/bench_gpu.py --part infer --profile --out "$out"
 echo "## ONNX conversion and onnxruntime latency (zoo, full size)"
 "$py" tools/bench/bench_onnx.py --size full --chain 0 --json "$out/onnx.json"  # CPU-side conversion figures
+echo "## Float8 (issue 41): float8 GEMMs and a LLaMA-3-8B block's training step against bfloat16 and torchao"
+"$py" tools/gpu/gpu_fp8.py --json "$out/fp8.json"

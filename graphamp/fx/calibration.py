@@ -8,6 +8,7 @@ when its last reader has run), so memory stays that of one forward pass.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -17,8 +18,9 @@ from torch import fx
 
 from graphamp.errors import GraphampError
 from graphamp.fx import hops
+from graphamp.fx.ops import flat, matrix_dims, op_name
 from graphamp.fx.reader import stable_names
-from graphamp.numerics.ranges import Ranges, TensorRange
+from graphamp.numerics.ranges import Ranges, TensorRange, log2_counts
 
 
 class _Recorder(fx.Interpreter):
@@ -31,9 +33,10 @@ class _Recorder(fx.Interpreter):
         module: fx.GraphModule,
         names: dict[str, str],
         found: dict[str, TensorRange] | None = None,
+        counted: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__(module)
-        self.names = names
+        self.names, self.counted = names, counted
         self.found: dict[str, TensorRange] = {} if found is None else found
 
     def run_node(self, node: fx.Node) -> Any:
@@ -82,6 +85,8 @@ class _Recorder(fx.Interpreter):
     def _record(self, name: str, value: object) -> None:
         if isinstance(value, torch.Tensor) and value.dtype == torch.float32 and value.numel():
             found = tensor_range(value.detach())
+            if name in self.counted:
+                found = dataclasses.replace(found, log2_counts=log2_counts(value.detach().numpy()))
             known = self.found.get(name)
             self.found[name] = found if known is None else known.merged(found)
 
@@ -98,21 +103,37 @@ def tensor_range(value: torch.Tensor) -> TensorRange:
     )
 
 
-def calibrate(module: fx.GraphModule, batches: Iterable[Any], *, label: str = "") -> Ranges:
+def calibrate(
+    module: fx.GraphModule, batches: Iterable[Any], *, label: str = "", histograms: bool = False
+) -> Ranges:
     """The ranges of ``module``'s float32 values over ``batches``: each batch the module's
     positional arguments (a tuple or list), one tensor or array, or a dict of arrays by input
-    name (what ``--inputs DATA`` files hold)."""
+    name (what ``--inputs DATA`` files hold). With ``histograms``, the values a matrix op
+    multiplies also get their binade histograms (float8's ``fp8_range`` rule)."""
     names = stable_names(module)
     inputs = [n.name for n in module.graph.nodes if n.op == "placeholder"]
+    counted = frozenset(_matrix_operands(module, names)) if histograms else frozenset()
     ranges = Ranges(model=label)
     with torch.no_grad():
         for index, batch in enumerate(batches):
-            recorder = _Recorder(module, names)
+            recorder = _Recorder(module, names, counted=counted)
             recorder.run(*_arguments(batch, inputs, index))
             ranges.update(Ranges(recorder.found, batches=1))
     if not ranges.batches:
         raise GraphampError("calibrate: no batches")
     return ranges
+
+
+def _matrix_operands(module: fx.GraphModule, names: dict[str, str]) -> list[str]:
+    """The names of the values the main graph's matrix ops read (their A and B slots)."""
+    found = []
+    for node in module.graph.nodes:
+        dims = matrix_dims(node, op_name(node)) if node.op == "call_function" else None
+        if dims is None:
+            continue
+        args = [a for a in flat([node.args, node.kwargs]) if isinstance(a, fx.Node)]
+        found += [names.get(args[s].name, args[s].name) for s in (dims.a, dims.b)]
+    return found
 
 
 def _arguments(batch: Any, inputs: list[str], index: int) -> list[torch.Tensor]:

@@ -123,7 +123,9 @@ def convert(
     with collector.paused():  # one block: no full collection between capturing and applying
         captured = dialect.load(model)
         _warn_static_batches(captured.meta["graphamp"].static_batches)
-        ranges = dialect.calibrate(captured, calibrate) if calibrate is not None else None
+        ranges = None  # float8's range rule reads the matrix operands' histograms too
+        if calibrate is not None:
+            ranges = dialect.calibrate(captured, calibrate, histograms=fp8 is not None)
         analysis = engine.analyse_model(
             dialect,
             captured,

@@ -94,13 +94,13 @@ class FxDialect(Dialect):
         names = [n.name for n in model.graph.nodes if n.op == "placeholder"]
         return run_module(model, names, self.input_specs(model), feeds, provider)
 
-    def calibrate(self, model: Any, batches: Iterable[Any]) -> Ranges:
+    def calibrate(self, model: Any, batches: Iterable[Any], *, histograms: bool = False) -> Ranges:
         from graphamp.fx.calibration import calibrate
 
         module = model if isinstance(model, fx.GraphModule) else self.load(model)
         if not isinstance(module, fx.GraphModule):  # a .pt2 program
             module = capture(module, None)
-        return calibrate(module, batches, label=self.label(model))
+        return calibrate(module, batches, label=self.label(model), histograms=histograms)
 
     def label(self, source: object) -> str:
         return type(source).__name__

@@ -142,3 +142,21 @@ def test_quantised_weight_is_what_a_step_would_use():
         float8.quantize(weight, float8.scale_of(float8.amax(weight, None), "e4m3fn"), "e4m3fn"),
     )
     assert scale.shape == ()
+
+
+def test_static_scaling_keeps_a_layer_whose_activation_would_flush_to_zero():
+    """Calibration records the binade histogram of each value a matrix op reads: an input
+    whose values are mostly 1e-3 next to a few of 300 would mostly flush to zero at the scale
+    its largest value sets, so its layer keeps the low type (rule fp8_range)."""
+    tiny = [(torch.randn(8, 64) * 1e-3,) for _ in range(3)]
+    spiked = torch.cat([torch.full((1, 64), 300.0), torch.randn(7, 64) * 1e-3])
+    x = inputs(1, 6)[0]
+    module, plan = gfx.convert(
+        mlp(), (x,), fp8=graphamp.Float8.static(), calibrate=[*tiny, (spiked,)]
+    )
+    assert plan.fp8["0/linear"].rule == "fp8_range"
+    assert "flush to zero" in plan.fp8["0/linear"].reason
+    assert not any(b.dtype == torch.float8_e4m3fn for b in module.buffers())
+    # calibrated on ordinary data, the same layer takes float8
+    _, ordinary = gfx.convert(mlp(), (x,), fp8=graphamp.Float8.static(), calibrate=[(x,)])
+    assert ordinary.fp8["0/linear"].rule == "fp8"
