@@ -27,7 +27,7 @@ from onnx import helper
 from graphamp.core.names import Names
 from graphamp.onnx.files import with_stubs
 from graphamp.onnx.statgraph import RANGE_STATS, STAT, node_names, stat_name
-from graphamp.onnx.subgraphs import bodies, element_types, model_names
+from graphamp.onnx.subgraphs import bodies, element_types, model_names, twinned_bodies
 
 F32 = onnx.TensorProto.FLOAT
 _INF, _ZERO = f"{STAT}inf", f"{STAT}zero"
@@ -105,11 +105,10 @@ def _export(
 ) -> list[Stat]:
     """Rewrite ``node`` (an If, Loop or Scan at OpGraph path ``path``) to output the statistics
     of its bodies' values; ``final``: name them as graph outputs (the main graph's)."""
-    twins = {a.name: a for a in inferred.attribute} if inferred is not None else {}
+    owned = {name: (body, twin) for name, body, twin in twinned_bodies(node, inferred)}
 
     def inside(attribute: str) -> tuple[onnx.GraphProto, list[Stat]]:
-        graph = next(a.g for a in node.attribute if a.name == attribute)
-        twin = twins[attribute].g if attribute in twins else None
+        graph, twin = owned[attribute]
         return graph, _graph_stats(graph, twin, f"{path}/{attribute}", fresh)
 
     def name(key: str, stat: str) -> str:

@@ -24,6 +24,7 @@ from onnx import helper
 
 from graphamp.onnx.body_stats import Fresh, body_types, owners
 from graphamp.onnx.statgraph import node_names
+from graphamp.onnx.subgraphs import twinned_bodies
 
 F32 = onnx.TensorProto.FLOAT
 EXPORTED = "graphamp_body::"
@@ -66,13 +67,12 @@ def _carry(
 ) -> list[Carried]:
     """Rewrite ``node`` (an If, Loop or Scan at OpGraph path ``path``) to output its bodies'
     values; ``final``: name them as main-graph values."""
-    twins = {a.name: a for a in inferred.attribute} if inferred is not None else {}
+    owned = {name: (body, twin) for name, body, twin in twinned_bodies(node, inferred)}
 
     shapes: dict[str, list[int]] = {}
 
     def inside(attribute: str) -> tuple[onnx.GraphProto, list[Carried]]:
-        graph = next(a.g for a in node.attribute if a.name == attribute)
-        twin = twins[attribute].g if attribute in twins else None
+        graph, twin = owned[attribute]
         values = _graph_values(graph, twin, f"{path}/{attribute}", fresh, keep)
         known = _static_shapes(twin) if twin is not None else {}
         shapes.update({key: known[key.rsplit("/", 1)[1]] for key, _ in values

@@ -42,6 +42,7 @@ from graphamp.onnx.statgraph import (
     node_names,
     stat_name,
 )
+from graphamp.onnx.subgraphs import named_bodies
 from graphamp.plans.plan import Plan
 
 Stats = dict[str, dict[str, float]]  # tensor -> statistic -> value, over all batches
@@ -325,9 +326,8 @@ def _every_node(graph: onnx.GraphProto, path: str = "", scope: Callable[[str], s
         return f"{path}{value}" if value in own else scope(value)
 
     for name, node in zip(node_names(graph), graph.node, strict=True):
-        for attribute in node.attribute:
-            for body in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-                yield from _every_node(body, f"{path}{name}/{attribute.name}/", keyed)
+        for attribute, body in named_bodies(node):
+            yield from _every_node(body, f"{path}{name}/{attribute}/", keyed)
         yield f"{path}{name}", node, keyed
 
 

@@ -21,19 +21,17 @@ from onnx import helper, numpy_helper
 
 from graphamp.core import dtypes
 from graphamp.onnx.session import Weights, is_stub
-from graphamp.onnx.subgraphs import element_types
+from graphamp.onnx.subgraphs import bodies, element_types, scopes, twinned_bodies
 
 LOW_CODES = {dtypes.BY_NAME[name].onnx: name for name in dtypes.LOW_TYPES}
 F32 = onnx.TensorProto.FLOAT
-_GRAPH = onnx.AttributeProto.GRAPH
-_GRAPHS = onnx.AttributeProto.GRAPHS
 
 
 def has_low_values(proto: onnx.ModelProto, types: dict[str, int]) -> bool:
     """Whether ``proto`` holds a float16/bfloat16 value: in ``types`` (its main graph's), or
     anywhere in a body or function (a Cast to a low type, a low weight or parameter)."""
     return any(code in LOW_CODES for code in types.values()) or any(
-        _mentions_low(graph) for graph in _bodies_and_functions(proto)
+        _mentions_low(scope) for scope in scopes(proto) if scope is not proto.graph
     )
 
 
@@ -49,7 +47,7 @@ def emulated(
     model = onnx.ModelProto()
     model.CopyFrom(proto)
     inferred = None
-    if model.functions or _has_bodies(model.graph):
+    if model.functions or any(bodies(node) for node in model.graph.node):
         if model.functions:
             model = onnx.inliner.inline_local_functions(model)
         # the types inside bodies (and of values inlining made) come from inference
@@ -122,36 +120,9 @@ def _emulate_bodies(
     weights: Weights | None,
     outer: dict[str, str],
 ) -> None:
-    inferred = {a.name: a for a in inferred_node.attribute}
-    for attribute in node.attribute:
-        twin = inferred.get(attribute.name)
-        if attribute.type == _GRAPH:
-            pairs = [(attribute.g, twin.g if twin is not None else None)]
-        elif attribute.type == _GRAPHS:
-            others = list(twin.graphs) if twin is not None else []
-            others += [None] * (len(attribute.graphs) - len(others))  # type: ignore[list-item]
-            pairs = list(zip(attribute.graphs, others, strict=False))
-        else:
-            continue
-        for body, inferred_body in pairs:
-            body_types = {**types, **(element_types(inferred_body) if inferred_body else {})}
-            _emulate_graph(body, body_types, inferred_body, weights, outer)
-
-
-def _has_bodies(graph: onnx.GraphProto) -> bool:
-    return any(a.type in (_GRAPH, _GRAPHS) for node in graph.node for a in node.attribute)
-
-
-def _bodies_and_functions(proto: onnx.ModelProto) -> list[onnx.GraphProto | onnx.FunctionProto]:
-    found: list[onnx.GraphProto | onnx.FunctionProto] = list(proto.functions)
-    pending = [proto.graph, *proto.functions]
-    while pending:
-        for node in pending.pop().node:
-            for attribute in node.attribute:
-                graphs = [attribute.g] if attribute.type == _GRAPH else list(attribute.graphs)
-                found.extend(graphs)
-                pending.extend(graphs)
-    return found
+    for _, body, inferred_body in twinned_bodies(node, inferred_node):
+        body_types = {**types, **(element_types(inferred_body) if inferred_body else {})}
+        _emulate_graph(body, body_types, inferred_body, weights, outer)
 
 
 def _mentions_low(graph: onnx.GraphProto | onnx.FunctionProto) -> bool:

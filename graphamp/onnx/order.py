@@ -17,13 +17,12 @@ from typing import TYPE_CHECKING
 import onnx
 
 from graphamp.errors import GraphampError
+from graphamp.onnx.subgraphs import bodies
 
 if TYPE_CHECKING:
     from graphamp.onnx.validate_nodes import NodeFields
 
 log = logging.getLogger(__name__)
-_GRAPH = onnx.AttributeProto.GRAPH
-_GRAPHS = onnx.AttributeProto.GRAPHS
 
 
 def topologically_sorted(
@@ -72,7 +71,7 @@ def _in_order(
         if not attributes:
             continue
         node = graph.node[index]
-        subgraphs = _subgraphs(node)
+        subgraphs = bodies(node)
         if subgraphs and any(produced.get(name, -1) >= index for name in _reads(node)):
             return False
         if not all(_in_order(sub) for sub in subgraphs):
@@ -86,7 +85,7 @@ def _sort(graph: onnx.GraphProto | onnx.FunctionProto, where: str) -> int:
 
     changed = 0
     for node in graph.node:
-        for sub in _subgraphs(node):
+        for sub in bodies(node):
             changed += _sort(sub, where)
     if _in_order(graph):
         return changed
@@ -127,7 +126,7 @@ def _producers(graph: onnx.GraphProto | onnx.FunctionProto) -> dict[str, int]:
 def _reads(node: onnx.NodeProto) -> set[str]:
     """What ``node`` reads: its inputs, and what its subgraphs read from outside them."""
     names = {name for name in node.input if name}
-    for sub in _subgraphs(node):
+    for sub in bodies(node):
         names |= _free(sub)
     return names
 
@@ -139,16 +138,6 @@ def _free(graph: onnx.GraphProto) -> set[str]:
         read |= _reads(node) - defined
         defined.update(node.output)
     return read
-
-
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    found = []
-    for attribute in node.attribute:
-        if attribute.type == _GRAPH:
-            found.append(attribute.g)
-        elif attribute.type == _GRAPHS:
-            found.extend(attribute.graphs)
-    return found
 
 
 def _label(node: onnx.NodeProto, index: int) -> str:

@@ -21,6 +21,7 @@ from onnx import helper, numpy_helper
 
 from graphamp.core.graph import unique_name
 from graphamp.onnx.files import inferred_types
+from graphamp.onnx.subgraphs import bodies
 
 F32 = onnx.TensorProto.FLOAT
 REF = "graphamp.ref/"  # prefix of the float32 reference copy's names in a comparison model
@@ -67,8 +68,7 @@ def named(proto: onnx.ModelProto) -> onnx.ModelProto:
         graph = pending.pop()
         for node, name in zip(graph.node, node_names(graph), strict=True):
             node.name = name
-            for attr in node.attribute:
-                pending.extend([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)
+            pending.extend(bodies(node))
     return copy
 
 
@@ -235,14 +235,13 @@ def _rename_in_place(node: onnx.NodeProto, rename: Callable[[str], str]) -> None
     node.name = rename(node.name)
     node.input[:] = [rename(n) for n in node.input]
     node.output[:] = [rename(n) for n in node.output]
-    for attr in node.attribute:
-        for graph in [attr.g] if attr.HasField("g") else list(attr.graphs):
-            for value in (*graph.input, *graph.output, *graph.value_info):
-                value.name = rename(value.name)
-            for init in graph.initializer:
-                init.name = rename(init.name)
-            for inner in graph.node:
-                _rename_in_place(inner, rename)
+    for graph in bodies(node):
+        for value in (*graph.input, *graph.output, *graph.value_info):
+            value.name = rename(value.name)
+        for init in graph.initializer:
+            init.name = rename(init.name)
+        for inner in graph.node:
+            _rename_in_place(inner, rename)
 
 
 def _interleaved(groups: list[list[onnx.NodeProto]]) -> list[onnx.NodeProto]:
@@ -280,8 +279,7 @@ def _interleaved(groups: list[list[onnx.NodeProto]]) -> list[onnx.NodeProto]:
 def _reads(node: onnx.NodeProto) -> list[str]:
     """Every value ``node`` reads, those its subgraphs read from outside included."""
     names = list(node.input)
-    for attr in node.attribute:
-        for graph in [attr.g] if attr.HasField("g") else list(attr.graphs):
-            for inner in graph.node:
-                names += _reads(inner)
+    for graph in bodies(node):
+        for inner in graph.node:
+            names += _reads(inner)
     return names

@@ -13,14 +13,36 @@ _GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 Scope = onnx.GraphProto | onnx.FunctionProto
 
 
-def bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    """The graphs ``node``'s attributes hold, in attribute order."""
-    found: list[onnx.GraphProto] = []
+def named_bodies(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
+    """The graphs ``node``'s attributes hold, in attribute order, each with its attribute's
+    name (``then_branch``, ``body``)."""
+    found: list[tuple[str, onnx.GraphProto]] = []
     for attribute in node.attribute:
         if attribute.type == _GRAPH:
-            found.append(attribute.g)
+            found.append((attribute.name, attribute.g))
         elif attribute.type == _GRAPHS:
-            found.extend(attribute.graphs)
+            found.extend((attribute.name, graph) for graph in attribute.graphs)
+    return found
+
+
+def bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs ``node``'s attributes hold, in attribute order."""
+    return [graph for _, graph in named_bodies(node)]
+
+
+def twinned_bodies(
+    node: onnx.NodeProto, twin: onnx.NodeProto | None
+) -> list[tuple[str, onnx.GraphProto, onnx.GraphProto | None]]:
+    """:func:`named_bodies` of ``node``, each with the body at the same attribute and place in
+    ``twin`` (the same node in another copy of the model: the type-inferred one), or None."""
+    theirs: dict[str, list[onnx.GraphProto]] = {}
+    for name, graph in named_bodies(twin) if twin is not None else []:
+        theirs.setdefault(name, []).append(graph)
+    found: list[tuple[str, onnx.GraphProto, onnx.GraphProto | None]] = []
+    for name, graph in named_bodies(node):
+        index = sum(1 for seen, _, _ in found if seen == name)
+        others = theirs.get(name, [])
+        found.append((name, graph, others[index] if index < len(others) else None))
     return found
 
 

@@ -40,12 +40,11 @@ from graphamp.onnx.calibration import functions_inlined
 from graphamp.onnx.files import inferred_types
 from graphamp.onnx.session import Session, Weights
 from graphamp.onnx.statgraph import model_shell, named
-from graphamp.onnx.subgraphs import element_types
+from graphamp.onnx.subgraphs import bodies, element_types, twinned_bodies
 from graphamp.passes.numerics import to_target_limit
 
 F32 = onnx.TensorProto.FLOAT
 FLAG = "graphamp.low/"
-_GRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
 class Switchable:
@@ -111,7 +110,7 @@ class Switchable:
                 helper.make_tensor_value_info(f"{FLAG}{name}", onnx.TensorProto.BOOL, [])
             )
         inferred = None
-        if any(a.type in _GRAPHS for n in proto.graph.node for a in n.attribute):
+        if any(bodies(node) for node in proto.graph.node):
             inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False).graph
         graph.node.extend(self._switch(proto.graph, inferred, types, ""))
         graph.initializer.extend(proto.graph.initializer)
@@ -136,7 +135,7 @@ class Switchable:
         for index, original in enumerate(graph.node):
             path = f"{body}/{original.name}" if body else original.name
             twin = twins[index] if index < len(twins) else None
-            if any(a.type in _GRAPHS for a in original.attribute):
+            if bodies(original):
                 nodes.append(self._switch_bodies(original, twin, types, path))
                 continue
             op = self.graph.nodes.get(path)
@@ -187,27 +186,15 @@ class Switchable:
         body reads its flag from the main graph, an enclosing scope's value)."""
         node = onnx.NodeProto()
         node.CopyFrom(original)
-        twins = {a.name: a for a in twin.attribute} if twin is not None else {}
-        for attribute in node.attribute:
-            bodies = [attribute.g] if attribute.type == _GRAPHS[0] else list(attribute.graphs)
-            twin_attribute = twins.get(attribute.name)
-            inferred = (
-                [twin_attribute.g]
-                if twin_attribute is not None and attribute.type == _GRAPHS[0]
-                else list(twin_attribute.graphs)
-                if twin_attribute is not None
-                else []
-            )
-            for index, sub in enumerate(bodies):
-                inner = inferred[index] if index < len(inferred) else None
-                sub_types = {
-                    **types,
-                    **element_types(sub),
-                    **(element_types(inner) if inner else {}),
-                }
-                switched = self._switch(sub, inner, sub_types, f"{path}/{attribute.name}")
-                del sub.node[:]
-                sub.node.extend(switched)
+        for attribute, sub, inner in twinned_bodies(node, twin):
+            sub_types = {
+                **types,
+                **element_types(sub),
+                **(element_types(inner) if inner else {}),
+            }
+            switched = self._switch(sub, inner, sub_types, f"{path}/{attribute}")
+            del sub.node[:]
+            sub.node.extend(switched)
         return node
 
     def _rounded(
