@@ -1,7 +1,7 @@
 """The rules every pass keeps, checked between passes (in tests and under ``graphamp -v``).
 
 * the graph's node order is topological;
-* once decided, every node has a decision, and no deny seed (deny list, deny_names,
+* once classified, every node has a decision; once decided, no deny seed (deny list, deny_names,
   deny_tensors, tuned) or ``range`` node runs in low precision;
 * once the edits exist, there is one cast per (tensor, dtype), no cast to the type its input
   already has, and no cast of a value another inserted cast produced.
@@ -23,12 +23,13 @@ def check_invariants(context: PassContext, *, after: str) -> None:
     if problem is not None:
         node, tensor = problem
         _fail(after, f"node {node!r} reads {tensor!r} before anything produces it")
-    if Fact.DECIDED in context.facts:
+    decided = Fact.DECIDED in context.facts
+    if decided or Fact.CLASSIFIED in context.facts:
         for name in graph.nodes:
             decision = context.decisions.get(name)
             if decision is None:
                 _fail(after, f"node {name!r} has no decision")
-            elif decision.rule in KEPT_FLOAT32 and decision.precision in LOW_TYPES:
+            elif decided and decision.rule in KEPT_FLOAT32 and decision.precision in LOW_TYPES:
                 kind = "deny seed" if decision.rule in DENY_SEEDS else "float32 rule"
                 _fail(after, f"{kind} {name!r} ({decision.rule}) runs in {decision.precision}")
     if Fact.EDITS in context.facts:

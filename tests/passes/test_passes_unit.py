@@ -210,6 +210,22 @@ def test_a_fact_a_pass_did_not_establish_is_an_error_naming_the_pass_that_needs_
         PassManager([ClassifyPass, DecidesNothingHere, CastsPass], check=True).run(context)
 
 
+def test_a_pass_that_gives_a_fact_it_did_not_establish_is_named():
+    """``gives`` is a postcondition: classified means every node has a decision."""
+
+    class ClassifiesOneLess(ClassifyPass):
+        name = "classifies_one_less"
+
+        def run(self, context: PassContext) -> PassResult:
+            result = super().run(context)
+            del context.decisions["relu1"]
+            return result
+
+    context = PassContext(chain("MatMul", "Relu"), Policy.create("float16"))
+    with pytest.raises(InternalError, match="after pass 'classifies_one_less': node 'relu1'"):
+        PassManager([ClassifiesOneLess], check=True).run(context)
+
+
 def test_a_choice_runs_the_branch_it_picks_and_refuses_one_it_lacks():
     by_spread = Choice(
         "decide", "the spread", lambda c: c.policy.spread, {"tensorflow": (PaintPass,)}
