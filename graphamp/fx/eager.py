@@ -8,11 +8,16 @@ finite check, each optimizer formula runs as one foreach op over all parameters
 (:mod:`graphamp.fx.foreach`), and ops are called through PyTorch's Python bindings
 (:mod:`graphamp.fx.bindings`). ``torch.compile`` plans its own buffers and fuses better from
 the functional graph, so :func:`for_compile` undoes each of them, in the reverse order, and
-puts the traced form of the guard and the check in.
+puts the traced form of the guard and the check in. It then writes each new state into the
+argument it replaces (:func:`write_back`), so the compiled step updates its state where it
+lives, as the eager step and torch.optim do.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import torch
 from torch import fx
 
 from graphamp.fx import bindings, distributed, foreach, in_place, lowering
@@ -29,12 +34,58 @@ def for_eager(module: fx.GraphModule) -> fx.GraphModule:
     return module
 
 
-def for_compile(module: fx.GraphModule) -> fx.GraphModule:
+def for_compile(
+    module: fx.GraphModule, written_back: Sequence[tuple[int, str]] = ()
+) -> fx.GraphModule:
     """``module`` (an eager step graph) in its functional form: no binding, no foreach call,
     no in-place collective or update, the step guard as ``torch.where`` and the finite check
-    as reductions, which inductor functionalises and fuses."""
+    as reductions, which inductor functionalises and fuses; then the state ``written_back``
+    names written into its arguments (:func:`write_back`)."""
     bindings.without_bindings(module)
     foreach.ungrouped(module)
     distributed.without_in_place_collectives(module)
     in_place.functional(module)
-    return lowering.with_traced_guards(module)
+    lowering.with_traced_guards(module)
+    return write_back(module, written_back)
+
+
+def write_back(module: fx.GraphModule, pairs: Sequence[tuple[int, str]]) -> fx.GraphModule:
+    """Each output ``index`` of ``pairs`` (new parameters, optimizer and loss-scaling state)
+    copied into the placeholder named beside it, the state it replaces, and that placeholder
+    returned in its place. ``torch.compile`` keeps such input mutations in the graph it gives
+    inductor, which then stores each new value into the state's own memory: without them every
+    compiled step wrote its parameters and optimizer state into fresh buffers as large as they
+    are, the old ones alive until the call returned. An output is left as it is where it is
+    the placeholder itself (state a graph does not change) or differs from it in shape, type
+    or strides."""
+    graph = module.graph
+    placeholders = {node.name: node for node in graph.nodes if node.op == "placeholder"}
+    output = next(node for node in graph.nodes if node.op == "output")
+    results = list(output.args[0])
+    written = set()
+    for index, name in pairs:
+        kept, new = placeholders[name], results[index]
+        if new is kept or name in written or not _same_tensor_type(kept, new):
+            continue
+        with graph.inserting_before(output):
+            copied = graph.call_function(torch.ops.aten.copy_.default, (kept, new))
+        copied.meta["val"] = kept.meta.get("val")
+        results[index] = copied
+        written.add(name)
+    if written:
+        output.args = (type(output.args[0])(results),)
+        graph.lint()
+        module.recompile()
+    return module
+
+
+def _same_tensor_type(a: fx.Node, b: fx.Node) -> bool:
+    have, want = a.meta.get("val"), b.meta.get("val") if isinstance(b, fx.Node) else None
+    return (
+        isinstance(have, torch.Tensor)
+        and isinstance(want, torch.Tensor)
+        and have.shape == want.shape
+        and have.dtype == want.dtype
+        and have.device == want.device
+        and have.stride() == want.stride()
+    )

@@ -57,6 +57,10 @@ class ShardedTrainStep(TrainStep):
     ``step.params`` and ``step.opt_state`` hold this rank's shards (``params`` are the
     model's own local tensors, trained in place)."""
 
+    # Its graphs return new shards, which __call__ copies into the model's own; the whole
+    # parameters' arguments sit between the shards and the optimizer state.
+    write_back = False
+
     def __init__(
         self,
         model: nn.Module,

@@ -75,17 +75,36 @@ class StepGraphs:
     accumulate: Callable[..., Any] | None
 
 
-def compiled(graphs: StepGraphs, options: dict[str, Any]) -> StepGraphs:
+def compiled(graphs: StepGraphs, options: dict[str, Any], write_back: bool) -> StepGraphs:
     """``graphs`` under ``torch.compile(**options)``, handed their functional form
-    (:func:`graphamp.fx.eager.for_compile`)."""
+    (:func:`graphamp.fx.eager.for_compile`); with ``write_back``, each new state written into
+    the argument it replaces (:func:`written_back`)."""
     result = []
-    for module in (graphs.update, graphs.accumulate):
+    for key, module in (("update", graphs.update), ("accumulate", graphs.accumulate)):
         if module is None:
             result.append(None)
             continue
-        eager.for_compile(module)  # type: ignore[arg-type]
+        pairs = written_back(graphs.captured[key]) if write_back else []
+        eager.for_compile(module, pairs)  # type: ignore[arg-type]
         result.append(differentiate.compiled(module, options))  # type: ignore[arg-type]
     return StepGraphs(graphs.captured, result[0], result[1])
+
+
+def written_back(captured: CapturedStep) -> list[tuple[int, str]]:
+    """(output index, placeholder name) of each state ``captured``'s graph returns anew and
+    the argument it replaces: after the loss, the state the step holds (parameters, optimizer
+    state, carried gradients: its first arguments, in order), then the state the passes added
+    (the last outputs and arguments, paired by name)."""
+    names = [n.name for n in captured.module.graph.nodes if n.op == "placeholder"]
+    output = next(n for n in captured.module.graph.nodes if n.op == "output")
+    held = len(output.args[0]) - 1 - len(captured.state_outputs)
+    pairs = [(1 + index, names[index]) for index in range(held)]
+    first_state = len(names) - len(captured.state_inputs)
+    for offset, (_, replaces) in enumerate(captured.state_outputs):
+        if replaces in captured.state_inputs:
+            position = first_state + captured.state_inputs.index(replaces)
+            pairs.append((1 + held + offset, names[position]))
+    return pairs
 
 
 def warn_if_many(count: int, latest: tuple[Hashable, ...]) -> None:

@@ -40,6 +40,8 @@ class TrainStep:
     """``step(*batch) -> loss``: ``batch[:-1]`` feeds the model, ``loss_fn(output, batch[-1])``
     gives the loss. Owns parameters, optimizer state and loss-scaling state (tensors)."""
 
+    write_back = True  # a compiled graph writes new state into the old: eager.write_back
+
     def __init__(
         self,
         model: nn.Module,
@@ -160,7 +162,7 @@ class TrainStep:
                 self.forward = self._converted(batch)[0]  # only captures read it
                 graphs = self._capture_graphs(batch)
             if self._compile_options is not None:
-                graphs = signatures.compiled(graphs, self._compile_options)
+                graphs = signatures.compiled(graphs, self._compile_options, self.write_back)
             signatures.warn_if_many(len(self._graphs) + 1, signature)
         self._use(signature, graphs)
 
@@ -332,12 +334,11 @@ class TrainStep:
         return loss
 
     def compile(self, *batch: torch.Tensor, **options: Any) -> TrainStep:
-        """Capture on ``batch`` (without stepping) and compile the step graphs with
-        ``torch.compile(**options)``; returns self."""
+        """Capture on ``batch`` (no step), compile the graphs: ``torch.compile(**options)``."""
         self._specialise(batch)
         self._compile_options = options  # a signature seen later is compiled when captured
         for signature, graphs in list(self._graphs.items()):
-            self._graphs[signature] = signatures.compiled(graphs, options)
+            self._graphs[signature] = signatures.compiled(graphs, options, self.write_back)
         self._use(self._signature, self._graphs[self._signature])  # type: ignore[index]
         return self
 
@@ -380,8 +381,7 @@ class TrainStep:
         return report.explain(self.plan, node, graph if node in graph.nodes else None)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The trained parameters, by the model's parameter names: the step's own tensors,
-        which later eager CPU steps update in place (as torch.optim updates a module's)."""
+        """The trained parameters by name: the step's own tensors, updated in place later."""
         return dict(self.params)
 
     def copy_to(self, model: nn.Module | None = None) -> None:

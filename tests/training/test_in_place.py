@@ -10,7 +10,7 @@ import torch
 from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from graphamp.fx import in_place
+from graphamp.fx import eager, in_place
 from graphamp.fx.lowering import any_non_finite, non_finite, select_on_host, unscale_and_check
 
 
@@ -329,3 +329,21 @@ def test_below_a_scale_of_one_the_unscaled_gradients_are_checked():
     gradients = [torch.tensor([3e38, 1.0]), torch.tensor([2.0])]
     assert bool(unscale_and_check(torch.tensor(2.0), *gradients))  # scale 0.5
     assert torch.isinf(gradients[0][0]) and float(gradients[1][0]) == 4.0
+
+
+def test_write_back_copies_each_new_state_into_the_argument_it_replaces():
+    """The compiled step's form: new = p + g is written into p, which the graph returns; an
+    output of another shape, and one that is its placeholder, are left as they are."""
+
+    def step(p: torch.Tensor, q: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (p + g).sum(), p + g, q, g.sum(0)
+
+    p, q, g = torch.ones(2, 3), torch.zeros(4), torch.full((2, 3), 2.0)
+    module = traced(step, p, q, g)
+    names = [n.name for n in module.graph.nodes if n.op == "placeholder"]
+    eager.write_back(module, [(1, names[0]), (2, names[1]), (3, names[1])])
+    copies = [n for n in module.graph.nodes if n.target is torch.ops.aten.copy_.default]
+    assert [c.args[0].name for c in copies] == [names[0]]
+    loss, new_p, same_q, summed = module(p, q, g)
+    assert new_p is p and torch.equal(p, torch.full((2, 3), 3.0)) and float(loss) == 18.0
+    assert same_q is q and torch.equal(summed, torch.full((3,), 4.0))

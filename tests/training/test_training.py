@@ -343,6 +343,8 @@ def test_compiled_step_matches_the_eager_step():
         torch.optim.SGD(compiled_model.parameters(), lr=0.05, momentum=0.9),
         dtype="float16",
     ).compile(*data[0])  # inductor: the finite check must survive its folding
+    held = {**compiled.params, **compiled.opt_state}
+    storage = {name: value.data_ptr() for name, value in held.items()}
     for x, y in data:
         eager(x, y)
         compiled(x, y)
@@ -350,6 +352,9 @@ def test_compiled_step_matches_the_eager_step():
     assert float(compiled.loss_scale) == float(eager.loss_scale)
     for name in eager.params:
         assert torch.allclose(compiled.params[name], eager.params[name], rtol=1e-5, atol=1e-6)
+    # the compiled graph writes its new state into the state's own memory (write_back)
+    held = {**compiled.params, **compiled.opt_state}
+    assert {name: value.data_ptr() for name, value in held.items()} == storage
 
 
 OPTIMIZER_CASES = {
