@@ -6,7 +6,7 @@ records every decision with its reason in a :class:`Plan`.
 
     >>> import graphamp.onnx
     >>> result = graphamp.onnx.convert("model.onnx", dtype="float16")   # doctest: +SKIP
-    >>> graphamp.onnx.save(result.model, "model.fp16.onnx")              # doctest: +SKIP
+    >>> graphamp.onnx.save(result, "model.fp16.onnx")              # doctest: +SKIP
     >>> print(result.plan.summary())                                     # doctest: +SKIP
 """
 

@@ -2,7 +2,7 @@
 
     >>> import graphamp.onnx
     >>> result = graphamp.onnx.convert("model.onnx", dtype="float16")   # doctest: +SKIP
-    >>> graphamp.onnx.save(result.model, "model.fp16.onnx")              # doctest: +SKIP
+    >>> graphamp.onnx.save(result, "model.fp16.onnx")              # doctest: +SKIP
 
 The work is the engine's (:mod:`graphamp.engine`) over :class:`OnnxDialect`; this module picks
 the policy from keyword overrides and returns ONNX types.
@@ -19,9 +19,10 @@ import onnx
 from graphamp import engine
 from graphamp.errors import GraphampError
 from graphamp.numerics.ranges import Ranges
+from graphamp.onnx import files
 from graphamp.onnx.conversion import Conversion
 from graphamp.onnx.dialect import OnnxDialect
-from graphamp.onnx.files import from_proto, inferred_types, load, save
+from graphamp.onnx.files import from_proto, inferred_types, load
 from graphamp.passes.options import Options
 from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
@@ -46,6 +47,23 @@ __all__ = [
 ]
 
 Model: TypeAlias = "str | os.PathLike[str] | onnx.ModelProto | ir.Model"
+
+
+def save(
+    model: Conversion | onnx.ModelProto | ir.Model,
+    path: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+) -> None:
+    """Write ``model`` to ``path`` atomically: a :class:`Conversion` (its weights read, and
+    rounded, from the input as they are written), a ``ModelProto`` or an ``onnx_ir`` model.
+    Weights go to ``<name>.data`` beside it where the input kept them in external data or the
+    model is over 2 GB; a path that would write over a file the model was read from is refused
+    unless ``overwrite`` says so (:func:`graphamp.onnx.files.save`)."""
+    if isinstance(model, Conversion):
+        model.save(path, overwrite=overwrite)
+    else:
+        files.save(model, path, overwrite=overwrite)
 
 
 def calibrate(model: Model, data: object, *, histograms: bool = False) -> Ranges:

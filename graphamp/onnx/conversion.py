@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,15 +35,27 @@ class Conversion(engine.Conversion):
 
     @property  # type: ignore[override]
     def model(self) -> ir.Model:
+        external = isinstance(self._converted, StreamedModel) and self._converted.external
         self._materialise()
         if isinstance(self._converted, onnx.ModelProto):
             import onnx_ir as ir
 
+            from graphamp.onnx.ir_files import EXTERNAL_DATA_KEY
+
             with collector.paused():
                 self._converted = ir.serde.deserialize_model(self._converted)
+            # saved as the input was: with external data where it had some
+            self._converted.meta[EXTERNAL_DATA_KEY] = external
         if self.read_from is not None:
             remember_source(self._converted, self.read_from)
         return self._converted
+
+    def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
+        """Write the converted model as :func:`graphamp.onnx.save` does, its weights read
+        (and rounded) from the input as they are written when they are still there."""
+        from graphamp.onnx import files
+
+        files.save(self._converted, path, overwrite=overwrite, read_from=self.read_from)
 
     @model.setter
     def model(self, value: Any) -> None:

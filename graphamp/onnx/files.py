@@ -21,7 +21,7 @@ import onnx
 from graphamp.core import progress
 from graphamp.core.io import write_atomic
 from graphamp.errors import GraphampError
-from graphamp.onnx import declared, infile, proto_reader, type_view
+from graphamp.onnx import declared, external, infile, proto_reader, type_view
 from graphamp.onnx.datafile import DataFileWriter
 from graphamp.onnx.infile import StreamedModel
 from graphamp.onnx.order import functions_in_order, topologically_sorted
@@ -62,8 +62,15 @@ def load(path: str | os.PathLike[str], *, direct: bool = False) -> ir.Model | Pr
     proto, inferred, note = _settled(proto, where, checked)
     if proto_reader.suits(proto, subgraphs=checked.subgraphs):
         value_info, types = _value_types(proto, inferred)
+        weights, external = _external_weights(proto, path.parent)
         return ProtoModel(
-            proto, value_info, types, checked.nodes, weights=mapped.tensors, repaired=note
+            proto,
+            value_info,
+            types,
+            checked.nodes,
+            weights={**mapped.tensors, **weights},
+            repaired=note,
+            external=external,
         )
     if mapped.tensors:  # the onnx_ir path reads the weights from the proto: parse it whole
         whole = topologically_sorted(_parse(path), where)
@@ -73,6 +80,24 @@ def load(path: str | os.PathLike[str], *, direct: bool = False) -> ir.Model | Pr
     model = _to_ir(proto, where, path.parent, inferred, note)
     remember_source(model, path)
     return model
+
+
+def _external_weights(
+    proto: onnx.ModelProto, base_dir: Path
+) -> tuple[dict[str, infile.InFileTensor], bool]:
+    """(where the main graph's weights in external data files lie, whether there are any).
+    One that cannot be mapped (empty, or of a packed type) is read into ``proto`` (the
+    caller's own parse of the file), as it would be held in memory."""
+    graph = proto.graph
+    if not any(init.data_location == onnx.TensorProto.EXTERNAL for init in graph.initializer):
+        return {}, False
+    weights = infile.external_tensors(graph, base_dir)
+    for init in graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL and init.name not in weights:
+            onnx.external_data_helper.load_external_data_for_tensor(init, str(base_dir))
+            init.data_location = onnx.TensorProto.DEFAULT
+            del init.external_data[:]
+    return weights, True
 
 
 def _parse(path: Path) -> onnx.ModelProto:
@@ -256,6 +281,7 @@ def save(
     path: str | os.PathLike[str],
     *,
     overwrite: bool = False,
+    read_from: Path | None = None,
 ) -> None:
     """Write ``model`` atomically; weights go to ``<name>.data`` beside it when over 2 GB
     or when the input kept them there (a ``ModelProto``, from the direct path, is written
@@ -263,7 +289,8 @@ def save(
 
     A path that would write over a file the model was read from (the model file or its
     external data, as :func:`graphamp.onnx.load` and :func:`graphamp.onnx.convert` of a path
-    record it) is refused unless ``overwrite`` says so: the input is never overwritten unasked.
+    record it, or ``read_from``) is refused unless ``overwrite`` says so: the input is never
+    overwritten unasked.
 
     The data file is written a tensor at a time (a converted weight a chunk at a time, see
     :mod:`graphamp.onnx.ir_files`), so memory stays small whatever the model's size. The model
@@ -274,30 +301,28 @@ def save(
     """
     path = Path(path)
     if not overwrite:
-        check_not_a_source(model, path)
+        check_not_a_source(model, path, read_from)
     if isinstance(model, StreamedModel):  # weights read (and converted) as they are written
         size = model.nbytes()
-        if size <= EXTERNAL_DATA_THRESHOLD:
-            check_room(path, size)
-            with (
-                disk_full_is_an_error(path, size),
-                tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp,
-            ):
-                _write_pieces(Path(tmp) / path.name, model, size)
-                replace_together([], Path(tmp) / path.name, path)
+        if model.external or size > EXTERNAL_DATA_THRESHOLD:
+            external.save(model, path)
             return
-        from graphamp.onnx import ir_files
-
-        model = ir_files.from_streamed(model)
-    elif isinstance(model, onnx.ModelProto):
+        check_room(path, size)
+        with (
+            disk_full_is_an_error(path, size),
+            tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp,
+        ):
+            _write_pieces(Path(tmp) / path.name, model, size)
+            replace_together([], Path(tmp) / path.name, path)
+        return
+    if isinstance(model, onnx.ModelProto):
         if model.ByteSize() <= EXTERNAL_DATA_THRESHOLD:
             data = model.SerializeToString()
             with disk_full_is_an_error(path, len(data)):
                 write_atomic(path, data)
             return
-        import onnx_ir as ir
-
-        model = ir.serde.deserialize_model(model)
+        external.save(StreamedModel(model, {}, external=True), path)
+        return
     from graphamp.onnx import ir_files
 
     ir_files.save(model, path)

@@ -49,6 +49,9 @@ class InFileTensor:
     data_type: int  # ONNX element type
     dims: tuple[int, ...]
     stamp: tuple[int, int, int]  # the file's inode, size and mtime when it was read
+    # In an external data file (read once, and maybe larger than memory: each range leaves
+    # the page cache once written), not in the model file (smaller than memory, kept cached).
+    external: bool = False
 
     @property
     def dtype(self) -> np.dtype:
@@ -58,16 +61,17 @@ class InFileTensor:
     def size(self) -> int:
         return math.prod(self.dims)
 
-    def numpy(self) -> np.ndarray:
-        """The values as a new read-only memory map of the file (nothing read until touched)."""
+    def numpy(self, budget: stream.CacheBudget | None = None) -> np.ndarray:
+        """The values as a new read-only memory map of the file (nothing read until touched;
+        ``budget``: what of the scanned data stays cached, see :class:`stream.CacheBudget`)."""
         self.check_unchanged()
-        return stream.map_values(self.path, self.offset, self.dtype, self.dims, None)
+        return stream.map_values(self.path, self.offset, self.dtype, self.dims, budget)
 
     def chunks(self) -> Iterator[np.ndarray]:
         """The values, flattened, a chunk at a time (read with pread into one buffer; the pages
-        stay cached: an in-file model is smaller than memory and may be read again)."""
+        of a model file stay cached, those of external data go: see ``external``)."""
         self.check_unchanged()
-        return stream.read_chunks(self.path, self.offset, self.dtype, self.size, drop=False)
+        return stream.read_chunks(self.path, self.offset, self.dtype, self.size, drop=self.external)
 
     def byte_chunks(self) -> Iterator[memoryview]:
         for chunk in self.chunks():
@@ -127,6 +131,35 @@ def read(path: str | os.PathLike[str]) -> MappedModel | None:
     except Exception:  # protobuf's own error comes from parsing the whole file
         return None
     return MappedModel(proto, found)
+
+
+def external_tensors(
+    graph: onnx.GraphProto, base_dir: str | os.PathLike[str]
+) -> dict[str, InFileTensor]:
+    """Where the data of each of ``graph``'s initializers kept in an external data file lies
+    (validation has checked that it does: inside ``base_dir``, long enough); an empty one, or
+    one of a type numpy does not hold as it is stored (packed sub-byte types), is left out."""
+    found: dict[str, InFileTensor] = {}
+    stamps: dict[str, tuple[int, int, int]] = {}
+    for tensor in graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        named = dtypes.BY_ONNX.get(tensor.data_type)
+        if named is None or named.name == "string":
+            continue
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        path = os.path.join(base_dir, info["location"])
+        if path not in stamps:
+            stamps[path] = _stamp(path)
+        dims = tuple(tensor.dims)
+        nbytes = math.prod(dims) * dtypes.itemsize(named.name)
+        if not nbytes:  # nothing to map: read into the proto with the others left out
+            continue
+        offset = int(info.get("offset", 0))
+        found[tensor.name] = InFileTensor(
+            path, offset, nbytes, tensor.data_type, dims, stamps[path], external=True
+        )
+    return found
 
 
 class _Window:
@@ -222,6 +255,8 @@ class StreamedModel:
 
     proto: onnx.ModelProto
     data: dict[int, Data]
+    # The input kept its weights in an external data file: so does the output.
+    external: bool = False
 
     def pieces(self) -> Iterator[bytes | memoryview]:
         """The serialised model, a piece at a time: what ``to_proto().SerializeToString()``

@@ -24,13 +24,12 @@ from graphamp.core.dtypes import UNKNOWN
 from graphamp.core.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
 from graphamp.dialects.base import ReadGraph
 from graphamp.errors import GraphampError
-from graphamp.onnx import fusion, kernels, slots
+from graphamp.onnx import fusion, kernels, slots, stream
 from graphamp.onnx.infile import InFileTensor
 from graphamp.onnx.scopes import module_path_of_entries
 from graphamp.onnx.validate_nodes import DEFAULT_DOMAINS, NodeFields, node_fields
 
 _SUBGRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-_EXTERNAL = onnx.TensorProto.EXTERNAL
 _CAST_OR_CONSTANT = frozenset({"Cast", "Constant"})
 
 
@@ -56,15 +55,16 @@ class ProtoModel:
     # (graphamp.onnx.infile); their TensorProtos have name, type and dims only.
     weights: dict[str, InFileTensor] = field(default_factory=dict)
     repaired: str = ""  # what graphamp.onnx.declared repaired in ``proto`` ("" for nothing)
+    # The model kept weights in external data files: the converted one does too.
+    external: bool = False
 
 
 def suits(proto: onnx.ModelProto, *, subgraphs: bool | None = None) -> bool:
     """Whether ``proto`` can be converted without onnx_ir: no subgraph (``subgraphs``: what
-    validation found, else looked for here), no model-local function, no weight in external
-    data, no graph output that is a graph input or a weight (renaming it for an output Cast
-    would rename the input)."""
+    validation found, else looked for here), no model-local function, no graph output that is
+    a graph input or a weight (renaming it for an output Cast would rename the input)."""
     graph = proto.graph
-    if proto.functions or any(i.data_location == _EXTERNAL for i in graph.initializer):
+    if proto.functions:
         return False
     stored = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     if any(o.name in stored for o in graph.output):
@@ -88,7 +88,9 @@ def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
     model.nodes = None  # its lists become the OpGraph's, which passes change
     model.node_names, model.renamed_nodes = _node_names(nodes)
     initializers = {init.name: init for init in graph.initializer}
-    typed = _Types(model.types, model.type_bytes, model.weights)
+    # what of the external data scanned stays cached for the writer to read again
+    budget = stream.CacheBudget() if model.external else None
+    typed = _Types(model.types, model.type_bytes, model.weights, budget)
     for value in graph.input:
         op_graph.add_tensor(typed.tensor(value.name, initializers.get(value.name), True))
     for name, init in initializers.items():
@@ -142,10 +144,12 @@ class _Types:
         types: dict[str, bytes],
         type_bytes: dict[str, bytes],
         weights: dict[str, InFileTensor],
+        budget: stream.CacheBudget | None = None,
     ) -> None:
         self.types = types
         self.type_bytes = type_bytes
         self.weights = weights
+        self.budget = budget
         self.known: dict[bytes, tuple[str, tuple[int | str | None, ...] | None]] = {}
 
     def of(self, name: str) -> tuple[str, tuple[int | str | None, ...] | None]:
@@ -176,7 +180,8 @@ class _Types:
         if init is not None:
             in_file = self.weights.get(name)
             if in_file is not None:  # mapped when read; left unread when speculating
-                tensor.load_value, tensor.on_disk = in_file.numpy, True
+                tensor.load_value = functools.partial(in_file.numpy, self.budget)
+                tensor.on_disk = True
             else:
                 tensor.load_value = functools.partial(numpy_helper.to_array, init)
             if dtype == UNKNOWN:

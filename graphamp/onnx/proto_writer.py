@@ -307,14 +307,17 @@ class _Edit:
             out.opset_import.append(onnx.helper.make_opsetid(domain, 1))
         self._write_initializers(graph)
         self._write_types(graph, order)
-        if not self.model.weights:
+        if not (self.model.weights or self.model.external):
             return out
         data: dict[int, Data] = {}
         for position, init in enumerate(graph.initializer):
             found = self.streamed.get(init.name) or self.model.weights.get(init.name)
             if found is not None:
                 data[position] = found
-        return StreamedModel(out, data)
+                if init.data_location == onnx.TensorProto.EXTERNAL:  # a plain data-less stub
+                    init.ClearField("data_location")
+                    del init.external_data[:]
+        return StreamedModel(out, data, external=self.model.external)
 
     def _write_initializers(self, graph: onnx.GraphProto) -> None:
         if self.dropped:

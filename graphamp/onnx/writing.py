@@ -31,23 +31,26 @@ def remember_source(model: object, path: Path) -> None:
         meta[READ_FROM] = str(path)
 
 
-def check_not_a_source(model: object, path: Path) -> None:
+def check_not_a_source(model: object, path: Path, read_from: Path | None = None) -> None:
     """Refuse to save ``model`` to ``path`` when that would write over a file it was read from:
-    the model file :func:`remember_source` recorded, a data file that model names, or the file
-    of an onnx_ir external tensor. Only files that exist can be sources, so a new path costs
-    no reading."""
+    the model file ``read_from`` or :func:`remember_source` recorded, a data file that model
+    names, the file of an onnx_ir external tensor, or a file a converted model's weights are
+    still read from. Only files that exist can be sources, so a new path costs no reading."""
     existing = [written for written in written_files(path) if written.exists()]
     if not existing:
         return
+    from graphamp.onnx.infile import StreamedModel
     from graphamp.onnx.locations import external_data_files
 
-    recorded = getattr(model, "meta", {}).get(READ_FROM)
+    recorded = read_from or getattr(model, "meta", {}).get(READ_FROM)
     sources = [Path(recorded), *external_data_files(Path(recorded))] if recorded else []
     graph = getattr(model, "graph", None)
     for value in getattr(graph, "initializers", {}).values():
         location = getattr(value.const_value, "path", None)  # an onnx_ir ExternalTensor's
         if isinstance(location, str | os.PathLike):
             sources.append(Path(location))
+    if isinstance(model, StreamedModel):  # its weights are read as they are written
+        sources += [Path(getattr(data, "source", data).path) for data in model.data.values()]
     for written in existing:
         for source in sources:
             link = same_file(written, source)

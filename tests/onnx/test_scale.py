@@ -60,7 +60,7 @@ def test_streamed_data_file_holds_the_bytes_of_the_in_memory_conversion(
 ) -> None:
     in_memory = gonnx.convert(onnx.load(str(tiny_decoder)), dtype=dtype).to_proto()
     out = tmp_path / "out.onnx"
-    gonnx.save(gonnx.convert(tiny_decoder, dtype=dtype).model, out)
+    gonnx.save(gonnx.convert(tiny_decoder, dtype=dtype), out)
     saved = onnx.load(str(out))  # reads the external data the streaming save wrote
     assert any(
         t.data_location == onnx.TensorProto.EXTERNAL
@@ -386,7 +386,7 @@ def test_convert_checks_weights_on_disk_as_it_writes_them_reading_each_once(
     scan_first = gonnx.convert(source)
     expected = tmp_path / "expected"
     expected.mkdir()
-    gonnx.save(scan_first.model, expected / "out.onnx")
+    gonnx.save(scan_first, expected / "out.onnx")
     monkeypatch.setattr(stream, "_map", lambda *a: pytest.fail("a weight on disk was scanned"))
     out, plan = tmp_path / "out.onnx", tmp_path / "plan.json"
     assert main(["convert", str(source), "-o", str(out), "--plan", str(plan)]) == 0
