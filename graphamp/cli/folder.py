@@ -268,7 +268,7 @@ def _print_table(
     from rich import box
     from rich.table import Table
 
-    from graphamp.cli.summary import size
+    from graphamp.core.io import size_text
 
     dtype = rows[0][1].dtype if rows else ""
     before = after = 0
@@ -288,12 +288,11 @@ def _print_table(
             f"{summary['matrix_ops_low']}/{summary['matrix_ops']}",
             f"{low}/{low + nodes.get('float32', 0)}",
             str(summary["casts_inserted"]),
-            size(model_after),
+            size_text(model_after),
             f"{seconds:.1f} s",
         )
-    table.title = (
-        f"{folder.root} -> {output} ({dtype}; weights converted {size(before)} -> {size(after)})"
-    )
+    converted = f"{size_text(before)} -> {size_text(after)}"
+    table.title = f"{folder.root} -> {output} ({dtype}; weights converted {converted})"
     console.print(table)
     copied = ", ".join(str(path) for path in folder.others[:6])
     more = f" and {len(folder.others) - 6} more" if len(folder.others) > 6 else ""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from graphamp.core.io import size_text
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -70,7 +72,9 @@ def print_summary(
             "casts removed / retargeted",
             f"{summary['casts_removed']} / {summary['casts_retargeted']}",
         )
-    table.add_row("weights converted", f"{len(weights)} ({size(before)} -> {size(after)})")
+    table.add_row(
+        "weights converted", f"{len(weights)} ({size_text(before)} -> {size_text(after)})"
+    )
     if summary["values_flushed_to_zero"]:
         table.add_row("weight values flushed to zero", str(summary["values_flushed_to_zero"]))
     at_limit = sum(w.at_limit for w in weights)
@@ -149,11 +153,11 @@ def kept_weights(conversion: Conversion) -> list[tuple[str, str]]:
     total = sum(b for _, b in by_reason.values())
     if by_reason:
         weights = sum(c for c, _ in by_reason.values())
-        rows.append(("weights kept float32", f"{weights} ({size(total)})"))
+        rows.append(("weights kept float32", f"{weights} ({size_text(total)})"))
         for reason, (count, nbytes) in sorted(by_reason.items(), key=lambda item: -item[1][1]):
-            rows.append((f"  {reason}", f"{count} ({size(nbytes)})"))
+            rows.append((f"  {reason}", f"{count} ({size_text(nbytes)})"))
     if largest is not None:
-        rows.append((f"  largest: {largest[1]!r} ({largest[2]})", size(largest[0])))
+        rows.append((f"  largest: {largest[1]!r} ({largest[2]})", size_text(largest[0])))
     return rows
 
 
@@ -188,11 +192,3 @@ def nothing_converted(plan: Plan) -> str | None:
             " the output is the input's graph"
         )
     return f"nothing converted: no node runs in {plan.dtype} under this policy"
-
-
-def size(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count} B"

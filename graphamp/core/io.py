@@ -75,6 +75,15 @@ def write_atomic_with(path: Path, writer: Callable[[Path], object], suffix: str 
         raise
 
 
+def size_text(count: float) -> str:
+    """``count`` bytes in words: 512 B, 1.5 KiB, 436.2 MiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count} B"
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

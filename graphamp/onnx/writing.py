@@ -10,7 +10,7 @@ from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from graphamp.core.io import same_file, signals_held
+from graphamp.core.io import same_file, signals_held, size_text
 from graphamp.errors import GraphampError
 
 EXTERNAL_DATA_THRESHOLD = 1_900_000_000  # bytes of weights above which we write external data
@@ -94,12 +94,3 @@ def replace_together(data: list[tuple[Path, Path]], model_tmp: Path, model_path:
         for source, target in data:
             os.replace(source, target)
         os.replace(model_tmp, model_path)
-
-
-def size_text(count: float) -> str:
-    """``count`` bytes in words: 512 B, 1.5 KiB, 436.2 MiB."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count} B"
