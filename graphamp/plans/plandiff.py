@@ -119,9 +119,18 @@ class PlanDiff:
         )
 
     def changed_nodes(self) -> list[str]:
-        """Every node the diff names, sorted."""
-        names = [n for n, _, _ in self.nodes_changed]
-        names += [n for n, _ in self.nodes_added] + [n for n, _ in self.nodes_removed]
+        """Every node the diff names, sorted: those whose precision changed, added or
+        removed, and those whose float8 decision or operand scales changed."""
+        names = {n for n, _, _ in self.nodes_changed}
+        names |= {n for n, _ in self.nodes_added} | {n for n, _ in self.nodes_removed}
+        return sorted(names | set(self.fp8_changed_nodes()))
+
+    def fp8_changed_nodes(self) -> list[str]:
+        """The nodes whose float8 decision changed, and the float8 readers of a scale record
+        that changed (its granularity, source or settings), sorted."""
+        names = {name for name, _, _ in self.fp8_changed}
+        for before, after in self.scales_changed:
+            names.update(*(record.consumers for record in (before, after) if record is not None))
         return sorted(names)
 
     def to_text(self) -> str:

@@ -25,8 +25,9 @@ from graphamp.viewer.hierarchy import (
 from graphamp.viewer.views import View, build_views, flows
 
 KINDS = {"n": 0, "g": 1, "i": 2, "o": 3}
-# node status on a diff page (0: the same in both plans)
-CHANGED, ADDED, REMOVED = 1, 2, 3
+# node status on a diff page (0: the same in both plans; FP8_CHANGED: the same precision,
+# but its float8 decision or an operand's scale record moved)
+CHANGED, ADDED, REMOVED, FP8_CHANGED = 1, 2, 3, 4
 # cast status on a diff page
 CAST_SAME, CAST_ADDED, CAST_REMOVED = 0, 1, 2
 # tensor flags
@@ -121,7 +122,8 @@ def page_data(source: PageInput) -> dict[str, object]:
 def _statuses(diff: PlanDiff | None) -> dict[str, int]:
     if diff is None:
         return {}
-    status = {name: CHANGED for name, _, _ in diff.nodes_changed}
+    status = dict.fromkeys(diff.fp8_changed_nodes(), FP8_CHANGED)
+    status.update({name: CHANGED for name, _, _ in diff.nodes_changed})
     status.update({name: ADDED for name, _ in diff.nodes_added})
     status.update({name: REMOVED for name, _ in diff.nodes_removed})
     return status
@@ -200,6 +202,7 @@ def _nodes(
             "status",
             "before",
             "fp8",
+            "fp8_before",
         )
     }
     for name in names:
@@ -229,6 +232,7 @@ def _nodes(
         columns["status"].append(status.get(name, 0))
         columns["before"].append(_before(old, name, strings))
         columns["fp8"].append(_fp8(plan, name, strings))
+        columns["fp8_before"].append(_fp8_before(old, name, strings))
     return columns
 
 
@@ -244,6 +248,14 @@ def _fp8(plan: Plan, name: str, strings: Strings) -> list[object] | int:
         for label, value in zip(("A", "B"), decision.operands, strict=False)
     ]
     return [strings(decision.precision), strings(decision.rule), strings(decision.reason), operands]
+
+
+def _fp8_before(old: Plan | None, name: str, strings: Strings) -> list[int] | int:
+    """On a diff page: the old plan's float8 decision (precision, rule, reason), 0 when none."""
+    decision = old.fp8.get(name) if old else None
+    if decision is None:
+        return 0
+    return [strings(decision.precision), strings(decision.rule), strings(decision.reason)]
 
 
 def _before(old: Plan | None, name: str, strings: Strings) -> list[int] | int:

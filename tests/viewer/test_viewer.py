@@ -475,3 +475,52 @@ def test_float8_nodes_are_marked_and_explained_with_their_scale_sources(browser,
     assert marked == chosen
     loaded.screenshot("fp8")
     loaded.close()
+
+
+def test_a_float8_diff_page_marks_the_nodes_whose_float8_decision_moved(browser, tmp_path):
+    """Two float8 plans of one model whose node precisions are the same: the nodes a deny rule
+    took out of float8, and the readers of a scale whose granularity moved, are marked
+    "float8 changed" (and counted), with the old float8 decision in the panel."""
+    import dataclasses
+
+    import numpy as np
+
+    from graphamp import engine
+    from graphamp.models import export_onnx
+    from graphamp.passes.options import Options
+    from graphamp.policy.policy import Policy
+    from graphamp.training.float8 import Float8
+
+    path = export_onnx("gpt", tmp_path / "gpt.onnx", "small")
+    rng = np.random.default_rng(0)
+    batches = [{"input_ids": rng.integers(0, 128, (2, 16))} for _ in range(2)]
+    options = Options(fp8=Float8.static(), ranges=gonnx.calibrate(str(path), batches))
+    old = engine.analyse(str(path), Policy.create("float16"), options=options)
+    denied = dataclasses.replace(options, fp8=Float8.static(deny_names=("/layers.1/mlp/*",)))
+    new = engine.analyse(str(path), Policy.create("float16"), options=denied)
+    moved = {"/layers.1/mlp/mlp.0/MatMul", "/layers.1/mlp/mlp.2/MatMul"}
+    assert all(new.plan.fp8[n].rule == "fp8_deny" for n in moved)
+    assert not old.plan.diff(new.plan).nodes_changed  # no node's own precision moved
+    # a scale record whose granularity moved marks its float8 readers too
+    record = next(r for r in new.plan.scales if r.source == "calibration")
+    new.plan.scales[new.plan.scales.index(record)] = dataclasses.replace(record, granularity="row")
+    listed = set(old.plan.diff(new.plan).changed_nodes())
+    assert listed == moved | set(record.consumers)
+    page = viewer.diff_page(old.plan, new.plan, new.graph)
+    loaded = Loaded(browser, page, tmp_path, "fp8-diff")
+    assert loaded.page.inner_text("#diff-count") == str(len(listed))
+    marked: set[str] = set()
+    for group in loaded.page.evaluate("graphampViewer.groups()"):
+        loaded.open(group)
+        marked.update(loaded.drawn("g.node.changed", "data-name"))
+    assert marked == listed
+    name = "/layers.1/mlp/mlp.0/MatMul"
+    loaded.open(build_hierarchy(list(new.graph.nodes)).group_of[name])
+    node = f'g.node[data-name="{name}"]'
+    assert loaded.page.get_attribute(node, "data-status") == "4"
+    loaded.page.click(node)
+    details = loaded.page.inner_text("#details")
+    assert "float8 changed" in details and "float8 before" in details
+    assert "float8_e4m3fn, fp8: K = 32, N = 64" in details
+    loaded.screenshot("fp8-diff")
+    loaded.close()

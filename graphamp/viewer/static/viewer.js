@@ -9,8 +9,8 @@
   const COLOURS = { float16: "#2563eb", bfloat16: "#7c3aed", float32: "#f59e0b",
     float64: "#a16207", none: "#9ca3af", unknown: "#d1d5db" };
   const LIGHT_TEXT = new Set(["float16", "bfloat16", "float64"]);
-  const STATUS = ["unchanged", "precision changed", "added", "removed"];
-  const STATUS_COLOURS = ["#e5e7eb", "#f97316", "#16a34a", "#dc2626"];
+  const STATUS = ["unchanged", "precision changed", "added", "removed", "float8 changed"];
+  const STATUS_COLOURS = ["#e5e7eb", "#f97316", "#16a34a", "#dc2626", "#a855f7"];
   const CAST_STATUS = ["same", "added", "removed"];
   const GRAPH_INPUT = 1;
   const diffMode = D.mode === "diff";
@@ -89,6 +89,7 @@
     const ink = dark ? "#1f2937" : "#fff";
     let sub = N.leaf[i];
     if (diffMode && N.status[i] === 1) sub = abbrev(S[N.before[i][0]]) + " → " + abbrev(p) + "  " + sub;
+    if (diffMode && N.status[i] === 4) sub = fp8Rule(N.fp8_before[i]) + " → " + fp8Rule(N.fp8[i]) + "  " + sub;
     if (isFp8(i)) sub = "fp8 · " + sub;
     const cls = ["node", N.status[i] ? "changed" : "", i === state.selected ? "selected" : "",
       passes(i) ? "" : "filtered", isFp8(i) ? "fp8" : ""].join(" ");
@@ -333,6 +334,7 @@
     return lines;
   }
   const isFp8 = (i) => Boolean(N.fp8[i]) && S[N.fp8[i][0]] === "float8_e4m3fn";
+  const fp8Rule = (decision) => (decision ? S[decision[1]] : "none");
   const nodeLink = (i) => `<a data-node="${i}">${esc(N.name[i])}</a>`;
   const tensorLink = (t) => `<a data-tensor="${t}">${esc(T.name[t])}</a>`;
   const groupLink = (g) => `<a data-g="${g}">${esc(g === ROOT ? modelLabel() : G.id[g])}</a>`;
@@ -351,6 +353,7 @@
     if (diffMode) {
       rows.push(["change", esc(STATUS[N.status[i]])]);
       if (N.before[i]) rows.push(["before", `${swatch(S[N.before[i][0]])}, ${esc(S[N.before[i][1]])}: ${esc(S[N.before[i][2]])}`]);
+      if (N.status[i] === 4) rows.push(["float8 before", N.fp8_before[i] ? `${esc(S[N.fp8_before[i][0]])}, ${esc(S[N.fp8_before[i][1]])}: ${esc(S[N.fp8_before[i][2]])}` : "none"]);
     }
     const inputs = N.inputs[i].map((t, slot) => (t < 0 ? "" : `<li>${slot}: ${tensorLink(t)} <span class="muted">${esc(S[T.dtype[t]])}</span>` +
       (T.producer[t] >= 0 ? ` from ${nodeLink(T.producer[t])}` : T.flags[t] & GRAPH_INPUT ? " (graph input)" : " (stored value)") + castsOn(t, i) + "</li>")).join("");
