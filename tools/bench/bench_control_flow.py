@@ -1,4 +1,4 @@
-"""Figures for control flow and functions (issue 27): bodies converted like inline nodes.
+"""Figures for control flow and functions: bodies converted like inline nodes.
 
     python tools/bench/bench_control_flow.py                 # every section
     python tools/bench/bench_control_flow.py --only hand_built   # or node_bodies, functions,

@@ -414,7 +414,7 @@ def cuda_run(
         if e.get("cat") == "Node" and e.get("args", {}).get("provider") == "CPUExecutionProvider"
     }
     # Inputs and outputs stay on the GPU: a model's logits copied to the host would be timed
-    # instead of its kernels (205 MB for the full GPT's, about 10 ms).
+    # instead of its kernels (a large model's logits are hundreds of megabytes).
     session = ort.InferenceSession(proto.SerializeToString(), providers=providers)
     binding = session.io_binding()
     for name, value in typed.items():
@@ -467,7 +467,7 @@ def markdown(results: dict[str, dict[str, dict[str, object]]]) -> str:
 
 
 def bars(results: dict[str, dict[str, dict[str, object]]]) -> str:
-    """graphamp against issue 28's bars, per model, from the other tools whose output loads:
+    """graphamp against the bars it is held to, per model, from the other tools whose output loads:
     Casts <= the fewest + 1, weight bytes <= the fewest x 1.01, max rel error <=
     max(1.25 x the lowest, 2e-3), and Cast bytes <= a ``--before`` revision's."""
     lines = [

@@ -1,4 +1,4 @@
-"""The PyTorch models as users have them (issue 29), for ``tools/bench/bench_fx.py --suite``:
+"""The PyTorch models as users have them, for ``tools/bench/bench_fx.py --suite``:
 
 ``models``: Hugging Face BERT, LLaMA, Mistral, T5 and ViT with their default configs (caches
 on; fewer, narrower layers) and a ResNet-50-shaped CNN, each converted once by

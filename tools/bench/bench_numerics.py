@@ -1,4 +1,4 @@
-"""Benchmark of ``graphamp tune`` on zoo models with a planted float16 fault (issue 13).
+"""Benchmark of ``graphamp tune`` on zoo models with a planted float16 fault.
 
 For BERT-base-size and GPT-2-size models of the zoo (random weights, built in code), the fault
 is planted in the feed-forward block of a few layers, as in T5: the first Linear's weight and

@@ -1,4 +1,4 @@
-"""Figures for control-flow bodies (issue 27): Optimum's seq2seq exports converted as folders.
+"""Figures for control-flow bodies: Optimum's seq2seq exports converted as folders.
 
     python tools/bench/bench_optimum.py [--models t5,bart] [--out bench-out/optimum]
     python tools/bench/bench_control_flow.py --only optimum     # the same, as a section there

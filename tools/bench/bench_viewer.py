@@ -1,4 +1,4 @@
-"""Benchmark of the plan viewer (issue 15): a synthetic 10,000-node plan, and the full-size BERT
+"""Benchmark of the plan viewer: a synthetic 10,000-node plan, and the full-size BERT
 of the zoo, rendered to HTML and opened in headless Chromium.
 
     python tools/bench/bench_viewer.py [--nodes 10000] [--bert] [--out DIR] [--runs 3]

@@ -1,4 +1,4 @@
-"""Where a converted QDQ model's output error comes from, in quantisation steps (issue 28).
+"""Where a converted QDQ model's output error comes from, in quantisation steps.
 
 Builds onnxruntime.quantization's QDQ model (tests/onnx/qdq_models.py: ``vit`` or ``resnet``
 at ``--opset``), converts it with graphamp (``keep_io_types``) and runs both op by op on the
