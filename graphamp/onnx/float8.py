@@ -143,7 +143,7 @@ class _Emitter:
     def _activation(self, record: ScaleRecord, readers: list[tuple[onnx.NodeProto, int]]) -> None:
         amax = float(record.detail["amax"])  # type: ignore[arg-type]
         margin = int(record.detail.get("margin", 0))  # type: ignore[call-overload]
-        scale = np.array(scale_of(amax, margin), np.float32).astype(self.low)
+        scale = stored_scales(np.array(scale_of(amax, margin), np.float32), self.low)
         value = readers[0][0].input[readers[0][1]]
         scale_name, zero_name = (
             self._name(f"{record.tensor}/fp8_scale"),
@@ -208,19 +208,32 @@ class _Emitter:
 
 
 def quantise_per_channel(values: np.ndarray, axis: int, low: type) -> tuple[np.ndarray, np.ndarray]:
-    """``values`` as float8_e4m3fn with one scale per index of ``axis`` (max |w| / 448 in the
-    low type ``low``; 1 for an all-zero channel), and those scales. Each channel is divided by
-    its scale as the low type holds it and clipped to +-448 before rounding, so that the
-    stored value times the stored scale is what a runtime's DequantizeLinear gives."""
+    """``values`` as float8_e4m3fn with one scale per index of ``axis`` (max |w| / 448 as the
+    low type ``low`` holds it, see :func:`stored_scales`; 1 for an all-zero channel), and
+    those scales. Each channel is divided by its stored scale, so that the stored value times
+    the stored scale is what a runtime's DequantizeLinear gives, and no value passes 448."""
     moved = np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1)
     amax = np.abs(moved).max(axis=1) if moved.size else np.zeros(values.shape[axis], np.float32)
-    scales = np.where(amax > 0, amax / E4M3_MAX, 1.0).astype(np.float32).astype(low)
-    as_float = scales.astype(np.float32)
-    as_float[as_float == 0] = 1.0  # a channel so small its scale flushes in the low type
+    scales = stored_scales(np.where(amax > 0, amax / E4M3_MAX, 1.0).astype(np.float32), low)
     shape = [1] * values.ndim
     shape[axis] = -1
-    ratio = np.clip(values / as_float.reshape(shape), -E4M3_MAX, E4M3_MAX)
-    return ratio.astype(ml_dtypes.float8_e4m3fn), np.where(scales == 0, 1, scales).astype(low)
+    ratio = np.clip(values / scales.astype(np.float32).reshape(shape), -E4M3_MAX, E4M3_MAX)
+    return ratio.astype(ml_dtypes.float8_e4m3fn), scales
+
+
+def stored_scales(exact: np.ndarray, low: type) -> np.ndarray:
+    """Positive float32 scales as the 16-bit low type ``low`` stores them: rounded up to the
+    next value it holds, never down, so a channel's largest value divided by its scale stays
+    within +-448 (rounding to nearest may land below the exact scale and clip it). A scale
+    below the type's smallest positive value (a float16 channel with max |w| under about
+    2.7e-5) becomes that value: its weights then map below 448 but keep float8's full
+    precision down to 2**-6 of it, where a scale of 1 would flush them all to zero."""
+    exact = np.asarray(exact, np.float32)
+    stored = np.array(exact.astype(low), ndmin=1)
+    below = stored.astype(np.float32) < exact.reshape(stored.shape)
+    bits = stored.view(np.uint16)  # positive 16-bit floats: the next larger is one more
+    bits[below] += 1
+    return stored.reshape(exact.shape)
 
 
 def quantise(values: np.ndarray, scale: float) -> np.ndarray:

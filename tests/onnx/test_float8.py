@@ -88,14 +88,21 @@ def test_weights_per_channel_dequantise_to_stored_times_scale():
     rng = np.random.default_rng(0)
     weights = (rng.standard_normal((48, 32)) * np.logspace(-3, 2, 32)).astype(np.float32)
     weights[:, 5] = 0.0  # an all-zero channel keeps scale 1
+    weights[:, 7] *= 1e-5  # max |w| / 448 is under float16's smallest positive value
     stored, scales = float8.quantise_per_channel(weights, 1, np.float16)
     assert stored.dtype == E4M3 and scales.dtype == np.float16 and scales.shape == (32,)
     assert scales[5] == 1.0 and np.all(stored[:, 5].astype(np.float32) == 0)
     restored = stored.astype(np.float32) * scales.astype(np.float32)
     assert np.abs(stored.astype(np.float32)).max() <= 448
+    # scales round up: no channel's largest value passes 448 and clips
+    exact = np.abs(weights).max(axis=0) / 448
+    assert np.all(scales.astype(np.float32)[exact > 0] >= exact[exact > 0])
     # each channel's largest value lands at 448 (within the float16 scale's rounding)
     top = np.abs(stored.astype(np.float32)).max(axis=0)
-    assert np.all((top[np.arange(32) != 5] >= 416) & (top[np.arange(32) != 5] <= 448))
+    normal = np.isin(np.arange(32), [5, 7], invert=True)
+    assert np.all((top[normal] >= 416) & (top[normal] <= 448))
+    # the tiny channel takes float16's smallest scale (not 1, which flushed it all to zero)
+    assert scales[7] == np.float16(2.0**-24) and 1 < top[7] < 448
     rel = np.abs(restored - weights) / np.abs(weights).max(axis=0)
     assert rel[:, np.arange(32) != 5].max() <= 2.0**-4  # half an E4M3 step at the channel max
 
