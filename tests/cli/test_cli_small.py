@@ -24,18 +24,8 @@ def small(tmp_path):
     return path
 
 
-def run(capsys, argv: list[str]) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
-    capsys.readouterr()
-    try:
-        status = main(argv)
-    except SystemExit as exc:  # argparse's own exits
-        status = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
-
-
-def test_version(capsys):
-    status, out, _ = run(capsys, ["--version"])
+def test_version(cli):
+    status, out, _ = cli("--version")
     assert status == 0 and out.strip() == "graphamp 0.2.0"
 
 
@@ -53,51 +43,51 @@ def test_verbose_after_the_command_counts_as_before_it(small):
 @pytest.mark.parametrize(
     ("flag", "meant"), [("--dtyp", "--dtype"), ("--keep-io-type", "--keep-io-types")]
 )
-def test_abbreviated_flags_are_refused_naming_the_flag(capsys, small, tmp_path, flag, meant):
+def test_abbreviated_flags_are_refused_naming_the_flag(cli, small, tmp_path, flag, meant):
     argv = ["convert", str(small), "-o", str(tmp_path / "o.onnx"), flag]
-    status, _, err = run(capsys, [*argv, "bfloat16"] if flag == "--dtyp" else argv)
+    status, _, err = cli(*([*argv, "bfloat16"] if flag == "--dtyp" else argv))
     assert status == 2 and f"did you mean {meant}?" in err
     assert not (tmp_path / "o.onnx").exists()
 
 
-def test_debug_top_must_be_positive(capsys, small, tmp_path):
+def test_debug_top_must_be_positive(cli, small, tmp_path):
     argv = ["debug", str(small), str(small), "--inputs", "x.npz", "--top", "-3"]
-    status, _, err = run(capsys, argv)
+    status, _, err = cli(*argv)
     assert status == 2 and "--top: expected a number >= 1, got '-3'" in err
 
 
-def test_explain_with_an_op_type_suggests_its_nodes(capsys, small):
-    status, _, err = run(capsys, ["explain", str(small), "MatMul"])
+def test_explain_with_an_op_type_suggests_its_nodes(cli, small):
+    status, _, err = cli("explain", str(small), "MatMul")
     assert status == 2
     assert "MatMul is an op type: explain one of its 2 node(s), e.g. 'matmul0', 'matmul2'" in err
 
 
-def test_debug_with_models_swapped_or_unrelated_says_so(capsys, small, tmp_path):
+def test_debug_with_models_swapped_or_unrelated_says_so(cli, small, tmp_path):
     converted = tmp_path / "c.onnx"
     assert main(["convert", str(small), "-o", str(converted)]) == 0
     data = tmp_path / "x.npz"
     np.savez(data, x=np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32))
-    status, _, err = run(capsys, ["debug", str(converted), str(small), "--inputs", str(data)])
+    status, _, err = cli("debug", str(converted), str(small), "--inputs", str(data))
     assert status == 2 and "the models look swapped; give the float32 model first" in err
     other = tmp_path / "other.onnx"
     onnx.save(chain(["Sigmoid", "MatMul"]), str(other))
-    status, _, err = run(capsys, ["debug", str(small), str(other), "--inputs", str(data)])
+    status, _, err = cli("debug", str(small), str(other), "--inputs", str(data))
     assert status == 2 and "not a model and its conversion: CONVERTED has 0 of IN's 4" in err
-    status, out, _ = run(capsys, ["debug", str(small), str(converted), "--inputs", str(data)])
+    status, out, _ = cli("debug", str(small), str(converted), "--inputs", str(data))
     assert status == 0 and "output y" in out
 
 
-def test_policy_flags_on_a_diff_of_two_plan_files_are_warned_about(capsys, small, tmp_path):
+def test_policy_flags_on_a_diff_of_two_plan_files_are_warned_about(cli, small, tmp_path):
     plans = [tmp_path / "a.json", tmp_path / "b.json"]
     for plan in plans:
         assert main(["plan", str(small), "--format", "json", "-o", str(plan)]) == 0
-    status, _, err = run(capsys, ["diff", *map(str, plans), "--deny", "Relu"])
+    status, _, err = cli("diff", *map(str, plans), "--deny", "Relu")
     assert status == 0 and "--deny change nothing here: A and B are plan files" in err
-    _, _, err = run(capsys, ["diff", str(small), str(plans[0]), "--deny", "Relu"])
+    _, _, err = cli("diff", str(small), str(plans[0]), "--deny", "Relu")
     assert "change nothing" not in err  # a model is planned under them
 
 
-def test_a_torch_save_file_says_how_to_export_the_model(capsys, tmp_path):
+def test_a_torch_save_file_says_how_to_export_the_model(cli, tmp_path):
     zipped = tmp_path / "model.pt"
     with zipfile.ZipFile(zipped, "w") as archive:  # torch.save's layout
         archive.writestr("model/data.pkl", pickle.dumps({"weight": 1}))
@@ -105,7 +95,7 @@ def test_a_torch_save_file_says_how_to_export_the_model(capsys, tmp_path):
     legacy = tmp_path / "legacy.pth"
     legacy.write_bytes(pickle.dumps({"weight": 1}, protocol=2))
     for path in (zipped, legacy):
-        status, _, err = run(capsys, ["convert", str(path), "-o", str(tmp_path / "o.onnx")])
+        status, _, err = cli("convert", str(path), "-o", str(tmp_path / "o.onnx"))
         assert status == 2 and "saved with torch.save" in err
         assert "torch.export.save(" in err and "torch.onnx.export(" in err
 
