@@ -1,43 +1,120 @@
 #!/usr/bin/env bash
-# Every GPU figure the project has, in one command, on a machine with a CUDA device:
+# The GPU figures, in one command, on a machine with a CUDA device:
 #
-#     bash tools/gpu_check.sh [OUT_DIR]
+#     bash tools/gpu_check.sh [OUT_DIR]          # issue 42's figures, in at most BUDGET_S (480) s
+#     bash tools/gpu_check.sh --all [OUT_DIR]    # then every other GPU figure (float8 too)
 #
-# It needs the dev environment (bash tools/setup-dev.sh) with a CUDA build of torch and
-# onnxruntime-gpu; it stops at once, saying what is missing, when there is no GPU. Results
-# (Markdown on stdout, JSON in OUT_DIR, default gpu-results/) go to BENCHMARKS.md by hand,
-# with the device name it prints first.
+# Python: $PYTHON, else .venv/bin/python, else python3 (a GPU machine's own, with its CUDA build
+# of torch). Where that Python cannot import graphamp, the package is staged in a temporary
+# folder on PYTHONPATH: nothing is installed, nothing downloaded. It stops at once, saying what
+# is missing, when torch sees no GPU. onnxruntime without its CUDA provider (the onnxruntime-gpu
+# package) skips only the onnxruntime latency parts, and says so.
+#
+# Issue 42's figures, each part under a deadline of its own so that every part gets its share
+# of the budget (a configuration not started by its deadline is named as not measured):
+#   1. ResNet-50 (batch 128) training steps: float32 (TF32 off, and on), eager autocast +
+#      GradScaler, torch.compile + autocast, graphamp's train_step eager and compiled
+#      ($DTYPES, default float16);
+#   2. the same for Hugging Face BERT-base (batch 32, sequence 512);
+#   3. loss curves: 200 steps of autocast and of graphamp's step from 2 seeds (batch 32);
+#   4. onnxruntime CUDA latency of BERT-base, GPT-2 with its cache, a LLaMA-shaped decoder and
+#      ResNet-50 converted by graphamp and by onnxruntime's float16 tool (onnxruntime-gpu only).
+# Results: Markdown on stdout and in OUT_DIR (default gpu-results/), JSON beside it, each table
+# headed by the GPU, driver, CUDA, torch and onnxruntime versions; they go to BENCHMARKS.md by
+# hand.
+#
+# On a machine without a GPU, GPU_CHECK_DRY_RUN=1 runs the same commands at tiny sizes on the CPU
+# without torch.compile, and GPU_CHECK_DRY_RUN=parse gives each part a deadline already past, so
+# it starts nothing: both check the script, not the speed (tests/tools/test_gpu_check.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+all=0
+if [ "${1:-}" = "--all" ]; then
+    all=1
+    shift
+fi
 out=${1:-gpu-results}
 mkdir -p "$out"
-py=${PYTHON:-.venv/bin/python}
+budget=${BUDGET_S:-480}
+dtypes=${DTYPES:-float16}
+dry=${GPU_CHECK_DRY_RUN:-0}
+start=$(date +%s)
 
-"$py" - <<'PY'
+py=${PYTHON:-}
+if [ -z "$py" ]; then
+    if [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
+fi
+# -P: the current folder (this checkout, whose graphamp/ lacks passes/ and models/) is not put
+# first on the module path
+if ! "$py" -P -c "import graphamp.passes, graphamp.models" 2>/dev/null; then
+    stage=$(mktemp -d)
+    cp -r graphamp "$stage/graphamp"
+    cp -r passes "$stage/graphamp/passes"
+    cp -r models "$stage/graphamp/models"
+    export PYTHONPATH="$stage${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1
+
+ort_cuda=$("$py" - "$dry" <<'PY'
 import sys
-import onnxruntime, torch
-if not torch.cuda.is_available():
-    sys.exit("gpu_check: torch sees no CUDA device (install a CUDA build of torch)")
-if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-    sys.exit("gpu_check: onnxruntime has no CUDAExecutionProvider (pip install onnxruntime-gpu)")
-print("# device:", torch.cuda.get_device_name(0), "| onnxruntime", onnxruntime.__version__)
+import onnxruntime
+import torch
+if not torch.cuda.is_available() and sys.argv[1] not in ("1", "parse"):
+    sys.exit("gpu_check: torch sees no CUDA device (a CUDA build of torch on a GPU machine)")
+device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (dry run)"
+cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+print(
+    f"# device: {device} | torch {torch.__version__} | onnxruntime {onnxruntime.__version__}"
+    f" ({'with' if cuda else 'without'} its CUDA provider)",
+    file=sys.stderr,
+)
+print(int(cuda))
 PY
+)
 
-echo "## The demo, verified natively on the GPU (float16 kernels, not emulation)"
-"$py" -m graphamp.cli demo --provider cuda
-echo "## Deployed graphs: Casts, error and onnxruntime CUDA latency per tool"
-"$py" tools/bench/bench_deploy.py --gpu --full --runs 1 --json "$out/deploy.json"
-echo "## The faithful evaluator against the GPU's float16 (planted faults; TF32 on and off)"
-"$py" tools/gpu/gpu_numerics.py
-echo "## Whole training steps on the GPU (float16, dynamic loss scaling)"
-"$py" tools/bench/bench_train.py --device cuda --width 4096 --batch 512
-echo "## Mixed precision's promise: training speed-up over float32, inference latency (issue 32)"
-# One part per command: each takes minutes, not the whole set at once, and writes its own files.
-"$py" tools/gpu/bench_gpu.py --part train --models resnet50 --profile --out "$out"
-"$py" tools/gpu/bench_gpu.py --part train --models bert-base --profile --out "$out"
-"$py" tools/gpu/bench_gpu.py --part curves --dtypes float16 --out "$out"
-"$py" tools/gpu/bench_gpu.py --part infer --profile --out "$out"
-echo "## ONNX conversion and onnxruntime latency (zoo, full size)"
-"$py" tools/bench/bench_onnx.py --size full --chain 0 --json "$out/onnx.json"  # CPU-side conversion figures
-echo "## Float8 (issue 41): float8 GEMMs and a LLaMA-3-8B block's training step against bfloat16 and torchao"
-"$py" tools/gpu/gpu_fp8.py --json "$out/fp8.json"
+# Runs one part of tools/gpu/bench_gpu.py, which starts nothing after the deadline it is given
+# (seconds into the budget), and is stopped at the end of the whole budget.
+part() {
+    local until=$1
+    shift
+    local left=$((start + budget - $(date +%s)))
+    if [ "$left" -le 0 ]; then
+        echo "gpu_check: out of time before bench_gpu.py $*: not measured"
+        return 0
+    fi
+    local extra=() deadline=$((start + until))
+    if [ "$dry" != "0" ]; then extra=(--no-compile --steps 1 --warmup 1 --curve-steps 10); fi
+    if [ "$dry" = "parse" ]; then deadline=0; fi
+    timeout "$left" "$py" tools/gpu/bench_gpu.py "$@" --deadline "$deadline" --out "$out" \
+        "${extra[@]}" ||
+        echo "gpu_check: bench_gpu.py $* stopped (exit $?): its finished tables are in $out"
+}
+
+echo "## Issue 42: training speed-up over float32 and compile + autocast, loss curves"
+part $((budget * 30 / 100)) --part train --models resnet50 --dtypes $dtypes --steps 10 --warmup 3
+part $((budget * 66 / 100)) --part train --models bert-base --dtypes $dtypes --steps 10 --warmup 3
+part $((budget * 88 / 100)) --part curves --models resnet50 --dtypes $dtypes --seeds 2 \
+    --curve-batch 32
+if [ "$ort_cuda" = "1" ] || [ "$dry" != "0" ]; then
+    echo "## Issue 42: onnxruntime CUDA latency against onnxruntime's float16 tool"
+    part $((budget * 95 / 100)) --part infer --infer-runs 50 --infer-warmup 10
+else
+    echo "## onnxruntime has no CUDAExecutionProvider here (pip install onnxruntime-gpu):"
+    echo "## the ONNX latency figures are not measured"
+fi
+echo "gpu_check: issue 42's parts took $(($(date +%s) - start)) s of a ${budget} s budget"
+
+if [ "$all" = "1" ]; then
+    echo "## The demo, verified natively on the GPU (float16 kernels, not emulation)"
+    "$py" -P -m graphamp.cli demo --provider cuda
+    echo "## Deployed graphs: Casts, error and onnxruntime CUDA latency per tool"
+    "$py" tools/bench/bench_deploy.py --gpu --full --runs 1 --json "$out/deploy.json"
+    echo "## The faithful evaluator against the GPU's float16 (planted faults; TF32 on and off)"
+    "$py" tools/gpu/gpu_numerics.py
+    echo "## Whole training steps on the GPU (float16, dynamic loss scaling)"
+    "$py" tools/bench/bench_train.py --device cuda --width 4096 --batch 512
+    echo "## ONNX conversion and onnxruntime latency (zoo, full size)"
+    "$py" tools/bench/bench_onnx.py --size full --chain 0 --json "$out/onnx.json"
+    echo "## Float8 (issue 41): float8 GEMMs and a LLaMA-3-8B block's training step against bfloat16 and torchao"
+    "$py" tools/gpu/gpu_fp8.py --json "$out/fp8.json"
+fi

@@ -22,7 +22,10 @@ key/value cache (batch 8, 128 cached positions), a LLaMA-shaped decoder at opset
 and by onnxruntime's float16 tool, float32 inputs and outputs kept by both, run on
 onnxruntime's CUDA provider with the inputs and outputs bound on the GPU.
 ``--profile`` adds, wherever graphamp is slower than a baseline, where both spend their time
-(torch.profiler or onnxruntime's profiler) in ``OUT/profile-*.txt``.
+(torch.profiler or onnxruntime's profiler) in ``OUT/profile-*.txt``. ``--extra-modes`` adds
+float32 compiled and the graphamp backend in the user's loop to the training part;
+``--deadline`` (seconds since the epoch) starts no configuration, curve or model after it and
+names in the table what it left (``tools/gpu_check.sh`` gives each part its share of a budget).
 
 Without a GPU the same code runs on the CPU at tiny sizes (a test keeps it working); those
 figures say nothing about speed. Results: Markdown on stdout and in
@@ -37,11 +40,14 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools" / "gpu"), str(ROOT / "tools" / "bench")]
+# graphamp itself comes installed (or staged: tools/gpu_check.sh), never from ROOT, whose
+# graphamp/ lacks the passes/ and models/ that installing maps into it
+sys.path[:0] = [str(ROOT / "tools" / "gpu"), str(ROOT / "tools" / "bench")]
 
 import gpu_infer  # noqa: E402
 import gpu_train  # noqa: E402
@@ -78,33 +84,58 @@ def _ratio(base: float | None, ours: float) -> str:
     return f"{base / ours:.2f}x" if base else ""
 
 
+def out_of_time(args: argparse.Namespace, what: str, skipped: list[str]) -> bool:
+    """Whether ``--deadline`` has passed: then ``what`` is not started, and is named in
+    ``skipped`` (the table says so)."""
+    if args.deadline is None or time.time() < args.deadline:
+        return False
+    skipped.append(what)
+    print(f"  {what}: skipped, past --deadline", file=sys.stderr, flush=True)
+    return True
+
+
+def _skipped_note(skipped: list[str]) -> str:
+    return (
+        f"\n\nNot measured, past the time budget (--deadline): {', '.join(skipped)}."
+        if skipped
+        else ""
+    )
+
+
 def train_part(args: argparse.Namespace, device: torch.device, scale: str) -> tuple[str, dict]:
     lines = [
         "| model | configuration | median step ms | peak GiB | samples/s | vs float32 "
-        "| vs eager autocast | vs compile + autocast |",
-        "|---|---|---|---|---|---|---|---|",
+        "| vs eager autocast | vs compile + autocast | vs float32 compiled |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     results: dict = {}
+    skipped: list[str] = []
     for name in args.models_train:
         work = gpu_train.workload(name, scale)
         base = work.build(0)
         timings = {}
-        for mode in gpu_train.modes(tuple(args.dtypes), not args.no_compile):
+        for mode in gpu_train.modes(tuple(args.dtypes), not args.no_compile, args.extra_modes):
+            if out_of_time(args, f"{name} {mode.label}", skipped):
+                continue
             timing = gpu_train.time_mode(mode, work, base, device, args.steps, args.warmup)
             timings[mode] = timing
             print(f"  {name}: {mode.label}: {timing.seconds * 1e3:.2f} ms", file=sys.stderr)
+        if gpu_train.Mode("float32") not in timings:
+            continue
         fp32 = timings[gpu_train.Mode("float32")].seconds
+        fp32_compiled = timings.get(gpu_train.Mode("float32", compiled=True))
         rows = []
         for mode, timing in timings.items():
             eager = timings.get(gpu_train.Mode("autocast", mode.dtype))
             compiled = timings.get(gpu_train.Mode("compile+autocast", mode.dtype))
-            ours = mode.kind == "graphamp"
+            ours = mode.kind in ("graphamp", "backend")
             peak = f"{timing.peak_bytes / 2**30:.2f}" if timing.peak_bytes else "-"
             lines.append(
                 f"| {name} | {mode.label} | {timing.seconds * 1e3:.2f} | {peak} | "
                 f"{timing.samples_per_s:.1f} | {_ratio(fp32, timing.seconds)} | "
                 f"{_ratio(eager.seconds if eager and ours else None, timing.seconds)} | "
-                f"{_ratio(compiled.seconds if compiled and ours else None, timing.seconds)} |"
+                f"{_ratio(compiled.seconds if compiled and ours else None, timing.seconds)} | "
+                f"{_ratio(fp32_compiled.seconds if fp32_compiled else None, timing.seconds)} |"
             )
             rows.append(
                 {
@@ -123,7 +154,7 @@ def train_part(args: argparse.Namespace, device: torch.device, scale: str) -> tu
                 slug = mode.label.replace(" ", "_").replace(",", "")
                 (args.out / f"profile-{name}-{slug}.txt").write_text(text)
         results[name] = rows
-    return "\n".join(lines), results
+    return "\n".join(lines) + _skipped_note(skipped), results
 
 
 def curves_part(args: argparse.Namespace, device: torch.device, scale: str) -> tuple[str, dict]:
@@ -133,9 +164,13 @@ def curves_part(args: argparse.Namespace, device: torch.device, scale: str) -> t
         "|---|---|---|---|---|",
     ]
     results: dict = {}
+    skipped: list[str] = []
     for name in args.models_train:
-        work = gpu_train.workload(name, scale)
+        sizes = {"batch": args.curve_batch} if args.curve_batch else {}
+        work = gpu_train.workload(name, scale, **sizes)
         for dtype in args.dtypes:
+            if out_of_time(args, f"{name} {dtype} curves", skipped):
+                continue
             theirs = [
                 gpu_train.loss_curve(
                     gpu_train.Mode("autocast", dtype), work, s, device, args.curve_steps
@@ -161,7 +196,7 @@ def curves_part(args: argparse.Namespace, device: torch.device, scale: str) -> t
                 "inside": inside,
                 "windows": count,
             }
-    return "\n".join(lines), results
+    return "\n".join(lines) + _skipped_note(skipped), results
 
 
 def infer_part(args: argparse.Namespace, device: torch.device, scale: str) -> tuple[str, dict]:
@@ -171,7 +206,10 @@ def infer_part(args: argparse.Namespace, device: torch.device, scale: str) -> tu
         "|---|---|---|---|---|---|",
     ]
     results: dict = {}
+    skipped: list[str] = []
     for name in args.models_infer:
+        if out_of_time(args, f"{name} inference", skipped):
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             source, feeds = gpu_infer.build(name, scale, folder)
@@ -201,7 +239,7 @@ def infer_part(args: argparse.Namespace, device: torch.device, scale: str) -> tu
                 (args.out / f"profile-{name}-inference.txt").write_text(text)
             results[name] = {"seconds": seconds, "casts": counts}
             print(f"  {name}: {seconds}", file=sys.stderr)
-    return "\n".join(lines), results
+    return "\n".join(lines) + _skipped_note(skipped), results
 
 
 PARTS = {"train": train_part, "curves": curves_part, "infer": infer_part}
@@ -231,6 +269,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--infer-runs", type=int, default=100)
     parser.add_argument("--infer-warmup", type=int, default=20)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile modes")
+    parser.add_argument(
+        "--extra-modes",
+        action="store_true",
+        help="also float32 compiled and the graphamp backend in the user's loop (training)",
+    )
+    parser.add_argument(
+        "--curve-batch", type=int, help="the loss curves' batch (default: the training batch)"
+    )
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        help="a time (seconds since the epoch) after which no configuration, curve or model "
+        "starts; what is left is named as not measured",
+    )
     parser.add_argument(
         "--profile",
         action="store_true",

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-# (model size, batch) per workload: real-world sizes on a GPU, tiny ones elsewhere.
+# (model size, batch) per workload: real-world sizes on a GPU ("full") and on a CPU ("cpu":
+# tools/bench/bench_speedup.py), tiny ones to check the code runs.
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "full": {
         "resnet50": {"size": "full", "batch": 128, "image": 224, "classes": 1000},
@@ -34,6 +35,20 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
             "vocab": 30522,
             "batch": 32,
             "seq": 512,
+        },
+    },
+    "cpu": {
+        "resnet50": {"size": "full", "batch": 8, "image": 224, "classes": 1000},
+        # transformers.BertConfig's defaults
+        "bert-base": {
+            "layers": 12,
+            "hidden": 768,
+            "heads": 12,
+            "ffn": 3072,
+            "vocab": 30522,
+            "batch": 8,
+            "seq": 128,
+            "attention": "sdpa",
         },
     },
     "tiny": {
@@ -100,7 +115,8 @@ def _bert(sizes: dict[str, Any]) -> Workload:
         num_attention_heads=sizes["heads"],
         intermediate_size=sizes["ffn"],
         max_position_embeddings=max(512, sizes["seq"]),
-        attn_implementation="eager",  # the same attention graph in every configuration
+        # the same attention graph in every configuration (on the CPU, the default: sdpa)
+        attn_implementation=sizes.get("attention", "eager"),
     )
 
     def build(seed: int) -> nn.Module:
@@ -125,34 +141,48 @@ def _bert(sizes: dict[str, Any]) -> Workload:
     return Workload("bert-base", build, batch, loss_fn, optimizer, sizes["batch"])
 
 
-def workload(name: str, scale: str) -> Workload:
-    sizes = SIZES[scale][name]
+def workload(name: str, scale: str, **overrides: Any) -> Workload:
+    """``name`` at ``scale``'s sizes, with ``overrides`` (batch, seq, image...) in their place."""
+    sizes = {**SIZES[scale][name], **overrides}
     return _resnet(sizes) if name == "resnet50" else _bert(sizes)
 
 
 @dataclass(frozen=True)
 class Mode:
-    """One way to train: ``kind`` is float32, autocast, compile+autocast or graphamp."""
+    """One way to train: ``kind`` is float32, autocast, compile+autocast, graphamp (its
+    ``train_step``) or backend (``torch.compile(backend=graphamp.fx.backend(...))`` in the
+    user's loop)."""
 
     kind: str
     dtype: str | None = None  # float16, bfloat16 (None: float32)
     tf32: bool = False
-    compiled: bool = False  # graphamp's step under torch.compile
+    compiled: bool = False  # float32's loop or graphamp's step under torch.compile
 
     @property
     def label(self) -> str:
         if self.kind == "float32":
-            return "float32, TF32 on" if self.tf32 else "float32"
+            return (
+                "float32"
+                + (", TF32 on" if self.tf32 else "")
+                + (", compiled" if self.compiled else "")
+            )
         scaler = " + GradScaler" if self.dtype == "float16" else ""
         if self.kind == "autocast":
             return f"eager autocast {self.dtype}{scaler}"
         if self.kind == "compile+autocast":
             return f"torch.compile + autocast {self.dtype}{scaler}"
+        if self.kind == "backend":
+            return f"graphamp backend {self.dtype}{scaler}"
         return f"graphamp train_step {self.dtype}" + (", compiled" if self.compiled else "")
 
 
-def modes(dtypes: tuple[str, ...], compile_modes: bool) -> list[Mode]:
+def modes(dtypes: tuple[str, ...], compile_modes: bool, extra: bool = False) -> list[Mode]:
+    """float32 and TF32, then per type eager autocast and graphamp's eager step and, with
+    ``compile_modes``, compile + autocast and graphamp's compiled step; ``extra`` adds float32
+    compiled and the graphamp backend in the user's loop (two compilations more)."""
     chosen = [Mode("float32"), Mode("float32", tf32=True)]
+    if compile_modes and extra:
+        chosen.append(Mode("float32", compiled=True))
     for dtype in dtypes:
         chosen.append(Mode("autocast", dtype))
         if compile_modes:
@@ -160,6 +190,8 @@ def modes(dtypes: tuple[str, ...], compile_modes: bool) -> list[Mode]:
         chosen.append(Mode("graphamp", dtype))
         if compile_modes:
             chosen.append(Mode("graphamp", dtype, compiled=True))
+            if extra:
+                chosen.append(Mode("backend", dtype))
     return chosen
 
 
@@ -198,12 +230,20 @@ def step_function(
 
         return compiled_step
     dtype = getattr(torch, mode.dtype) if mode.dtype else None
-    forward = torch.compile(model) if mode.kind == "compile+autocast" else model
+    if mode.kind == "backend":
+        from graphamp.fx import backend
+
+        forward: Callable[..., Any] = torch.compile(model, backend=backend(dtype=mode.dtype))
+    elif mode.kind == "compile+autocast" or mode.compiled:
+        forward = torch.compile(model)
+    else:
+        forward = model
+    autocast = dtype is not None and mode.kind != "backend"
     scaler = torch.amp.GradScaler(device.type) if mode.dtype == "float16" else None
 
     def eager_step(*batch: torch.Tensor) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=autocast):
             loss = work.loss_fn(forward(*batch[:-1]), batch[-1])
         if scaler is None:
             loss.backward()

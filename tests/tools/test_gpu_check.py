@@ -1,0 +1,55 @@
+"""tools/gpu_check.sh on a machine without a GPU: in its parse mode every part's command line is
+run with a deadline already past, so each starts nothing and says what was not measured. That
+checks the script's flags against bench_gpu.py's; the parts themselves run at tiny sizes in
+test_bench_gpu.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_part_of_the_gpu_check_runs_its_command_line(tmp_path):
+    env = {**os.environ, "GPU_CHECK_DRY_RUN": "parse", "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", str(ROOT / "tools/gpu_check.sh"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "# device: no GPU (dry run)" in done.stderr
+    assert "issue 42's parts took" in done.stdout
+    assert "stopped" not in done.stdout and "out of time" not in done.stdout, done.stdout
+    notes = {
+        "bench-gpu-train-resnet50.md": "resnet50 float32",
+        "bench-gpu-train-bert-base.md": "bert-base float32",
+        "bench-gpu-curves-resnet50.md": "resnet50 float16 curves",
+        "bench-gpu-infer.md": "resnet50 inference",
+    }
+    for name, first in notes.items():
+        text = (tmp_path / name).read_text()
+        assert "Not measured, past the time budget (--deadline)" in text, name
+        assert first in text, name
+
+
+def test_without_a_gpu_it_stops_at_once_saying_so(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable}
+    env.pop("GPU_CHECK_DRY_RUN", None)
+    done = subprocess.run(
+        ["bash", str(ROOT / "tools/gpu_check.sh"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode != 0
+    assert "torch sees no CUDA device" in done.stderr
+    assert not list(tmp_path.glob("*.md"))
