@@ -21,7 +21,10 @@ runs as dequantise + matrix product (onnxruntime), which emulates float8 exactly
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
@@ -33,7 +36,8 @@ from graphamp.core.dtypes import numpy_type
 from graphamp.core.graph import OpGraph, unique_name
 from graphamp.dialects.base import ReadGraph
 from graphamp.errors import GraphampError
-from graphamp.onnx.infile import StreamedModel
+from graphamp.onnx import stream
+from graphamp.onnx.infile import InFileTensor, StreamedModel
 from graphamp.onnx.statgraph import node_names
 from graphamp.plans.records import ScaleRecord
 from graphamp.training.float8 import E4M3_MAX, scale_of
@@ -82,14 +86,22 @@ def emit(model: Any, read: ReadGraph, scales: list[ScaleRecord], dtype: str) -> 
         model = ir.to_proto(model)
     proto = model.proto if isinstance(model, StreamedModel) else model
     _at_least_opset(proto)
-    _Emitter(proto, read.graph, dtype, model).run(scales)
+    in_file = getattr(read.model, "weights", None) or {}  # a ProtoModel's weights left on disk
+    _Emitter(proto, read.graph, dtype, model, in_file).run(scales)
     return model
 
 
 class _Emitter:
-    def __init__(self, proto: onnx.ModelProto, graph: OpGraph, dtype: str, model: Any) -> None:
+    def __init__(
+        self,
+        proto: onnx.ModelProto,
+        graph: OpGraph,
+        dtype: str,
+        model: Any,
+        in_file: dict[str, InFileTensor],
+    ) -> None:
         self.proto, self.graph, self.low = proto, graph, numpy_type(dtype)
-        self.model = model
+        self.model, self.in_file = model, in_file
         main = proto.graph
         self.by_name = dict(zip(node_names(main), main.node, strict=True))
         self.taken = {name for node in main.node for name in (*node.input, *node.output)}
@@ -169,18 +181,29 @@ class _Emitter:
 
     def _weight(self, record: ScaleRecord, readers: list[tuple[onnx.NodeProto, int]]) -> None:
         axis = int(record.detail.get("axis", -1))  # type: ignore[call-overload]
-        info = self.graph.tensors[record.tensor]
-        if info.load_value is None:
-            raise GraphampError(f"float8: weight {record.tensor!r} has no stored value")
-        values = np.asarray(info.load_value(), np.float32)
-        axis %= values.ndim
-        quantised, scales = quantise_per_channel(values, axis, self.low)
         stored, scale_name = (
             self._name(f"{record.tensor}/fp8"),
             self._name(f"{record.tensor}/fp8_scale"),
         )
         restored = self._name(f"{record.tensor}/fp8_dq")
-        tensor = helper.make_tensor(stored, _E4M3, values.shape, quantised.tobytes(), raw=True)
+        in_file = self.in_file.get(record.tensor)
+        if in_file is not None and isinstance(self.model, StreamedModel):
+            # read from where the input keeps it: once for the scales now, once more as the
+            # output is written (Float8Weight), never whole in memory
+            axis %= len(in_file.dims)
+            scales = channel_scales(_channel_amax(in_file, axis), self.low)
+            tensor = onnx.TensorProto(name=stored, data_type=_E4M3, dims=in_file.dims)
+            self.model.data[len(self.proto.graph.initializer)] = Float8Weight(
+                in_file, axis, scales.astype(np.float32)
+            )
+        else:
+            info = self.graph.tensors[record.tensor]
+            if info.load_value is None:
+                raise GraphampError(f"float8: weight {record.tensor!r} has no stored value")
+            values = np.asarray(info.load_value(), np.float32)
+            axis %= values.ndim
+            quantised, scales = quantise_per_channel(values, axis, self.low)
+            tensor = helper.make_tensor(stored, _E4M3, values.shape, quantised.tobytes(), raw=True)
         self.proto.graph.initializer.extend([tensor, numpy_helper.from_array(scales, scale_name)])
         node = helper.make_node(
             "DequantizeLinear", [stored, scale_name], [restored], axis=axis,
@@ -209,16 +232,93 @@ class _Emitter:
 
 def quantise_per_channel(values: np.ndarray, axis: int, low: type) -> tuple[np.ndarray, np.ndarray]:
     """``values`` as float8_e4m3fn with one scale per index of ``axis`` (max |w| / 448 as the
-    low type ``low`` holds it, see :func:`stored_scales`; 1 for an all-zero channel), and
-    those scales. Each channel is divided by its stored scale, so that the stored value times
-    the stored scale is what a runtime's DequantizeLinear gives, and no value passes 448."""
+    low type ``low`` holds it, see :func:`channel_scales`), and those scales. Each channel is
+    divided by its stored scale, so that the stored value times the stored scale is what a
+    runtime's DequantizeLinear gives, and no value passes 448."""
     moved = np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1)
     amax = np.abs(moved).max(axis=1) if moved.size else np.zeros(values.shape[axis], np.float32)
-    scales = stored_scales(np.where(amax > 0, amax / E4M3_MAX, 1.0).astype(np.float32), low)
+    scales = channel_scales(amax, low)
     shape = [1] * values.ndim
     shape[axis] = -1
-    ratio = np.clip(values / scales.astype(np.float32).reshape(shape), -E4M3_MAX, E4M3_MAX)
-    return ratio.astype(ml_dtypes.float8_e4m3fn), scales
+    return _to_e4m3(values / scales.astype(np.float32).reshape(shape)), scales
+
+
+def channel_scales(amax: np.ndarray, low: type) -> np.ndarray:
+    """One scale per channel from its largest magnitude: amax / 448 stored in the low type
+    (:func:`stored_scales`), 1 for an all-zero channel."""
+    amax = np.asarray(amax, np.float32)
+    return stored_scales(np.where(amax > 0, amax / E4M3_MAX, 1.0).astype(np.float32), low)
+
+
+def _to_e4m3(ratio: np.ndarray) -> np.ndarray:
+    """``ratio`` (float32, changed in place) clipped to +-448 and rounded to float8_e4m3fn."""
+    limit = np.float32(E4M3_MAX)
+    return np.clip(ratio, -limit, limit, out=ratio).astype(ml_dtypes.float8_e4m3fn)
+
+
+@dataclass
+class Float8Weight:
+    """A weight's float8 values as a converted model's data (:class:`StreamedModel`), made a
+    block at a time from ``source`` (where the input keeps the weight) when its bytes are
+    asked for: as :func:`quantise_per_channel` makes them, with ``scales`` (float32, one per
+    index of ``axis``), so memory holds a block, not the weight."""
+
+    source: InFileTensor
+    axis: int
+    scales: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.source.size  # one byte per value
+
+    def byte_chunks(self) -> Iterator[memoryview]:
+        for block, channels in _channel_blocks(self.source, self.axis):
+            yield stream.bytes_of(_to_e4m3(block / self.scales[channels]))
+
+
+def _channel_amax(source: InFileTensor, axis: int) -> np.ndarray:
+    """max |w| of each index of ``axis`` of the weight at ``source``, read a block at a time."""
+    amax = np.zeros(source.dims[axis], np.float32)
+    for block, channels in _channel_blocks(source, axis):
+        if channels.shape[0] == 1:  # a channel per column
+            np.maximum(amax, np.abs(block).max(axis=0, initial=0.0), out=amax)
+        else:  # a channel per row
+            np.maximum.at(amax, channels[:, 0], np.abs(block).max(axis=1, initial=0.0))
+    return amax
+
+
+def _channel_blocks(source: InFileTensor, axis: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The weight at ``source`` in file order, as float32 blocks of whole rows, each with the
+    index of its channel along ``axis`` for every element: a (1, N) row of indices where the
+    channel is the last axis (a block of rows of N), else a (rows, 1) column (a block of rows
+    of the axes after ``axis``, each row within one channel)."""
+    dims = source.dims
+    count = dims[axis]
+    inner = math.prod(dims[axis + 1 :])
+    width = count if inner == 1 else inner
+    rows_done = 0
+    for block in _whole_rows(source.chunks(), width):
+        rows = block.reshape(-1, width)
+        if inner == 1:
+            yield rows, np.arange(count)[None, :]
+        else:
+            index = (rows_done + np.arange(rows.shape[0])) % count
+            yield rows, index[:, None]
+        rows_done += rows.shape[0]
+
+
+def _whole_rows(chunks: Iterator[np.ndarray], width: int) -> Iterator[np.ndarray]:
+    """``chunks`` (a flat tensor a piece at a time, in a buffer the next piece reuses) as
+    float32 copies holding whole rows of ``width`` values."""
+    carry = np.empty(0, np.float32)
+    for chunk in chunks:
+        values = np.concatenate([carry, chunk]) if carry.size else chunk.astype(np.float32)
+        whole = values.size - values.size % width
+        if whole:
+            yield values[:whole]
+        carry = values[whole:].copy()
+    if carry.size:
+        raise GraphampError("float8: a stored weight ends inside a row")
 
 
 def stored_scales(exact: np.ndarray, low: type) -> np.ndarray:
@@ -239,8 +339,8 @@ def stored_scales(exact: np.ndarray, low: type) -> np.ndarray:
 def quantise(values: np.ndarray, scale: float) -> np.ndarray:
     """``values / scale`` rounded to float8_e4m3fn as QuantizeLinear does (saturating)."""
     with np.errstate(over="ignore"):  # a quotient past float32's range saturates like any
-        ratio = np.asarray(values, np.float32) / np.float32(scale)
-    return np.clip(ratio, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+        ratio = np.array(values, np.float32) / np.float32(scale)
+    return _to_e4m3(np.asarray(ratio, np.float32))
 
 
 def _at_least_opset(proto: onnx.ModelProto) -> None:

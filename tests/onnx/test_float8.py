@@ -26,6 +26,7 @@ from graphamp.onnx.runtime import check_loads, run
 from tests.helpers import chain, model
 
 E4M3 = ml_dtypes.float8_e4m3fn
+_FLOAT8 = TensorProto.FLOAT8E4M3FN
 
 
 def every(dtype: type) -> np.ndarray:
@@ -325,3 +326,85 @@ def test_tune_finds_the_float8_nodes_to_keep_for_a_tolerance(zoo, tmp_path, caps
     assert main([*args, "--rtol", "0.0001"]) == 1  # float16 alone misses it
     assert "without --fp8 first; nothing written" in " ".join(capsys.readouterr().out.split())
     assert not out.exists()
+
+
+def _matmul_stack(count: int, size: int, axis_last: bool = True) -> onnx.ModelProto:
+    """x -> (MatMul with a size x size weight, or Gemm with transB, -> Relu) x count -> sum:
+    weights of size**2 float32 each, large enough to stay in the file when read."""
+    rng = np.random.default_rng(0)
+    nodes, inits, value = [], [], "x"
+    for index in range(count):
+        w = (rng.standard_normal((size, size)) / np.sqrt(size)).astype(np.float32)
+        w[:, 3] *= 1e-6  # a small channel (of either layout's output axis) among the others
+        inits.append(numpy_helper.from_array(w, f"w{index}"))
+        if axis_last or index % 2:
+            nodes.append(helper.make_node("MatMul", [value, f"w{index}"], [f"m{index}"]))
+        else:
+            nodes.append(helper.make_node("Gemm", [value, f"w{index}"], [f"m{index}"], transB=1))
+        nodes[-1].name = f"mm{index}"
+        nodes.append(helper.make_node("Relu", [f"m{index}"], [f"r{index}"], name=f"relu{index}"))
+        value = f"r{index}"
+    nodes.append(helper.make_node("ReduceSum", [value], ["y"], name="sum", keepdims=0))
+    return model(nodes, initializers=inits, shape=(8, size), opset=17)
+
+
+def _stored_values(proto: onnx.ModelProto) -> dict[str, tuple[int, bytes]]:
+    return {
+        i.name: (i.data_type, numpy_helper.to_array(i).tobytes()) for i in proto.graph.initializer
+    }
+
+
+def _ranges(proto: onnx.ModelProto) -> graphamp.Ranges:
+    """Calibrated-looking ranges of every matrix op's activation (no run needed)."""
+    from graphamp.numerics.ranges import Ranges, TensorRange
+
+    values = ["x", *(n.output[0] for n in proto.graph.node if n.op_type == "Relu")]
+    return Ranges({v: TensorRange(max_abs=4.0, min_abs=1e-3) for v in values}, batches=4)
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_weights_left_on_disk_are_quantised_a_block_at_a_time(tmp_path, external):
+    """A model whose weights stay in its file (or its external data) while converted: each
+    float8 weight is read from there and written a block at a time, so memory does not grow
+    with the number of weights (three or nine weights of 4 MiB: the same peak), and the file
+    is byte for byte what the same model converted in memory gives, its opset raised from 17
+    to 21; the output keeps external data where the input had it."""
+    import tracemalloc
+
+    from graphamp.onnx.float8 import Float8Weight
+    from graphamp.onnx.infile import StreamedModel
+
+    settings = graphamp.Float8.static(keep_last=False)
+    peaks = []
+    for count in (3, 9):
+        proto = _matmul_stack(count, 1024, axis_last=False)
+        path, out = tmp_path / f"stack{count}.onnx", tmp_path / f"out{count}.onnx"
+        onnx.save(proto, str(path), save_as_external_data=external, location=f"{path.name}.data")
+        ranges = _ranges(proto)
+        tracemalloc.start()
+        try:
+            converted = gonnx.convert(str(path), fp8=settings, ranges=ranges)
+            streamed = converted._converted
+            assert isinstance(streamed, StreamedModel) and streamed.external == external
+            weights = [d for d in streamed.data.values() if isinstance(d, Float8Weight)]
+            assert len(weights) == count
+            converted.save(out)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert (tmp_path / f"{out.name}.data").exists() == external
+        onnx.checker.check_model(str(out), full_check=True)
+        written = onnx.load(str(out))
+        assert next(o.version for o in written.opset_import if o.domain == "") == 21
+        fresh = _matmul_stack(count, 1024, axis_last=False)  # (saving moved proto's data out)
+        in_memory = gonnx.convert(fresh, fp8=settings, ranges=ranges).to_proto()
+        if not external:
+            assert written.SerializeToString() == in_memory.SerializeToString()
+        assert [n.SerializeToString() for n in written.graph.node] == [
+            n.SerializeToString() for n in in_memory.graph.node
+        ]
+        assert _stored_values(written) == _stored_values(in_memory)
+        stored = [i.dims for i in written.graph.initializer if i.data_type == _FLOAT8 and i.dims]
+        assert stored == [[1024, 1024]] * count
+    # six more float8 weights (6 MiB of them, 24 MiB read) cost no more memory
+    assert peaks[1] < peaks[0] + 1024 * 1024, peaks
