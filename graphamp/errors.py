@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from types import FrameType
 
 
 class GraphampError(Exception):
@@ -78,7 +79,8 @@ def warn(message: str, category: type[Warning]) -> None:
     deep inside graphamp the cause was found (a training step finds it on its first call,
     several frames down), so the warning names the line to change and Python's once-per-line
     filter shows it once."""
-    frame, level = sys._getframe(), 1  # level 1: this function's own line
+    frame: FrameType | None = sys._getframe()
+    level = 1  # this function's own line
     while frame is not None and _in_graphamp(frame.f_globals.get("__name__", "")):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)

@@ -244,7 +244,7 @@ def _rules(node: OpNode, policy: Policy, weights: WeightRanges) -> tuple[NodeDec
     else:
         precision = low if list_name is ListName.ALLOW else Precision.FLOAT32
         reason = f"{list_name} list: {list_reason}"
-        decision, _ = decide(precision, _LIST_RULES[list_name], reason)  # type: ignore[index]
+        decision, _ = decide(precision, _LIST_RULES[list_name], reason)
     return decision, True
 
 
@@ -315,7 +315,7 @@ def _subnormal_scale(node: OpNode, weights: WeightRanges, low: str) -> tuple[str
     name = node.inputs[1]
     if name not in stored_float32_inputs(node, weights):
         return None
-    values = np.abs(np.asarray(weights.graph.tensors[name].load_value(), dtype=np.float64))  # type: ignore[misc]
+    values = np.abs(np.asarray(weights.graph.tensors[name].stored_value(), dtype=np.float64))
     values = values[values > 0]
     smallest = float(values.min()) if values.size else 0.0
     normal = float(ml_dtypes.finfo(numpy_type(low)).tiny)

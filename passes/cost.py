@@ -86,7 +86,8 @@ def decide_by_cost(
     for number in terms.free:
         name = names[number]
         node, decision = nodes[name], classes[name]
-        what = node.params.get("boundary") if node.kind is NodeKind.BOUNDARY else None
+        boundary = node.params.get("boundary") if node.kind is NodeKind.BOUNDARY else None
+        what = None if boundary is None else str(boundary)
         paid, flipped = now[number], other[number]
         here = side[number] if paid or flipped else None  # None: nothing at stake
         precision, reason = reasons.of(what, decision, here, flipped - paid)

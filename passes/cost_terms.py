@@ -10,6 +10,7 @@ indexed by those numbers, not dictionaries keyed by names.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from graphamp.core.dtypes import estimated_elements, itemsize
 from graphamp.core.graph import BodyKind, NodeKind, OpGraph, TensorInfo
@@ -113,7 +114,8 @@ def cost_terms(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
                 tensor.type_fixed or policy.keeps_io(tensor.name) or tensor.is_graph_output
             )
             return variable(f"\0input:{tensor.name}") if movable else F32
-        node = nodes[tensor.producer]  # type: ignore[index]
+        assert tensor.producer is not None  # not an input: a node writes it
+        node = nodes[tensor.producer]
         if node.kind is NodeKind.CAST:  # a Cast of the model to float32: retargetable
             return F32 if tensor.is_graph_output else variable(f"\0cast:{node.name}")
         outputs = node.outputs
@@ -169,8 +171,9 @@ def _add(costs: Costs, cost: int, head: int, sides: list[int | None]) -> None:
     where it can be paid or not depending on a free op (the rest decide nothing: paid always,
     never, or only by a variable no free op shares a cost with, which the region search finds
     anyway). (Built-ins over the whole list rather than generators: there is one per value.)"""
-    members = dict.fromkeys(sides)
-    members.pop(None, None)  # reads any type: pays nothing
+    readers = dict.fromkeys(sides)
+    readers.pop(None, None)  # reads any type: pays nothing
+    members = cast(dict[int, None], readers)
     members.pop(head, None)  # on the head's side whatever the cut
     if members and (head > F32 or max(members) > F32):  # a variable is a number above both
         costs.add(cost, head, members)  # terminals

@@ -289,6 +289,7 @@ class _Decider:
     def record_scales(self, node: OpNode) -> None:
         settings = self.settings
         for value in _operands(node, node.matrix):
+            detail: dict[str, object]
             if self._is_stored(value) and settings.recipe == "static":
                 granularity, source, detail = "channel", "weight", {"axis": _n_axis(node)}
             else:

@@ -259,6 +259,7 @@ class Fp8ScaleUpdatePass(Pass):
 
     def run(self, context: PassContext) -> PassResult:
         settings = context.options.fp8
+        assert settings is not None  # applies() checked it
         graph = context.graph
         quantised = [n for n in graph if n.kind is NodeKind.QUANTIZE and "history" in n.params]
         amaxes = [node.inputs[1] for node in quantised]

@@ -108,6 +108,7 @@ class FuseNormsPass(Pass):
                 fused, inputs, outputs = None, match.inputs, [final.outputs[0]]
         self_skip = fused is None and kernel is None and skip is not None
         if self_skip:  # no plain fused op at this opset: the Skip op with skip = x, eps x4
+            assert skip is not None  # self_skip says so
             kernel, inputs = skip, [match.x, *match.inputs]
             attributes = {"epsilon": match.epsilon * SELF_SKIP_EPSILON}
             name = names.node(f"{final.name}__skip_{match.kind}")
@@ -123,6 +124,7 @@ class FuseNormsPass(Pass):
             fused.body = body
             if classify_node(fused, policy, context.weights).precision != low:
                 return False
+        assert kernel is not None  # each way to a fused op above set it
         ops = ", ".join(graph.nodes[n].op for n in nodes)
         replaced, dropped = _with_own_constants(graph, nodes, set(inputs))
         graph.replace_nodes(replaced, fused)

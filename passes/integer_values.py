@@ -77,7 +77,7 @@ _INTEGERS = frozenset({"int8", "uint8", "int16", "uint16", "int32", "uint32", "i
 
 def exact_limit(low: str) -> int:
     """The largest magnitude up to which ``low`` holds every integer (float16: 2048)."""
-    return 2 ** (int(ml_dtypes.finfo(numpy_type(low)).nmant) + 1)
+    return int(2 ** (int(ml_dtypes.finfo(numpy_type(low)).nmant) + 1))
 
 
 def integer_max(dtype: str) -> int:

@@ -112,8 +112,10 @@ def _centred(graph: OpGraph, d: str, inner: list[str]) -> tuple[str, list[str]] 
     """(x, [the mean's node, the Sub]) when ``d`` is x - mean(x) over the last axis and only
     ``inner`` (the norm's own ops) read it."""
     tensor = graph.tensors.get(d)
-    sub = graph.nodes.get(tensor.producer or "") if tensor is not None else None
-    if sub is None or sub.op != "Sub" or sub.domain or tensor.is_graph_output:  # type: ignore[union-attr]
+    if tensor is None:
+        return None
+    sub = graph.nodes.get(tensor.producer or "")
+    if sub is None or sub.op != "Sub" or sub.domain or tensor.is_graph_output:
         return None
     x, centre = sub.inputs
     mean = only_producer(graph, centre)
@@ -131,12 +133,12 @@ def _per_channel(graph: OpGraph, x: str, weight: str, output: str) -> bool:
     norm's output has x's shape."""
     x_shape = graph.tensors[x].shape
     info = graph.tensors.get(weight)
+    if info is None or not x_shape:
+        return False
     return (
-        info is not None
-        and info.dtype == graph.tensors[x].dtype
-        and bool(x_shape)
-        and isinstance(x_shape[-1], int)  # type: ignore[index]
-        and info.shape == (x_shape[-1],)  # type: ignore[index]
+        info.dtype == graph.tensors[x].dtype
+        and isinstance(x_shape[-1], int)
+        and info.shape == (x_shape[-1],)
         and graph.tensors[output].shape == x_shape
     )
 
@@ -196,7 +198,9 @@ def _normalised(graph: OpGraph, value: str) -> tuple[str, float, list[str]] | No
         else:
             return None
     root = only_producer(graph, root_value)
-    add = only_producer(graph, root.inputs[0]) if root is not None and root.op == "Sqrt" else None
+    if root is None or root.op != "Sqrt":
+        return None
+    add = only_producer(graph, root.inputs[0])
     if add is None or add.op != "Add" or len(add.inputs) != 2:
         return None
     for mean_value, eps_value in (add.inputs, add.inputs[::-1]):
@@ -253,7 +257,7 @@ def scalar(graph: OpGraph, name: str) -> float | None:
     tensor = graph.tensors.get(name)
     if tensor is None or not tensor.is_constant or tensor.is_graph_input:
         return None
-    values = np.asarray(tensor.load_value())  # type: ignore[misc]
+    values = np.asarray(tensor.stored_value())
     if values.size != 1 or not np.issubdtype(values.dtype, np.floating):
         return None
     value = float(values.reshape(-1)[0])

@@ -76,7 +76,7 @@ class Converted:
 def convert_values(values: np.ndarray, dtype: str) -> Converted:
     """``values`` rounded to ``dtype``, with the counts a plan reports."""
     with np.errstate(over="ignore"):  # counted below, and refused or reported by the callers
-        converted = values.astype(numpy_type(dtype))
+        converted: np.ndarray = values.astype(numpy_type(dtype))
     if values.size == 0:
         return Converted(converted, 0, 0)
     # Rounding keeps zeros zero and infinities infinite, so the differences of the counts are

@@ -161,7 +161,7 @@ def _scalar(graph: OpGraph, name: str) -> float | None:
     tensor = graph.tensors.get(name)
     if tensor is None or not tensor.is_constant or tensor.is_graph_input:
         return None
-    values = np.asarray(tensor.load_value())  # type: ignore[misc]
+    values = np.asarray(tensor.stored_value())
     if values.size != 1 or not np.issubdtype(values.dtype, np.floating):
         return None
     value = float(values.reshape(-1)[0])

@@ -43,7 +43,7 @@ from graphamp.training.distributed import Sharding, buckets, divide_factors
 
 
 def _item_bytes(dtype: str) -> int:
-    return BY_NAME[dtype].numpy(0).itemsize
+    return int(BY_NAME[dtype].numpy(0).itemsize)
 
 
 def _label(context: PassContext, names: list[str]) -> str:

@@ -94,7 +94,7 @@ class WeightRanges:
     def _measure(self, name: str, target: str) -> int:
         """Read and measure ``name`` against ``target`` (replacing deferred stats); the bytes
         read."""
-        values = np.asarray(self.graph.tensors[name].load_value())  # type: ignore[misc]
+        values = np.asarray(self.graph.tensors[name].stored_value())
         self._stats[(name, target)] = measure(values, target)
         return values.nbytes
 
@@ -113,7 +113,7 @@ class WeightRanges:
             and not (self.speculate and t.on_disk)
         ]
         total = sum(
-            int(np.prod([d if isinstance(d, int) else 0 for d in t.shape])) * itemsize(t.dtype)
+            math.prod(d if isinstance(d, int) else 0 for d in t.shape or ()) * itemsize(t.dtype)
             for t in stored
         )
         progress.current().begin("checking weight ranges", total, len(stored))

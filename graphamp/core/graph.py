@@ -20,6 +20,7 @@ import numpy as np
 
 from graphamp.core.dataflow import Dataflow
 from graphamp.core.dtypes import FLOAT_TYPES, LOW_TYPES, UNKNOWN
+from graphamp.errors import InternalError
 
 __all__ = [
     "FLOAT_TYPES",
@@ -131,6 +132,12 @@ class TensorInfo:
     @property
     def is_constant(self) -> bool:
         return self.load_value is not None
+
+    def stored_value(self) -> np.ndarray:
+        """A stored value's array, loaded now (only constants hold one)."""
+        if self.load_value is None:
+            raise InternalError(f"{self.name!r} is computed, not stored: it holds no value")
+        return self.load_value()
 
     @property
     def is_float(self) -> bool:

@@ -95,7 +95,7 @@ def remove_stale(folder: Path) -> list[Path]:
     where nothing could clean up (SIGKILL, a power cut): only names of graphamp's own pattern
     (:func:`temp_prefix`), of a process of this machine that is gone, or of another machine
     and untouched for a day. Returns what was removed."""
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(folder))
     except OSError:  # unreadable or missing: the write itself will say so

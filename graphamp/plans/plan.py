@@ -25,6 +25,7 @@ from graphamp.plans.records import (
     BOUNDARY,
     CastRecord,
     Fp8Decision,
+    JsonObject,
     NodeDecision,
     RewriteRecord,
     ScaleRecord,
@@ -97,8 +98,8 @@ class Plan:
         matrix = self.matrix_nodes()
         low_matrix = [n for n in matrix if self.nodes[n].precision == self.dtype]
         known = [self.nodes[n] for n in matrix if self.nodes[n].flops is not None]
-        total_flops = sum(d.flops for d in known)  # type: ignore[misc]
-        low_flops = sum(d.flops for d in known if d.precision == self.dtype)  # type: ignore[misc]
+        total_flops = sum(d.flops or 0 for d in known)
+        low_flops = sum(d.flops or 0 for d in known if d.precision == self.dtype)
         weights = self.weights
         return {
             "nodes": self.counts(),
@@ -123,7 +124,7 @@ class Plan:
             return {}
         chosen = [n for n, d in self.fp8.items() if d.rule == Rule.FP8]
         known = [self.nodes[n] for n in self.matrix_nodes() if self.nodes[n].flops is not None]
-        total = sum(d.flops for d in known)  # type: ignore[misc]
+        total = sum(d.flops or 0 for d in known)
         fp8_flops = sum(self.nodes[n].flops or 0 for n in chosen if n in self.nodes)
         return {
             "matrix_ops_fp8": len(chosen),
@@ -264,12 +265,12 @@ def is_plan_file(path: str | Path) -> bool:
     return head.lstrip().startswith(b"{") and f'"{PLAN_FORMAT}"'.encode() in head
 
 
-def _decision(data: dict[str, object]) -> NodeDecision:
+def _decision(data: JsonObject) -> NodeDecision:
     """A node decision from JSON, its precision and rule checked against the vocabulary."""
     fields = dict(data)
     fields["precision"] = Precision(fields["precision"])
     fields["rule"] = Rule(fields["rule"])
-    return NodeDecision(**fields)  # type: ignore[arg-type]
+    return NodeDecision(**fields)
 
 
 def _compact(value: object) -> str:

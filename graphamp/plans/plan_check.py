@@ -9,7 +9,8 @@ diff, an explanation or the reviewed-plan check.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import NoReturn, cast
 
 from graphamp.core.dtypes import LOW_TYPES
 from graphamp.core.vocab import FP8_RULES, ListName, Precision, Rule
@@ -27,7 +28,7 @@ def check_plan_data(data: dict[str, object], where: str) -> None:
     version already checked) whose type or value the plan format does not allow."""
     try:
         _record(data, "", _PLAN, optional=_PLAN_OPTIONAL, open_keys=True)
-        _vias_name_nodes(data["nodes"])  # type: ignore[arg-type]
+        _vias_name_nodes(cast(dict[str, dict[str, object]], data["nodes"]))  # checked just above
         _fp8_sections_together(data)
     except _Refused as refused:
         path, expected, value = refused.args
@@ -50,12 +51,14 @@ def _fp8_sections_together(data: dict[str, object]) -> None:
     if present and len(present) != len(_FP8_KEYS):
         missing = next(key for key in _FP8_KEYS if key not in data)
         _fail(missing, f"present with {present[0]!r} (a float8 plan holds all three)", "nothing")
-    for name in data.get("fp8", {}):  # type: ignore[union-attr]
-        if name not in data["nodes"]:  # type: ignore[operator]
+    decided = cast(dict[str, object], data.get("fp8", {}))  # both objects, as _record checked
+    nodes = cast(dict[str, object], data["nodes"])
+    for name in decided:
+        if name not in nodes:
             _fail(f"fp8[{name!r}]", "a node of the plan", name)
 
 
-def _fail(path: str, expected: str, value: object) -> None:
+def _fail(path: str, expected: str, value: object) -> NoReturn:
     raise _Refused(path, expected, value)
 
 
@@ -98,7 +101,7 @@ def _optional(check: Check) -> Check:
 def _strings(value: object, path: str) -> None:
     if not isinstance(value, list):
         _fail(path, "a list of strings", value)
-    for index, item in enumerate(value):  # type: ignore[arg-type]
+    for index, item in enumerate(value):
         _string(item, f"{path}[{index}]")
 
 
@@ -106,17 +109,17 @@ def _mapping(check: Check) -> Check:
     def mapping(value: object, path: str) -> None:
         if not isinstance(value, dict):
             _fail(path, "an object", value)
-        for key, item in value.items():  # type: ignore[union-attr]
+        for key, item in value.items():
             check(item, f"{path}[{key!r}]")
 
     return mapping
 
 
-def _records(fields: dict[str, Check], optional: dict[str, Check]) -> Check:
+def _records(fields: Mapping[str, Check], optional: Mapping[str, Check]) -> Check:
     def records(value: object, path: str) -> None:
         if not isinstance(value, list):
             _fail(path, "a list", value)
-        for index, item in enumerate(value):  # type: ignore[arg-type]
+        for index, item in enumerate(value):
             _record(item, f"{path}[{index}]", fields, optional=optional)
 
     return records
@@ -125,9 +128,9 @@ def _records(fields: dict[str, Check], optional: dict[str, Check]) -> Check:
 def _record(
     value: object,
     path: str,
-    fields: dict[str, Check],
+    fields: Mapping[str, Check],
     *,
-    optional: dict[str, Check],
+    optional: Mapping[str, Check],
     open_keys: bool = False,
 ) -> None:
     """``value`` is an object with every key of ``fields``, maybe those of ``optional``, and
@@ -136,15 +139,15 @@ def _record(
         _fail(path or "the plan", "an object", value)
     prefix = f"{path}." if path else ""
     for key, check in fields.items():
-        if key not in value:  # type: ignore[operator]
+        if key not in value:
             _fail(f"{prefix}{key}", "present", "nothing")
-        check(value[key], f"{prefix}{key}")  # type: ignore[index]
+        check(value[key], f"{prefix}{key}")
     for key, check in optional.items():
-        if key in value:  # type: ignore[operator]
-            check(value[key], f"{prefix}{key}")  # type: ignore[index]
-    unknown = sorted(set(value) - set(fields) - set(optional))  # type: ignore[arg-type]
+        if key in value:
+            check(value[key], f"{prefix}{key}")
+    unknown = sorted(set(value) - set(fields) - set(optional))
     if unknown and not open_keys:
-        _fail(f"{prefix}{unknown[0]}", "absent (no such field)", value[unknown[0]])  # type: ignore[index]
+        _fail(f"{prefix}{unknown[0]}", "absent (no such field)", value[unknown[0]])
 
 
 def _keep_io_types(value: object, path: str) -> None:

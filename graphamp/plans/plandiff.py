@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import cast
 
 from graphamp.plans.records import (
     CastRecord,
     Fp8Decision,
+    JsonObject,
     NodeDecision,
     PlanRecords,
     ScaleRecord,
@@ -56,7 +58,7 @@ class PlanDiff:
         for name in sorted(old.nodes.keys() | new.nodes.keys()):
             before, after = old.nodes.get(name), new.nodes.get(name)
             if before is None:
-                diff.nodes_added.append((name, after))  # type: ignore[arg-type]
+                diff.nodes_added.append((name, new.nodes[name]))
             elif after is None:
                 diff.nodes_removed.append((name, before))
             elif before.precision != after.precision:
@@ -98,9 +100,9 @@ class PlanDiff:
         old_scales = {r.key(): r for r in old.scales}
         new_scales = {r.key(): r for r in new.scales}
         for key in sorted(old_scales.keys() | new_scales.keys()):
-            before, after = old_scales.get(key), new_scales.get(key)
-            if before is None or after is None or _scale_kind(before) != _scale_kind(after):
-                self.scales_changed.append((before, after))
+            was, now = old_scales.get(key), new_scales.get(key)
+            if was is None or now is None or _scale_kind(was) != _scale_kind(now):
+                self.scales_changed.append((was, now))
 
     @property
     def empty(self) -> bool:
@@ -195,9 +197,9 @@ class PlanDiff:
                 lines += [f"+{name}  {_fp8_line(after)}"] if after else []
         if self.scales_changed:
             lines.append(f"@@ scales: {len(self.scales_changed)} changed @@")
-            for before, after in self.scales_changed:
-                lines += [f"-{_scale_line(before)}"] if before else []
-                lines += [f"+{_scale_line(after)}"] if after else []
+            for was, now in self.scales_changed:
+                lines += [f"-{_scale_line(was)}"] if was else []
+                lines += [f"+{_scale_line(now)}"] if now else []
         return lines
 
     def _fp8_dict(self) -> dict[str, object]:
@@ -246,7 +248,7 @@ def _comparable(plan: PlanRecords) -> str:
     if not plan.scales:
         return plan.to_json()
     data = plan.to_dict()
-    for record in data["scales"]:  # type: ignore[union-attr]
+    for record in cast(list[JsonObject], data["scales"]):  # ScaleRecord.to_dict's
         record["detail"] = {k: v for k, v in record["detail"].items() if k not in MEASURED}
     return json.dumps(data, sort_keys=True)
 

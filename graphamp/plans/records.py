@@ -7,9 +7,13 @@ the same objects, and a diff compares them by stable identity.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from graphamp.core.vocab import Precision, Rule
+
+# A JSON object as a plan file holds it: plan_check has checked its fields' types before any
+# from_dict reads it.
+JsonObject = dict[str, Any]
 
 
 @dataclass(slots=True)
@@ -58,15 +62,15 @@ class CastRecord:
         return record
 
     @classmethod
-    def from_dict(cls, data: dict[str, object]) -> CastRecord:
+    def from_dict(cls, data: JsonObject) -> CastRecord:
         return cls(
             tensor=str(data["tensor"]),
             src=str(data["from"]),
             dst=str(data["to"]),
             output=str(data["output"]),
-            consumers=[str(name) for name in data["consumers"]],  # type: ignore[attr-defined]
+            consumers=[str(name) for name in data["consumers"]],
             purpose=str(data["purpose"]),
-            bytes=int(data["bytes"]) if data.get("bytes") is not None else None,  # type: ignore[call-overload]
+            bytes=int(data["bytes"]) if data.get("bytes") is not None else None,
         )
 
 
@@ -127,18 +131,18 @@ class RewriteRecord:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, object]) -> RewriteRecord:
+    def from_dict(cls, data: JsonObject) -> RewriteRecord:
         return cls(
             node=str(data["node"]),
             op=str(data["op"]),
             domain=str(data["domain"]),
-            inputs=[str(n) for n in data["inputs"]],  # type: ignore[attr-defined]
-            outputs=[str(n) for n in data["outputs"]],  # type: ignore[attr-defined]
-            attributes=dict(data["attributes"]),  # type: ignore[call-overload]
-            replaces=[str(n) for n in data["replaces"]],  # type: ignore[attr-defined]
+            inputs=[str(n) for n in data["inputs"]],
+            outputs=[str(n) for n in data["outputs"]],
+            attributes=dict(data["attributes"]),
+            replaces=[str(n) for n in data["replaces"]],
             rule=str(data["rule"]),
             reason=str(data["reason"]),
-            drops=[str(n) for n in data.get("drops", [])],  # type: ignore[attr-defined]
+            drops=[str(n) for n in data.get("drops", [])],
         )
 
 
@@ -164,12 +168,12 @@ class Fp8Decision:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, object]) -> Fp8Decision:
+    def from_dict(cls, data: JsonObject) -> Fp8Decision:
         return cls(
             precision=Precision(data["precision"]),
             rule=Rule(data["rule"]),
             reason=str(data["reason"]),
-            operands=[str(n) for n in data.get("operands", [])],  # type: ignore[attr-defined]
+            operands=[str(n) for n in data.get("operands", [])],
         )
 
 
@@ -234,15 +238,15 @@ class ScaleRecord:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, object]) -> ScaleRecord:
+    def from_dict(cls, data: JsonObject) -> ScaleRecord:
         return cls(
             tensor=str(data["tensor"]),
             format=str(data["format"]),
             granularity=str(data["granularity"]),
             source=str(data["source"]),
-            detail=dict(data.get("detail", {})),  # type: ignore[call-overload]
-            consumers=[str(n) for n in data.get("consumers", [])],  # type: ignore[attr-defined]
-            state=[str(n) for n in data.get("state", [])],  # type: ignore[attr-defined]
+            detail=dict(data.get("detail", {})),
+            consumers=[str(n) for n in data.get("consumers", [])],
+            state=[str(n) for n in data.get("state", [])],
         )
 
 
@@ -256,7 +260,7 @@ class PlanRecords(Protocol):
     that :mod:`graphamp.plans.plandiff` needs only the records, and the plan module (which
     offers ``Plan.diff``) can import the diff without an import circle."""
 
-    model: str | None
+    model: str
     dtype: str
     nodes: dict[str, NodeDecision]
     fp8_settings: dict[str, object] | None

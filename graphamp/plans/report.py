@@ -27,7 +27,7 @@ def text_table(plan: Plan) -> str:
     summary = plan.summary()
     lines = [
         f"plan for {plan.model or 'model'} ({plan.dtype}): "
-        + ", ".join(f"{count} {precision}" for precision, count in summary["nodes"].items())  # type: ignore[union-attr]
+        + ", ".join(f"{count} {precision}" for precision, count in plan.counts().items())
         + f"; {_count(summary['casts_inserted'], 'cast')}; MatMul/Gemm/Conv low "
         f"{summary['matrix_ops_low']}/{summary['matrix_ops']}"
     ]
@@ -44,9 +44,10 @@ def text_table(plan: Plan) -> str:
             "",
             f"float8 ({summary['matrix_ops_fp8']} of {len(plan.fp8)} matrix ops decided low)",
         ]
-        for name, decision in sorted(plan.fp8.items()):
+        for name, fp8_decision in sorted(plan.fp8.items()):
             lines.append(
-                f"  {labels.get(name, name):<{width}}  {decision.rule:<12} {decision.reason}"
+                f"  {labels.get(name, name):<{width}}  {fp8_decision.rule:<12} "
+                f"{fp8_decision.reason}"
             )
     if plan.all_casts():
         lines += ["", f"casts ({len(plan.all_casts())}, {summary['cast_bytes']} bytes per run)"]
@@ -87,7 +88,9 @@ def explain(plan: Plan, node: str, graph: OpGraph | None = None) -> str:
         close = difflib.get_close_matches(node, plan.nodes, n=3)
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         raise GraphampError(f"no node named {node!r} in the plan{hint}")
-    lines, seen, current = [], set(), node
+    lines: list[str] = []
+    seen: set[str] = set()
+    current: str | None = node
     depth = 0
     while current is not None and current not in seen:
         seen.add(current)
