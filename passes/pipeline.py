@@ -20,11 +20,11 @@ The model pipeline (a model to convert, any dialect):
    refuses edits that differ from the reviewed plan's; ``speculation_check`` measures the
    weights on disk no writer will check (``Options.speculate_weights``).
 
-The training-step pipeline (a captured forward, backward and optimizer update): the float8
-products and their scales (``fp8_scaling``, with ``Options.fp8``), gradient communication
-(``all_reduce``, or ``all_gather`` and ``reduce_scatter`` for a sharded step), loss scaling
-(``loss_scale``), gradient clipping, the finite check and the scale update, the ranks'
-agreement on the finite check, and delayed float8 scaling's update after it
+The training-step pipeline (a captured forward, backward and optimizer update): gradient
+communication (``all_reduce``, or ``all_gather`` and ``reduce_scatter`` for a sharded step,
+the float8 products and their scales between them: ``fp8_scaling``, with ``Options.fp8``),
+loss scaling (``loss_scale``), gradient clipping, the finite check and the scale update, the
+ranks' agreement on the finite check, and delayed float8 scaling's update after it
 (``fp8_scale_update``).
 """
 
@@ -108,9 +108,10 @@ MODEL: tuple[Step, ...] = (
 )
 
 STEP: tuple[Step, ...] = (
-    Fp8ScalingPass,
     AllReducePass,
     AllGatherPass,
+    # after the gather: a sharded step's float8 layers quantise the gathered weights
+    Fp8ScalingPass,
     ReduceScatterPass,
     LossScalePass,
     ClipGradNormPass,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -88,7 +89,7 @@ def convert(
     calibrate: Iterable[Any] | None = None,
     strict: bool = False,
     fp8: Float8 | None = None,
-    _float8_marks: bool = False,
+    _float8_marks: str = "",
     **policy_overrides: Any,
 ) -> tuple[fx.GraphModule, Plan]:
     """Convert ``model`` to a mixed-precision GraphModule; returns it and its Plan.
@@ -111,7 +112,7 @@ def convert(
     writes the result as a ``.pt2`` program. ``fp8`` (a :class:`graphamp.Float8`: ``current()``,
     or ``static()`` with ``calibrate``) puts the layers its rules choose in float8
     (:mod:`graphamp.fx.float8_convert`); ``_float8_marks`` marks them for a training step to
-    trace instead (what ``train_step`` uses).
+    trace instead (:func:`converted_for_step`).
     """
     dialect = FxDialect(
         weights=weights,
@@ -135,9 +136,24 @@ def convert(
         )
         result = engine.apply(analysis)  # the plan is kept with the module (FxDialect.keep_plan)
     if fp8 is not None:
-        build = float8_step.mark if _float8_marks else float8_convert.lower
-        build(result.model, result.plan, fp8)
+        if _float8_marks:
+            float8_step.mark(result.model, result.plan, weights=_float8_marks)
+        else:
+            float8_convert.lower(result.model, result.plan, fp8)
     return result.model, result.plan
+
+
+def converted_for_step(
+    model: Model, inputs: tuple[Any, ...], policy: Policy, fp8: Float8 | None, weights: str
+) -> tuple[fx.GraphModule, Plan]:
+    """``model`` converted for a training step to trace through: shapes static (a step is
+    captured per batch signature), master weights, the float8 layers marked with their weight
+    read as ``weights`` ("master", or "low": its low-type copy, what a sharded step gathers)."""
+    with warnings.catch_warnings():  # the step warned of a slow type once, with the policy
+        warnings.simplefilter("ignore", SlowPrecisionWarning)
+        return convert(
+            model, inputs, dynamic_shapes="static", policy=policy, fp8=fp8, _float8_marks=weights
+        )
 
 
 def _warn_static_batches(inputs: list[str]) -> None:

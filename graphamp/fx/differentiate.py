@@ -129,7 +129,7 @@ def trace(module: fx.GraphModule, fn: Callable[..., Any], args: list[Any]) -> fx
     """``fn`` (a step through ``module``) traced functionally on ``args``; an error raised in
     a higher-order op's backward is one line naming the op."""
     try:
-        return make_fx(functionalize(module, fn), tracing_mode=tracing_mode(module))(*args)
+        traced = make_fx(functionalize(module, fn), tracing_mode=tracing_mode(module))(*args)
     except GraphampError:
         raise
     except Exception as error:
@@ -141,3 +141,21 @@ def trace(module: fx.GraphModule, fn: Callable[..., Any], args: list[Any]) -> fx
             f"train_step: torch could not trace the step through the forward's {ops}: "
             f"{type(error).__name__}: {lines[0][:300]}"
         ) from error
+    return without_leaf_detaches(traced)
+
+
+def without_leaf_detaches(module: fx.GraphModule) -> fx.GraphModule:
+    """``module`` without the ``detach`` of each argument that ``torch.autograd.grad``'s
+    leaves leave in the trace: an identity in a graph that runs without autograd, which
+    would hide the argument's readers (a sharded step gathers a parameter in the low type
+    only when every reader casts it there)."""
+    changed = False
+    for node in list(module.graph.nodes):
+        if node.target is torch.ops.aten.detach.default and node.args[0].op == "placeholder":
+            node.replace_all_uses_with(node.args[0])
+            module.graph.erase_node(node)
+            changed = True
+    if changed:
+        module.graph.lint()
+        module.recompile()
+    return module

@@ -90,7 +90,7 @@ def lower(module: fx.GraphModule, plan: Plan, settings: Float8) -> None:
         found = layer_of(module, node)
         if found is None:
             continue
-        x, master, bias = found
+        x, master, _, bias = found
         stored = attribute(module, master.target)  # type: ignore[arg-type]
         weight, scale = quantised_weight(stored, per_channel, settings.granularity == "row")  # type: ignore[arg-type]
         stem = f"{str(master.target).replace('.', '_')}_float8"

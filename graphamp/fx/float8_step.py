@@ -33,9 +33,11 @@ STEP_LAYERS = "linear layers and x @ W.T products of an activation and a paramet
 CAST = torch.ops.aten._to_copy.default
 
 
-def mark(module: fx.GraphModule, plan: Plan, fp8: Any) -> None:
-    """The float8 layers of ``plan`` marked in ``module`` for a step to trace."""
-    keep_unbuilt(plan, mark_layers(module, chosen_layers(module, plan)), "a training step")
+def mark(module: fx.GraphModule, plan: Plan, weights: str) -> None:
+    """The float8 layers of ``plan`` marked in ``module`` for a step to trace (the weight
+    quantised from its ``master`` or its ``low`` copy)."""
+    left = mark_layers(module, chosen_layers(module, plan), weights)
+    keep_unbuilt(plan, left, "a training step")
 
 
 def keep_unbuilt(plan: Plan, names: Iterable[str], where: str) -> None:
@@ -103,29 +105,32 @@ def _transposed(value: object) -> fx.Node | None:
     return None
 
 
-def layer_of(module: fx.GraphModule, node: fx.Node) -> tuple[Any, fx.Node, Any] | None:
-    """``node`` as a layer (input, weight parameter, bias or None) when it is one: a
-    ``linear``, or an ``mm``/``matmul``/``addmm`` of an activation and a transposed weight
-    (``x @ W.T``); else None."""
+def layer_of(module: fx.GraphModule, node: fx.Node) -> tuple[Any, fx.Node, fx.Node, Any] | None:
+    """``node`` as a layer when it is one, a ``linear``, or an ``mm``/``matmul``/``addmm`` of
+    an activation and a transposed weight (``x @ W.T``): (its input, the weight parameter,
+    the value holding the weight it reads (the parameter or its cast), its bias or None);
+    else None."""
     target, args = node.target, node.args
     if target is LINEAR:
-        master = weight_source(module, args[1])  # type: ignore[arg-type]
-        return None if master is None else (args[0], master, args[2] if len(args) > 2 else None)
-    if target in (torch.ops.aten.mm.default, torch.ops.aten.matmul.default):
-        bias, x, product = None, args[0], args[1]
+        weight = args[1]
+        bias = args[2] if len(args) > 2 else None
+    elif target in (torch.ops.aten.mm.default, torch.ops.aten.matmul.default):
+        bias, weight = None, _transposed(args[1])
     elif target is torch.ops.aten.addmm.default and not node.kwargs:
-        bias, x, product = args
+        bias, weight = args[0], _transposed(args[2])
     else:
         return None
-    weight = _transposed(product)
-    master = None if weight is None else weight_source(module, weight)
-    return None if master is None else (x, master, bias)
+    master = None if weight is None else weight_source(module, weight)  # type: ignore[arg-type]
+    x = args[1] if target is torch.ops.aten.addmm.default else args[0]
+    return None if master is None else (x, master, weight, bias)  # type: ignore[return-value]
 
 
-def mark_layers(module: fx.GraphModule, layers: Iterable[tuple[str, fx.Node]]) -> list[str]:
+def mark_layers(
+    module: fx.GraphModule, layers: Iterable[tuple[str, fx.Node]], weights: str = "master"
+) -> list[str]:
     """Each ``(plan name, node)`` of ``layers`` that is a layer (:func:`layer_of`) made the
-    marked float8 product in ``module``; returns the names of the others, left as they
-    were."""
+    marked float8 product in ``module``, quantising the weight's ``master`` or the ``low``
+    copy the layer read; returns the names of the others, left as they were."""
     graph = module.graph
     left = []
     for name, node in layers:
@@ -133,11 +138,12 @@ def mark_layers(module: fx.GraphModule, layers: Iterable[tuple[str, fx.Node]]) -
         if found is None:
             left.append(name)
             continue
-        x, master, bias = found
+        x, master, read, bias = found
+        weight = master if weights == "master" else read
         stored = attribute(module, master.target)  # type: ignore[arg-type]
         with graph.inserting_before(node):
             rows = graph.call_function(torch.ops.aten.reshape.default, (x, [-1, stored.shape[1]]))
-            product = graph.call_function(float8.FLOAT8_MM, (rows, master, "output", name))
+            product = graph.call_function(float8.FLOAT8_MM, (rows, weight, "output", name))
             out = graph.call_function(_unflatten, (product, x))
             if bias is not None:
                 out = graph.call_function(torch.ops.aten.add.Tensor, (out, bias))

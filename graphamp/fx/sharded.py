@@ -60,6 +60,10 @@ class ShardedTrainStep(TrainStep):
     # Its graphs return new shards, which __call__ copies into the model's own; the whole
     # parameters' arguments sit between the shards and the optimizer state.
     write_back = False
+    # A float8 layer quantises the weight's low-type copy: the whole weights are gathered in
+    # the low type (half of float32's bytes), as FSDP2 gathers a MixedPrecisionPolicy's
+    # param_dtype and torchao's Float8Linear quantises that.
+    float8_weights = "low"
 
     def __init__(
         self,
@@ -125,7 +129,8 @@ class ShardedTrainStep(TrainStep):
         fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in batch]
         count = len(self.params)
         args = [*state[:count], *wholes, *state[count:], *rest, *fakes]
-        return make_fx(differentiate.functionalize(self.forward, fn), tracing_mode="fake")(*args)
+        traced = make_fx(differentiate.functionalize(self.forward, fn), tracing_mode="fake")(*args)
+        return differentiate.without_leaf_detaches(traced)
 
     def _options(self, traced: fx.GraphModule) -> Options:
         shards, wholes = self._placeholders(traced)

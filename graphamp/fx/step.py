@@ -12,16 +12,15 @@ waits for the host.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-from graphamp.errors import GraphampError, SlowPrecisionWarning
+from graphamp.errors import GraphampError
 from graphamp.fx import differentiate, distributed, eager, marks, optim, reader, signatures, writer
-from graphamp.fx.conversion import convert, fx_policy
+from graphamp.fx.conversion import converted_for_step, fx_policy
 from graphamp.fx.float8_step import check_lowered, read_marks, step_scales
 from graphamp.fx.fsdp import local
 from graphamp.fx.signatures import CapturedStep, StepGraphs
@@ -41,6 +40,7 @@ class TrainStep:
     gives the loss. Owns parameters, optimizer state and loss-scaling state (tensors)."""
 
     write_back = True  # a compiled graph writes new state into the old: eager.write_back
+    float8_weights = "master"  # what a float8 layer quantises: the float32 master weight
 
     def __init__(
         self,
@@ -126,13 +126,9 @@ class TrainStep:
     def _converted(self, batch: Sequence[torch.Tensor]) -> tuple[fx.GraphModule, Plan]:
         """The model converted on ``batch``'s inputs (float32 master weights): the forward
         module a capture traces through, and its plan."""
-        batch_inputs, static = tuple(batch[:-1]), "static"  # captured per batch signature
-        with warnings.catch_warnings():  # _build warned of a slow type once, with the policy
-            warnings.simplefilter("ignore", SlowPrecisionWarning)
-            return convert(  # the float8 layers marked for the trace
-                self._source(), batch_inputs, dynamic_shapes=static, policy=self._policy,
-                fp8=self.fp8, _float8_marks=True,
-            )  # fmt: skip
+        batch_inputs = tuple(batch[:-1])  # captured per batch signature, float8 layers marked
+        args = (self._source(), batch_inputs, self._policy, self.fp8, self.float8_weights)
+        return converted_for_step(*args)
 
     def _source(self) -> nn.Module:
         """The module the forward pass is captured from."""

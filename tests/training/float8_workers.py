@@ -77,6 +77,7 @@ def train(recipe: str, spans: str | None, rank: int | None, mesh: Any = None) ->
         "skipped": int(step.skipped_steps),
         "update": {n: d.reason for n, d in nodes.items() if n == "float8.scale_update"},
         "gemms": sorted(n for n in nodes if n.endswith((".output", ".grad_input", ".grad_weight"))),
+        "gathered": sorted({str(d.precision) for n, d in nodes.items() if "all_gather" in n}),
     }
 
 
