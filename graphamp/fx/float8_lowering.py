@@ -5,6 +5,7 @@ ops, from the arithmetic of :mod:`graphamp.fx.float8`: each kind a function over
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -86,7 +87,8 @@ def _scale_update(node: OpNode) -> Lowering:
 def _largest_over_ranks(values: torch.Tensor, group: str) -> torch.Tensor:
     from torch.distributed import _functional_collectives as collectives
 
-    return collectives.wait_tensor(collectives.all_reduce(values, "max", group))
+    named: Any = group  # the group's name, as the functional collectives take it
+    return collectives.wait_tensor(collectives.all_reduce(values, "max", named))
 
 
 LOWERINGS: dict[NodeKind, Callable[[OpNode], Lowering]] = {

@@ -83,7 +83,12 @@ def check_settings(fp8: Any, dtype: str, loss_scaling: Any, accumulate: int) -> 
 
 
 def weight_source(module: fx.GraphModule, value: fx.Node) -> fx.Node | None:
-    """The parameter ``value`` reads (itself, or the master a cast reads), else None."""
+    """The parameter ``value`` reads (itself, the master a cast reads, or through a cast of
+    its transpose and the transpose back), else None."""
+    if value.target is torch.ops.aten.t.default and isinstance(value.args[0], fx.Node):
+        inner = value.args[0]  # t(cast(t(W))): W
+        if inner.target is CAST and (source := _transposed(inner.args[0])) is not None:
+            value = source
     if value.op == "call_function" and value.target is CAST and len(value.args) == 1:
         value = value.args[0]  # type: ignore[assignment]
     if value.op == "get_attr" and isinstance(attribute(module, value.target), torch.Tensor):  # type: ignore[arg-type]
@@ -96,33 +101,59 @@ def _transposed(value: object) -> fx.Node | None:
     if not isinstance(value, fx.Node) or value.op != "call_function":
         return None
     target, args = value.target, value.args
+    source = args[0] if isinstance(args[0], fx.Node) else None
     if target is torch.ops.aten.t.default:
-        return args[0]  # type: ignore[return-value]
-    if target is torch.ops.aten.transpose.int and sorted(args[1:3]) in ([0, 1], [-2, -1], [-1, 0]):
-        return args[0]  # type: ignore[return-value]
-    if target is torch.ops.aten.permute.default and list(args[1]) == [1, 0]:  # type: ignore[arg-type]
-        return args[0]  # type: ignore[return-value]
+        return source
+    if target is torch.ops.aten.transpose.int:
+        dims = [d % 2 for d in args[1:3] if isinstance(d, int)]
+        return source if sorted(dims) == [0, 1] else None
+    if target is torch.ops.aten.permute.default:
+        order = args[1]
+        return source if isinstance(order, list | tuple) and list(order) == [1, 0] else None
     return None
 
 
 def layer_of(module: fx.GraphModule, node: fx.Node) -> tuple[Any, fx.Node, fx.Node, Any] | None:
     """``node`` as a layer when it is one, a ``linear``, or an ``mm``/``matmul``/``addmm`` of
-    an activation and a transposed weight (``x @ W.T``): (its input, the weight parameter,
-    the value holding the weight it reads (the parameter or its cast), its bias or None);
+    an activation and a transposed weight (``x @ W.T``, the cast before or after the
+    transpose): (its input, the weight parameter, the value holding the weight it reads as
+    (N, K) (the parameter, its cast, or a transpose of the cast it reads), its bias or None);
     else None."""
     target, args = node.target, node.args
     if target is LINEAR:
         weight = args[1]
         bias = args[2] if len(args) > 2 else None
     elif target in (torch.ops.aten.mm.default, torch.ops.aten.matmul.default):
-        bias, weight = None, _transposed(args[1])
+        bias, weight = None, _untransposed(module, args[1])
     elif target is torch.ops.aten.addmm.default and not node.kwargs:
-        bias, weight = args[0], _transposed(args[2])
+        bias, weight = args[0], _untransposed(module, args[2])
     else:
         return None
     master = None if weight is None else weight_source(module, weight)  # type: ignore[arg-type]
+    stored = None if master is None else attribute(module, str(master.target))
+    if master is None or not isinstance(stored, torch.Tensor) or stored.dim() != 2:
+        return None  # a layer's weight is a matrix
     x = args[1] if target is torch.ops.aten.addmm.default else args[0]
-    return None if master is None else (x, master, weight, bias)  # type: ignore[return-value]
+    return (x, master, weight, bias)  # type: ignore[return-value]
+
+
+def _untransposed(module: fx.GraphModule, value: object) -> fx.Node | None:
+    """The (N, K) weight a product's B = W.T comes from: what ``t(cast(W))`` transposes,
+    or, for ``cast(t(W))`` of a parameter, a transpose of that cast (one already in the
+    graph, else one added after the cast: callers drop it as dead code if unused)."""
+    inner = _transposed(value)
+    if inner is not None or not isinstance(value, fx.Node):
+        return inner
+    if value.target is not CAST or len(value.args) != 1:
+        return None
+    source = _transposed(value.args[0])
+    if source is None or weight_source(module, source) is None:
+        return None
+    for user in value.users:  # asked again (convert asks twice): the same transpose
+        if user.target is torch.ops.aten.t.default:
+            return user
+    with module.graph.inserting_after(value):
+        return module.graph.call_function(torch.ops.aten.t.default, (value,))
 
 
 def mark_layers(
@@ -140,7 +171,8 @@ def mark_layers(
             continue
         x, master, read, bias = found
         weight = master if weights == "master" else read
-        stored = attribute(module, master.target)  # type: ignore[arg-type]
+        stored = attribute(module, str(master.target))
+        assert isinstance(stored, torch.Tensor)  # weight_source found a tensor
         with graph.inserting_before(node):
             rows = graph.call_function(torch.ops.aten.reshape.default, (x, [-1, stored.shape[1]]))
             product = graph.call_function(float8.FLOAT8_MM, (rows, weight, "output", name))

@@ -160,3 +160,35 @@ def test_static_scaling_keeps_a_layer_whose_activation_would_flush_to_zero():
     # calibrated on ordinary data, the same layer takes float8
     _, ordinary = gfx.convert(mlp(), (x,), fp8=graphamp.Float8.static(), calibrate=[(x,)])
     assert ordinary.fp8["0/linear"].rule == "fp8"
+
+
+class Products(nn.Module):
+    """``x @ W.T`` (a layer written as a product) and ``h @ V`` (a weight not transposed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = nn.Parameter(torch.randn(32, 64) * 0.1)
+        self.v = nn.Parameter(torch.randn(32, 16) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ self.w.t()) @ self.v
+
+
+def test_a_product_with_a_transposed_weight_is_a_layer_and_others_are_said_to_stay():
+    x = inputs(1, 7)[0]
+    settings = graphamp.Float8.current(sizes="none", keep_last=False)
+    with pytest.warns(graphamp.Float8Warning, match="'matmul_1': kept bfloat16"):
+        module, plan = gfx.convert(Products(), (x,), fp8=settings)
+    assert plan.fp8["matmul"].rule == "fp8"
+    kept = plan.fp8["matmul_1"]
+    assert kept.rule == "fp8_deny" and "x @ W.T products" in kept.reason
+    assert all("matmul_1" not in record.consumers for record in plan.scales)
+    # x @ W.T runs as the linear layer of W would
+    linear = nn.Linear(64, 32, bias=False)
+    linear.weight = Products().w
+    as_layer, _ = gfx.convert(nn.Sequential(linear), (x,), fp8=settings)
+    with torch.no_grad():
+        hidden = torch.relu(as_layer(x))
+        expected = (hidden @ Products().v.bfloat16()).bfloat16()
+        assert torch.equal(module(x), expected)
