@@ -10,7 +10,10 @@ one of the dialect's matrix ops) decided in the low type, it records one
    last matrix op of the graph (the LM head or output layer, with ``keep_last``); or it is a
    MoE router (its output reaches a TopK through ops that keep the order of values).
 2. ``fp8_operands``: both operands are activations (attention's products, Q x K^T and P x V):
-   float8 kernels and every recipe quantise a stored or trained weight against an activation.
+   float8 kernels and every recipe quantise a stored or trained weight against an activation;
+   or, under static scaling in a dialect that stores the weight a product reads itself
+   (``Dialect.float8_weights == "stored"``: ONNX), the weight is computed from stored values
+   at run time (a Transpose the exporter did not fold).
 3. ``fp8_shape``: K or N unknown or not a multiple of 16 (what CUDA's float8 GEMMs need), or
    under the size table (``sizes = "torchao"``: torchao's auto-filter, K <= 4096 and N <= 1024
    tensorwise; N <= 2048, K <= 1024, or N <= 4096 and K <= 2048 rowwise), where float8's
@@ -36,7 +39,7 @@ import math
 
 from graphamp.core.graph import MatrixDims, NodeKind, OpNode
 from graphamp.core.vocab import Precision, Rule
-from graphamp.dialects.registry import matrix_ops_for
+from graphamp.dialects.registry import float8_weights_for, matrix_ops_for
 from graphamp.errors import GraphampError, InternalError
 from graphamp.numerics.ranges import Ranges, underflow_share
 from graphamp.passes.base import Fact, Pass, PassResult
@@ -124,6 +127,9 @@ class _Decider:
         self.graph, self.settings, self.ranges = context.graph, settings, ranges
         self.low = context.policy.dtype
         matrix_ops = matrix_ops_for(context.policy.dialect)
+        # whether a static weight must be the stored value the product reads (ONNX), or the
+        # dialect finds the parameter behind casts and transposes (FX)
+        self.stores_weights_read = float8_weights_for(context.policy.dialect) == "stored"
         every = [
             node
             for node in context.graph
@@ -168,6 +174,9 @@ class _Decider:
                 f"both operands ({operands[0]!r}, {operands[1]!r}) are activations "
                 "(an attention product)",
             )
+        computed = self._computed_weight(operands)
+        if computed:
+            return kept(Rule.FP8_OPERANDS, computed)
         shape = self._shape_problem(dims)
         if shape:
             return kept(Rule.FP8_SHAPE, shape)
@@ -229,6 +238,27 @@ class _Decider:
                 )
         self._stored[value] = result
         return result
+
+    def _computed_weight(self, operands: list[str]) -> str:
+        """Under static scaling in a dialect that quantises the stored value a product reads
+        (ONNX), why a weight operand computed from stored values (a Transpose or Reshape of
+        a weight the exporter did not fold) cannot be stored in float8: it is made by a node
+        at run time; "" when each weight operand is stored itself."""
+        if self.settings.recipe != "static" or not self.stores_weights_read:
+            return ""
+        for value in operands:
+            info = self.graph.tensors.get(value)
+            if info is None or info.is_constant or info.producer is None:
+                continue
+            producer = self.graph.nodes[info.producer]
+            if producer.kind is not NodeKind.CONSTANT and self._is_stored(value):
+                return (
+                    f"its weight {value!r} is computed from stored values (by {producer.op} "
+                    f"node {producer.name!r}), not stored: static scaling stores a weight in "
+                    "float8 at conversion; fold the computation into the weight (constant "
+                    "folding, e.g. the exporter's) to put it in float8"
+                )
+        return ""
 
     def _shape_problem(self, dims: MatrixDims) -> str:
         k, n = dims.k, dims.n

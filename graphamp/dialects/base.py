@@ -46,6 +46,11 @@ class Dialect(abc.ABC):
     suffixes: ClassVar[tuple[str, ...]] = ()  # file names it reads, e.g. (".onnx",)
     object_modules: ClassVar[tuple[str, ...]] = ()  # top-level packages of objects it takes
     matrix_ops: ClassVar[frozenset[str]] = frozenset()  # op types counted as matrix work
+    # Which weight a static float8 product quantises at conversion: "stored", the stored value
+    # the product reads itself (ONNX: an initializer; a weight computed from one at run time,
+    # an unfolded Transpose, cannot be); "traced", the parameter behind the casts and
+    # transposes the product reads it through (FX).
+    float8_weights: ClassVar[str] = "stored"
 
     def accepts(self, source: object) -> bool:
         """Whether an in-memory object is a model of this dialect (checked after the

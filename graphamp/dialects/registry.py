@@ -30,6 +30,7 @@ class Entry:
     object_modules: tuple[str, ...] = ()
     lists: tuple[str, ...] = ()
     matrix_ops: frozenset[str] = frozenset()
+    float8_weights: str = "stored"  # Dialect.float8_weights
 
     def load_class(self) -> type[Dialect]:
         if isinstance(self.target, str):
@@ -59,6 +60,7 @@ _ENTRIES: list[Entry] = [
         suffixes=(".pt2",),
         magic=b"PK\x03\x04",
         matrix_ops=matrix_ops("aten"),
+        float8_weights="traced",
     ),
     Entry(
         "fx",
@@ -66,6 +68,7 @@ _ENTRIES: list[Entry] = [
         object_modules=("torch",),
         lists=("fx_cpu", "fx_cuda"),
         matrix_ops=matrix_ops("aten"),
+        float8_weights="traced",
     ),
 ]
 DEFAULT = "onnx"
@@ -85,6 +88,7 @@ def register(dialect: type[Dialect]) -> type[Dialect]:
             object_modules=dialect.object_modules,
             lists=(dialect.lists,),
             matrix_ops=dialect.matrix_ops,
+            float8_weights=dialect.float8_weights,
         )
     )
     return dialect
@@ -187,6 +191,15 @@ def matrix_ops_for(lists: str) -> frozenset[str]:
         if lists in entry.lists:
             return entry.matrix_ops
     return frozenset()
+
+
+def float8_weights_for(lists: str) -> str:
+    """Which weight a static float8 product quantises (:attr:`Dialect.float8_weights`) in the
+    dialect whose policies use the list family ``lists``."""
+    for entry in entries():
+        if lists in entry.lists:
+            return entry.float8_weights
+    return "stored"
 
 
 def _pickled(path: Path, head: bytes) -> bool:

@@ -34,6 +34,7 @@ class FxDialect(Dialect):
     name = "fx"
     lists = "fx_cpu"
     matrix_ops = matrix_ops("aten")
+    float8_weights = "traced"  # fx/float8_convert finds the parameter behind casts, transposes
     default_dtype = "bfloat16"
 
     def __init__(

@@ -192,3 +192,20 @@ def test_a_product_with_a_transposed_weight_is_a_layer_and_others_are_said_to_st
         hidden = torch.relu(as_layer(x))
         expected = (hidden @ Products().v.bfloat16()).bfloat16()
         assert torch.equal(module(x), expected)
+
+
+def test_static_scaling_takes_x_at_w_t_whose_weight_is_a_traced_parameter():
+    """ONNX keeps a weight computed at run time (an unfolded Transpose) out of static float8;
+    FX quantises the parameter behind the transpose, so ``x @ W.T`` is chosen and runs as
+    the static float8 linear layer of W."""
+    x = inputs(1, 7)[0]
+    settings = graphamp.Float8.static(keep_last=False)
+    with pytest.warns(graphamp.Float8Warning, match="'matmul_1'"):
+        module, plan = gfx.convert(Products(), (x,), fp8=settings, calibrate=[(x,)])
+    assert plan.fp8["matmul"].rule == "fp8", plan.fp8["matmul"].reason
+    linear = nn.Linear(64, 32, bias=False)
+    linear.weight = Products().w
+    as_layer, _ = gfx.convert(nn.Sequential(linear), (x,), fp8=settings, calibrate=[(x,)])
+    with torch.no_grad():
+        expected = (torch.relu(as_layer(x)) @ Products().v.bfloat16()).bfloat16()
+        assert torch.equal(module(x), expected)

@@ -408,3 +408,28 @@ def test_weights_left_on_disk_are_quantised_a_block_at_a_time(tmp_path, external
         assert stored == [[1024, 1024]] * count
     # six more float8 weights (6 MiB of them, 24 MiB read) cost no more memory
     assert peaks[1] < peaks[0] + 1024 * 1024, peaks
+
+
+def test_a_weight_computed_at_run_time_is_kept_with_a_reason(tmp_path):
+    """MatMul(x, Transpose(w)) where the exporter did not fold the Transpose: static scaling
+    stores a weight in float8 at conversion, and this one is computed: the node keeps the low
+    type with rule fp8_operands, its reason naming the Transpose (and the model converts)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "w")
+    v = numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "v")
+    nodes = [
+        helper.make_node("Transpose", ["w"], ["wt"], name="t"),
+        helper.make_node("MatMul", ["x", "wt"], ["h"], name="mm"),
+        helper.make_node("MatMul", ["h", "v"], ["h2"], name="mm2"),
+        helper.make_node("Relu", ["h2"], ["y"], name="relu"),
+    ]
+    proto = model(nodes, initializers=[w, v], shape=(8, 32))
+    feeds = [{"x": rng.standard_normal((8, 32)).astype(np.float32)} for _ in range(2)]
+    ranges = gonnx.calibrate(proto, feeds, histograms=True)
+    result = gonnx.convert(proto, fp8=graphamp.Float8.static(keep_last=False), ranges=ranges)
+    kept, chosen = result.plan.fp8["mm"], result.plan.fp8["mm2"]
+    assert kept.rule == "fp8_operands" and "computed from stored values" in kept.reason
+    assert "Transpose node 't'" in kept.reason and chosen.rule == "fp8"
+    out = result.to_proto()
+    onnx.checker.check_model(out, full_check=True)
+    assert [n.op_type for n in out.graph.node].count("DequantizeLinear") == 2  # mm2's A and B
