@@ -172,16 +172,35 @@ def test_current_tensorwise_equals_torchao_on_the_zoos_gpt(master):
     assert_bit_equal(step, eager, optimizer, losses)
 
 
-def test_current_rowwise_equals_torchao_rowwise():
+@pytest.mark.parametrize("master", MASTERS, ids=["float32-masters", "bfloat16-masters"])
+def test_current_rowwise_equals_torchao_rowwise(master):
     from torchao.float8.config import Float8LinearConfig
 
     step, eager, optimizer, losses = train_both(
-        mlp(),
+        mlp(master),
         mlp_data(),
         nn.functional.mse_loss,
         current("row"),
         reference.torchao_layer(Float8LinearConfig.from_recipe_name("rowwise")),
     )
+    assert float8_layers(step) == {"0/linear", "2/linear", "4/linear"}
+    assert_bit_equal(step, eager, optimizer, losses)
+
+
+def test_current_rowwise_equals_torchao_rowwise_on_the_zoos_gpt():
+    """Every linear layer of the zoo's GPT, with bfloat16 masters (the MLP above takes both
+    kinds of master)."""
+    from torchao.float8.config import Float8LinearConfig
+
+    model, data, loss = gpt()
+    step, eager, optimizer, losses = train_both(
+        model.to(torch.bfloat16),
+        data,
+        loss,
+        current("row", keep_last=True),
+        reference.torchao_layer(Float8LinearConfig.from_recipe_name("rowwise")),
+    )
+    assert len(float8_layers(step)) == 12
     assert_bit_equal(step, eager, optimizer, losses)
 
 
