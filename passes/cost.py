@@ -27,7 +27,16 @@ move at run time plus the bytes of the stored weights, a minimum cut:
    :data:`graphamp.core.dtypes.SYMBOLIC_DIM` (1: batch 1, one token; the weights weigh against one
    token's activations); a value of unknown rank counts one element. A value inside a loop
    body counts :data:`LOOP_RUNS` times per enclosing loop.
-4. Ties stay float32 (the cut with the fewest ops low).
+4. Ties go low: an op that computes low also reads and writes its computation-type values in
+   half the bytes (``elements x (4 - 2)`` more in float32 for float16). That traffic is
+   counted after the Casts' and weights' bytes: of the cuts that move the fewest of those, the
+   one where the ops left float32 would read and write the fewest bytes, so a clear or infer op
+   between a float32 op and a low one (one Cast before it or after it) runs low, as
+   TensorFlow, MXNet and Paddle paint it, and no decision the Casts and weights make moves.
+   It counts where a low op reads or writes a value of the free ops' region (joined through
+   values): a region no low op touches (float ops between quantisers, whose scales cost
+   nothing either way) stays float32, as TensorFlow's colouring leaves it, and so does what is
+   still a tie (a graph input, a Cast of the model, a body's boundary: none computes).
 
 The free ops split into regions that share no cost (connected through the costs above); each
 region is one minimum cut over a small flow graph (:mod:`graphamp.passes.min_cut`): ops low on
@@ -77,11 +86,11 @@ def decide_by_cost(
     decisions = dict(classes)
     decisions.update(deny_spread_decisions(graph, classes))
     terms = cost_terms(graph, decisions, policy)
-    side = cut(len(terms.names), terms.costs)
+    side = cut(len(terms.names), terms.costs, terms.preferences())
     now, other = terms.prices(side)
     reasons = _Reasons(policy.dtype)
     neighbours = graph.dataflow.neighbours
-    nodes, names, side_of = graph.nodes, terms.names, terms.side_of
+    nodes, names, side_of, own = graph.nodes, terms.names, terms.side_of, terms.own
     low_count = 0
     for number in terms.free:
         name = names[number]
@@ -90,7 +99,9 @@ def decide_by_cost(
         what = None if boundary is None else str(boundary)
         paid, flipped = now[number], other[number]
         here = side[number] if paid or flipped else None  # None: nothing at stake
-        precision, reason = reasons.of(what, decision, here, flipped - paid)
+        more = flipped - paid
+        saved = own[number - terms.free.start] if here == LOW and not more else 0
+        precision, reason = reasons.of(what, decision, here, more, saved)
         via = None if here is None else _via(neighbours(name), here, side, side_of)
         decisions[name] = NodeDecision(decision.op, precision, decision.rule, reason, via=via)
         low_count += side[number] == LOW
@@ -104,23 +115,25 @@ class _Reasons:
 
     def __init__(self, low: str) -> None:
         self.low = low
-        self._made: dict[tuple[str | None, Rule, str, int | None, int], tuple[Precision, str]]
-        self._made = {}
+        self._made: dict[
+            tuple[str | None, Rule, str, int | None, int, int], tuple[Precision, str]
+        ] = {}
 
     def of(
-        self, what: str | None, decision: NodeDecision, here: int | None, more: int
+        self, what: str | None, decision: NodeDecision, here: int | None, more: int, saved: int
     ) -> tuple[Precision, str]:
         """For a free op (a body's boundary ``what``, else None) classified ``decision``, on
         side ``here`` (None: no Cast or weight at stake) where a flip would move ``more``
-        bytes more."""
-        key = (what, decision.rule, decision.reason, here, more)
+        bytes more through Casts and weights and, for a tie that went low, ``saved`` bytes
+        more through the op itself."""
+        key = (what, decision.rule, decision.reason, here, more, saved)
         found = self._made.get(key)
         if found is None:
-            found = self._made[key] = self._make(what, decision, here, more)
+            found = self._made[key] = self._make(what, decision, here, more, saved)
         return found
 
     def _make(
-        self, what: str | None, decision: NodeDecision, here: int | None, more: int
+        self, what: str | None, decision: NodeDecision, here: int | None, more: int, saved: int
     ) -> tuple[Precision, str]:
         subject = f"{what}," if what else f"{decision.rule} list op"
         plain = what or decision.reason.startswith(f"{decision.rule} list")
@@ -129,11 +142,17 @@ class _Reasons:
             reason = f"{subject} with no Cast or weight at stake either way: float32{own}"
             return Precision.FLOAT32, reason
         there = "float32" if here == LOW else self.low
-        saving = (
-            f"{there} here would move {more} bytes more through Casts and weights"
-            if more > 0
-            else f"{there} here would move no fewer bytes (a tie stays float32)"
-        )
+        if more > 0:
+            saving = f"{there} here would move {more} bytes more through Casts and weights"
+        elif saved:
+            saving = (
+                f"{there} here would move no fewer bytes through Casts and weights, and "
+                f"{saved} bytes more through the op itself (a tie goes low)"
+            )
+        elif here == LOW:
+            saving = f"{there} here would move no fewer bytes (a tie, low with the ops around it)"
+        else:
+            saving = f"{there} here would move no fewer bytes (a tie stays float32)"
         precision = Precision(self.low) if here == LOW else Precision.FLOAT32
         return precision, f"{subject} in {precision}, the cheapest cut of its region: {saving}{own}"
 

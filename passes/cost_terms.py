@@ -34,6 +34,15 @@ class CostTerms:
     side_of: dict[str, int]  # every node's number: its variable, or its fixed side's terminal
     free: range  # the free ops' numbers, in the graph's order
     costs: Costs
+    # by free op (``own[number - free.start]``): the bytes it reads and writes more in float32
+    # than in the low type, through its computation-type slots, where a low op joins its
+    # region (0 elsewhere, and for a body's boundary)
+    own: list[int]
+
+    def preferences(self) -> list[tuple[int, int]]:
+        """(number, bytes) of each free op whose own traffic breaks a tie (rule 4)."""
+        start = self.free.start
+        return [(start + index, saved) for index, saved in enumerate(self.own) if saved]
 
     def prices(self, side: list[int]) -> tuple[list[int], list[int]]:
         """(what the costs of each free op cost with the cut ``side`` as it is, what they would
@@ -74,13 +83,16 @@ def cost_terms(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
     """Number the sides and list every cost that depends on a free op (rules 1-3 of the cost
     pass's docstring)."""
     low = policy.dtype
+    low_bytes, wide = itemsize(low), itemsize("float32")
     names = ["\0low", "\0float32"]
     side_of: dict[str, int] = {}
+    computes: list[bool] = []  # by free op: an op (a body's boundary computes nothing)
     for node in graph:
         decision = decisions[node.name]
         if decision.rule in FREE_RULES and node.kind in (NodeKind.OP, NodeKind.BOUNDARY):
             side_of[node.name] = len(names)
             names.append(node.name)
+            computes.append(node.kind is NodeKind.OP)
         elif decision.precision == low and decision.rule is not Rule.ALREADY_LOW:
             side_of[node.name] = LOW
         else:
@@ -132,8 +144,10 @@ def cost_terms(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
         for name in graph.graph_outputs
         if policy.keeps_io(name) or name in past_of
     }
-    low_bytes, wide = itemsize(low), itemsize("float32")
     costs = Costs()
+    joins = _Joins(len(names))
+    first, stop = free.start, free.stop
+    elements = [0] * len(free)  # by free op: the elements it reads and writes per run
     consumers = graph.consumers
     for name, tensor in graph.tensors.items():
         if tensor.dtype != "float32":
@@ -149,21 +163,85 @@ def cost_terms(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
         if head_is_terminal and name not in output_side and not _any_free(readers, side_of):
             continue  # every end is a terminal: the cost decides nothing (_add)
         sides = [reader_side(n, k) for n, k in readers]
+        count = estimated_elements(tensor.shape) or 1
+        # (a main-graph value runs once: most of a graph's values)
+        runs = _runs(graph, tensor.body) if tensor.body else 1
+        for number in sides:  # what each free op reading it reads (rule 4)
+            if number is not None and first <= number < stop:
+                elements[number - first] += count * runs
         if name in output_side:
             sides.append(output_side[name])
-        count = estimated_elements(tensor.shape) or 1
         if stored:
             if _only_scales(graph, name):
                 continue  # a quantisation scale's bytes decide nothing (module docstring)
             _add(costs, count * low_bytes, F32, sides)  # stored low for some reader
             _add(costs, count * wide, LOW, sides)  # stored float32 for some reader
             continue
-        bytes_moved = count * (low_bytes + wide)
-        if tensor.body:  # (a main-graph value runs once: most of a graph's values)
-            loops = sum(b.kind is BodyKind.LOOP for b in graph.enclosing(tensor.body))
-            bytes_moved *= LOOP_RUNS**loops
-        _add(costs, bytes_moved, producer_side(tensor), sides)
-    return CostTerms(names, side_of, free, costs)
+        head = producer_side(tensor)
+        if first <= head < stop:  # what the free op that writes it writes
+            elements[head - first] += count * runs
+        _add(costs, count * (low_bytes + wide) * runs, head, sides)
+        joins.add(head, sides)
+    joined = joins.low_regions()
+    own = [
+        count * (wide - low_bytes) if computes[index] and joins.find(first + index) in joined else 0
+        for index, count in enumerate(elements)
+    ]
+    return CostTerms(names, side_of, free, costs, own)
+
+
+class _Joins:
+    """Which free ops a low op reaches through values (union-find over the numbers that share
+    a value's Cast cost): rule 4's preferences count only there. A region of free ops that no
+    low op reads or writes (float ops between quantisers, whose scales cost nothing either way)
+    is a tie that stays float32, as TensorFlow's colouring leaves it."""
+
+    def __init__(self, numbers: int) -> None:
+        self.parent = list(range(numbers))  # grown as inputs and model Casts get numbers
+        self.low: list[int] = []  # members of the regions a low op joins
+
+    def find(self, number: int) -> int:
+        parent = self.parent
+        while parent[number] != number:
+            parent[number] = parent[parent[number]]  # path halving
+            number = parent[number]
+        return number
+
+    def add(self, head: int, sides: list[int | None]) -> None:
+        """A value's cost: its producer's ``head`` and its readers' ``sides``."""
+        low = head == LOW
+        first = head if head > F32 else -1
+        for member in sides:
+            if member is None or member == F32:
+                continue
+            if member == LOW:
+                low = True
+            elif first < 0:
+                first = member
+            elif member != first:
+                self._union(first, member)
+        if first >= 0 and low:
+            self.low.append(first)
+
+    def _union(self, a: int, b: int) -> None:
+        parent = self.parent
+        if len(parent) <= max(a, b):
+            parent.extend(range(len(parent), max(a, b) + 1))
+        a, b = self.find(a), self.find(b)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+
+    def low_regions(self) -> set[int]:
+        """The roots of the regions a low op joins."""
+        parent = self.parent
+        return {self.find(n) if n < len(parent) else n for n in self.low}
+
+
+def _runs(graph: OpGraph, body: str) -> int:
+    """What one run of ``body`` counts as: :data:`LOOP_RUNS` per enclosing loop."""
+    loops = sum(b.kind is BodyKind.LOOP for b in graph.enclosing(body))
+    runs: int = LOOP_RUNS**loops
+    return runs
 
 
 def _add(costs: Costs, cost: int, head: int, sides: list[int | None]) -> None:

@@ -5,7 +5,8 @@ two terminals (:data:`LOW` = 0, the source: the low type; :data:`F32` = 1, the s
 and the variables 2, 3, ... (free ops, movable graph inputs, the model's own Casts, numbered by
 :mod:`graphamp.passes.cost_terms`). A side assignment is a list indexed by those numbers whose
 entries are the terminals (a terminal is on its own side). :func:`cut` gives every variable the
-side of the minimum cut with the fewest variables low (ties stay float32).
+side of the minimum cut that the preferences it is given favour most, then with the fewest
+variables low (a tie nothing breaks stays float32).
 """
 
 from __future__ import annotations
@@ -235,9 +236,15 @@ class _Arcs:
                 current[node] += 1
 
 
-def cut(variables: int, costs: Costs) -> list[int]:
+def cut(variables: int, costs: Costs, preferences: Collection[tuple[int, int]] = ()) -> list[int]:
     """The side of each of the ``variables`` numbers (0 and 1 the terminals) in the minimum
     cut of ``costs`` with the fewest variables low; a variable in no cost is float32.
+
+    ``preferences`` ((variable, amount) pairs) break ties among the minimum cuts: of the cuts
+    that cost the least, the one whose variables on the float32 side sum the least amount
+    (then, of those, the fewest variables low). They are edges from the source of their
+    amounts, with every cost scaled by one more than their sum: a cut that costs one byte
+    more costs more than all of them together, so they move no decision the costs make.
 
     A cost paid when some member is on another side than its head is two hyperedges: (head
     float32, a member low) as member -> aux -> head, and (head low, a member float32) as head
@@ -246,14 +253,23 @@ def cut(variables: int, costs: Costs) -> list[int]:
     node: the same cuts at the same price in a smaller flow graph. The regions that share no
     cost are cut in one flow (one call, however many regions a large graph has); the
     cut of each is the same as alone."""
+    scale = 1 + sum(amount for _, amount in preferences)
     # every bounded edge carries at most its cost, and a cost makes at most two of them
-    network = Network(variables, unbounded=2 * costs.total() + 1)
+    network = Network(variables, unbounded=2 * costs.total() * scale + scale)
+    amounts = costs.amounts if scale == 1 else [amount * scale for amount in costs.amounts]
     network.tails.extend(costs.members)
     network.heads.extend(costs.heads)
-    network.forward.extend(costs.amounts)
-    network.backward.extend(costs.amounts)
+    network.forward.extend(amounts)
+    network.backward.extend(amounts)
+    if preferences:  # float32 pays it: an edge from the source
+        chosen, paid = zip(*preferences, strict=True)
+        network.tails.extend([LOW] * len(chosen))
+        network.heads.extend(chosen)
+        network.forward.extend(paid)
+        network.backward.extend([0] * len(chosen))
     unbounded = network.unbounded
-    for cost, head, members in costs.hyperedges:
+    for amount, head, members in costs.hyperedges:
+        cost = amount * scale
         if head != LOW and any(m != F32 for m in members):
             aux = network.add_node()
             network.add_edge(aux, head, cost)

@@ -87,7 +87,8 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         "--spread",
         choices=("cost", "tensorflow", "autocast", "all"),
         help="how infer and clear ops are decided: cost (ONNX default: the precisions and Cast "
-        "places that move the fewest bytes through Casts and stored weights, a minimum cut), "
+        "places that move the fewest bytes through Casts and stored weights, a minimum cut; "
+        "a tie goes low), "
         "tensorflow (TensorFlow's colouring, graphamp's rule before cost existed), autocast "
         "(type promotion, the default for PyTorch) or all (every float op low that its schema "
         "and the target's kernels allow, unlisted ones and If/Loop/Scan bodies included, "

@@ -34,13 +34,14 @@ def test_convert_verifies_and_writes_the_mixed_precision_graph(toy, tmp_path, ca
     converted = json.loads(out.read_text())
     assert converted["weights"]["w"]["dtype"] == "float16"
     casts = [n for n in converted["nodes"] if n["op"] == "Cast"]
-    # one Cast before or after the Relu moves the same bytes: a tie, which stays float32
-    assert [(c["inputs"], c["to"]) for c in casts] == [(["h"], "float32")]
-    assert converted["retyped"] == {"x": "float16", "h": "float16", "w": "float16"}
+    # one Cast before or after the Relu moves the same bytes: a tie, which goes low (the Relu
+    # reads and writes half the bytes)
+    assert [(c["inputs"], c["to"]) for c in casts] == [(["r"], "float32")]
+    assert converted["retyped"] == {"x": "float16", "h": "float16", "r": "float16", "w": "float16"}
     decisions = json.loads(plan.read_text())["nodes"]
     assert {n: d["precision"] for n, d in decisions.items()} == {
         "mm": "float16",
-        "relu": "float32",
+        "relu": "float16",
         "exp": "float32",
     }
     again = tmp_path / "again.toy"
@@ -53,9 +54,9 @@ def test_plan_explain_diff_and_check(toy, tmp_path, capsys):
     assert '"matrix_ops_low": 1' in capsys.readouterr().out
     assert main(["explain", str(toy), "relu"]) == 0
     explained = capsys.readouterr().out
-    assert "a tie stays float32" in explained and "<- exp (Exp): float32" in explained
-    assert main(["explain", str(toy), "h__float32"]) == 0
-    assert "comes from mm (MatMul): float16" in capsys.readouterr().out
+    assert "a tie goes low" in explained and "<- mm (MatMul): float16" in explained
+    assert main(["explain", str(toy), "r__float32"]) == 0
+    assert "comes from relu (Relu): float16" in capsys.readouterr().out
     assert main(["diff", str(toy), str(toy), "--deny", "Relu", "--exit-code"]) == 0
     baseline = tmp_path / "baseline.json"
     assert main(["check", str(toy), "--baseline", str(baseline), "--update"]) == 0

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -20,7 +21,7 @@ from graphamp.passes.cost import F32, LOW, decide_by_cost
 from graphamp.passes.cost_terms import cost_terms
 from graphamp.passes.min_cut import cut
 from graphamp.policy.policy import Policy
-from tests.helpers import assert_valid, convert, model, precisions, weight
+from tests.helpers import assert_valid, chain, convert, model, precisions, weight
 from tests.opgraphs import GraphBuilder
 
 
@@ -100,17 +101,87 @@ def test_a_weight_that_does_not_fit_keeps_its_exact_reader_float32():
     assert [w.name for w in plan.kept_weights] == ["table"]
 
 
-def test_a_tie_stays_float32():
-    # MatMul -> Relu -> kept output: one Cast either side of the Relu; float32 wins the tie.
+def test_a_tie_goes_low():
+    # MatMul -> Relu -> kept output: one Cast either side of the Relu, and in float16 the Relu
+    # reads and writes half the bytes: the tie goes low.
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
         helper.make_node("Relu", ["m"], ["y"], name="relu"),
     ]
     _, plan = convert(model(nodes, initializers=[weight("w")]), keep_io_types=True)
-    assert precisions(plan)["relu"] == "float32"
-    assert "no fewer bytes (a tie stays float32)" in plan.nodes["relu"].reason
+    assert precisions(plan)["relu"] == "float16"
+    reason = plan.nodes["relu"].reason  # 16 elements read and 16 written, 2 bytes more each
+    assert "no fewer bytes through Casts and weights, and 64 bytes more through the op" in reason
+    assert "(a tie goes low)" in reason
+    assert [c.dst for c in plan.output_casts] == ["float32"]  # the Cast after the Relu
     _, colouring = convert(model(nodes, initializers=[weight("w")]), spread="tensorflow")
     assert precisions(colouring)["relu"] == "float16"
+
+
+def _low_ops(plan) -> list[str]:  # type: ignore[no-untyped-def]
+    return sorted(n for n, d in plan.nodes.items() if d.precision == "float16")
+
+
+def test_tensorflow_simple_case_ties_go_low():
+    """TF's AutoMixedPrecisionTest.Simple (its relu1..relu5 are relu1, relu3, relu5, relu7,
+    relu9 here): Exp, relu1, Sqrt float32; relu3, the MatMul, relu5 low (each a Relu between a
+    float32 op and the MatMul: one Cast either side); Log, relu7, the unlisted op and relu9
+    float32. The cost pass paints it as TensorFlow's colouring does."""
+    ops = ["Exp", "Relu", "Sqrt", "Relu", "MatMul", "Relu", "Log", "Relu", "Sin", "Relu"]
+    _, plan = convert(chain(ops))
+    assert _low_ops(plan) == ["matmul4", "relu3", "relu5"]
+    assert "(a tie goes low)" in plan.nodes["relu3"].reason
+    assert plan.nodes["sqrt2"].rule == "deny_spread" and plan.nodes["relu7"].precision == "float32"
+    assert plan.summary()["casts_inserted"] == 2  # before relu3, after relu5: as TF's +2
+    _, colouring = convert(chain(ops), spread="tensorflow")
+    assert _low_ops(colouring) == _low_ops(plan)
+
+
+def _relu_between(op: str, first: str, second: str) -> onnx.ModelProto:
+    """``first`` (an ``op`` of x and w1) -> Relu -> ``second`` (an ``op`` of its result and
+    w2)."""
+    nodes = [
+        helper.make_node(op, ["x", "w1"], ["h"], name=first),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node(op, ["r", "w2"], ["y"], name=second),
+    ]
+    return model(nodes, initializers=[weight("w1"), weight("w2", seed=1)])
+
+
+def test_mxnet_excluded_name_case_ties_go_low():
+    """MXNet's two FCs, one excluded by name (DisableAMP): the Relu after the excluded FC and
+    before the low one runs low, its Cast before it, as TensorFlow's colouring paints it."""
+    for spread in ("cost", "tensorflow"):
+        _, plan = convert(_relu_between("Gemm", "fc1", "fc2"), deny_names=["fc1"], spread=spread)
+        assert _low_ops(plan) == ["fc2", "relu"], spread
+        assert [c.tensor for c in plan.casts] == ["h"], spread
+        assert spread != "cost" or "(a tie goes low)" in plan.nodes["relu"].reason
+
+
+def test_paddle_denied_parameter_case_ties_go_low():
+    """Paddle's custom_black_varnames naming a MatMul's parameter (deny_tensors): the Relu
+    between the low MatMul and the denied one runs low, its Cast after it, as TensorFlow's
+    colouring paints it."""
+    for spread in ("cost", "tensorflow"):
+        _, plan = convert(_relu_between("MatMul", "mm1", "mm2"), deny_tensors=["w2"], spread=spread)
+        assert _low_ops(plan) == ["mm1", "relu"], spread
+        assert plan.nodes["mm2"].rule == "deny_tensor", spread
+        assert [c.tensor for c in plan.casts] == ["r"], spread
+        assert spread != "cost" or "(a tie goes low)" in plan.nodes["relu"].reason
+
+
+def test_a_tie_goes_low_only_where_the_casts_tie():
+    """Ties go low; a Cast saved still wins: MatMul -> Relu -> Relu -> Exp moves one Cast
+    wherever it sits (both Relus low), but Exp -> Relu -> Exp keeps the Relu float32 (low, it
+    would need two Casts), and so do four clear ops between two Exps, although their halved
+    traffic (4 x 64 bytes) would pay for the two Casts (2 x 96): the ops' own traffic only
+    breaks the Casts' ties, it overturns no decision they make."""
+    _, plan = convert(chain(["MatMul", "Relu", "Relu", "Exp"]))
+    assert _low_ops(plan) == ["matmul0", "relu1", "relu2"]
+    _, plan = convert(chain(["Exp", "Relu", "Exp"]))
+    assert _low_ops(plan) == []
+    _, plan = convert(chain(["Exp", "Relu", "Transpose", "Relu", "Relu", "Exp"]))
+    assert _low_ops(plan) == []
 
 
 def test_deny_spreads_and_name_rules_hold_under_cost():
@@ -164,17 +235,17 @@ def test_explain_says_why_a_cast_sits_where_it_does(tmp_path):
 
     onnx.save(model(nodes, initializers=[weight("w")]), str(path))
     done = subprocess.run(
-        [sys.executable, "-m", "graphamp.cli", "explain", str(path), "m__float32"],
+        [sys.executable, "-m", "graphamp.cli", "explain", str(path), "r__float32"],
         capture_output=True,
         text=True,
     )
     assert done.returncode == 0, done.stderr
     text = done.stdout
-    # one Cast before or after the Relu: a tie, which stays float32
-    assert "Cast 'm__float32': 'm' float16 -> float32 (96 bytes per run)" in text
-    assert "comes from mm (MatMul): float16" in text and "read by relu (Relu): float32" in text
-    assert "a tie stays float32" in text
-    assert "after relu (its outputs cast, relu in float16): 96 bytes" in text
+    # one Cast before or after the Relu: a tie, which goes low (the Relu moves half the bytes)
+    assert "Cast 'r__float32': 'r' float16 -> float32 (96 bytes per run)" in text
+    assert "comes from relu (Relu): float16" in text and "read by exp (Exp): float32" in text
+    assert "a tie goes low" in text
+    assert "before relu (its inputs cast, relu in float32): 96 bytes" in text
 
 
 def test_tensorflow_colouring_is_selectable_by_policy_file_and_flag(tmp_path):
@@ -217,7 +288,7 @@ def _random_graph(seed: int):
 
 @pytest.mark.parametrize("keep", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_the_cut_is_the_cheapest_assignment_and_ties_stay_float32(seed, keep):
+def test_the_cut_is_the_cheapest_assignment_and_ties_go_low(seed, keep):
     graph = _random_graph(seed)
     policy = Policy.create("float16", keep_io_types=keep)
     context = PassContext(graph, policy)
@@ -245,11 +316,21 @@ def test_the_cut_is_the_cheapest_assignment_and_ties_stay_float32(seed, keep):
                 best, cheapest = cost, [set(low)]
             elif cost == best:
                 cheapest.append(set(low))
-    side = cut(len(terms.names), costs)
+    preferences = terms.preferences()
+    side = cut(len(terms.names), costs, preferences)
     chosen = {v for v in variables if side[v] == LOW}
     assert price(chosen) == best
-    # the cut with the fewest variables low: inside every cheapest set, so a tie stays float32
-    assert chosen == set.intersection(*cheapest)
+    # of the cheapest cuts, those whose float32 ops would read and write the fewest bytes
+    # themselves (a tie goes low), and of those the one with the fewest variables low
+    # (a tie nothing breaks stays float32: inside every such set)
+    own = dict(preferences)
+    assert all(saved > 0 and terms.names[v] in free for v, saved in own.items())
+
+    def wide_traffic(low: set[int]) -> int:
+        return sum(saved for v, saved in own.items() if v not in low)
+
+    least = min(wide_traffic(low) for low in cheapest)
+    assert chosen == set.intersection(*[low for low in cheapest if wide_traffic(low) == least])
     # a variable in no cost is float32
     assert all(side[v] == F32 for v in range(F32 + 1, len(terms.names)) if v not in variables)
     chosen_names = {terms.names[v] for v in chosen}
