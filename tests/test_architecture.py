@@ -144,8 +144,9 @@ def test_a_public_function_stays_itself_when_its_package_modules_are_imported():
     for package in ("onnx", "fx"):
         module = importlib.import_module(f"graphamp.{package}")
         public = {name: getattr(module, name) for name in module.__all__}
-        for path in sorted((ROOT / "graphamp" / package).glob("*.py")):
-            importlib.import_module(f"graphamp.{package}.{path.stem}")
+        for path in sorted((ROOT / "graphamp" / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            importlib.import_module(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
         for name, value in public.items():
             if inspect.isfunction(value):
                 assert getattr(module, name) is value, f"graphamp.{package}.{name} was replaced"
@@ -219,3 +220,25 @@ def test_tests_mirror_the_packages():
 def test_tools_sit_in_folders_by_use():
     loose = {path.name for path in (ROOT / "tools").iterdir() if path.is_file()} - ROOT_TOOLS
     assert not loose, f"tools/ holds {sorted(loose)}: move them into bench/, fuzz/, ci/, ..."
+
+
+# A dialect's plugin (what the engine calls through the Dialect interface) sits below the
+# engine and below its package's API: it imports neither, nor its package's other rooms.
+PLUGINS = {"graphamp.fx.dialect": "graphamp.fx"}
+
+
+def test_dialect_plugins_import_neither_the_engine_nor_the_api_above_them():
+    known = modules()
+    reaching = []
+    for plugin, package in PLUGINS.items():
+        for name, path in known.items():
+            if name != plugin and not name.startswith(plugin + "."):
+                continue
+            for target in imports(path, known):
+                above = target == "graphamp.engine" or target.startswith("graphamp.engine.")
+                outside = target.startswith(package + ".") and not (
+                    target == plugin or target.startswith(plugin + ".")
+                )
+                if above or outside:
+                    reaching.append(f"{name} -> {target}")
+    assert not reaching, reaching

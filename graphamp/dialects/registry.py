@@ -56,7 +56,7 @@ _ENTRIES: list[Entry] = [
     ),
     Entry(
         "pt2",
-        "graphamp.fx.pt2:Pt2Dialect",
+        "graphamp.fx.dialect.pt2:Pt2Dialect",
         suffixes=(".pt2",),
         magic=b"PK\x03\x04",
         matrix_ops=matrix_ops("aten"),
@@ -64,7 +64,7 @@ _ENTRIES: list[Entry] = [
     ),
     Entry(
         "fx",
-        "graphamp.fx.dialect:FxDialect",
+        "graphamp.fx.dialect.plugin:FxDialect",
         object_modules=("torch",),
         lists=("fx_cpu", "fx_cuda"),
         matrix_ops=matrix_ops("aten"),

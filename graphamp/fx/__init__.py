@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from graphamp.fx.backend import Backend, backend
 from graphamp.fx.conversion import analyse, convert, cpu_has_native
-from graphamp.fx.dialect import FxDialect
+from graphamp.fx.dialect.plugin import FxDialect
 from graphamp.fx.saving import load, save
-from graphamp.fx.sharded import ShardedTrainStep
-from graphamp.fx.step import TrainStep
-from graphamp.fx.training import train_step
+from graphamp.fx.train import train_step
+from graphamp.fx.training.sharded import ShardedTrainStep
+from graphamp.fx.training.step import TrainStep
 from graphamp.training.scaling import DynamicLossScaling, StaticLossScaling
 
 __all__ = [

@@ -31,7 +31,7 @@ from torch import fx
 from graphamp import engine
 from graphamp.errors import GraphampError
 from graphamp.fx.conversion import fx_policy
-from graphamp.fx.dialect import FxDialect
+from graphamp.fx.dialect.plugin import FxDialect
 from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
 

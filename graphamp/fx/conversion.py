@@ -12,8 +12,8 @@ from torch import fx, nn
 from graphamp import engine
 from graphamp.core import collector
 from graphamp.errors import GraphampError, SlowPrecisionWarning, StaticShapeWarning, warn
-from graphamp.fx import float8_convert, float8_step
-from graphamp.fx.dialect import FxDialect
+from graphamp.fx.dialect import float8_convert, float8_step
+from graphamp.fx.dialect.plugin import FxDialect
 from graphamp.passes.options import Options
 from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
@@ -111,7 +111,7 @@ def convert(
     in the model (a :class:`~graphamp.errors.PolicyWarning`) an error. :func:`graphamp.fx.save`
     writes the result as a ``.pt2`` program. ``fp8`` (a :class:`graphamp.Float8`: ``current()``,
     or ``static()`` with ``calibrate``) puts the layers its rules choose in float8
-    (:mod:`graphamp.fx.float8_convert`); ``_float8_marks`` marks them for a training step to
+    (:mod:`graphamp.fx.dialect.float8_convert`); ``_float8_marks`` marks them for a training step to
     trace instead (:func:`converted_for_step`).
     """
     dialect = FxDialect(

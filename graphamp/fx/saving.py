@@ -1,6 +1,6 @@
 """Saving a converted module as a ``.pt2`` program (torch.export's format) with its plan, and
-loading it back without unpickling anything (see :mod:`graphamp.fx.program` for what is
-written, :mod:`graphamp.fx.pt2` for how it is read).
+loading it back without unpickling anything (see :mod:`graphamp.fx.dialect.program` for what is
+written, :mod:`graphamp.fx.dialect.pt2` for how it is read).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 from torch import fx
 
 from graphamp.errors import GraphampError
-from graphamp.fx import pt2
-from graphamp.fx.capture import capture
-from graphamp.fx.program import PLAN_FILE, captured_by, check_target, export, write
+from graphamp.fx.dialect import pt2
+from graphamp.fx.dialect.capture import capture
+from graphamp.fx.dialect.program import PLAN_FILE, captured_by, check_target, export, write
 from graphamp.plans.plan import Plan
 
 

@@ -1,4 +1,4 @@
-"""graphamp.fx.bindings: aten nodes called through PyTorch's Python bindings only where the
+"""graphamp.fx.training.bindings: aten nodes called through PyTorch's Python bindings only where the
 binding dispatches the node's own op, with the values unchanged."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import torch
 from torch import fx, nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from graphamp.fx import bindings, train_step
+from graphamp.fx import train_step
+from graphamp.fx.training import bindings
 
 
 def overloads(module: fx.GraphModule) -> list[str]:

@@ -10,7 +10,7 @@ from torch import nn
 
 import graphamp
 import graphamp.fx as gfx
-from graphamp.fx import float8
+from graphamp.fx.dialect import float8
 from tests.training import float8_reference as reference
 
 
@@ -136,7 +136,7 @@ def test_accuracy_against_float32_and_pt2_files(tmp_path, settings):
 def test_quantised_weight_is_what_a_step_would_use():
     """A weight quantised at conversion equals the quantiser run on it (per tensor)."""
     weight = torch.randn(32, 16)
-    stored, scale = graphamp.fx.float8_convert.quantised_weight(weight, False, False)
+    stored, scale = graphamp.fx.dialect.float8_convert.quantised_weight(weight, False, False)
     assert torch.equal(
         stored,
         float8.quantize(weight, float8.scale_of(float8.amax(weight, None), "e4m3fn"), "e4m3fn"),

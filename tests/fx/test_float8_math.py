@@ -1,4 +1,4 @@
-"""The float8 arithmetic in aten ops (graphamp.fx.float8) against independent references:
+"""The float8 arithmetic in aten ops (graphamp.fx.dialect.float8) against independent references:
 the quantiser against ml_dtypes on every bfloat16 and float16 value, the delayed-scaling
 update against a plain-loop transcription of Transformer Engine's ``delayed_scaling.cu``."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from graphamp.fx import float8
+from graphamp.fx.dialect import float8
 
 ML_DTYPES = {"e4m3fn": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 

@@ -12,7 +12,7 @@ from torch.export import Dim
 import graphamp.fx as gfx
 from graphamp.cli import main
 from graphamp.errors import GraphampError
-from graphamp.fx import pt2
+from graphamp.fx.dialect import pt2
 from graphamp.models import build
 from tests.helpers import assert_user_error
 

@@ -11,8 +11,8 @@ import torch
 import graphamp.fx
 from graphamp.core.vocab import Precision, Rule
 from graphamp.errors import GraphampError
-from graphamp.fx.calibration import calibrate
-from graphamp.fx.capture import capture
+from graphamp.fx.dialect.calibration import calibrate
+from graphamp.fx.dialect.capture import capture
 
 
 class Overflowing(torch.nn.Module):

@@ -175,7 +175,7 @@ def train_worker(rank: int, port: int, out: str, scenarios: dict[str, dict[str, 
     try:
         results = {name: train(settings, rank) for name, settings in scenarios.items()}
         from graphamp.core.graph import NodeKind, OpNode
-        from graphamp.fx.lowering import _all_reduce
+        from graphamp.fx.dialect.lowering import _all_reduce
 
         group = dist.group.WORLD.group_name  # type: ignore[union-attr]
         node = OpNode("agree", "all_reduce", [], [], kind=NodeKind.ALL_REDUCE)

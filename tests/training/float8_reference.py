@@ -17,8 +17,8 @@ import torch
 from torch import fx, nn
 
 from graphamp.fx.conversion import convert
-from graphamp.fx.float8_step import LINEAR, weight_source
-from graphamp.fx.reader import stable_names
+from graphamp.fx.dialect.float8_step import LINEAR, weight_source
+from graphamp.fx.dialect.reader import stable_names
 
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 

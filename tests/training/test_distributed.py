@@ -356,7 +356,7 @@ def test_a_process_group_pinned_by_a_late_import_is_warned_about(tmp_path):
 def test_compile_gets_the_functional_all_reduce():
     """torch.compile refuses an op whose output aliases its input: compile() swaps the
     in-place bucket reduction for the functional one, arguments unchanged."""
-    from graphamp.fx.distributed import without_in_place_collectives
+    from graphamp.fx.distributed.data_parallel import without_in_place_collectives
 
     graph = torch.fx.Graph()
     buffer = graph.placeholder("bucket")

@@ -12,8 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from graphamp.fx import DynamicLossScaling, bindings, eager, train_step
-from graphamp.fx.foreach import each_in_place, updates_unless
+from graphamp.fx import DynamicLossScaling, train_step
+from graphamp.fx.training import bindings, eager
+from graphamp.fx.training.foreach import each_in_place, updates_unless
 from tests.hf_models import VOCAB, hf_model
 
 

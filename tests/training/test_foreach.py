@@ -1,5 +1,5 @@
-"""graphamp.fx.foreach: runs of one in-place update called as one foreach op, with the values
-of the nodes one by one, and only where the members are independent."""
+"""graphamp.fx.training.foreach: runs of one in-place update called as one foreach op, with the
+values of the nodes one by one, and only where the members are independent."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import torch
 from torch import fx, nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from graphamp.fx import foreach, in_place, train_step
-from graphamp.fx.lowering import select_on_host
+from graphamp.fx import train_step
+from graphamp.fx.dialect.lowering import select_on_host
+from graphamp.fx.training import foreach, in_place
 
 
 def grouped_targets(module: fx.GraphModule) -> list[str]:

@@ -1,5 +1,5 @@
-"""graphamp.fx.in_place: which elementwise ops of a step graph write into their first operand,
-and that the values stay those of the functional graph."""
+"""graphamp.fx.training.in_place: which elementwise ops of a step graph write into their first
+operand, and that the values stay those of the functional graph."""
 
 from __future__ import annotations
 
@@ -10,8 +10,13 @@ import torch
 from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from graphamp.fx import eager, in_place
-from graphamp.fx.lowering import any_non_finite, non_finite, select_on_host, unscale_and_check
+from graphamp.fx.dialect.lowering import (
+    any_non_finite,
+    non_finite,
+    select_on_host,
+    unscale_and_check,
+)
+from graphamp.fx.training import eager, in_place
 
 
 def traced(fn, *examples: torch.Tensor) -> fx.GraphModule:  # type: ignore[no-untyped-def]

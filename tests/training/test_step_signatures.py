@@ -13,7 +13,7 @@ from torch import nn
 from graphamp import RecaptureWarning
 from graphamp.errors import GraphampError
 from graphamp.fx import train_step
-from graphamp.fx.signatures import MANY_SIGNATURES
+from graphamp.fx.training.signatures import MANY_SIGNATURES
 from graphamp.models.transformer import BertEncoder
 
 

@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 from graphamp.errors import GraphampError
-from graphamp.fx import DynamicLossScaling, StaticLossScaling, bindings, eager, in_place, train_step
-from graphamp.fx.foreach import each_in_place, updates_unless
-from graphamp.fx.lowering import select_on_host, unscale_and_check
+from graphamp.fx import DynamicLossScaling, StaticLossScaling, train_step
+from graphamp.fx.dialect.lowering import select_on_host, unscale_and_check
+from graphamp.fx.training import bindings, eager, in_place
+from graphamp.fx.training.foreach import each_in_place, updates_unless
 
 
 def paddle_state(scale: float, good: int, bad: int) -> dict[str, torch.Tensor]:
@@ -397,7 +398,7 @@ def test_optimizer_formulas_equal_torch_optim(case, dtype):
     """The graph's update is torch.optim's arithmetic (its single-tensor path, a CPU's
     default) on parameters of each float type: same gradients in, the same parameters and
     state out bit for bit, over steps where amsgrad's maximum and momentum matter."""
-    from graphamp.fx.optim import initial_state, optimizer_groups, update
+    from graphamp.fx.training.optim import initial_state, optimizer_groups, update
 
     model = odd_net(dtype)
     optimizer = OPTIMIZER_CASES[case](model.parameters())

@@ -24,7 +24,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from graphamp.errors import GraphampError
-from graphamp.fx import float8, hops
+from graphamp.fx.dialect import float8, hops
 
 Gradients = Callable[..., tuple[dict[str, torch.Tensor], Any]]
 
@@ -43,7 +43,7 @@ def higher_order_ops(module: fx.GraphModule) -> list[str]:
 def through_autograd(module: fx.GraphModule) -> bool:
     """Whether a step through ``module`` is differentiated with ``torch.autograd.grad`` under
     Python functionalization rather than torch.func's transforms: it calls a higher-order op
-    (see the module docstring) or a float8 mark (:mod:`graphamp.fx.float8`), a custom op
+    (see the module docstring) or a float8 mark (:mod:`graphamp.fx.dialect.float8`), a custom op
     whose backward torch.func cannot take."""
     if higher_order_ops(module):
         return True

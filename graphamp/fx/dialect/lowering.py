@@ -21,8 +21,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphamp.core.graph import NodeKind, OpNode
 from graphamp.errors import InternalError
-from graphamp.fx import collectives, float8_lowering
-from graphamp.fx.types import torch_dtype
+from graphamp.fx.dialect import collectives, float8_lowering
+from graphamp.fx.dialect.types import torch_dtype
 from graphamp.training.scaling import DynamicLossScaling
 
 Lowering = Callable[..., Sequence[torch.Tensor] | torch.Tensor]
@@ -59,7 +59,7 @@ _ONE = torch.ones(())
 
 def unscale_and_check(inverse: torch.Tensor, *gradients: torch.Tensor) -> torch.Tensor:
     """The unscale and the finite check as an eager step runs them when it may write into
-    the gradients (:func:`graphamp.fx.in_place.unscale_in_check`): each gradient multiplied
+    the gradients (:func:`graphamp.fx.training.in_place.unscale_in_check`): each gradient multiplied
     by ``inverse`` in place, and true when any unscaled gradient holds inf or NaN; one call of
     GradScaler's fused kernel, where tensors it can take. The kernel checks the scaled
     values, which decides alike while the scale is at least 1 (an inverse of at most 1 keeps
@@ -224,7 +224,8 @@ def _all_reduce(node: OpNode) -> Lowering:
         summed = collectives.wait_tensor(reduce_in_place(sent, "sum", group))
         pieces = summed.split([g.numel() for g in gradients])
         # Widened piece by piece: each gradient is then a tensor of its own, which the unscale
-        # that follows may update in place (graphamp.fx.in_place); a view of one buffer is not.
+        # that follows may update in place (graphamp.fx.training.in_place); a view of one buffer is
+        # not.
         dtype = gradients[0].dtype
         return [p.view(g.shape).to(dtype) for p, g in zip(pieces, gradients, strict=True)]
 

@@ -14,7 +14,7 @@ from torch import fx, nn
 
 from graphamp.core.dtypes import FLOAT_TYPES
 from graphamp.core.graph import MatrixDims, NodeKind, OpGraph, OpNode, TensorInfo
-from graphamp.fx.types import dtype_name
+from graphamp.fx.dialect.types import dtype_name
 
 CAST_OPS = frozenset({"_to_copy", "to", "_convert_element_type"})
 RUNNING_STATS = frozenset({"running_mean", "running_var"})

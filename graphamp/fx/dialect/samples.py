@@ -10,7 +10,7 @@ import torch
 from torch import fx
 
 from graphamp.errors import GraphampError
-from graphamp.fx.types import dtype_name, torch_dtype
+from graphamp.fx.dialect.types import dtype_name, torch_dtype
 from graphamp.numerics.inputs import InputSpec, random_inputs
 
 

@@ -1,6 +1,7 @@
 """``graphamp.fx.train_step``: a training step as one mixed-precision graph, replicated
-(:class:`~graphamp.fx.step.TrainStep`, on one process or data-parallel over a process group)
-or sharded over a device mesh (:class:`~graphamp.fx.sharded.ShardedTrainStep`, FSDP)."""
+(:class:`~graphamp.fx.training.step.TrainStep`, on one process or data-parallel over a process
+group) or sharded over a device mesh (:class:`~graphamp.fx.training.sharded.ShardedTrainStep`,
+FSDP)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import torch
 from torch import nn
 
 from graphamp.errors import GraphampError
-from graphamp.fx import distributed, float8_step, fsdp
-from graphamp.fx.sharded import ShardedTrainStep, sharding_of
-from graphamp.fx.step import TrainStep
+from graphamp.fx.dialect import float8_step
+from graphamp.fx.distributed import data_parallel, fsdp
+from graphamp.fx.training.sharded import ShardedTrainStep, sharding_of
+from graphamp.fx.training.step import TrainStep
 from graphamp.policy.policy import Policy
 from graphamp.training.distributed import GradientClipping
 from graphamp.training.scaling import DynamicLossScaling, LossScaling, StaticLossScaling
@@ -37,7 +39,8 @@ def train_step(
     **policy_overrides: Any,
 ) -> TrainStep:
     """A training step for ``model`` as one mixed-precision graph (captured on first call,
-    and again on each batch of a shape or type not seen before: :mod:`graphamp.fx.signatures`).
+    and again on each batch of a shape or type not seen before:
+    :mod:`graphamp.fx.training.signatures`).
 
     ``loss_scaling`` defaults to :class:`DynamicLossScaling` for float16 and to none for
     bfloat16 (it has float32's range). ``accumulate=k`` keeps the scale fixed over k
@@ -55,7 +58,7 @@ def train_step(
 
     A model sharded with FSDP2's ``fully_shard`` (its parameters DTensors), or an unsharded
     one with ``mesh`` (a 1-D DeviceMesh: the step calls ``fully_shard(model, mesh=mesh)`` and
-    points the optimizer at the shards), trains sharded (:mod:`graphamp.fx.sharded`): each
+    points the optimizer at the shards), trains sharded (:mod:`graphamp.fx.training.sharded`): each
     rank holds its shard of every parameter and of the optimizer state; the graph gathers the
     whole parameters (in the low type where only low-precision ops read them) and
     reduce-scatters the gradients as ``grad_dtype`` (None: the type the model's FSDP2
@@ -78,8 +81,8 @@ def train_step(
                 "agree_found_inf: a sharded step always agrees on found_inf (each rank checks "
                 "only its shards); leave it out"
             )
-        distributed.require_initialized("mesh" if mesh is not None else "a sharded model")
-        distributed.warn_if_group_pinned(stacklevel=3)
+        data_parallel.require_initialized("mesh" if mesh is not None else "a sharded model")
+        data_parallel.warn_if_group_pinned(stacklevel=3)
         if mesh is not None and not fsdp.is_sharded(model):
             fsdp.shard(model, mesh, optimizer)
         sharded = fsdp.inspect(model, optimizer, process_group, mesh, grad_dtype)
@@ -96,7 +99,7 @@ def train_step(
             clipping=clipping,
             fp8=fp8,
         )
-    reduce = distributed.gradient_reduce(process_group, grad_dtype, bucket_bytes, agree_found_inf)
+    reduce = data_parallel.gradient_reduce(process_group, grad_dtype, bucket_bytes, agree_found_inf)
     return TrainStep(
         model,
         loss_fn,

@@ -1,6 +1,6 @@
 """Reading a torch.fx GraphModule into the neutral OpGraph.
 
-Each node's computation-type slots come from its aten schema (:mod:`graphamp.fx.ops`).
+Each node's computation-type slots come from its aten schema (:mod:`graphamp.fx.dialect.ops`).
 Names are stable identities, so that a plan survives edits elsewhere in the model: an op is
 ``<module path>/<op>`` (``layers.0.attention.query/linear``; ``_1``, ``_2`` for repeats in one
 module, in graph order), a parameter its module path, an input its argument name.
@@ -32,8 +32,8 @@ from graphamp.core.dtypes import FLOAT_TYPES
 from graphamp.core.graph import Body, BodyKind, NodeKind, OpGraph, OpNode, Role, TensorInfo
 from graphamp.dialects.base import ReadGraph
 from graphamp.errors import BodyWarning, GraphampError
-from graphamp.fx import hops
-from graphamp.fx.ops import (
+from graphamp.fx.dialect import hops
+from graphamp.fx.dialect.ops import (
     SCHEMA_SOURCE,
     attribute,
     flat,
@@ -43,7 +43,7 @@ from graphamp.fx.ops import (
     read_op,
     tensor_info,
 )
-from graphamp.fx.types import dtype_name
+from graphamp.fx.dialect.types import dtype_name
 
 
 @dataclass

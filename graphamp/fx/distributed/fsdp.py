@@ -22,7 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.tensor import DTensor, Shard
 
 from graphamp.errors import GraphampError
-from graphamp.fx.types import dtype_name
+from graphamp.fx.dialect.types import dtype_name
 
 # FSDP2 marks the modules it manages with these; the skeleton is no FSDP module.
 _FSDP_ATTRIBUTES = ("_is_fsdp_managed_module", "_fsdp_use_orig_params")

@@ -24,9 +24,9 @@ import torch
 
 from graphamp.dialects.base import ReadGraph
 from graphamp.errors import GraphampError
-from graphamp.fx.capture import capture
-from graphamp.fx.dialect import FxDialect, run_module
-from graphamp.fx.samples import embedding_bounds, input_spec, sample_values
+from graphamp.fx.dialect.capture import capture
+from graphamp.fx.dialect.plugin import FxDialect, run_module
+from graphamp.fx.dialect.samples import embedding_bounds, input_spec, sample_values
 from graphamp.numerics.inputs import InputSpec
 from graphamp.plans.edits import EditScript
 
@@ -90,7 +90,7 @@ def load(
                 extra_files[name] = archive.read(f"{prefix}extra/{name}").decode("utf-8")  # type: ignore[index]
         program_json = archive.read(f"{prefix}models/{model}.json")
         if b"transformers.cache_utils." in program_json:  # its inputs or outputs hold caches
-            from graphamp.fx.hf import register_caches
+            from graphamp.fx.dialect.hf import register_caches
 
             register_caches(import_transformers=True)
         state_dict = tensors("weights", f"{model}_weights_config.json")
@@ -166,7 +166,7 @@ class Pt2Dialect(FxDialect):
         return super().read(capture(model, None), policy)
 
     def apply(self, read: ReadGraph, script: EditScript) -> torch.export.ExportedProgram:
-        from graphamp.fx.program import export
+        from graphamp.fx.dialect.program import export
 
         return export(super().apply(read, script))
 
@@ -178,7 +178,7 @@ class Pt2Dialect(FxDialect):
             raise GraphampError(f"{path}: a .pt2 program converts to a .pt2 file")
 
     def save(self, model: torch.export.ExportedProgram, path: Any) -> None:
-        from graphamp.fx.program import write
+        from graphamp.fx.dialect.program import write
 
         self.check_target(path)
         write(model, Path(path), model.graph_module.meta.get(PLAN_META))

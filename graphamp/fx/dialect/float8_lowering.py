@@ -1,6 +1,6 @@
 """Building the float8 nodes of a training step (:mod:`graphamp.passes.fp8_scaling`) in aten
-ops, from the arithmetic of :mod:`graphamp.fx.float8`: each kind a function over tensors that
-:mod:`graphamp.fx.lowering` traces and copies into the step graph."""
+ops, from the arithmetic of :mod:`graphamp.fx.dialect.float8`: each kind a function over tensors
+that :mod:`graphamp.fx.dialect.lowering` traces and copies into the step graph."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from graphamp.core.graph import NodeKind, OpNode
-from graphamp.fx import float8
-from graphamp.fx.types import torch_dtype
+from graphamp.fx.dialect import float8
+from graphamp.fx.dialect.types import torch_dtype
 
 Lowering = Callable[..., Sequence[torch.Tensor] | torch.Tensor]
 

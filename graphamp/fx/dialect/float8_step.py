@@ -4,7 +4,7 @@ step with float8 refuses.
 
 A layer the model pipeline decided ``fp8`` (an ``aten.linear`` of an activation and a
 parameter) becomes, in the forward module the step is traced through, the marked product of
-:func:`graphamp.fx.float8.linear`: the input flattened to rows, the weight read from its
+:func:`graphamp.fx.dialect.float8.linear`: the input flattened to rows, the weight read from its
 master (a float32 master is quantised directly, not through its low-type copy: one rounding,
 as torchao and Transformer Engine quantise it), the bias added in the output's type.
 """
@@ -21,9 +21,9 @@ from torch import fx
 from graphamp.core.vocab import Precision, Rule
 from graphamp.dialects.base import ReadGraph
 from graphamp.errors import Float8Warning, GraphampError, InternalError, warn
-from graphamp.fx import float8
-from graphamp.fx.ops import attribute
-from graphamp.fx.reader import stable_names
+from graphamp.fx.dialect import float8
+from graphamp.fx.dialect.ops import attribute
+from graphamp.fx.dialect.reader import stable_names
 from graphamp.passes.fp8_scaling import GEMM_PARAM, LAYER_PARAM
 from graphamp.plans.plan import Plan
 from graphamp.plans.records import ScaleRecord

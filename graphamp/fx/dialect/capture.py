@@ -9,7 +9,7 @@ allows it, else static), so a converted module runs at any batch size; the input
 stayed static are reported (:func:`static_batches`). ``"static"`` keeps every dimension as
 traced.
 
-What a module needs to be exported again (:mod:`graphamp.fx.pt2`) travels with it in
+What a module needs to be exported again (:mod:`graphamp.fx.dialect.pt2`) travels with it in
 ``module.meta["graphamp"]`` (:class:`Captured`).
 """
 
@@ -105,7 +105,7 @@ def _export(
             "with torch.export"
         )
     if "transformers" in sys.modules:  # a Hugging Face model's caches are pytree nodes
-        from graphamp.fx.hf import register_caches
+        from graphamp.fx.dialect.hf import register_caches
 
         register_caches()
     args, kwargs = tuple(args or ()), dict(kwargs or {})

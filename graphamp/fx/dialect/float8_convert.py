@@ -11,7 +11,7 @@ layer the plan put in float8 becomes a scaled GEMM on float8 operands.
   calibration batches, the plan's record, times 2**margin: ``Float8.static``'s headroom, a
   binade by default, as the ONNX dialect's), expanded to one per row where the weight has
   one per channel (CUDA's scaled GEMM takes both per tensor or both per row).
-* The product runs as :func:`graphamp.fx.float8.scaled_mm` with fast accumulation, in the
+* The product runs as :func:`graphamp.fx.dialect.float8.scaled_mm` with fast accumulation, in the
   low type, the bias added after it.
 """
 
@@ -21,9 +21,9 @@ import torch
 from torch import fx
 
 from graphamp.errors import InternalError
-from graphamp.fx import float8
-from graphamp.fx.float8_step import chosen_layers, keep_unbuilt, layer_of
-from graphamp.fx.ops import attribute
+from graphamp.fx.dialect import float8
+from graphamp.fx.dialect.float8_step import chosen_layers, keep_unbuilt, layer_of
+from graphamp.fx.dialect.ops import attribute
 from graphamp.plans.plan import Plan
 from graphamp.training.float8 import Float8
 

@@ -1,5 +1,5 @@
 """Building a sharded step's collective nodes (``all_gather``, ``reduce_scatter``) in aten ops
-and torch.distributed's functional collectives, as :mod:`graphamp.fx.lowering` builds the
+and torch.distributed's functional collectives, as :mod:`graphamp.fx.dialect.lowering` builds the
 others.
 
 A rank holds rows ``[rank * c, (rank + 1) * c)`` of each parameter (``c`` the rows divided by
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from graphamp.core.graph import OpNode
-from graphamp.fx.types import torch_dtype
+from graphamp.fx.dialect.types import torch_dtype
 from graphamp.training.distributed import divide_factors
 
 Lowering = Callable[..., Sequence[torch.Tensor] | torch.Tensor]

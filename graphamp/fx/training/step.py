@@ -3,8 +3,8 @@
 The forward pass is converted by the engine (float32 master weights, cast once per step);
 backward follows the casts through autograd. The step (forward, loss, backward, optimizer
 update) is traced once with ``make_fx`` into a GraphModule with its values marked
-(:mod:`graphamp.fx.marks`), read into the neutral graph, and the ``step`` pipeline of passes
-(:mod:`graphamp.passes.loss_scale`) adds loss scaling, unscaling, the finite check, the step
+(:mod:`graphamp.fx.training.marks`), read into the neutral graph, and the ``step`` pipeline of
+passes (:mod:`graphamp.passes.loss_scale`) adds loss scaling, unscaling, the finite check, the step
 guard and the scale update as nodes the plan records. State lives in tensors, so a step never
 waits for the host.
 """
@@ -19,12 +19,14 @@ import torch
 from torch import fx, nn
 
 from graphamp.errors import GraphampError
-from graphamp.fx import differentiate, distributed, eager, marks, optim, reader, signatures, writer
 from graphamp.fx.conversion import converted_for_step, fx_policy
-from graphamp.fx.float8_step import check_lowered, read_marks, step_scales
-from graphamp.fx.fsdp import local
-from graphamp.fx.signatures import CapturedStep, StepGraphs
-from graphamp.fx.types import torch_dtype
+from graphamp.fx.dialect import reader, writer
+from graphamp.fx.dialect.float8_step import check_lowered, read_marks, step_scales
+from graphamp.fx.dialect.types import torch_dtype
+from graphamp.fx.distributed import data_parallel
+from graphamp.fx.distributed.fsdp import local
+from graphamp.fx.training import differentiate, eager, marks, optim, signatures
+from graphamp.fx.training.signatures import CapturedStep, StepGraphs
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.options import Options
 from graphamp.passes.pipeline import STEP
@@ -102,7 +104,7 @@ class TrainStep:
         self.opt_state = {k: v.to(self.device) for k, v in self.opt_state.items()}
         if self.reduce is not None:  # replicas start from the first rank's state
             state = [*self.params.values(), *self.opt_state.values(), *self.buffers.values()]
-            distributed.broadcast_from_first(self.reduce, state)
+            data_parallel.broadcast_from_first(self.reduce, state)
         # Gradients are carried between calls only when micro-batches accumulate, in float32
         # whatever the parameters' type (the optimizer reads their average in that type).
         carried = self.trainable if self.accumulate > 1 else []
@@ -204,7 +206,7 @@ class TrainStep:
     def _schedule(self, module: fx.GraphModule) -> None:
         """Order the collectives of ``module``'s graph to overlap with the computation."""
         if self.reduce is not None:
-            distributed.overlap_communication(module)
+            data_parallel.overlap_communication(module)
 
     def _flatten(self) -> list[torch.Tensor]:
         """The step's state as the graph's leading arguments; buffers come last."""

@@ -2,7 +2,8 @@
 settings the ``all_reduce`` pass reads, and the replicas made identical when the step starts.
 
 The collectives themselves are graph nodes (torch.distributed's functional collectives, built by
-:mod:`graphamp.fx.lowering`), so the step stays one graph that ``torch.compile`` can schedule.
+:mod:`graphamp.fx.dialect.lowering`), so the step stays one graph that ``torch.compile`` can
+schedule.
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
 """Runs of one in-place update over many tensors in an eager step graph, called as one
 foreach op.
 
-After :mod:`graphamp.fx.in_place`, an optimizer's tail is runs of the same update on every
+After :mod:`graphamp.fx.training.in_place`, an optimizer's tail is runs of the same update on every
 parameter: ``add_(grad, momentum, alpha=0.9)`` once per parameter, then
-:func:`~graphamp.fx.in_place.update_unless` of ``addcmul_`` once per parameter (the formulas are
-written one operation at a time over all tensors, :func:`graphamp.fx.optim.update`). Run node by
-node, each is a Python call and a dispatch (and on a GPU a kernel launch), where torch.optim
-calls one ``_foreach_*_`` op per list. :func:`grouped` turns each run of consecutive,
-independent nodes with the same op and the same non-tensor arguments into one call of the
-matching foreach op (``_foreach_add_.List``, ``_foreach_addcmul_.Scalar``...), which on a CPU
-runs the same kernel per tensor (on a GPU, torch.optim's multi-tensor kernels: what its foreach
-path computes). ``torch.compile`` gets the nodes back one by one (:func:`ungrouped`).
+:func:`~graphamp.fx.training.in_place.update_unless` of ``addcmul_`` once per parameter (the
+formulas are written one operation at a time over all tensors,
+:func:`graphamp.fx.training.optim.update`). Run node by node, each is a Python call and a dispatch
+(and on a GPU a kernel launch), where torch.optim calls one ``_foreach_*_`` op per list.
+:func:`grouped` turns each run of consecutive, independent nodes with the same op and the same
+non-tensor arguments into one call of the matching foreach op (``_foreach_add_.List``,
+``_foreach_addcmul_.Scalar``...), which on a CPU runs the same kernel per tensor (on a GPU,
+torch.optim's multi-tensor kernels: what its foreach path computes). ``torch.compile`` gets the
+nodes back one by one (:func:`ungrouped`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from graphamp.fx.in_place import IN_PLACE_OPS, recompiled, update_unless
+from graphamp.fx.training.in_place import IN_PLACE_OPS, recompiled, update_unless
 
 _MEMBERS_META = "graphamp_foreach_members"  # on a grouped node: its members, to undo
 _SHORTEST_RUN = 2
@@ -48,7 +49,7 @@ def updates_unless(
     *args: Any,
     **kwargs: Any,
 ) -> list[torch.Tensor]:
-    """:func:`~graphamp.fx.in_place.update_unless` over lists: the in-place foreach op into
+    """:func:`~graphamp.fx.training.in_place.update_unless` over lists: the in-place foreach op into
     ``targets`` on a CPU (``targets`` as they are when ``found_inf``), the functional one
     elsewhere, where reading ``found_inf`` on the host would wait for the device."""
     if found_inf.device.type != "cpu":
@@ -92,7 +93,7 @@ def ungrouped(module: fx.GraphModule) -> fx.GraphModule:
 @dataclass(frozen=True)
 class _Members:
     """What :func:`ungrouped` needs to make a grouped node's members again: their op (and
-    for :func:`~graphamp.fx.in_place.update_unless`, the per-tensor ops it calls) and their
+    for :func:`~graphamp.fx.training.in_place.update_unless`, the per-tensor ops it calls) and their
     meta. Their tensors are read from the grouped node's arguments at that time, so that a
     node replaced since (another group's undone) is the one they read."""
 

@@ -5,9 +5,10 @@ The model is sharded by FSDP2 (``fully_shard``, by the user or by ``train_step(m
 each parameter a DTensor whose local tensor holds this rank's rows. The step keeps no copy of
 them: its graph reads and updates the model's own shards. The forward pass is converted from
 a skeleton of the model whose parameters are fake tensors of the whole shapes
-(:func:`graphamp.fx.fsdp.skeleton`), and the step is traced on fake tensors too, with the
-whole parameters as graph inputs of their own (the ``whole_parameters`` option) and each gradient
-marked where the optimizer reads its shard (:func:`graphamp.fx.marks.scattered`). The
+(:func:`graphamp.fx.distributed.fsdp.skeleton`), and the step is traced on fake tensors too, with
+the whole parameters as graph inputs of their own (the ``whole_parameters`` option) and each
+gradient marked where the optimizer reads its shard (:func:`graphamp.fx.training.marks.scattered`).
+The
 ``step`` pipeline's ``all_gather`` and ``reduce_scatter`` passes
 (:mod:`graphamp.passes.shard`) then put the collectives in as decisions of the plan, and the
 MAX all-reduce of ``found_inf`` makes the ranks agree on skipping a step.
@@ -25,8 +26,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphamp.errors import GraphampError
-from graphamp.fx import differentiate, distributed, fsdp, marks, optim
-from graphamp.fx.step import TrainStep
+from graphamp.fx.distributed import data_parallel, fsdp
+from graphamp.fx.training import differentiate, marks, optim
+from graphamp.fx.training.step import TrainStep
 from graphamp.passes.options import Options
 from graphamp.training.distributed import DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES, Sharding
 
@@ -146,7 +148,7 @@ class ShardedTrainStep(TrainStep):
         return names[:count], names[count : 2 * count]
 
     def _schedule(self, module: fx.GraphModule) -> None:
-        distributed.schedule_collectives(module)
+        data_parallel.schedule_collectives(module)
 
     def _update_fn(self, *args: torch.Tensor) -> list[torch.Tensor]:
         count = len(self.params)

@@ -2,7 +2,7 @@
 
 Casts are explicit ``aten._to_copy(x, dtype=...)`` nodes, one per (value, dtype), so autograd
 flows through them and ``torch.compile`` sees them. Nodes a training pass added are built by
-:mod:`graphamp.fx.lowering`; state a pass added becomes new placeholders and outputs.
+:mod:`graphamp.fx.dialect.lowering`; state a pass added becomes new placeholders and outputs.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from torch import fx, nn
 
 from graphamp.dialects.base import ReadGraph
 from graphamp.errors import InternalError
-from graphamp.fx import hops, lowering
-from graphamp.fx.ops import attribute, flat, set_attribute
-from graphamp.fx.reader import Boundary, FxHandles
-from graphamp.fx.types import torch_dtype
+from graphamp.fx.dialect import hops, lowering
+from graphamp.fx.dialect.ops import attribute, flat, set_attribute
+from graphamp.fx.dialect.reader import Boundary, FxHandles
+from graphamp.fx.dialect.types import torch_dtype
 from graphamp.passes.numerics import FLOAT32_LIMIT, stand_in
 from graphamp.plans.edits import EditScript
 

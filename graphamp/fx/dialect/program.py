@@ -20,8 +20,8 @@ from torch import fx
 
 from graphamp.core.io import staged
 from graphamp.errors import GraphampError
-from graphamp.fx.capture import Captured, is_static
-from graphamp.fx.samples import sample_values
+from graphamp.fx.dialect.capture import Captured, is_static
+from graphamp.fx.dialect.samples import sample_values
 from graphamp.plans.plan import Plan
 
 PLAN_FILE = "graphamp/plan.json"

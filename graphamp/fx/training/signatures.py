@@ -22,7 +22,7 @@ from torch import fx
 
 from graphamp.core.graph import OpGraph
 from graphamp.errors import GraphampError, InternalError, RecaptureWarning
-from graphamp.fx import differentiate, eager
+from graphamp.fx.training import differentiate, eager
 from graphamp.plans.records import NodeDecision, ScaleRecord
 
 # Past this many signatures a step warns once: each capture takes seconds and holds its own
@@ -77,8 +77,8 @@ class StepGraphs:
 
 def compiled(graphs: StepGraphs, options: dict[str, Any], write_back: bool) -> StepGraphs:
     """``graphs`` under ``torch.compile(**options)``, handed their functional form
-    (:func:`graphamp.fx.eager.for_compile`); with ``write_back``, each new state written into
-    the argument it replaces (:func:`written_back`)."""
+    (:func:`graphamp.fx.training.eager.for_compile`); with ``write_back``, each new state written
+    into the argument it replaces (:func:`written_back`)."""
     result = []
     for key, module in (("update", graphs.update), ("accumulate", graphs.accumulate)):
         if module is None:

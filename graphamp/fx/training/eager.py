@@ -3,11 +3,11 @@ takes.
 
 The captured graph is functional aten ops. An eager step runs it op by op from Python, so the
 passes here make it cheaper to run without changing a value: elementwise ops and the kept
-parameters' updates write in place (:mod:`graphamp.fx.in_place`), the unscale joins the fused
-finite check, each optimizer formula runs as one foreach op over all parameters
-(:mod:`graphamp.fx.foreach`), and ops are called through PyTorch's Python bindings
-(:mod:`graphamp.fx.bindings`). ``torch.compile`` plans its own buffers and fuses better from
-the functional graph, so :func:`for_compile` undoes each of them, in the reverse order, and
+parameters' updates write in place (:mod:`graphamp.fx.training.in_place`), the unscale joins the
+fused finite check, each optimizer formula runs as one foreach op over all parameters
+(:mod:`graphamp.fx.training.foreach`), and ops are called through PyTorch's Python bindings
+(:mod:`graphamp.fx.training.bindings`). ``torch.compile`` plans its own buffers and fuses better
+from the functional graph, so :func:`for_compile` undoes each of them, in the reverse order, and
 puts the traced form of the guard and the check in. It then writes each new state into the
 argument it replaces (:func:`write_back`), so the compiled step updates its state where it
 lives, as the eager step and torch.optim do.
@@ -20,7 +20,9 @@ from collections.abc import Sequence
 import torch
 from torch import fx
 
-from graphamp.fx import bindings, distributed, foreach, in_place, lowering
+from graphamp.fx.dialect import lowering
+from graphamp.fx.distributed import data_parallel
+from graphamp.fx.training import bindings, foreach, in_place
 
 
 def for_eager(module: fx.GraphModule) -> fx.GraphModule:
@@ -43,7 +45,7 @@ def for_compile(
     names written into its arguments (:func:`write_back`)."""
     bindings.without_bindings(module)
     foreach.ungrouped(module)
-    distributed.without_in_place_collectives(module)
+    data_parallel.without_in_place_collectives(module)
     in_place.functional(module)
     lowering.with_traced_guards(module)
     return write_back(module, written_back)

@@ -158,7 +158,7 @@ def update(
     Each formula runs one operation at a time over all of a group's tensors, as torch.optim's
     foreach implementations do: the traced graph then holds runs of the same operation on
     independent tensors, which an eager step calls as one foreach op each
-    (:mod:`graphamp.fx.foreach`). The values are the single-tensor formulas' own."""
+    (:mod:`graphamp.fx.training.foreach`). The values are the single-tensor formulas' own."""
     step = state["step"] + 1
     new_params, new_state = {}, {"step": step}
     for group, lr in zip(groups, lrs, strict=True):

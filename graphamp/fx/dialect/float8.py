@@ -1,5 +1,5 @@
 """Float8 matrix products in aten ops: the quantiser, the scaled GEMM and the scale updates
-the float8 nodes of a training step are built from (:mod:`graphamp.fx.float8_lowering`), and
+the float8 nodes of a training step are built from (:mod:`graphamp.fx.dialect.float8_lowering`), and
 the mark a step is traced with.
 
 A matrix product the plan puts in float8 is traced as :func:`float8_mm`, a mark that computes
@@ -94,7 +94,7 @@ def _backward(ctx, grad: torch.Tensor):  # type: ignore[no-untyped-def]
 
 
 # torch.func's transforms cannot differentiate a custom op: a step through these marks is
-# traced with torch.autograd under Python functionalization (graphamp.fx.differentiate).
+# traced with torch.autograd under Python functionalization (graphamp.fx.training.differentiate).
 float8_mm.register_autograd(_backward, setup_context=_setup)
 
 

@@ -17,9 +17,9 @@ import torch
 from torch import fx
 
 from graphamp.errors import GraphampError
-from graphamp.fx import hops
-from graphamp.fx.ops import flat, matrix_dims, op_name
-from graphamp.fx.reader import stable_names
+from graphamp.fx.dialect import hops
+from graphamp.fx.dialect.ops import flat, matrix_dims, op_name
+from graphamp.fx.dialect.reader import stable_names
 from graphamp.numerics.ranges import Ranges, TensorRange, log2_counts
 
 

@@ -12,10 +12,10 @@ from torch import fx, nn
 
 from graphamp.dialects.base import Dialect, ReadGraph
 from graphamp.errors import GraphampError, RunFailure
-from graphamp.fx import reader, writer
-from graphamp.fx.capture import capture, example_args
-from graphamp.fx.samples import embedding_bounds, input_spec
-from graphamp.fx.types import torch_dtype
+from graphamp.fx.dialect import reader, writer
+from graphamp.fx.dialect.capture import capture, example_args
+from graphamp.fx.dialect.samples import embedding_bounds, input_spec
+from graphamp.fx.dialect.types import torch_dtype
 from graphamp.lists import matrix_ops
 from graphamp.numerics.inputs import InputSpec
 from graphamp.numerics.ranges import Ranges
@@ -70,8 +70,9 @@ class FxDialect(Dialect):
         return writer.apply(read, script)
 
     def save(self, model: Any, path: Any) -> None:
-        """A converted module as a ``.pt2`` program with its plan (:mod:`graphamp.fx.program`)."""
-        from graphamp.fx.program import captured_by, check_target, export, write
+        """A converted module as a ``.pt2`` program with its plan
+        (:mod:`graphamp.fx.dialect.program`)."""
+        from graphamp.fx.dialect.program import captured_by, check_target, export, write
 
         check_target(Path(path))
         write(export(model), Path(path), captured_by(model).plan)
@@ -96,7 +97,7 @@ class FxDialect(Dialect):
         return run_module(model, names, self.input_specs(model), feeds, provider)
 
     def calibrate(self, model: Any, batches: Iterable[Any], *, histograms: bool = False) -> Ranges:
-        from graphamp.fx.calibration import calibrate
+        from graphamp.fx.dialect.calibration import calibrate
 
         module = model if isinstance(model, fx.GraphModule) else self.load(model)
         if not isinstance(module, fx.GraphModule):  # a .pt2 program

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from graphamp.fx.lowering import any_non_finite, select_on_host, unscale_and_check
+from graphamp.fx.dialect.lowering import any_non_finite, select_on_host, unscale_and_check
 
 # Elementwise ops whose in-place variant computes the same values into the first operand.
 _IN_PLACE = {
