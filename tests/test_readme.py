@@ -23,10 +23,12 @@ so a later block may read what an earlier one wrote.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -109,6 +111,7 @@ def run_blocks(document: str, folder: Path) -> int:
     return count
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("document", [d for d in DOCS if d != "docs/ARCHITECTURE.md"])
 def test_the_examples_run_as_written(document, tmp_path, monkeypatch):
     """Every example of the page runs as written, next to the ``model.onnx`` the examples
@@ -172,3 +175,67 @@ def test_benchmarks_open_with_one_current_table_per_area():
             assert len(cells) == len(header), f"{title}: {row}"
             assert cells[-2].split(",")[0] in machines, f"{title}: machine of {row}"
             assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", cells[-1]), f"{title}: date of {row}"
+
+
+EVERYDAY = re.compile(r'pytest -m "([^"]+)"')
+
+
+def registered_markers() -> set[str]:
+    with open(ROOT / "pyproject.toml", "rb") as file:
+        settings = tomllib.load(file)["tool"]["pytest"]["ini_options"]
+    assert "--strict-markers" in settings["addopts"].split()
+    return {line.split(":")[0] for line in settings["markers"]}
+
+
+def test_the_everyday_subset_leaves_out_every_registered_marker():
+    """The README's and ARCHITECTURE's everyday command says ``not M`` for each marker that
+    pyproject.toml registers (and only those, joined by ``and``)."""
+    markers = registered_markers()
+    assert markers == {"slow", "compile", "dist", "browser"}
+    for document in ("README.md", "docs/ARCHITECTURE.md"):
+        commands = EVERYDAY.findall((ROOT / document).read_text())
+        assert commands, f"{document}: no everyday test command (pytest -m \"...\")"
+        for expression in commands:
+            terms = expression.split(" and ")
+            assert all(term.startswith("not ") for term in terms), (document, expression)
+            assert {term.removeprefix("not ") for term in terms} == markers, (document, expression)
+
+
+MARKER_CENSUS = '''
+import json, os
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    census = {item.nodeid: sorted({m.name for m in item.iter_markers()}) for item in items}
+    with open(os.environ["MARKER_CENSUS"], "w") as out:
+        json.dump(census, out)
+'''
+
+
+@pytest.mark.slow
+def test_the_everyday_subset_keeps_most_tests_and_each_marker_marks_some(tmp_path):
+    """Collected with a plugin that records every test's markers before -m deselects any:
+    the README's expression keeps the tests that carry none of them, at least half the suite,
+    and each marker marks some test."""
+    (tmp_path / "marker_census.py").write_text(MARKER_CENSUS)
+    expression = EVERYDAY.findall((ROOT / "README.md").read_text())[0]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        "MARKER_CENSUS": str(tmp_path / "census.json"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "marker_census",
+         "-p", "no:cacheprovider", "-m", expression, str(ROOT / "tests")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    census = json.loads((tmp_path / "census.json").read_text())
+    markers = registered_markers()
+    kept = {test for test, names in census.items() if not markers & set(names)}
+    selected = {line for line in done.stdout.splitlines() if "::" in line}
+    assert selected == kept
+    assert len(kept) >= len(census) / 2, f"{len(kept)} of {len(census)}"
+    for marker in markers:
+        assert any(marker in names for names in census.values()), marker

@@ -15,6 +15,10 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -135,6 +135,7 @@ def test_help_documents_every_flag(cli):
         assert flag in result.stdout
 
 
+@pytest.mark.slow
 def test_demo_runs(cli, tmp_path):
     result = cli("demo", "--keep", str(tmp_path))
     assert result.returncode == 0, result.stderr

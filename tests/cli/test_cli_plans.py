@@ -115,6 +115,7 @@ def test_check_single_model_and_missing_baseline(cli, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_shipped_ci_hook_and_workflow_run_the_check(tmp_path):
     """tools/ci/pre-commit and the workflow's command pass on a clean repo, fail on drift."""
     import os

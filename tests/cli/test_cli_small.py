@@ -29,6 +29,7 @@ def test_version(cli):
     assert status == 0 and out.strip() == "graphamp 0.2.0"
 
 
+@pytest.mark.slow
 def test_verbose_after_the_command_counts_as_before_it(small):
     """(In processes of their own: logging is configured once per process.)"""
     quiet = cli_process("plan", str(small)).stderr

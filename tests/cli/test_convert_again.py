@@ -155,6 +155,7 @@ def test_zoo_models_convert_again_to_the_same_bytes(zoo_model, tmp_path, name, f
     _twice_is_once(zoo_model(name), tmp_path, flags)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags", [(), ("--deny-name", "layers.0.attention*"), ("--dtype", "float16")]
 )

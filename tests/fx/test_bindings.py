@@ -3,6 +3,7 @@ binding dispatches the node's own op, with the values unchanged."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import fx, nn
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -61,6 +62,7 @@ def test_a_binding_that_dispatches_other_arguments_is_not_used():
         assert torch.equal(want, have)
 
 
+@pytest.mark.slow
 def test_a_training_step_calls_bindings_and_trains_as_with_overloads():
     """A step on a small MLP: most nodes call bindings, and three steps give the parameters
     a step calling every overload gives, bit for bit; compile's form calls overloads."""

@@ -103,6 +103,7 @@ def test_static_scaling_from_calibration():
         assert torch.equal(module(x), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "settings",
     [graphamp.Float8.current(sizes="none"), graphamp.Float8.current("row", sizes="none")],

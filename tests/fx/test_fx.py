@@ -120,6 +120,7 @@ def test_plan_names_are_module_paths_and_survive_edits_elsewhere():
     assert changed and all(name.startswith("layers.0.") for name in changed)
 
 
+@pytest.mark.slow
 def test_deterministic_and_idempotent():
     model, inputs = build("gpt", "small")
     gm_a, plan_a = gfx.convert(model, inputs)

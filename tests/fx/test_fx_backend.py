@@ -104,6 +104,7 @@ def largest_difference(ours: list[float], reference: list[float]) -> float:
     return max(abs(a - b) / abs(b) for a, b in zip(ours, reference, strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["cnn", "bert"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_trains_like_autocast_and_grad_scaler(kind, dtype):
@@ -117,6 +118,8 @@ def test_trains_like_autocast_and_grad_scaler(kind, dtype):
     assert ours[-1] < ours[0] or reference[-1] >= reference[0]
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_inductor_compiles_the_converted_graphs_and_trains_within_rounding():
     """Inductor rounds differently from eager (fused kernels keep float32 between ops), as it
     does for torch.compile + autocast: the backend stays within that gap plus the one-ulp

@@ -177,6 +177,7 @@ def test_a_cond_nested_in_a_while_loop_is_converted_with_its_casts_outside_both(
         assert 0 < error(gm(h), model(h)) < 0.05
 
 
+@pytest.mark.slow
 def test_converting_a_converted_module_again_changes_nothing():
     torch.manual_seed(0)
     for model, x in ((CondNet(), inputs()), (RnnNet(), inputs()), (NestedNet(), inputs())):
@@ -244,6 +245,7 @@ def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((output - target) ** 2).mean()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("make", "dtype"),
     [(CondNet, "float16"), (CondNet, "bfloat16"), (RnnNet, "bfloat16"), (MapNet, "bfloat16")],
@@ -281,6 +283,7 @@ def test_train_step_through_bodies_matches_the_converted_forward_trained_eagerly
     assert any(n.endswith("/matmul") or n.endswith("/linear") for n in low)
 
 
+@pytest.mark.slow
 def test_train_step_explains_a_body_node():
     torch.manual_seed(0)
     model, x = CondNet(), inputs()
@@ -324,6 +327,8 @@ def test_a_step_torch_cannot_differentiate_through_a_cond_is_one_error_naming_it
     assert "torch.ops.higher_order.cond" in message and "no autograd formula" in message
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_a_compiled_step_through_a_while_loop_runs_as_the_eager_one():
     torch.manual_seed(0)
     model, x = RnnNet(), inputs()
@@ -360,6 +365,7 @@ class Growing(nn.Module):
         return torch.while_loop(more, step, (torch.zeros((), dtype=torch.int64), x / 1e5))[1]
 
 
+@pytest.mark.slow
 def test_calibration_reaches_body_nodes_in_every_iteration():
     model, x = Growing().eval(), inputs().abs()
     _, plan = convert(model, x, "float16")
@@ -375,6 +381,7 @@ def test_calibration_reaches_body_nodes_in_every_iteration():
     assert str(plan.nodes["cond/false_graph_0/matmul"].precision) == "float16"
 
 
+@pytest.mark.slow
 def test_train_step_through_a_cond_updates_batch_norm_statistics_as_eager_pytorch():
     # the forward's in-place buffer updates, functionalized, are copied back once per step
     class NormThenCond(nn.Module):

@@ -22,6 +22,7 @@ def hidden(output) -> torch.Tensor:  # type: ignore[no-untyped-def]
     return (output[0] if isinstance(output, tuple | list) else output).float()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
 def test_error_no_worse_than_autocast_and_the_same_matrix_types(name):
     model = hf_model(name)

@@ -16,6 +16,8 @@ import graphamp.fx as gfx
 from tests.fx.recording import matrix_dtypes
 from tests.hf_models import VOCAB, as_they_come
 
+pytestmark = pytest.mark.slow
+
 
 def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     return float((value.float() - reference).abs().max() / reference.abs().max())

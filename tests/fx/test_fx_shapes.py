@@ -25,6 +25,7 @@ def batch_of(inputs: tuple[torch.Tensor, ...], size: int) -> tuple[torch.Tensor,
     return tuple(x.repeat(size, *[1] * (x.dim() - 1))[:size] for x in inputs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet", "bert"])
 def test_one_conversion_runs_at_every_batch_size_as_a_conversion_at_that_size(name):
     model, inputs = build(name, "small")

@@ -32,6 +32,7 @@ def test_load_reads_the_program_exactly(bert_pt2):
         assert torch.equal(program.module()(*inputs)[0], model(*inputs)[0])
 
 
+@pytest.mark.slow
 def test_convert_pt2_writes_a_program_that_runs_in_bfloat16(bert_pt2, tmp_path):
     path, model, inputs = bert_pt2
     target, plan = tmp_path / "bert.bf16.pt2", tmp_path / "plan.json"
@@ -94,6 +95,7 @@ def converted_bert():
     return model, inputs, converted, plan
 
 
+@pytest.mark.slow
 def test_save_writes_a_program_both_readers_load_with_the_same_outputs(converted_bert, tmp_path):
     _, inputs, converted, plan = converted_bert
     path = tmp_path / "bert.pt2"
@@ -120,6 +122,7 @@ def test_save_writes_a_program_both_readers_load_with_the_same_outputs(converted
             assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
+@pytest.mark.slow
 def test_save_is_deterministic_and_a_loaded_module_saves_the_same_program(converted_bert, tmp_path):
     _, _, converted, _ = converted_bert
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir(), (tmp_path / "c").mkdir()
@@ -132,6 +135,7 @@ def test_save_is_deterministic_and_a_loaded_module_saves_the_same_program(conver
     assert first == (tmp_path / "c" / "m.pt2").read_bytes()
 
 
+@pytest.mark.slow
 def test_the_cli_and_save_write_the_same_program(tmp_path):
     """`graphamp convert model.pt2` and graphamp.fx.save on the same model and policy: the same
     program and weights byte for byte, the same plan but for the name of its source."""

@@ -160,6 +160,7 @@ def test_zoo_models_in_float8_meet_the_error_bars(zoo, name, bar):
     assert 1e-3 < worst <= bar  # float8 error, not none, and within the bar
 
 
+@pytest.mark.slow
 def test_the_command_line_converts_verifies_and_explains(zoo, tmp_path, capsys):
     path, calibration, held_out = zoo["bert"]
     data, inputs = tmp_path / "cal.npz", tmp_path / "in.npz"
@@ -302,6 +303,7 @@ def test_the_faithful_evaluator_keeps_float8_weights_and_rounds_the_rest(zoo):
     assert TensorProto.FLOAT8E4M3FN in kinds and TensorProto.FLOAT16 not in kinds
 
 
+@pytest.mark.slow
 def test_tune_finds_the_float8_nodes_to_keep_for_a_tolerance(zoo, tmp_path, capsys):
     path, calibration, held_out = zoo["bert"]
     data, inputs = tmp_path / "cal.npz", tmp_path / "in.npz"

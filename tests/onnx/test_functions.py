@@ -172,6 +172,7 @@ def _inlined(proto: onnx.ModelProto) -> onnx.ModelProto:
     return onnx.inliner.inline_local_functions(proto)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_onnx_function_ops_as_local_functions_convert_inside(dtype):
     """Every ONNX node case whose op ONNX defines by a function, that function as a

@@ -50,6 +50,7 @@ def exported(tmp_path_factory):  # type: ignore[no-untyped-def]
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opset", [18, 23])
 @pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2", "bert", "vit"])
 def test_hf_export_converts_runs_and_is_a_fixed_point(exported, tmp_path, name, opset):

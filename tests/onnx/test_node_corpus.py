@@ -49,6 +49,7 @@ def run(proto: onnx.ModelProto, inputs: list, reference: bool) -> list[np.ndarra
     return session(proto).run(None, feeds)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_every_float_node_case_converts_to_a_fixed_point_that_runs(dtype):
     checked, compared, against_expected = 0, 0, 0

@@ -67,6 +67,7 @@ def test_dims_not_multiples_of_16_keep_the_low_type(k, n, why):
     assert why in context.fp8_decisions["up"].reason
 
 
+@pytest.mark.slow
 def test_torchaos_size_table_keeps_small_products_by_granularity():
     # tensorwise: K <= 4096 and N <= 1024 is under the table; rowwise: N <= 2048 is
     assert rules(run(mlp(64, 1024), Float8.current()))["up"] is Rule.FP8_SHAPE

@@ -315,6 +315,7 @@ def test_a_layer_norm_nothing_fuses_keeps_one_cast_pair(tmp_path):
     assert error(model, result.to_proto()) < 5e-3
 
 
+@pytest.mark.slow
 def test_a_half_precision_export_fuses_its_norms_with_their_casts(tmp_path):
     """LLaMA exported in float16: each RMSNorm casts x to float32, normalises and casts the
     result back before its float16 weight; the fused op reads and writes float16 itself."""

@@ -263,6 +263,7 @@ def test_help_documents_spread_all(capsys):
     assert "{cost,tensorflow,autocast,all}" in text and "or all (every float op low" in text
 
 
+@pytest.mark.slow
 def test_an_fx_module_converts_with_spread_all():
     torch = pytest.importorskip("torch")
     import graphamp.fx as gfx

@@ -28,6 +28,7 @@ def rows(table: str) -> list[list[str]]:
     return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
 
 
+@pytest.mark.slow
 def test_training_steps_every_eager_configuration(bench, tmp_path, capsys):
     """Every eager configuration of Hugging Face BERT steps, in both low types, and gets its
     ratios to float32 and to eager autocast."""
@@ -64,6 +65,8 @@ def test_training_steps_every_eager_configuration(bench, tmp_path, capsys):
     assert len(results["results"]["bert-base"]) == 6
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_compiled_configurations_on_the_cnn(bench, tmp_path, capsys):
     args = [
         "--part",
@@ -92,6 +95,7 @@ def test_compiled_configurations_on_the_cnn(bench, tmp_path, capsys):
     assert compiled[7].endswith("x"), "compared with torch.compile + autocast"
 
 
+@pytest.mark.slow
 def test_loss_curves_are_compared_with_autocasts_spread(bench, tmp_path, capsys):
     args = [
         "--part",
@@ -128,6 +132,7 @@ def test_within_spread_counts_windows_inside_the_band(bench):
     assert gpu_train.within_spread([[0.5] * 20], theirs) == (0, 2)
 
 
+@pytest.mark.slow
 def test_inference_models_convert_and_run_with_io_binding(bench, tmp_path, capsys):
     """The decoding step with its cache (an export of GPT-2 through torch.onnx), the
     LLaMA-shaped decoder and the CNN, converted by both tools, timed and counted."""

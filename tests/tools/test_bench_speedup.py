@@ -62,6 +62,7 @@ def test_bars_are_medians_of_ratios_within_rounds(bench):
     assert not any(name.startswith("graphamp backend") for name in bars)  # not run
 
 
+@pytest.mark.slow
 def test_training_configurations_side_by_side(bench, tmp_path):
     text = quick(bench, tmp_path, "--part", "train")
     assert "avx" in text or "flags" in text  # the machine is named
@@ -76,6 +77,7 @@ def test_training_configurations_side_by_side(bench, tmp_path):
     assert all(len(times) == 1 for times in results["resnet50"]["wall"].values())
 
 
+@pytest.mark.slow
 def test_memory_counts_the_state_and_what_the_step_allocates(bench, tmp_path):
     text = quick(bench, tmp_path, "--part", "memory", "--configs", "float32", "graphamp")
     table = {row[2]: row for row in rows(text) if len(row) == 7}

@@ -7,6 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -18,12 +20,14 @@ def fuzz_module():  # type: ignore[no-untyped-def]
     return module
 
 
+@pytest.mark.slow
 def test_three_hundred_random_graphs_keep_every_property():
     fuzz = fuzz_module()
     violations = {seed: fuzz.check(fuzz.random_case(seed)) for seed in range(300)}
     assert not {seed: p for seed, p in violations.items() if p}
 
 
+@pytest.mark.slow
 def test_the_harness_catches_a_planted_bug(monkeypatch):
     import graphamp.passes.casts as casts
 
@@ -42,6 +46,7 @@ def test_the_harness_catches_a_planted_bug(monkeypatch):
 LATER = [14836, 16385, 21797, 23877, 24301, 25389, 28644, 29124, 40012]
 
 
+@pytest.mark.slow
 def test_damaged_files_through_the_command_line(tmp_path):
     """Truncated, bit-flipped, shortened and padded model files: exit 0 or 2, no traceback, no
     output after a failure. Seeds 2877, 3914, 4540 and 5219 once ended in internal errors (a

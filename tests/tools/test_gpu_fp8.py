@@ -21,6 +21,7 @@ def gpu_fp8():
     return module
 
 
+@pytest.mark.slow
 def test_the_dry_run_measures_every_configuration(gpu_fp8, tmp_path, capsys):
     out = tmp_path / "fp8.json"
     assert gpu_fp8.main(["--dry-run", "--runs", "1", "--warmup", "1", "--json", str(out)]) == 0

@@ -32,6 +32,7 @@ def f(x):
     assert sizes.code_lines(source) == 3  # def, return, the continued expression
 
 
+@pytest.mark.slow
 def test_every_module_is_listed_longest_first(sizes, capsys):
     assert sizes.main([]) == 0
     rows = capsys.readouterr().out.splitlines()
@@ -46,6 +47,7 @@ def test_every_module_is_listed_longest_first(sizes, capsys):
     assert total.endswith(f"{len(body)} modules") and int(total.split()[0]) == sum(lines)
 
 
+@pytest.mark.slow
 def test_over_and_top_filter(sizes, capsys):
     sizes.main(["--over", "300", "--top", "3"])
     body = capsys.readouterr().out.splitlines()[:-1]

@@ -67,6 +67,7 @@ def single() -> dict[str, dict]:
     return {name: workers.train(settings, None) for name, settings in SCENARIOS.items()}
 
 
+@pytest.mark.dist
 def test_float32_reduction_equals_one_process_on_the_global_batch(ranks, single):
     first, second = ranks[0]["float32"], ranks[1]["float32"]
     assert bitwise_equal(first["params"], second["params"])
@@ -83,6 +84,7 @@ def test_float32_reduction_equals_one_process_on_the_global_batch(ranks, single)
     assert first["graphs"]["update"].count("_c10d_functional.all_reduce") == 3
 
 
+@pytest.mark.dist
 def test_float16_reduction_is_bitwise_equal_across_ranks_and_close(ranks, single):
     first, second = ranks[0]["float16"], ranks[1]["float16"]
     assert bitwise_equal(first["params"], second["params"])
@@ -96,6 +98,7 @@ def test_float16_reduction_is_bitwise_equal_across_ranks_and_close(ranks, single
     assert "all_reduce.found_inf" not in first["reduce_nodes"]
 
 
+@pytest.mark.dist
 def test_bfloat16_reduction_is_bitwise_equal_across_ranks_and_close(ranks, single):
     first, second = ranks[0]["bfloat16"], ranks[1]["bfloat16"]
     assert bitwise_equal(first["params"], second["params"])
@@ -103,6 +106,7 @@ def test_bfloat16_reduction_is_bitwise_equal_across_ranks_and_close(ranks, singl
     assert first["reduce_nodes"]["all_reduce.0"][0] == "bfloat16"
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("scenario", ["poison", "poison agreed"])
 def test_an_inf_on_one_rank_skips_the_step_on_both(ranks, single, scenario):
     first, second = ranks[0][scenario], ranks[1][scenario]
@@ -123,11 +127,13 @@ def test_an_inf_on_one_rank_skips_the_step_on_both(ranks, single, scenario):
     )
 
 
+@pytest.mark.dist
 def test_the_ranks_agree_on_found_inf_with_max(ranks):
     """Only rank 1 raised its flag; the MAX all-reduce node gives both ranks true."""
     assert ranks[0]["agreed"] is True and ranks[1]["agreed"] is True
 
 
+@pytest.mark.dist
 def test_accumulation_reduces_once_per_effective_batch(ranks, single):
     first, second = ranks[0]["accumulate"], ranks[1]["accumulate"]
     assert "_c10d_functional" not in first["graphs"]["accumulate"]
@@ -136,6 +142,7 @@ def test_accumulation_reduces_once_per_effective_batch(ranks, single):
     assert relative(first["params"], single["accumulate"]["params"]) <= 1e-4
 
 
+@pytest.mark.dist
 def test_a_smaller_last_batch_is_captured_again_on_both_ranks(ranks, single):
     first, second = ranks[0]["partial"], ranks[1]["partial"]
     assert bitwise_equal(first["params"], second["params"])
@@ -145,6 +152,7 @@ def test_a_smaller_last_batch_is_captured_again_on_both_ranks(ranks, single):
     assert "_c10d_functional.all_reduce" in first["graphs"]["update"]  # the 3-row graph
 
 
+@pytest.mark.dist
 def test_clipping_by_the_global_norm_matches_one_process(ranks, single):
     first, second = ranks[0]["clip"], ranks[1]["clip"]
     assert bitwise_equal(first["params"], second["params"])
@@ -154,6 +162,7 @@ def test_clipping_by_the_global_norm_matches_one_process(ranks, single):
     assert relative(single["clip"]["params"], start) < relative(single["float32"]["params"], start)
 
 
+@pytest.mark.dist
 def test_converted_module_trains_under_ddp_with_fp16_compress_hook(tmp_path):
     ranks = workers.spawn(workers.ddp_worker, tmp_path)
     assert bitwise_equal(ranks[0]["params"], ranks[1]["params"])
@@ -283,6 +292,7 @@ def test_clipping_follows_grad_scaler_unscale_then_clip_grad_norm():
     assert relative(unclipped, expected) > 10 * relative(step.params, expected)
 
 
+@pytest.mark.dist
 def test_the_data_parallel_example_runs_under_torchrun(tmp_path):
     """docs/distributed.md's data-parallel script, as written, on two processes started by
     torchrun: every rank ends with the same parameters. A failure prints each rank's output."""
@@ -321,6 +331,7 @@ def threads_after_teardown(first: str) -> str:
     return done.stdout
 
 
+@pytest.mark.dist
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
 def test_no_gloo_thread_outlives_destroy_process_group_when_graphamp_fx_is_imported_first():
     """The cause of the data-parallel example's rare abort at exit (rank 1, 'terminate called
@@ -331,6 +342,7 @@ def test_no_gloo_thread_outlives_destroy_process_group_when_graphamp_fx_is_impor
     assert "gloo" not in threads_after_teardown(first="import graphamp.fx")
 
 
+@pytest.mark.dist
 def test_a_process_group_pinned_by_a_late_import_is_warned_about(tmp_path):
     script = tmp_path / "late.py"
     script.write_text(

@@ -17,6 +17,8 @@ from graphamp.fx.training import bindings, eager
 from graphamp.fx.training.foreach import each_in_place, updates_unless
 from tests.hf_models import VOCAB, hf_model
 
+pytestmark = pytest.mark.slow
+
 
 def pooled_loss(output: Any, target: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(output[0].float().mean(dim=1), target)

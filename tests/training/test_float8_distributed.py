@@ -13,6 +13,8 @@ import torch
 
 from tests.training import dist_workers, float8_workers
 
+pytestmark = pytest.mark.dist
+
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:

@@ -204,6 +204,7 @@ def test_current_rowwise_equals_torchao_rowwise_on_the_zoos_gpt():
     assert_bit_equal(step, eager, optimizer, losses)
 
 
+@pytest.mark.slow
 def test_delayed_equals_transformer_engines_recipe():
     state = reference.DelayedState(length=4)
     make = reference.delayed_layer(state)
@@ -227,6 +228,7 @@ def delayed_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
     )
 
 
+@pytest.mark.slow
 def test_delayed_state_is_saved_and_resumed_exactly():
     data = mlp_data()
     whole_model = mlp()
@@ -310,6 +312,8 @@ def test_explain_names_formats_granularity_and_sources():
     assert "rule fp8_scale_update" in update and "a skipped step keeps them" in update
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_compiled_step_is_within_float8_tolerance_of_the_eager_step():
     """Compiled and eager float8 steps are not bit-equal (inductor computes bfloat16
     elementwise ops in float32, which moves an amax and flips some quantisations). The

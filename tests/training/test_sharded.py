@@ -77,6 +77,7 @@ def ranks_of(request: pytest.FixtureRequest, world: int) -> list[dict]:
     return request.getfixturevalue({2: "two", 4: "four"}[world])
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("world", [2, 4])
 def test_float32_reduction_matches_fsdp2_with_sharded_grad_scaler(request, world):
     ranks = ranks_of(request, world)
@@ -101,6 +102,7 @@ def test_float32_reduction_matches_fsdp2_with_sharded_grad_scaler(request, world
     assert code.count("_c10d_functional.reduce_scatter_tensor.default") == 1
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("world", [2, 4])
 def test_float16_reduction_drifts_little_from_fsdp2s(request, world):
     """A float16 reduce-scatter against FSDP2's (reduce_dtype=float16): both divide by about
@@ -122,6 +124,7 @@ def test_float16_reduction_drifts_little_from_fsdp2s(request, world):
     assert 0 < from_float32 <= 1e-2  # it was float16, and it stays close
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("world", [2, 4])
 def test_an_overflow_on_one_rank_skips_the_same_step_as_sharded_grad_scaler(request, world):
     ranks = ranks_of(request, world)
@@ -133,6 +136,7 @@ def test_an_overflow_on_one_rank_skips_the_same_step_as_sharded_grad_scaler(requ
     assert relative(ours["params"], fsdp["params"]) <= 1e-5
 
 
+@pytest.mark.dist
 def test_adamw_and_clipping_match_fsdp2(two):
     for scenario in ("adamw", "clip"):
         ours, fsdp = two[0][scenario], two[0][f"{scenario} fsdp"]
@@ -146,6 +150,7 @@ def test_adamw_and_clipping_match_fsdp2(two):
     assert "each rank's part of it summed over the 2 ranks" in clip
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("world", [2, 4])
 def test_each_rank_holds_a_shard_of_the_replicated_steps_state(request, world):
     """Parameters and optimizer state: the shards partition the replicated step's tensors
@@ -168,6 +173,7 @@ def test_each_rank_holds_a_shard_of_the_replicated_steps_state(request, world):
     assert all(r["float32"]["state_bytes"] < r["float32 fsdp"]["state_bytes"] for r in ranks)
 
 
+@pytest.mark.dist
 def test_the_step_shards_an_unsharded_model_given_a_mesh(two):
     assert same_on_every_rank(two, "mesh")
     # no MixedPrecisionPolicy: float32 gradients, as the float32 run's; the same parameters
@@ -176,6 +182,8 @@ def test_the_step_shards_an_unsharded_model_given_a_mesh(two):
     )
 
 
+@pytest.mark.compile
+@pytest.mark.dist
 def test_the_compiled_sharded_step_trains_as_the_eager_one(two):
     """step.compile() hands inductor the functional graph, collectives included: its fusions
     round differently, so the parameters are close, not equal."""
@@ -185,6 +193,7 @@ def test_the_compiled_sharded_step_trains_as_the_eager_one(two):
     assert compiled["scales"] == eager["scales"]
 
 
+@pytest.mark.dist
 def test_a_distributed_checkpoint_resumes_to_the_same_parameters(two):
     """10 steps, torch.distributed.checkpoint save, a new model and optimizer loaded from it,
     10 more: the parameters of 20 steps without a break, bit for bit."""
@@ -194,6 +203,7 @@ def test_a_distributed_checkpoint_resumes_to_the_same_parameters(two):
     assert resumed["scales"] == straight["scales"][workers.STEPS // 2 :]
 
 
+@pytest.mark.dist
 def test_bad_input_is_one_line_and_no_step(two):
     errors = two[0]["bad inputs"]
     assert (
@@ -208,6 +218,7 @@ def test_bad_input_is_one_line_and_no_step(two):
     assert all("\n" not in message for message in errors.values())
 
 
+@pytest.mark.dist
 def test_the_fsdp2_example_trains_a_sharded_llama_under_torchrun(tmp_path):
     """docs/distributed.md's FSDP2 script, as written, on two processes started by torchrun:
     every rank ends with the same whole parameters, holds half of the parameters and AdamW

@@ -42,6 +42,7 @@ def parameters(step) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
     return [value.clone() for value in step.state_dict().values()]
 
 
+@pytest.mark.slow
 def test_a_smaller_last_batch_steps_as_a_step_captured_on_it():
     # The captured graph views the batch at its traced size: the last, smaller batch of an
     # epoch raised a shape error from inside the graph before the step specialised.
@@ -60,6 +61,7 @@ def test_a_smaller_last_batch_steps_as_a_step_captured_on_it():
         assert torch.equal(ours, theirs)
 
 
+@pytest.mark.slow
 def test_a_seen_signature_reuses_its_graphs():
     step = bert_step(bert())
     step(*bert_batch(4, 1))
@@ -71,6 +73,7 @@ def test_a_seen_signature_reuses_its_graphs():
     assert step.plan is not None and "loss_scale" not in step.plan.nodes  # bfloat16: no scaling
 
 
+@pytest.mark.slow
 def test_accumulation_over_micro_batches_of_two_sizes():
     model = bert()
     reference = copy.deepcopy(model)
@@ -90,6 +93,7 @@ def test_accumulation_over_micro_batches_of_two_sizes():
         assert (ours - theirs).abs().max() <= 0.05 * moved + 1e-6
 
 
+@pytest.mark.slow
 def test_a_compiled_step_compiles_a_new_signature_too():
     eager, compiled = bert_step(bert()), bert_step(bert())
     compiled.compile(*bert_batch(4, 1), backend="eager")
@@ -100,6 +104,7 @@ def test_a_compiled_step_compiles_a_new_signature_too():
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_many_signatures_warn_once():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
@@ -115,6 +120,7 @@ def test_many_signatures_warn_once():
     assert f"float32[{MANY_SIGNATURES}, 4]" in str(recaptures[0].message)
 
 
+@pytest.mark.slow
 def test_other_index_types_and_layouts_are_signatures_of_their_own():
     step = bert_step(bert())
     ids, types, target = bert_batch(4, 1)

@@ -322,6 +322,7 @@ def accuracy(dtype: str | None) -> float:
         return float((model(test_x).argmax(1) == test_y).float().mean()) * 100
 
 
+@pytest.mark.slow
 def test_convergence_matches_float32_within_half_a_point():
     reference = accuracy(None)
     assert reference > 90
@@ -329,6 +330,8 @@ def test_convergence_matches_float32_within_half_a_point():
     assert abs(accuracy("float16") - reference) <= 0.5  # float16 with dynamic loss scaling
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_compiled_step_matches_the_eager_step():
     data = batches(4, poison={2})
     eager_model, compiled_model = small_net(), small_net()
@@ -553,6 +556,7 @@ def test_groups_frozen_parameters_and_a_scheduler():
         step(*data[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_optimizer_state_goes_back_and_resumes(dtype):
     """copy_to writes torch.optim's own state (in the parameters' type, as torch.optim keeps

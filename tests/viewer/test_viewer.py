@@ -18,6 +18,8 @@ from graphamp import viewer
 from graphamp.plans.report import explain
 from graphamp.viewer.hierarchy import build_hierarchy
 
+pytestmark = pytest.mark.browser
+
 # What Chromium needs here: no sandbox (containers), nothing fetched in the background.
 CHROMIUM_ARGS = [
     "--headless",
