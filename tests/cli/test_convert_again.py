@@ -175,6 +175,7 @@ def test_a_pt2_program_converts_again_to_the_same_bytes(tmp_path, flags):
         assert denied and {again.nodes[n].rule for n in denied if n in again.nodes} == {"kept"}
 
 
+@pytest.mark.slow
 def test_an_fx_module_converted_again_keeps_its_precisions():
     pytest.importorskip("torch")
     import graphamp.fx as gfx

@@ -17,6 +17,7 @@ def first_output(result):  # type: ignore[no-untyped-def]
     return result[0] if isinstance(result, tuple | list) else result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ZOO_NAMES)
 def test_zoo_model_in_bfloat16_matches_float32_and_autocast(name):
     model, inputs = build(name, "small")

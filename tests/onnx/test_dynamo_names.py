@@ -18,6 +18,8 @@ import graphamp.onnx as gonnx
 from graphamp.cli import main
 from graphamp.viewer.hierarchy import build_hierarchy, node_path
 
+pytestmark = pytest.mark.slow  # every test reads one torch.onnx dynamo export, made once
+
 
 class Attention(nn.Module):
     def __init__(self) -> None:
@@ -63,7 +65,6 @@ def modules(plan) -> dict[str, str]:  # type: ignore[no-untyped-def]
     return {name: d.module for name, d in plan.nodes.items() if d.module}
 
 
-@pytest.mark.slow
 def test_the_export_names_nodes_after_ops_and_the_plan_records_their_modules(exported):
     names = [node.name for node in onnx.load(str(exported)).graph.node]
     assert any(name.startswith("node_MatMul") for name in names)

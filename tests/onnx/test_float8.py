@@ -364,6 +364,7 @@ def _ranges(proto: onnx.ModelProto) -> graphamp.Ranges:
     return Ranges({v: TensorRange(max_abs=4.0, min_abs=1e-3) for v in values}, batches=4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("external", [False, True])
 def test_weights_left_on_disk_are_quantised_a_block_at_a_time(tmp_path, external):
     """A model whose weights stay in its file (or its external data) while converted: each

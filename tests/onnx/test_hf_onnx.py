@@ -19,6 +19,8 @@ from graphamp.numerics import verify
 from graphamp.onnx.runtime import check_loads
 from tests.hf_models import hf_model
 
+pytestmark = pytest.mark.slow  # every test converts torch.onnx dynamo exports of HF models
+
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):  # type: ignore[no-untyped-def]
@@ -50,7 +52,6 @@ def exported(tmp_path_factory):  # type: ignore[no-untyped-def]
     return get
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("opset", [18, 23])
 @pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2", "bert", "vit"])
 def test_hf_export_converts_runs_and_is_a_fixed_point(exported, tmp_path, name, opset):

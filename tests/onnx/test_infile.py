@@ -59,6 +59,7 @@ def _cli(source: Path, out: Path, *flags: str) -> tuple[bytes, dict]:
     return out.read_bytes(), decided
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [(), ("--keep-io-types",)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("name", ["bert", "gpt", "resnet", "gpt2", "llama"])
@@ -81,6 +82,7 @@ def test_written_as_converted_gives_the_bytes_of_the_model_held_in_memory(
     capsys.readouterr()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt", "llama"])
 def test_the_api_gives_the_same_model_from_the_file_and_from_its_proto(
     zoo_model, hf_exported, tmp_path, name
@@ -294,6 +296,7 @@ def _peak_growth(folder: Path, side: int) -> tuple[int, int]:
     return growth, source.stat().st_size
 
 
+@pytest.mark.slow
 def test_peak_memory_does_not_grow_with_the_weights(tmp_path: Path) -> None:
     """The same graph with weights 16 times larger (12 MiB, then 192 MiB, in the file) peaks
     at the same memory, the runtime check included: the input is never parsed whole, no

@@ -41,6 +41,7 @@ def assert_converts_faithfully(
     return converted
 
 
+@pytest.mark.slow
 def test_every_opset_onnxruntime_loads_converts():
     """Opsets 7 to the newest onnx knows: each one onnxruntime loads converts faithfully (an
     opset onnx knows and onnxruntime does not yet, it refuses: nothing to convert there)."""

@@ -38,6 +38,8 @@ from tests.optimum_exports import (
     optimum_python,
 )
 
+pytestmark = pytest.mark.slow  # Optimum runs in a virtual environment of its own
+
 F16 = onnx.TensorProto.FLOAT16
 
 

@@ -115,6 +115,7 @@ def casts(proto: onnx.ModelProto) -> int:
     return sum(node.op_type == "Cast" for node in proto.graph.node)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fused_graph_converts_like_onnxruntimes_tool_or_better(tmp_path, case):
     source = optimized(case, tmp_path)

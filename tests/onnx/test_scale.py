@@ -79,6 +79,7 @@ def test_streamed_data_file_holds_the_bytes_of_the_in_memory_conversion(
     assert converted > 10  # the weights were converted, not copied
 
 
+@pytest.mark.slow
 def test_peak_memory_of_a_conversion_stays_far_below_its_weights(tmp_path: Path) -> None:
     """A child process converts a 340 MB model; its peak resident memory grows by a small
     fraction of that (the weights were read and written in pieces, never held)."""

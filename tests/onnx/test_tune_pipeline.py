@@ -43,6 +43,7 @@ def test_tunes_baseline_is_converts_plan_on_the_zoo(zoo, dtype, spread):
         assert baseline == planned, (name, sorted(baseline ^ planned))
 
 
+@pytest.mark.slow
 def test_tunes_baseline_is_converts_plan_on_an_exported_tanh_gelu(tmp_path):
     path = tmp_path / "gpt2.onnx"
     ids = torch.randint(1, 96, (1, 8), generator=torch.Generator().manual_seed(0))

@@ -46,6 +46,7 @@ def test_the_worst_gap_is_past_the_first_window_and_relative(bench):
     assert bench.worst_gap(ours[:30], reference[:30]) == (0.0, 0)  # no window past step 20
 
 
+@pytest.mark.slow
 def test_a_float8_recipe_trains_every_linear_layer_in_float8(bench):
     torch.set_num_threads(1)
     data = bench.batches(3)

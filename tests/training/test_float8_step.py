@@ -133,6 +133,7 @@ def delayed(**settings: Any) -> graphamp.Float8:
 MASTERS = [torch.float32, torch.bfloat16]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("master", MASTERS, ids=["float32-masters", "bfloat16-masters"])
 def test_current_tensorwise_equals_torchao_on_an_mlp(master):
     from torchao.float8.config import Float8LinearConfig
@@ -152,6 +153,7 @@ def test_current_tensorwise_equals_torchao_on_an_mlp(master):
     assert moved > 1e-2  # trained, not compared at the start
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("master", MASTERS, ids=["float32-masters", "bfloat16-masters"])
 def test_current_tensorwise_equals_torchao_on_the_zoos_gpt(master):
     from torchao.float8.config import Float8LinearConfig
@@ -172,6 +174,7 @@ def test_current_tensorwise_equals_torchao_on_the_zoos_gpt(master):
     assert_bit_equal(step, eager, optimizer, losses)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("master", MASTERS, ids=["float32-masters", "bfloat16-masters"])
 def test_current_rowwise_equals_torchao_rowwise(master):
     from torchao.float8.config import Float8LinearConfig
@@ -187,6 +190,7 @@ def test_current_rowwise_equals_torchao_rowwise(master):
     assert_bit_equal(step, eager, optimizer, losses)
 
 
+@pytest.mark.slow
 def test_current_rowwise_equals_torchao_rowwise_on_the_zoos_gpt():
     """Every linear layer of the zoo's GPT, with bfloat16 masters (the MLP above takes both
     kinds of master)."""
@@ -257,6 +261,7 @@ def test_delayed_state_is_saved_and_resumed_exactly():
         assert torch.equal(value, final[name]), name
 
 
+@pytest.mark.slow
 def test_a_skipped_step_keeps_the_delayed_state():
     data = mlp_data(3)
     model = mlp()
@@ -300,6 +305,7 @@ def test_what_a_float8_step_refuses(settings, message):
         )
 
 
+@pytest.mark.slow
 def test_explain_names_formats_granularity_and_sources():
     model = mlp()
     step = delayed_step(model, torch.optim.AdamW(model.parameters(), lr=LR))

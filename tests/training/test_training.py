@@ -233,6 +233,7 @@ def test_train_step_refuses_what_it_cannot_do():
         )
 
 
+@pytest.mark.slow
 def test_batch_norm_statistics_update_as_in_pytorch():
     """Running statistics follow eager autocast, are updated on skipped steps too (as eager
     PyTorch does) and reach the model only through copy_to."""
