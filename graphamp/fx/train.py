@@ -36,6 +36,7 @@ def train_step(
     agree_found_inf: bool = False,
     mesh: Any = None,
     fp8: Any = None,
+    keep_model: bool = False,
     **policy_overrides: Any,
 ) -> TrainStep:
     """A training step for ``model`` as one mixed-precision graph (captured on first call,
@@ -55,6 +56,11 @@ def train_step(
     MAX, a collective more per step).
     ``clip_grad_norm=max_norm`` clips the unscaled gradients by their global 2-norm, as
     ``GradScaler.unscale_`` then ``clip_grad_norm_``.
+
+    The step trains the model's own parameters and buffers in place, as ``optimizer.step()``
+    does: they are its float32 master weights, held once. ``keep_model=True`` leaves the model
+    as it was: the step trains copies of its own (the parameters' memory twice), written into
+    the model by ``step.copy_to()``.
 
     A model sharded with FSDP2's ``fully_shard`` (its parameters DTensors), or an unsharded
     one with ``mesh`` (a 1-D DeviceMesh: the step calls ``fully_shard(model, mesh=mesh)`` and
@@ -76,6 +82,10 @@ def train_step(
         float8_step.check_settings(fp8, dtype, loss_scaling, accumulate)
     clipping = GradientClipping(float(clip_grad_norm)) if clip_grad_norm is not None else None
     if mesh is not None or fsdp.is_sharded(model):
+        if keep_model:
+            raise GraphampError(
+                "keep_model: a sharded step trains the model's own shards in place; leave it out"
+            )
         if agree_found_inf:
             raise GraphampError(
                 "agree_found_inf: a sharded step always agrees on found_inf (each rank checks "
@@ -111,4 +121,5 @@ def train_step(
         reduce=reduce,
         clipping=clipping,
         fp8=fp8,
+        keep_model=keep_model,
     )

@@ -87,9 +87,10 @@ def test_memory_counts_the_state_and_what_the_step_allocates(bench, tmp_path):
 
     shape = SIZES["small"]
     params = sum(p.numel() * 4 for p in ResNet(shape["blocks"], shape["width"], 10).parameters())
-    # float32's step holds the parameters and their momentum; graphamp's its own copies too
+    # Both hold the parameters and their momentum; graphamp trains the model's own tensors,
+    # so no second copy of the parameters
     assert measured["float32"]["state"] >= 2 * params
-    assert measured["graphamp"]["state"] >= 3 * params
+    assert 2 * params <= measured["graphamp"]["state"] < 3 * params
     assert all(figures["step"] > 0 for figures in measured.values())
     assert table["float32"][5] == "1.00x"
     assert any("peak of one step" in row[1] for row in rows(text) if len(row) == 5)

@@ -177,9 +177,10 @@ def test_accumulation_equals_the_large_batch():
         loss_scaling=StaticLossScaling(1024.0),
         accumulate=2,
     )
+    initial = {k: p.detach().clone() for k, p in small.named_parameters()}
     one(x, y)
     two(x[:8], y[:8])
-    assert all(torch.equal(two.params[k], p.detach()) for k, p in small.named_parameters()), (
+    assert all(torch.equal(two.params[k], initial[k]) for k in initial), (
         "the first micro-batch must not update"
     )
     two(x[8:], y[8:])
@@ -210,10 +211,12 @@ def test_accumulation_equals_the_large_batch():
     assert selected(two.graph) == len(two.params) + 1  # params, step (no momentum)
 
 
-def test_state_goes_back_to_the_model():
+def test_state_goes_back_to_the_model_kept():
+    """With keep_model the step trains copies: the model changes only through copy_to."""
     model = small_net()
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
-    step = train_step(model, nn.functional.mse_loss, torch.optim.SGD(model.parameters(), lr=0.1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = train_step(model, nn.functional.mse_loss, optimizer, keep_model=True)
     for x, y in batches(3, poison=set()):
         step(x, y)
     assert all(torch.equal(before[k], v) for k, v in model.named_parameters()), (
@@ -236,7 +239,7 @@ def test_train_step_refuses_what_it_cannot_do():
 @pytest.mark.slow
 def test_batch_norm_statistics_update_as_in_pytorch():
     """Running statistics follow eager autocast, are updated on skipped steps too (as eager
-    PyTorch does) and reach the model only through copy_to."""
+    PyTorch does) and, with keep_model, reach the model only through copy_to."""
     from graphamp.models.mnist import MnistCNN
 
     torch.manual_seed(0)
@@ -248,6 +251,7 @@ def test_batch_norm_statistics_update_as_in_pytorch():
         nn.functional.nll_loss,
         torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
         dtype="bfloat16",
+        keep_model=True,
     )
     generator = torch.Generator().manual_seed(3)
     for _ in range(3):

@@ -102,7 +102,6 @@ class ShardedTrainStep(TrainStep):
         self.sharded, self.sharding = sharded, sharding
         self._skeleton: nn.Module | None = None
         self._wholes: dict[str, torch.Tensor] = {}
-        self._locals: dict[str, torch.Tensor] = {}  # the model's shards, as the step reads them
 
     # what differs from a replicated step ----------------------------------------------------
 
@@ -114,8 +113,8 @@ class ShardedTrainStep(TrainStep):
     def _own_params(self) -> dict[str, torch.Tensor]:
         # The model's shards themselves: the step updates them (in place, or copied back after
         # the call), so the model, its state_dict and a checkpoint always hold the trained ones.
-        self._locals = {name: fsdp.local(p) for name, p in self.sharded.params.items()}
-        return dict(self._locals)
+        self._model_params = {name: fsdp.local(p) for name, p in self.sharded.params.items()}
+        return dict(self._model_params)
 
     def _trace(self, fn: Callable[..., list[torch.Tensor]], batch: Sequence) -> fx.GraphModule:
         """``fn`` traced on fake tensors: the shards and state as they are, and the whole
@@ -164,15 +163,6 @@ class ShardedTrainStep(TrainStep):
         return marks.scattered(gradient, param.shape[0])
 
     # use ----------------------------------------------------------------------------------
-
-    def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
-        loss = super().__call__(*batch)
-        for name, own in self._locals.items():
-            if self.params[name] is not own:  # the update made a new tensor: into the model
-                with torch.no_grad():
-                    own.copy_(self.params[name])
-                self.params[name] = own
-        return loss
 
     def copy_to(self, model: nn.Module | None = None) -> None:
         """Write the optimizer state into the optimizer (DTensors sharded as the parameters,

@@ -12,7 +12,7 @@ waits for the host.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -39,7 +39,9 @@ from graphamp.training.scaling import LossScaling
 
 class TrainStep:
     """``step(*batch) -> loss``: ``batch[:-1]`` feeds the model, ``loss_fn(output, batch[-1])``
-    gives the loss. Owns parameters, optimizer state and loss-scaling state (tensors)."""
+    gives the loss. Owns the optimizer state and loss-scaling state (tensors); the parameters
+    and buffers it trains are the model's own (its float32 masters), updated in place, or with
+    ``keep_model`` copies of its own that reach the model only through :meth:`copy_to`."""
 
     write_back = True  # a compiled graph writes new state into the old: eager.write_back
     float8_weights = "master"  # what a float8 layer quantises: the float32 master weight
@@ -56,6 +58,7 @@ class TrainStep:
         reduce: GradientReduce | None = None,
         clipping: GradientClipping | None = None,
         fp8: Any = None,
+        keep_model: bool = False,
     ) -> None:
         if accumulate < 1:
             raise GraphampError(f"accumulate must be at least 1, got {accumulate}")
@@ -65,6 +68,10 @@ class TrainStep:
         self.policy, self.overrides = policy, overrides
         self.loss_scaling = loss_scaling
         self.reduce, self.clipping, self.fp8 = reduce, clipping, fp8
+        self.keep_model = keep_model
+        # The model's own tensors that hold the trained parameters (none with keep_model):
+        # where an update makes a new tensor, __call__ copies it into them.
+        self._model_params: dict[str, torch.Tensor] = {}
         self.plan: Plan | None = None  # the first batch signature's
         # The batch signature's graphs in use, and every signature's (fx/signatures.py).
         self.graph: Callable[..., Any] | None = None
@@ -94,8 +101,10 @@ class TrainStep:
         if missing:
             raise GraphampError(f"parameter {missing[0]!r} is not in the captured module")
         # Buffers (batch-norm running statistics) are updated by the forward pass as in eager
-        # PyTorch, on skipped steps too; the step owns its copies.
-        self.buffers = {n: b.detach().clone() for n, b in self.forward.named_buffers()}
+        # PyTorch, on skipped steps too; in place, in the model's own unless keep_model.
+        self.buffers = self._model_tensors(
+            self.forward.named_buffers(), dict(self.model.named_buffers())
+        )
         initial = optim.initial_state(self.kind, self.groups, self.params)
         resumed = optim.resume_state(self.kind, self.groups, initial, self.optimizer, self.model)
         self.opt_state = {k: local(v) for k, v in resumed.items()}  # a shard's own part
@@ -137,8 +146,28 @@ class TrainStep:
         return self.model
 
     def _own_params(self) -> dict[str, torch.Tensor]:
-        """The parameters the step trains, its own copies: the graphs update them in place."""
-        return {n: p.detach().clone() for n, p in self.forward.named_parameters()}
+        """The parameters the step trains (the graphs update them in place): the model's own
+        tensors, so no second copy of the float32 masters lives beside the model's, or with
+        ``keep_model`` the step's own copies."""
+        params = self._model_tensors(
+            self.forward.named_parameters(), dict(self.model.named_parameters())
+        )
+        if not self.keep_model:
+            self._model_params = dict(params)
+        return params
+
+    def _model_tensors(
+        self, converted: Iterable[tuple[str, torch.Tensor]], model: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """The converted forward's parameters or buffers as the step holds them: the model's
+        tensor of the same name and layout itself, or a copy (with ``keep_model``, or where
+        the model has no such tensor)."""
+        held = {}
+        for name, tensor in converted:
+            own = model.get(name)
+            shared = not self.keep_model and own is not None and _same_layout(own, tensor)
+            held[name] = own.detach() if shared else tensor.detach().clone()  # type: ignore[union-attr]
+        return held
 
     def _use(self, signature: tuple, graphs: StepGraphs) -> None:
         """Make ``graphs`` (captured for ``signature``) the ones the step runs."""
@@ -323,6 +352,7 @@ class TrainStep:
         for target in (self.params, self.opt_state, self.grad_acc):
             target.update(zip(target.keys(), results[start : start + len(target)], strict=True))
             start += len(target)
+        self._into_model()
         for (_, replaces), value in zip(captured.state_outputs, results[start:], strict=True):
             self.state[replaces] = value
         if last:
@@ -330,6 +360,15 @@ class TrainStep:
             # warn that the optimizer never stepped.
             self.optimizer._opt_called = True  # type: ignore[attr-defined]
         return loss
+
+    def _into_model(self) -> None:
+        """Keep the model's tensors the trained parameters: a new tensor an update made (where
+        a graph could not write in place) is copied into the model's own, which stays held."""
+        for name, own in self._model_params.items():
+            if self.params[name] is not own:
+                with torch.no_grad():
+                    own.copy_(self.params[name])
+                self.params[name] = own
 
     def compile(self, *batch: torch.Tensor, **options: Any) -> TrainStep:
         """Capture on ``batch`` (no step), compile the graphs: ``torch.compile(**options)``."""
@@ -379,7 +418,8 @@ class TrainStep:
         return report.explain(self.plan, node, graph if node in graph.nodes else None)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The trained parameters by name: the step's own tensors, updated in place later."""
+        """The trained parameters by name: the tensors the step updates in place later (the
+        model's own, detached, unless ``keep_model``)."""
         return dict(self.params)
 
     def copy_to(self, model: nn.Module | None = None) -> None:
@@ -395,4 +435,24 @@ class TrainStep:
             for name, value in {**self.params, **self.buffers}.items():
                 if name not in own:
                     raise GraphampError(f"parameter {name!r} has no counterpart in the model")
-                own[name].copy_(value)
+                if not _same_memory(own[name], value):  # the model's own already: trained
+                    own[name].copy_(value)
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` can stand for ``b`` in a captured graph: shape, type, device, strides."""
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and a.device == b.device
+        and a.stride() == b.stride()
+    )
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same elements of the same storage."""
+    return (
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and a.storage_offset() == b.storage_offset()
+        and _same_layout(a, b)
+    )
