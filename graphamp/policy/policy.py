@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any, TypeGuard
 
 from graphamp.core.dtypes import TARGET_TYPES
 from graphamp.core.vocab import ListName
@@ -67,7 +68,12 @@ def _canonical_list(name: str) -> str:
 def load_default_lists(dialect: str, dtype: str) -> dict[str, dict[str, str]]:
     """The shipped lists for ``dialect`` and ``dtype``: list name -> {op: reason}."""
     data = _list_file(dialect, dtype)
-    lists = {name: dict(data.get(name, {})) for name in LISTS}  # type: ignore[call-overload]
+    lists: dict[str, dict[str, str]] = {}
+    for name in LISTS:
+        entries = data.get(name, {})
+        if not isinstance(entries, dict):
+            raise GraphampError(f"{dialect}_{dtype}.toml: [{name}] must be a table of ops")
+        lists[name] = {str(op): str(reason) for op, reason in entries.items()}
     _check_disjoint({name: list(ops) for name, ops in lists.items()}, f"{dialect}_{dtype}.toml")
     return lists
 
@@ -85,6 +91,10 @@ def _list_file(dialect: str, dtype: str) -> dict[str, object]:
         raise GraphampError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     resource = resources.files("graphamp.lists").joinpath(f"{dialect}_{dtype}.toml")
     return parse(resource.read_text(encoding="utf-8"), f"{dialect}_{dtype}.toml")
+
+
+def _strings(value: object) -> TypeGuard[list[str]]:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
 def _move(lists: dict[str, dict[str, str]], moves: Mapping[str, Iterable[str]], where: str) -> None:
@@ -208,10 +218,10 @@ class Policy:
         *,
         where: str,
         default_dtype: str | None = None,
-        **overrides: object,
+        **overrides: Any,
     ) -> Policy:
-        """A policy from a ``[graphamp]`` table; ``overrides`` (command-line flags) win, and
-        ``default_dtype`` applies when neither sets a dtype.
+        """A policy from a ``[graphamp]`` table; ``overrides`` (command-line flags, as
+        :meth:`create` takes them) win, and ``default_dtype`` applies when neither sets a dtype.
 
         An op a flag moves is taken out of the file's lists first, so ``--deny Softmax`` wins
         over ``infer = ["Softmax"]`` in the file; an op in two lists of one source is an error.
@@ -222,31 +232,28 @@ class Policy:
         if unknown:
             raise GraphampError(f"{where}: unknown key {unknown[0]!r} in [graphamp]")
         file_moves: dict[str, list[str]] = {}
-        kwargs: dict[str, object] = {}
+        kwargs: dict[str, Any] = {}  # create()'s other keyword arguments
         for key, value in table.items():
             if key in ("dtype", "target", "spread") and not isinstance(value, str):
                 raise GraphampError(f"{where}: {key!r} must be a string")
             if key in ("fuse", "inline_functions") and not isinstance(value, bool):
                 raise GraphampError(f"{where}: {key!r} must be true or false")
-            if key == "keep_io_types" and not (
-                isinstance(value, bool)
-                or (isinstance(value, list) and all(isinstance(item, str) for item in value))
-            ):
+            if key == "keep_io_types" and not (isinstance(value, bool) or _strings(value)):
                 raise GraphampError(
                     f"{where}: 'keep_io_types' must be true, false or a list of strings"
                 )
             plain = ("dtype", "target", "spread", "keep_io_types", "fuse", "inline_functions")
-            if key not in plain and not (
-                isinstance(value, list) and all(isinstance(item, str) for item in value)
-            ):
+            if key not in plain and not _strings(value):
                 raise GraphampError(f"{where}: {key!r} must be a list of strings")
             list_name = _canonical_list(key)
-            if list_name in LISTS:
-                file_moves.setdefault(list_name, []).extend(value)  # type: ignore[arg-type]
+            if list_name in LISTS and _strings(value):
+                file_moves.setdefault(list_name, []).extend(value)
             else:
                 kwargs[key] = value
         _check_disjoint(file_moves, where)
-        flag_moves = {name: list(overrides.pop(name)) for name in LISTS if name in overrides}  # type: ignore[call-overload]
+        flag_moves: dict[str, list[str]] = {
+            name: list(overrides.pop(name)) for name in LISTS if name in overrides
+        }
         _check_disjoint(flag_moves, "command line")
         flagged = {op for ops in flag_moves.values() for op in ops}
         moves = {
@@ -254,38 +261,45 @@ class Policy:
         }
         for key in ("deny_names", "deny_tensors", "allow_names"):
             if key in overrides:
-                kwargs[key] = [*kwargs.get(key, []), *overrides.pop(key)]  # type: ignore[misc]
+                kwargs[key] = [*kwargs.get(key, []), *overrides.pop(key)]
         kwargs.update(overrides)
         if default_dtype is not None:
             kwargs.setdefault("dtype", default_dtype)
-        return cls.create(where=where, later_moves=flag_moves, **moves, **kwargs)  # type: ignore[arg-type]
+        return cls.create(
+            where=where,
+            later_moves=flag_moves,
+            allow=moves[ListName.ALLOW],
+            infer=moves[ListName.INFER],
+            clear=moves[ListName.CLEAR],
+            deny=moves[ListName.DENY],
+            **kwargs,
+        )
 
     @classmethod
     def from_toml(
-        cls, path: str | Path, *, default_dtype: str | None = None, **overrides: object
+        cls, path: str | Path, *, default_dtype: str | None = None, **overrides: Any
     ) -> Policy:
         """Load the ``[graphamp]`` table of a TOML file; ``overrides`` win over the file."""
         table = read_table(path)
         return cls.from_mapping(table, where=str(path), default_dtype=default_dtype, **overrides)
 
     @classmethod
-    def from_record(cls, record: Mapping[str, object], *, where: str) -> Policy:
+    def from_record(cls, record: Mapping[str, Any], *, where: str) -> Policy:
         """The policy a plan file records (``Plan.policy``): what applying that plan needs."""
         try:
             keep = record.get("keep_io_types", False)
-            lists = {
-                name: {op: f"from {where}" for op in record["lists"][name]}  # type: ignore[index]
-                for name in LISTS
+            lists: dict[str, dict[str, str]] = {
+                name: {op: f"from {where}" for op in record["lists"][name]} for name in LISTS
             }
             return cls(
                 dtype=str(record["dtype"]),
                 dialect=str(record["dialect"]),
                 spread=str(record.get("spread", "tensorflow")),
                 lists=lists,
-                deny_names=tuple(record.get("deny_names", ())),  # type: ignore[arg-type]
-                deny_tensors=frozenset(record.get("deny_tensors", ())),  # type: ignore[arg-type]
-                allow_names=tuple(record.get("allow_names", ())),  # type: ignore[arg-type]
-                keep_io_types=keep if isinstance(keep, bool) else tuple(keep),  # type: ignore[arg-type]
+                deny_names=tuple(record.get("deny_names", ())),
+                deny_tensors=frozenset(record.get("deny_tensors", ())),
+                allow_names=tuple(record.get("allow_names", ())),
+                keep_io_types=keep if isinstance(keep, bool) else tuple(keep),
                 source=where,
                 # plans written before targets existed checked no kernels
                 target=str(record.get("target", "any")),
