@@ -15,8 +15,13 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from graphamp.errors import GraphampError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 # Opset 22 is the first where Conv, Gemm and the pooling ops admit bfloat16.
 EXPORT_OPSET = 22
@@ -32,7 +37,7 @@ class ZooEntry:
     description: str  # formatted with one size's settings (the module's ``sizes`` table)
     sizes: str = "SIZES"  # the table of sizes in the module: size -> settings
 
-    def build_fn(self) -> Callable[[str], tuple[object, tuple[object, ...]]]:
+    def build_fn(self) -> Callable[[str], tuple[nn.Module, tuple[object, ...]]]:
         return getattr(importlib.import_module(f"graphamp.models.{self.module}"), self.builder)
 
     def describe(self, size: str) -> str:
@@ -94,7 +99,7 @@ ZOO: dict[str, ZooEntry] = {
 SIZES = ("small", "full")
 
 
-def build(name: str, size: str = "small", seed: int = 0) -> tuple[object, tuple[object, ...]]:
+def build(name: str, size: str = "small", seed: int = 0) -> tuple[nn.Module, tuple[object, ...]]:
     """A float32 module in eval mode and its example inputs; weights from ``seed``."""
     torch = _torch()
     if name not in ZOO:
@@ -103,7 +108,7 @@ def build(name: str, size: str = "small", seed: int = 0) -> tuple[object, tuple[
         raise GraphampError(f"unknown size {size!r}: choose one of {', '.join(SIZES)}")
     torch.manual_seed(seed)
     module, inputs = ZOO[name].build_fn()(size)
-    return module.eval(), inputs  # type: ignore[attr-defined]
+    return module.eval(), inputs
 
 
 def export_onnx(
@@ -139,7 +144,7 @@ def export_onnx(
     return path
 
 
-def _torch():  # type: ignore[no-untyped-def]
+def _torch() -> ModuleType:
     try:
         import torch
     except ImportError:

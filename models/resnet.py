@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import torch
 from torch import nn
 
-SIZES = {
+
+class Size(TypedDict):
+    blocks: tuple[int, int, int, int]  # bottleneck blocks in each of the four stages
+    width: int
+    image: int
+    batch: int
+    classes: int
+
+
+SIZES: dict[str, Size] = {
     "full": {"blocks": (3, 4, 6, 3), "width": 64, "image": 224, "batch": 8, "classes": 1000},
     "small": {"blocks": (1, 1, 1, 1), "width": 8, "image": 32, "batch": 2, "classes": 10},
 }
@@ -68,5 +79,5 @@ class ResNet(nn.Module):
 
 def build(size: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     c = SIZES[size]
-    model = ResNet(c["blocks"], c["width"], c["classes"])  # type: ignore[arg-type]
+    model = ResNet(c["blocks"], c["width"], c["classes"])
     return model, (torch.randn(c["batch"], 3, c["image"], c["image"]),)

@@ -66,7 +66,10 @@ class MapNet(nn.Module):
         self.lin = nn.Linear(width, width)
 
     def forward(self, xs: torch.Tensor) -> torch.Tensor:
-        return torch_map(lambda x: torch.relu(self.lin(x)), xs)
+        def body(x: torch.Tensor, *args: object) -> torch.Tensor:
+            return torch.relu(self.lin(x))
+
+        return torch_map(body, xs)
 
 
 class Gate(nn.Module):

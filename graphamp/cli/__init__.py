@@ -19,7 +19,7 @@ import traceback
 import warnings
 from collections.abc import Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from graphamp import __version__
 from graphamp.cli import check, convert, debug, demo, diff, explain, lists, plan, tune
@@ -157,7 +157,14 @@ def _run(module: ModuleType, args: argparse.Namespace, console: Console) -> int:
     return status
 
 
-def _one_line_warning(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+def _one_line_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
     """graphamp's own warnings as one line on stderr; others as Python prints them."""
     if issubclass(category, PolicyWarning | SlowPrecisionWarning | RepairWarning):
         print(f"graphamp: warning: {message}", file=sys.stderr)

@@ -278,7 +278,7 @@ def _print_table(
         table.add_column(column, justify="right", no_wrap=True)
     for model, plan, seconds in rows:
         summary = plan.summary()
-        nodes: dict[str, int] = summary["nodes"]  # type: ignore[assignment]
+        nodes = plan.counts()
         low = nodes.get(plan.dtype, 0)
         model_before = sum(w.bytes_before for w in plan.weights if w.in_place)
         model_after = sum(w.bytes_after for w in plan.weights)

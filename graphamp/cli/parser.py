@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any, NoReturn
 
 
 class Parser(argparse.ArgumentParser):
@@ -10,11 +11,11 @@ class Parser(argparse.ArgumentParser):
     flags: ``--dtyp`` or ``--keep-io-type`` are refused, not guessed (a guess that a later flag
     makes ambiguous would change what an old command line means)."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        super().__init__(*args, **kwargs)
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         hint = self._abbreviation_hint(message)
         self.exit(2, f"graphamp: error: {message}{hint} (see '{self.prog} --help')\n")
 

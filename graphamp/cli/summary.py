@@ -52,7 +52,7 @@ def print_summary(
     )
     table.add_column("what")
     table.add_column("value", justify="right")
-    for precision, count in summary["nodes"].items():  # type: ignore[union-attr]
+    for precision, count in plan.counts().items():
         label = "nodes with no float math" if precision == "none" else f"nodes in {precision}"
         table.add_row(label, str(count))
     table.add_row(
@@ -144,9 +144,9 @@ def kept_weights(conversion: Conversion) -> list[tuple[str, str]]:
             decision = plan.nodes.get(readers[0])
             rule = decision.rule if decision is not None else "?"
             reason = f"read by a float32 node (rule {rule})"
-        count = by_reason.setdefault(reason, [0, 0])
-        count[0] += 1
-        count[1] += 4 * elements
+        tally = by_reason.setdefault(reason, [0, 0])
+        tally[0] += 1
+        tally[1] += 4 * elements
         if largest is None or 4 * elements > largest[0]:
             largest = (4 * elements, name, f"{readers[0]}, {reason}")
     rows = []
@@ -162,11 +162,13 @@ def kept_weights(conversion: Conversion) -> list[tuple[str, str]]:
 
 
 def _elements(shape: tuple[int | str | None, ...] | None) -> int | None:
-    if shape is None or any(not isinstance(d, int) for d in shape):
+    if shape is None:
         return None
     count = 1
     for d in shape:
-        count *= d  # type: ignore[operator]
+        if not isinstance(d, int):
+            return None
+        count *= d
     return count
 
 

@@ -24,8 +24,11 @@ from graphamp.cli.parser import non_negative
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from graphamp.numerics.batches import InputBatches
+    from graphamp.numerics.ranges import Ranges
     from graphamp.plans.plan import Plan
     from graphamp.policy.policy import Policy
+    from graphamp.training.float8 import Float8
 
 HELP = "find a small set of nodes to keep float32 so the model meets a tolerance, and convert"
 
@@ -95,6 +98,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     start = time.perf_counter()
     ranges = calibrated(dialect, source, args, histograms=fp8 is not None)
     if fp8 is not None:
+        assert ranges is not None  # check_fp8_flags: --fp8 needs --calibrate
         return _tune_fp8(args, console, policy, fp8, ranges, data, source, target)
     result = tune(
         source,
@@ -133,9 +137,9 @@ def _tune_fp8(
     args: argparse.Namespace,
     console: Console,
     policy: Policy,
-    fp8: object,
-    ranges: object,
-    data: object,
+    fp8: Float8,
+    ranges: Ranges,
+    data: InputBatches,
     source: Path,
     target: Path,
 ) -> int:
@@ -145,7 +149,7 @@ def _tune_fp8(
 
     result = tune_fp8(
         source, data, rtol=args.rtol, atol=args.atol, policy=policy, ranges=ranges, fp8=fp8
-    )  # type: ignore[arg-type]
+    )
     errors = ", ".join(f"{name} {error:.3g}" for name, error in result.errors.items())
     baseline = ", ".join(f"{name} {e:.3g}" for name, e in result.baseline_errors.items())
     console.print(f"baseline ({policy.dtype} + float8, no node kept): max rel error {baseline}")

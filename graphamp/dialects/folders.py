@@ -81,11 +81,11 @@ def read_folder(root: str | os.PathLike[str]) -> ModelFolder:
             except ValueError:  # data outside the folder: read, never copied
                 continue
     others = [path for path in files if path not in companions and path not in models]
-    folder = ModelFolder(
+    found = ModelFolder(
         root, tuple(models), tuple(sorted(companions)), tuple(others), tuple(sorted(skipped))
     )
-    _check_plan_names(folder)
-    return folder
+    _check_plan_names(found)
+    return found
 
 
 def _check_plan_names(folder: ModelFolder) -> None:

@@ -164,10 +164,9 @@ def _check_ids(file: Path, specs: list[InputSpec]) -> None:
         return
     with np.load(file, allow_pickle=False) as archive:
         for spec in bounded:
-            ids = archive[spec.name]
-            if ids.dtype.kind not in "iu" or ids.size == 0:
+            ids, bound = archive[spec.name], spec.index_bound
+            if bound is None or ids.dtype.kind not in "iu" or ids.size == 0:
                 continue
-            bound = int(spec.index_bound)  # type: ignore[arg-type]
             low, high = int(ids.min()), int(ids.max())
             if low < -bound or high >= bound:
                 bad = high if high >= bound else low

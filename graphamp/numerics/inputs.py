@@ -39,6 +39,7 @@ def random_inputs(
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
         shape = [dim_size if d is None else d for d in spec.shape]
+        array: np.ndarray
         if spec.dtype in dtypes.FLOAT_TYPES:
             array = rng.standard_normal(shape).astype(np.float32)
             array[array == 0] = 0.5

@@ -35,6 +35,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -104,7 +105,7 @@ class Ranges:
         write_atomic(Path(path), self.to_json().encode("utf-8"))
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, object], where: str = "ranges") -> Ranges:
+    def from_dict(cls, data: Mapping[str, Any], where: str = "ranges") -> Ranges:
         if data.get("format") != RANGES_FORMAT or data.get("version") != RANGES_VERSION:
             raise GraphampError(f"{where}: not a graphamp ranges file (version {RANGES_VERSION})")
         try:
@@ -117,9 +118,9 @@ class Ranges:
                         sorted((int(e), int(c)) for e, c in entry.get("log2_counts", {}).items())
                     ),
                 )
-                for name, entry in data["tensors"].items()  # type: ignore[attr-defined]
+                for name, entry in data["tensors"].items()
             }
-            return cls(tensors, int(data["batches"]), str(data.get("model", "")))  # type: ignore[call-overload]
+            return cls(tensors, int(data["batches"]), str(data.get("model", "")))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise GraphampError(f"{where}: malformed ranges ({exc!r})") from None
 

@@ -80,7 +80,9 @@ def worst(reports: Iterable[Report]) -> Report:
     return Report(list(merged.values()), first.rtol, first.atol, first.provider)
 
 
-def random_inputs(model: object, *, seed: int = 0, dialect: Dialect | None = None):  # type: ignore[no-untyped-def]
+def random_inputs(
+    model: object, *, seed: int = 0, dialect: Dialect | None = None
+) -> dict[str, np.ndarray]:
     """Random inputs for ``model``'s graph inputs (see :mod:`graphamp.numerics.inputs`)."""
     dialect = dialect or for_object(model)
     return _random_inputs(dialect.input_specs(model), seed=seed)

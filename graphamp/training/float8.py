@@ -157,11 +157,11 @@ class Float8:
         unknown = sorted(set(data) - known)
         if unknown:
             raise GraphampError(f"{where}: unknown float8 setting {unknown[0]!r}")
-        fields = dict(data)
+        fields: dict[str, Any] = dict(data)  # each checked by the constructor
         if "deny_names" in fields:
-            fields["deny_names"] = tuple(fields["deny_names"])  # type: ignore[arg-type]
+            fields["deny_names"] = tuple(fields["deny_names"])
         try:
-            return cls(**fields)  # type: ignore[arg-type]
+            return cls(**fields)
         except TypeError as exc:
             raise GraphampError(f"{where}: {exc}") from None
 

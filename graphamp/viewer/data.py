@@ -210,7 +210,7 @@ def _nodes(
         node = graph.nodes.get(name)
         columns["name"].append(name)
         columns["leaf"].append(hierarchy.labels.get(name, leaf_label(name)))
-        columns["op"].append(strings(decision.op if decision else node.op))  # type: ignore[union-attr]
+        columns["op"].append(strings(decision.op if decision else graph.nodes[name].op))
         columns["precision"].append(strings(decision.precision if decision else "unknown"))
         columns["rule"].append(strings(decision.rule if decision else ""))
         columns["reason"].append(strings(decision.reason if decision else "not in the plan"))
@@ -269,7 +269,12 @@ def _before(old: Plan | None, name: str, strings: Strings) -> list[int] | int:
 def _tensors(
     graph: OpGraph, names: list[str], node_index: dict[str, int], strings: Strings
 ) -> dict[str, list[object]]:
-    columns: dict[str, list[object]] = {"name": names, "dtype": [], "producer": [], "flags": []}
+    columns: dict[str, list[object]] = {
+        "name": list(names),
+        "dtype": [],
+        "producer": [],
+        "flags": [],
+    }
     for name in names:
         info = graph.tensors[name]
         columns["dtype"].append(strings(info.dtype))

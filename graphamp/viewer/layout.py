@@ -59,7 +59,7 @@ def layered_layout(
 def _orient(n: int, keys: list[int], edges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Each edge (source, target), turned round where it closes a cycle: inside a strongly
     connected part, edges point from the earlier box (by key) to the later one."""
-    graph = nx.DiGraph()
+    graph: nx.DiGraph[int] = nx.DiGraph()
     graph.add_nodes_from(range(n))
     graph.add_edges_from((a, b) for a, b in edges if a != b)
     part = {}
@@ -173,7 +173,12 @@ def _order(
             where = {v: i for i, v in enumerate(fixed)}
             current = {v: i for i, v in enumerate(order[r])}
 
-            def barycentre(v: int, links=links, where=where, current=current) -> tuple:
+            def barycentre(
+                v: int,
+                links: list[list[int]] = links,
+                where: dict[int, int] = where,
+                current: dict[int, int] = current,
+            ) -> tuple[float, int]:
                 near = [where[u] for u in links[v] if u in where]
                 return (sum(near) / len(near) if near else current[v], current[v])
 
@@ -257,7 +262,7 @@ def _finish(
     x = [xs[v] + shift for v in range(n)]
     y = [tops[rank[v]] + heights[rank[v]] / 2 for v in range(n)]
     right = max(xs[v] + (sizes[v][0] / 2 if v < n else 0) for layer in order for v in layer)
-    routes = []
+    routes: list[list[tuple[float, float]]] = []
     for (a, b), chain in zip(edges, chains, strict=True):
         if a == b:
             routes.append([])

@@ -76,7 +76,7 @@ def flows(
     for tensor, info in graph.tensors.items():
         if info.is_graph_output and info.producer in visible:
             casts = casts_at.get((tensor, ""), [])
-            found.append(Flow(("n", info.producer), ("o", tensor), tensor, casts))  # type: ignore[arg-type]
+            found.append(Flow(("n", info.producer), ("o", tensor), tensor, casts))
     return found
 
 

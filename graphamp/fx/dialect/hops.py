@@ -100,7 +100,7 @@ def set_returned(module: fx.GraphModule, index: int, value: fx.Node) -> None:
     if isinstance(results, tuple | list):
         results = list(results)
         results[index] = value
-        output.args = (type(output.args[0])(results),)  # type: ignore[arg-type]
+        output.args = (type(output.args[0])(results),)
     else:
         output.args = (value,)
 

@@ -47,6 +47,6 @@ def embedding_bounds(graph: fx.Graph) -> dict[str, int]:
     for node in graph.nodes:
         if node.op == "call_function" and getattr(node.target, "_opname", "") == "embedding":
             table, indices = node.args[0], node.args[1]
-            rows = int(table.meta["val"].shape[0])  # type: ignore[union-attr]
-            bounds[indices.name] = min(rows, bounds.get(indices.name, rows))  # type: ignore[union-attr]
+            rows = int(table.meta["val"].shape[0])
+            bounds[indices.name] = min(rows, bounds.get(indices.name, rows))
     return bounds

@@ -160,7 +160,8 @@ def update(
     independent tensors, which an eager step calls as one foreach op each
     (:mod:`graphamp.fx.training.foreach`). The values are the single-tensor formulas' own."""
     step = state["step"] + 1
-    new_params, new_state = {}, {"step": step}
+    new_params: dict[str, torch.Tensor] = {}
+    new_state = {"step": step}
     for group, lr in zip(groups, lrs, strict=True):
         h, names = group.hyper, group.names
         group_params = [params[name] for name in names]
