@@ -28,7 +28,7 @@ from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
 from graphamp.training.float8 import Float8
 
-if TYPE_CHECKING:  # a file or a ModelProto converts without importing onnx_ir
+if TYPE_CHECKING:  # nothing converts through onnx_ir: it is imported for its own models only
     import onnx_ir as ir
 
 __all__ = [
@@ -154,12 +154,12 @@ def convert(
 ) -> Conversion:
     """Convert a float32 ONNX model to mixed precision.
 
-    ``model`` is a path, a ``ModelProto`` (never modified) or an ``onnx_ir`` model (which is
-    converted in place). ``policy`` defaults to the float16 defaults; keyword ``overrides``
-    (``dtype``, ``allow``, ``deny_names``, ``keep_io_types``, ...) go to :meth:`Policy.create`.
-    ``reviewed`` applies that plan's decisions instead (and refuses a model that no longer
-    matches it); its own policy is used. ``ranges`` (from :func:`calibrate`) keeps float32,
-    with rule ``range``, every op whose values leave the target type's range on that data.
+    ``model`` is a path, a ``ModelProto`` or an ``onnx_ir`` model (neither is modified).
+    ``policy`` defaults to the float16 defaults; keyword ``overrides`` (``dtype``, ``allow``,
+    ``deny_names``, ``keep_io_types``, ...) go to :meth:`Policy.create`. ``reviewed`` applies
+    that plan's decisions instead (and refuses a model that no longer matches it); its own
+    policy is used. ``ranges`` (from :func:`calibrate`) keeps float32, with rule ``range``,
+    every op whose values leave the target type's range on that data.
     ``fp8`` (``graphamp.Float8.static()``, with ``ranges`` from ``calibrate(...,
     histograms=True)``) puts float8 operands on the matrix ops the fp8 rules choose:
     QuantizeLinear/DequantizeLinear activations, float8 weights (docs/float8.md).

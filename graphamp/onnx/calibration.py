@@ -81,14 +81,14 @@ def functions_inlined(proto: onnx.ModelProto) -> onnx.ModelProto:
     """``proto`` with every call of a model-local function replaced by its body, the body's
     values and nodes named by their OpGraph paths (``<call>/<function>/<name>``), as
     ``--inline-functions`` writes them: their ranges then meet the nodes that read them."""
-    import onnx_ir as ir
+    from graphamp.onnx import files, reader, writer
+    from graphamp.plans.edits import EditScript
 
-    from graphamp.onnx import files, functions, reader
-
-    model = files.from_proto(proto)
-    read = reader.read(model, "float32")
-    functions.inline(model, read.handles.calls, read.handles)
-    return ir.to_proto(model)
+    model = files.read_proto(proto)
+    model.inline_functions = True
+    inlined = writer.apply(reader.read(model, "float32"), EditScript())
+    assert isinstance(inlined, onnx.ModelProto)  # a proto in memory stays one
+    return inlined
 
 
 def _range(values: dict[str, np.ndarray], tensor: str) -> TensorRange:

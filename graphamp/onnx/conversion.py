@@ -20,12 +20,12 @@ if TYPE_CHECKING:
 class Conversion(engine.Conversion):
     """The converted model, its plan, timings and the input's dataflow view.
 
-    A ``ModelProto`` converted directly (``OnnxDialect(direct=True)``) is held as the new
-    proto: :meth:`to_proto` returns it as it is, and ``model`` builds the onnx_ir model from
-    it the first time it is asked for. A file converted directly holds its large weights in
-    the input file (a :class:`~graphamp.onnx.infile.StreamedModel`, which
-    :func:`graphamp.onnx.save` writes as it reads them): they are read into memory the first
-    time :meth:`to_proto` or ``model`` is asked for.
+    The converted model is held as a ``ModelProto``: :meth:`to_proto` returns it as it is,
+    and ``model`` builds the onnx_ir model from it the first time it is asked for. A file
+    converted holds its large weights where the input keeps them (a
+    :class:`~graphamp.onnx.infile.StreamedModel`, which :meth:`save` writes as it reads
+    them): they are read into memory the first time :meth:`to_proto` or ``model`` is asked
+    for.
     """
 
     _converted: ir.Model | onnx.ModelProto | StreamedModel
@@ -40,7 +40,7 @@ class Conversion(engine.Conversion):
         if isinstance(self._converted, onnx.ModelProto):
             import onnx_ir as ir
 
-            from graphamp.onnx.ir_files import EXTERNAL_DATA_KEY
+            from graphamp.onnx.files import EXTERNAL_DATA_KEY
 
             with collector.paused():
                 self._converted = ir.serde.deserialize_model(self._converted)
@@ -62,7 +62,7 @@ class Conversion(engine.Conversion):
         self._converted = value
 
     def to_proto(self) -> onnx.ModelProto:
-        """The converted model as a proto (the same object each time on the direct path)."""
+        """The converted model as a proto (the same object each time)."""
         self._materialise()
         if isinstance(self._converted, onnx.ModelProto):
             return self._converted

@@ -15,7 +15,10 @@ import mmap
 import os
 import queue
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from graphamp.core import progress
 
 BUFFER_BYTES = 16 << 20  # per buffer; two of them
 BLOCK = 4096  # O_DIRECT needs offsets, sizes and addresses aligned to the logical block
@@ -115,3 +118,23 @@ class DataFileWriter:
             os.close(self._fd)
             self._fd = -1
         self._buffers = []  # unmapped when the last view of them goes
+
+
+@contextmanager
+def writing(
+    path: str | os.PathLike[str], what: str, total: int, items: int
+) -> Iterator[DataFileWriter]:
+    """A :class:`DataFileWriter` of ``path`` for the block, under a progress bar saying ``what``
+    (``total`` bytes in ``items`` pieces: the block advances it): closed when the block ends,
+    abandoned on an error (the caller removes the file)."""
+    reporter = progress.current()
+    reporter.begin(what, total, items)
+    writer = DataFileWriter(path)
+    try:
+        yield writer
+        writer.close()
+    except BaseException:
+        writer.abandon()
+        raise
+    finally:
+        reporter.end()

@@ -35,7 +35,6 @@ from graphamp.errors import GraphampError, RepairWarning
 CONTRADICTIONS = ("Inferred shape and existing shape differ", "Inferred elem type differs")
 # what ONNX inference says when a node's types or shapes break its schema's rules
 INFERENCE_ERRORS = ("[TypeInferenceError]", "[ShapeInferenceError]")
-REPAIRED_KEY = "graphamp.repaired"  # an onnx_ir model's meta: the note of what was repaired
 REFUSED = "refused: "  # a note that is an error: raised by :func:`warn` once the model is read
 
 

@@ -15,9 +15,9 @@ from graphamp.errors import GraphampError
 from graphamp.lists import matrix_ops
 from graphamp.numerics.inputs import InputSpec
 from graphamp.numerics.ranges import Ranges
-from graphamp.onnx import files, infile, proto_reader, proto_writer
+from graphamp.onnx import files, infile, reader, writer
 from graphamp.onnx.infile import StreamedModel
-from graphamp.onnx.proto_reader import ProtoModel
+from graphamp.onnx.proto_model import ProtoModel
 from graphamp.onnx.writing import written_files
 from graphamp.plans.edits import EditScript
 from graphamp.policy.policy import Policy
@@ -27,21 +27,16 @@ if TYPE_CHECKING:
 
 
 class OnnxDialect(Dialect):
-    """Models are onnx_ir models; ``load`` never changes a file or a ``ModelProto`` (an
-    ``onnx_ir.Model`` given directly is converted in place, as onnx_ir passes do).
+    """``load`` reads a file or ``ModelProto`` (an ``onnx_ir.Model`` given directly is taken
+    as its proto) into a :class:`~graphamp.onnx.proto_model.ProtoModel` and never changes it;
+    ``apply`` returns a new ``ModelProto``, or for a file whose weights stay where they are
+    until written, a :class:`~graphamp.onnx.infile.StreamedModel`. Nothing of onnx_ir is
+    built or serialised on the way (docs/ARCHITECTURE.md, "The ONNX dialect's reader and
+    writer").
 
-    With ``direct`` (the default), a ``ModelProto`` or file that needs nothing of onnx_ir (no
-    subgraph, no local function, no external data: :func:`proto_reader.suits`) is read and
-    converted as a proto, and ``apply`` returns a new ``ModelProto``: no onnx_ir model is
-    built or serialised. ``direct=False`` always converts through onnx_ir.
-
-    onnx_ir (and sympy under it) and onnxruntime are imported only where they are used: the
-    direct path never imports onnx_ir, and only the runtime check, verification and
-    calibration import onnxruntime.
+    onnxruntime is imported only where it is used: by the runtime check, verification and
+    calibration.
     """
-
-    def __init__(self, *, direct: bool = True) -> None:
-        self.direct = direct
 
     name = "onnx"
     lists = "onnx"
@@ -50,43 +45,32 @@ class OnnxDialect(Dialect):
     def accepts(self, source: object) -> bool:
         return isinstance(source, onnx.ModelProto) or _is_ir_model(source)
 
-    def load(self, source: object) -> ir.Model:
+    def load(self, source: object) -> ProtoModel:
         if isinstance(source, str | Path):
-            return files.load(source, direct=self.direct)
+            return files.read_file(source)
         if isinstance(source, onnx.ModelProto):
-            return files.direct(source) if self.direct else files.from_proto(source)
+            return files.read_proto(source)
         if _is_ir_model(source):
-            return source
+            import onnx_ir as ir
+
+            return files.read_proto(ir.to_proto(source))
         raise GraphampError(f"expected a path or an ONNX model, got {type(source).__name__}")
 
-    def read(self, model: ir.Model | ProtoModel, policy: Policy) -> ReadGraph:
+    def read(self, model: ProtoModel, policy: Policy) -> ReadGraph:
         from graphamp.onnx import declared
 
-        if isinstance(model, ProtoModel):
-            read = proto_reader.read(model, policy.dtype, policy.target)
-            declared.warn(model.repaired)
-            return read
-        from graphamp.onnx import functions, reader
-
         # the writer puts each call site's body inline instead of a function copy
-        model.meta[functions.INLINE_KEY] = policy.inline_functions
+        model.inline_functions = policy.inline_functions
         read = reader.read(model, policy.dtype, policy.target)
-        declared.warn(model.meta.get(declared.REPAIRED_KEY, ""))
+        declared.warn(model.repaired)
         return read
 
-    def apply(
-        self, read: ReadGraph, script: EditScript
-    ) -> ir.Model | onnx.ModelProto | StreamedModel:
+    def apply(self, read: ReadGraph, script: EditScript) -> onnx.ModelProto | StreamedModel:
         if script.fp8 is not None:
             from graphamp.onnx import float8
 
             float8.refuse_quantised(read.graph, "the model")
-        if isinstance(read.model, ProtoModel):
-            model = proto_writer.apply(read, script)
-        else:
-            from graphamp.onnx import writer
-
-            model = writer.apply(read, script)
+        model = writer.apply(read, script)
         if script.fp8 is not None:
             model = float8.emit(model, read, script.fp8.scales, script.fp8.dtype)
         return _checker_ready(model)
@@ -190,12 +174,8 @@ def _initializers_need_no_inputs(model: Any) -> Any:
     graph = proto.graph
     if proto.ir_version >= 4:
         return model
-    if isinstance(proto, onnx.ModelProto):
-        inputs = {value.name for value in graph.input}
-        stored = [tensor.name for tensor in graph.initializer]
-    else:  # an onnx_ir model
-        inputs = {value.name for value in graph.inputs}
-        stored = list(graph.initializers)
+    inputs = {value.name for value in graph.input}
+    stored = [tensor.name for tensor in graph.initializer]
     if any(name not in inputs for name in stored):
         proto.ir_version = 4
     return model

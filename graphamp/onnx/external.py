@@ -21,8 +21,9 @@ from onnx import numpy_helper
 
 from graphamp.core import dtypes, progress
 from graphamp.core.io import temp_prefix
-from graphamp.onnx.datafile import DataFileWriter
+from graphamp.onnx.datafile import writing
 from graphamp.onnx.infile import Data, StreamedModel
+from graphamp.onnx.subgraphs import graphs
 from graphamp.onnx.writing import check_room, disk_full_is_an_error, replace_together
 
 EXTERNAL_MIN_BYTES = 1024  # tensors up to this size stay inside the model file
@@ -60,7 +61,7 @@ def _settle(out: onnx.ModelProto, data: dict[int, Data]) -> list[_Outside]:
     one whose data is elsewhere (``data``, by position among the main graph's initializers)
     gets it in the proto."""
     outside: list[_Outside] = []
-    for depth, graph in enumerate(_graphs(out.graph)):
+    for depth, graph in enumerate(graphs(out.graph)):
         for position, tensor in enumerate(graph.initializer):
             source = data.get(position) if depth == 0 else None
             nbytes = source.nbytes if source is not None else _stored_bytes(tensor)
@@ -69,18 +70,6 @@ def _settle(out: onnx.ModelProto, data: dict[int, Data]) -> list[_Outside]:
             elif source is not None:
                 tensor.raw_data = b"".join(source.byte_chunks())
     return outside
-
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """``graph`` and every graph in its nodes' attributes, depth first, in node order."""
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for each in attribute.graphs:
-                    yield from _graphs(each)
 
 
 def _stored_bytes(tensor: onnx.TensorProto) -> int | None:
@@ -109,9 +98,7 @@ def _tensor_bytes(tensor: onnx.TensorProto, source: Data | None) -> Iterator[byt
 def _write_data(outside: list[_Outside], data_path: Path, data_name: str, total: int) -> None:
     """Write each weight's bytes to the data file and make its proto a stub pointing there."""
     reporter = progress.current()
-    reporter.begin("writing weights", total, len(outside))
-    writer = DataFileWriter(data_path)
-    try:
+    with writing(data_path, "writing weights", total, len(outside)) as writer:
         for tensor, source, _ in outside:
             offset = writer.length
             writer.write_all(_tensor_bytes(tensor, source))
@@ -123,9 +110,3 @@ def _write_data(outside: list[_Outside], data_path: Path, data_name: str, total:
                                ("length", writer.length - offset)):  # fmt: skip
                 tensor.external_data.add(key=key, value=str(value))
             reporter.advance(writer.length - offset)
-        writer.close()
-    except BaseException:
-        writer.abandon()
-        raise
-    finally:
-        reporter.end()

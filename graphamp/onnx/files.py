@@ -1,9 +1,9 @@
 """ONNX files in and out: load with type inference, save atomically with external data.
 
 Type inference runs on a copy whose large initializers are data-less stubs, so a model of
-hundreds of megabytes costs no copies of its weights. A model that suits the direct path
-(:func:`graphamp.onnx.proto_reader.suits`) is read and written without onnx_ir, which is
-imported only for the others (:mod:`graphamp.onnx.ir_files`).
+hundreds of megabytes costs no copies of its weights. A file's large weights stay where they
+are, in the file or its external data (:mod:`graphamp.onnx.infile`), until the converted model
+is written (:func:`save`, :mod:`graphamp.onnx.external`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ import onnx
 from graphamp.core import progress
 from graphamp.core.io import write_atomic
 from graphamp.errors import GraphampError
-from graphamp.onnx import declared, external, infile, proto_reader, type_view
-from graphamp.onnx.datafile import DataFileWriter
+from graphamp.onnx import declared, infile, type_view
+from graphamp.onnx.datafile import writing
 from graphamp.onnx.infile import StreamedModel
 from graphamp.onnx.order import functions_in_order, topologically_sorted
-from graphamp.onnx.proto_reader import ProtoModel
+from graphamp.onnx.proto_model import ProtoModel
+from graphamp.onnx.subgraphs import graphs
 from graphamp.onnx.validate import Checked, validate
 from graphamp.onnx.validate_nodes import node_fields
 from graphamp.onnx.writing import (
@@ -41,44 +42,61 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
 log = logging.getLogger(__name__)
+# An onnx_ir model's meta (one :meth:`graphamp.onnx.Conversion.model` built): its input kept
+# its weights in external data, so saving it does too.
+EXTERNAL_DATA_KEY = "graphamp.external_data"
 
 
-def load(path: str | os.PathLike[str], *, direct: bool = False) -> ir.Model | ProtoModel:
-    """Read an ONNX file (with its external data) and run type inference on it; with
-    ``direct``, a :class:`ProtoModel` where the file suits the direct path, its large weights
-    left in the file (:mod:`graphamp.onnx.infile`: read through memory maps, written as they
-    are converted)."""
+def load(path: str | os.PathLike[str]) -> ir.Model:
+    """The ONNX file at ``path`` as an onnx_ir model (``graphamp.onnx.load``): validated, the
+    declarations inference contradicts repaired and every value typed by inference, as a
+    conversion reads it; external data stays where it is. A conversion reads the protobuf
+    itself (:func:`read_file`)."""
+    from graphamp.onnx import ir_models
+
+    path = _existing(path)
+    proto, checked = _checked(_parse(path), str(path), path.parent)
+    proto, inferred, note = _settled(proto, str(path), checked)
+    declared.warn(note)
+    model = ir_models.to_ir(proto, inferred, path.parent, str(path))
+    model.meta[EXTERNAL_DATA_KEY] = ir_models.has_external(model)
+    remember_source(model, path)  # save() refuses to write over it unasked
+    return model
+
+
+def from_proto(
+    proto: onnx.ModelProto, *, where: str = "model", base_dir: Path | None = None
+) -> ir.Model:
+    """An onnx_ir model from ``proto`` (not modified), as :func:`load` gives a file's."""
+    from graphamp.onnx import ir_models
+
+    proto, checked = _checked(proto, where, base_dir)
+    proto, inferred, note = _settled(proto, where, checked)
+    declared.warn(note)
+    return ir_models.to_ir(proto, inferred, base_dir, where)
+
+
+def _existing(path: str | os.PathLike[str]) -> Path:
     path = Path(path)
     if not path.is_file():
         raise GraphampError(f"{path}: no such file")
-    mapped = infile.read(path) if direct else None
-    if mapped is None:
-        model = _validated(_parse(path), str(path), path.parent, direct=direct)
-        remember_source(model, path)  # save() refuses to write over it unasked
-        return model
-    where = str(path)
-    lengths = {name: tensor.nbytes for name, tensor in mapped.tensors.items()}
-    proto, checked = _checked(mapped.proto, where, path.parent, lengths)
-    proto, inferred, note = _settled(proto, where, checked)
-    if proto_reader.suits(proto, subgraphs=checked.subgraphs):
-        value_info, types = _value_types(proto, inferred)
-        weights, external = _external_weights(proto, path.parent)
-        return ProtoModel(
-            proto,
-            value_info,
-            types,
-            checked.nodes,
-            weights={**mapped.tensors, **weights},
-            repaired=note,
-            external=external,
-        )
-    if mapped.tensors:  # the onnx_ir path reads the weights from the proto: parse it whole
-        whole = topologically_sorted(_parse(path), where)
-        if proto is not mapped.proto:  # sorted or repaired: so is the whole proto
-            whole, inferred, note = _settled(whole, where, checked)
-        proto = whole
-    model = _to_ir(proto, where, path.parent, inferred, note)
-    remember_source(model, path)
+    return path
+
+
+def read_file(path: str | os.PathLike[str]) -> ProtoModel:
+    """The ONNX file at ``path`` as a conversion reads it, validated and typed by inference:
+    its large weights left in the file or its external data (:mod:`graphamp.onnx.infile`:
+    read through memory maps, written as they are converted)."""
+    path = _existing(path)
+    mapped = infile.read(path)
+    if mapped is None:  # a file laid out otherwise: protobuf parses it whole
+        proto, tensors = _parse(path), {}
+    else:
+        proto, tensors = mapped.proto, mapped.tensors
+    lengths = {name: tensor.nbytes for name, tensor in tensors.items()}
+    model = _validated(proto, str(path), path.parent, lengths)
+    weights, kept_outside = _external_weights(model.proto, path.parent)
+    model.weights, model.external = {**tensors, **weights}, kept_outside
     return model
 
 
@@ -86,14 +104,22 @@ def _external_weights(
     proto: onnx.ModelProto, base_dir: Path
 ) -> tuple[dict[str, infile.InFileTensor], bool]:
     """(where the main graph's weights in external data files lie, whether there are any).
-    One that cannot be mapped (empty, or of a packed type) is read into ``proto`` (the
-    caller's own parse of the file), as it would be held in memory."""
-    graph = proto.graph
-    if not any(init.data_location == onnx.TensorProto.EXTERNAL for init in graph.initializer):
+    One that cannot be mapped (empty, or of a packed type), and a body's, are read into
+    ``proto`` (the caller's own parse of the file), as they would be held in memory."""
+    every = list(graphs(proto.graph))
+    if not any(
+        init.data_location == onnx.TensorProto.EXTERNAL
+        for graph in every
+        for init in graph.initializer
+    ):
         return {}, False
-    weights = infile.external_tensors(graph, base_dir)
-    for init in graph.initializer:
-        if init.data_location == onnx.TensorProto.EXTERNAL and init.name not in weights:
+    weights = infile.external_tensors(proto.graph, base_dir)
+    for depth, graph in enumerate(every):  # the main graph first
+        for init in graph.initializer:
+            if init.data_location != onnx.TensorProto.EXTERNAL or (
+                depth == 0 and init.name in weights
+            ):
+                continue
             onnx.external_data_helper.load_external_data_for_tensor(init, str(base_dir))
             init.data_location = onnx.TensorProto.DEFAULT
             del init.external_data[:]
@@ -107,46 +133,39 @@ def _parse(path: Path) -> onnx.ModelProto:
         raise GraphampError(f"{path}: not an ONNX model ({type(exc).__name__}: {exc})") from None
 
 
-def from_proto(
+def read_proto(
     proto: onnx.ModelProto, *, where: str = "model", base_dir: Path | None = None
-) -> ir.Model:
-    """An onnx_ir model from ``proto`` (not modified), with inferred value types."""
-    model = _validated(proto, where, base_dir, direct=False)
-    assert not isinstance(model, ProtoModel)
-    return model
-
-
-def direct(
-    proto: onnx.ModelProto, *, where: str = "model", base_dir: Path | None = None
-) -> ir.Model | ProtoModel:
-    """A :class:`ProtoModel` of ``proto`` when it suits the direct path (nothing of onnx_ir
-    is built), else :func:`from_proto`'s onnx_ir model."""
-    return _validated(proto, where, base_dir, direct=True)
+) -> ProtoModel:
+    """``proto`` (not modified) as a conversion reads it, validated and typed by inference."""
+    return _validated(proto, where, base_dir)
 
 
 def _validated(
-    proto: onnx.ModelProto, where: str, base_dir: Path | None, *, direct: bool
-) -> ir.Model | ProtoModel:
-    proto, checked = _checked(proto, where, base_dir)
-    proto, inferred, note = _settled(proto, where, checked)
-    if direct and proto_reader.suits(proto, subgraphs=checked.subgraphs):
-        value_info, types = _value_types(proto, inferred)
-        return ProtoModel(proto, value_info, types, checked.nodes, repaired=note)
-    return _to_ir(proto, where, base_dir, inferred, note)
-
-
-def _to_ir(
     proto: onnx.ModelProto,
     where: str,
     base_dir: Path | None,
-    inferred: onnx.ModelProto | None,
-    note: str,
-) -> ir.Model:
-    from graphamp.onnx import ir_files
+    in_file: dict[str, int] | None = None,
+) -> ProtoModel:
+    proto, checked = _checked(proto, where, base_dir, in_file)
+    proto, inferred, note = _settled(proto, where, checked)
+    return _proto_model(proto, checked, inferred, note)
 
-    model = ir_files.to_ir(proto, inferred, base_dir, where)
-    model.meta[declared.REPAIRED_KEY] = note
-    return model
+
+def _proto_model(
+    proto: onnx.ModelProto, checked: Checked, inferred: onnx.ModelProto | None, note: str
+) -> ProtoModel:
+    """The :class:`ProtoModel` of a validated, settled ``proto``."""
+    value_info, types = _value_types(proto, inferred)
+    nested = checked.subgraphs or bool(proto.functions)
+    return ProtoModel(
+        proto,
+        value_info,
+        types,
+        checked.nodes,
+        repaired=note,
+        nested=nested,
+        inferred=inferred if nested else None,
+    )
 
 
 def _checked(
@@ -186,7 +205,7 @@ def _settled(
     # and the branches of an Optimum merged decoder reuse each other's names, so one branch's
     # shapes land on the other's values; onnxruntime refuses the model written with them.
     settled = declared.checked(
-        proto, where, _without_large_initializers, data_prop=not checked.subgraphs
+        proto, where, without_large_initializers, data_prop=not checked.subgraphs
     )
     if settled[1] is None:
         log.warning("%s: ONNX type inference failed; using local type rules", where)
@@ -196,35 +215,17 @@ def _settled(
 def _value_types(
     proto: onnx.ModelProto, inferred: onnx.ModelProto | None
 ) -> tuple[dict[str, onnx.ValueInfoProto], dict[str, bytes]]:
-    """(the ValueInfoProto of each value the model declares: its inputs, value_info entries and
-    outputs, which the writer reads; every typed value's serialised TypeProto, which the reader
-    reads): the model's own where it gives a type and shape, else type inference's (as
-    :func:`graphamp.onnx.ir_files.to_ir` types an onnx_ir model)."""
-    graph = proto.graph
-    own = {info.name: info for info in [*graph.input, *graph.value_info, *graph.output]}
+    """:func:`graphamp.onnx.type_view.settled_types` of the main graph, inference's types
+    read as bytes in one parse."""
     if inferred is None:
-        return own, {name: info.type.SerializeToString() for name, info in own.items()}
-    types = type_view.value_types(inferred)  # every value inference typed, read as bytes
-    declared: dict[str, onnx.ValueInfoProto] = {}
-    settled_by_inference = []
-    for name, info in own.items():
-        tensor_type = info.type.tensor_type
-        if name not in types or (tensor_type.elem_type and tensor_type.HasField("shape")):
-            declared[name] = info
-            types[name] = info.type.SerializeToString()
-        else:
-            settled_by_inference.append(name)
-    if settled_by_inference:  # their inferred entries, from a table built only for them
-        found = {info.name: info for info in inferred.graph.value_info}
-        found.update((info.name, info) for info in inferred.graph.output)
-        declared.update((name, found[name]) for name in settled_by_inference)
-    return declared, types
+        return type_view.settled_types(proto.graph, None)
+    return type_view.settled_types(proto.graph, inferred.graph, type_view.value_types(inferred))
 
 
 def inferred_types(proto: onnx.ModelProto) -> dict[str, int]:
     """Tensor name -> ONNX element type for every typed value of ``proto``'s main graph
     (graph I/O, initializers, and what type inference finds), without copying weights."""
-    inferred = onnx.shape_inference.infer_shapes(_without_large_initializers(proto))
+    inferred = onnx.shape_inference.infer_shapes(without_large_initializers(proto))
     types = {init.name: init.data_type for init in proto.graph.initializer}
     for info in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output):
         if info.type.HasField("tensor_type"):
@@ -232,7 +233,7 @@ def inferred_types(proto: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def _without_large_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
+def without_large_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``proto`` whose initializers of over 256 elements are data-less external
     stubs (small ones stay: shape computations read their values). Nothing big is copied."""
     large = {init.name for init in proto.graph.initializer if _elements(init) > 256}
@@ -284,48 +285,72 @@ def save(
     read_from: Path | None = None,
 ) -> None:
     """Write ``model`` atomically; weights go to ``<name>.data`` beside it when over 2 GB
-    or when the input kept them there (a ``ModelProto``, from the direct path, is written
-    as it is when it fits in one file, else through onnx_ir).
+    or when the input kept them there (:mod:`graphamp.onnx.external`).
 
     A path that would write over a file the model was read from (the model file or its
     external data, as :func:`graphamp.onnx.load` and :func:`graphamp.onnx.convert` of a path
     record it, or ``read_from``) is refused unless ``overwrite`` says so: the input is never
     overwritten unasked.
 
-    The data file is written a tensor at a time (a converted weight a chunk at a time, see
-    :mod:`graphamp.onnx.ir_files`), so memory stays small whatever the model's size. The model
-    and its data are written under temporary names in a hidden folder beside ``path`` and
-    renamed into place together when both are complete: an error, an interrupt or a full disk
-    leaves neither. A disk without room for the weights is refused before anything is written;
-    one that fills up anyway is the same one-line error.
+    A converted model's weights still in the input are written a tensor at a time (a
+    converted one a chunk at a time), so memory stays small whatever the model's size. The
+    model and its data are written under temporary names in a hidden folder beside ``path``
+    and renamed into place together when both are complete: an error, an interrupt or a full
+    disk leaves neither. A disk without room for the weights is refused before anything is
+    written; one that fills up anyway is the same one-line error.
     """
     path = Path(path)
     if not overwrite:
         check_not_a_source(model, path, read_from)
-    if isinstance(model, StreamedModel):  # weights read (and converted) as they are written
-        size = model.nbytes()
-        if model.external or size > EXTERNAL_DATA_THRESHOLD:
-            external.save(model, path)
-            return
-        check_room(path, size)
-        with (
-            disk_full_is_an_error(path, size),
-            tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp,
-        ):
-            _write_pieces(Path(tmp) / path.name, model, size)
-            replace_together([], Path(tmp) / path.name, path)
-        return
+    if not isinstance(model, StreamedModel | onnx.ModelProto):  # an onnx_ir model
+        model = _from_ir(model)
     if isinstance(model, onnx.ModelProto):
         if model.ByteSize() <= EXTERNAL_DATA_THRESHOLD:
             data = model.SerializeToString()
             with disk_full_is_an_error(path, len(data)):
                 write_atomic(path, data)
             return
-        external.save(StreamedModel(model, {}, external=True), path)
-        return
-    from graphamp.onnx import ir_files
+        model = StreamedModel(model, {}, external=True)
+    size = model.nbytes()
+    if model.external or size > EXTERNAL_DATA_THRESHOLD:
+        from graphamp.onnx import external
 
-    ir_files.save(model, path)
+        external.save(model, path)
+        return
+    check_room(path, size)
+    with (
+        disk_full_is_an_error(path, size),
+        tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp,
+    ):
+        _write_pieces(Path(tmp) / path.name, model, size)
+        replace_together([], Path(tmp) / path.name, path)
+
+
+def _from_ir(model: ir.Model) -> onnx.ModelProto | StreamedModel:
+    """An onnx_ir model as the proto it serialises to; the main graph's weights it keeps in
+    external data are read from there as they are written, and so is the output's."""
+    import onnx_ir as ir
+
+    proto = ir.to_proto(model)
+    data: dict[int, infile.Data] = {}
+    for position, value in enumerate(model.graph.initializers.values()):
+        tensor = value.const_value
+        if isinstance(tensor, ir.ExternalTensor):
+            stub = proto.graph.initializer[position]
+            stub.ClearField("data_location")
+            del stub.external_data[:]
+            path = os.fspath(tensor.path)
+            data[position] = infile.InFileTensor(
+                path,
+                tensor.offset or 0,
+                tensor.nbytes,
+                tensor.dtype.value,
+                tuple(tensor.shape.numpy()),
+                infile.stamp(path),
+                external=True,
+            )
+    outside = bool(data) or bool(model.meta.get(EXTERNAL_DATA_KEY))
+    return StreamedModel(proto, data, external=True) if outside else proto
 
 
 def _write_pieces(path: Path, model: StreamedModel, size: int) -> None:
@@ -333,15 +358,7 @@ def _write_pieces(path: Path, model: StreamedModel, size: int) -> None:
     read, and rounded, as they go), through the data file writer: the disk writes while the
     next weights are read and rounded, and the bytes skip the page cache."""
     reporter = progress.current()
-    reporter.begin("writing the model", size, len(model.data))
-    writer = DataFileWriter(path)
-    try:
+    with writing(path, "writing the model", size, len(model.data)) as writer:
         for piece in model.pieces():
             writer.write(piece)
             reporter.advance(len(piece), 0)
-        writer.close()
-    except BaseException:
-        writer.abandon()
-        raise
-    finally:
-        reporter.end()

@@ -79,7 +79,7 @@ class InFileTensor:
 
     def check_unchanged(self) -> None:
         """Refuse to read a model file that was replaced or changed since it was read."""
-        if _stamp(self.path) != self.stamp:
+        if stamp(self.path) != self.stamp:
             raise GraphampError(f"{self.path}: the file changed while it was being converted")
 
 
@@ -119,10 +119,10 @@ def read(path: str | os.PathLike[str]) -> MappedModel | None:
     :data:`MAP_MIN_BYTES` left in the file; None where the file is not laid out as this reads
     it (then protobuf parses it whole)."""
     path = str(path)
-    stamp = _stamp(path)
+    stamped = stamp(path)
     with open(path, "rb") as file:
         try:
-            light, found = _light_bytes(_Window(file.fileno(), stamp[1]), path, stamp)
+            light, found = _light_bytes(_Window(file.fileno(), stamped[1]), path, stamped)
         except wire.WireError:
             return None
     proto = onnx.ModelProto()
@@ -150,7 +150,7 @@ def external_tensors(
         info = {entry.key: entry.value for entry in tensor.external_data}
         path = os.path.join(base_dir, info["location"])
         if path not in stamps:
-            stamps[path] = _stamp(path)
+            stamps[path] = stamp(path)
         dims = tuple(tensor.dims)
         nbytes = math.prod(dims) * dtypes.itemsize(named.name)
         if not nbytes:  # nothing to map: read into the proto with the others left out
@@ -187,7 +187,8 @@ class _Window:
         return self.data[start - self.start : stop - self.start]
 
 
-def _stamp(path: str) -> tuple[int, int, int]:
+def stamp(path: str) -> tuple[int, int, int]:
+    """A file's inode, size and mtime: what tells a changed file from the one read."""
     status = os.stat(path)
     return status.st_ino, status.st_size, status.st_mtime_ns
 

@@ -4,7 +4,7 @@
 ``shape`` (onnxruntime runs such a model; the checker, and tools built on it, do not). The
 readers give each output what type inference settles, and the writers write what the
 conversion made of it; an output inference left without a shape is settled here, after
-either writer, on the model about to be saved:
+the writer, on the model about to be saved:
 
 1. An If's output whose branches return different ranks (onnxconverter-common's If test
    model: rank 1 from ``then_branch``, a scalar from ``else_branch``) has no declaration that
@@ -27,13 +27,10 @@ from graphamp.errors import GraphampError, RepairWarning
 
 
 def declare_outputs(model: Any) -> None:
-    """Settle the outputs of ``model`` (a ModelProto, an onnx_ir Model, or a streamed model's
-    proto) that lack a type or shape (module docstring), in place."""
-    proto = getattr(model, "proto", model)
-    if isinstance(proto, onnx.ModelProto):
-        _declare_proto(proto.graph)
-    else:
-        _declare_ir(proto.graph)
+    """Settle the outputs of ``model`` (a ModelProto or a streamed model, whose ``proto``
+    holds its graph) that lack a type or shape (module docstring), in place."""
+    proto: onnx.ModelProto = getattr(model, "proto", model)
+    _declare_proto(proto.graph)
 
 
 def _declare_proto(graph: onnx.GraphProto) -> None:
@@ -54,47 +51,18 @@ def _declare_proto(graph: onnx.GraphProto) -> None:
         types: list[int] = [tensor.elem_type]
         if node is not None and node.op_type == "If" and node.domain in ("", "ai.onnx"):
             index = list(node.output).index(name)
-            for attribute in node.attribute:
-                if attribute.name in _BRANCHES and index < len(attribute.g.output):
-                    result = attribute.g.output[index].type.tensor_type
-                    ranks[attribute.name] = (
-                        len(result.shape.dim) if result.HasField("shape") else None
-                    )
+            bodies = {attribute.name: attribute.g for attribute in node.attribute}
+            for branch in _BRANCHES:  # in this order, whatever the node's attributes' order
+                body = bodies.get(branch)
+                if body is not None and index < len(body.output):
+                    result = body.output[index].type.tensor_type
+                    ranks[branch] = len(result.shape.dim) if result.HasField("shape") else None
                     types.append(result.elem_type)
         rank, elem_type = _settled(output.name, ranks, types)
         tensor.elem_type = elem_type
         tensor.shape.Clear()
         for _ in range(rank):
             tensor.shape.dim.add()
-
-
-def _declare_ir(graph: Any) -> None:
-    import onnx_ir as ir
-
-    for value in graph.outputs:
-        if value.type is not None and not isinstance(value.type, ir.TensorType):
-            continue  # a sequence or an optional: the checker asks no shape of it
-        if value.shape is not None and value.dtype is not None:
-            continue
-        source, node = value, value.producer()
-        while node is not None and node.op_type == "Cast":  # an output cast back to its type
-            source = node.inputs[0]
-            node = source.producer() if source is not None else None
-        ranks: dict[str, int | None] = {}
-        types = [value.dtype]
-        if node is not None and node.op_type == "If" and node.domain in ("", "ai.onnx"):
-            index = list(node.outputs).index(source)
-            for name in _BRANCHES:
-                branch = node.attributes.get(name)
-                results = branch.value.outputs if branch is not None else []
-                if index < len(results):
-                    result = results[index]
-                    ranks[name] = result.shape.rank() if result.shape is not None else None
-                    types.append(result.dtype)
-        known = [int(t) for t in types if t is not None]
-        rank, elem_type = _settled(value.name, ranks, known)
-        value.dtype = ir.DataType(elem_type)
-        value.shape = ir.Shape([None] * rank)
 
 
 _BRANCHES = ("then_branch", "else_branch")

@@ -1,12 +1,10 @@
-"""Per-slot rules of an ONNX node from its op's schema, shared by both readers.
+"""Per-slot rules of an ONNX node from its op's schema.
 
-:mod:`graphamp.onnx.reader` reads an onnx_ir model and :mod:`graphamp.onnx.proto_reader` a
-``ModelProto`` directly; both hand each computing node to :func:`computing_node`, which works
-on names, types and an attribute getter only. The slots bound to the type variable of the
-first float input are the node's computation-type slots; a second float type variable follows
-it when its schema admits the target type, except where a runtime needs float32 (Resize roi,
-Upsample scales).
-"""
+:mod:`graphamp.onnx.reader` hands each computing node to :func:`computing_node` (once per signature
+of op and types), which works on names, types and an attribute getter only. The slots bound to the
+type variable of the first float input are the node's computation-type slots; a second float type
+variable follows it when its schema admits the target type, except where a runtime needs float32
+(Resize roi, Upsample scales)."""
 
 from __future__ import annotations
 
@@ -313,7 +311,7 @@ def _flops(
     return None
 
 
-# What the writers (both paths) add or change on a converted node.
+# What the writer adds or changes on a converted node.
 # Attributes an op needs when it runs in a low type: in float16 the fused Attention of opset
 # 23 keeps its softmax in float32, as a separate Softmax would be kept (torch's
 # scaled_dot_product_attention under autocast does the same). Not in bfloat16, which has

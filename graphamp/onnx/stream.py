@@ -11,8 +11,8 @@ megabytes of chunks:
   stream to disk; an in-memory model rounds the same chunks into one array, so both give the
   same bytes).
 
-Nothing here imports onnx_ir: the direct path uses these on the weights of a model file it
-maps (:mod:`graphamp.onnx.infile`), the onnx_ir path through :mod:`graphamp.onnx.ir_tensors`.
+The reader and writer use these on the weights a model file or its external data holds
+(:mod:`graphamp.onnx.infile`).
 
 Rounding float32 to float16 is done by onnxruntime's Cast kernel (F16C instructions) when the
 chunk holds no NaN: numpy rounds in software, slower than the disk delivers the bytes. The two agree

@@ -46,6 +46,15 @@ def twinned_bodies(
     return found
 
 
+def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every body inside it, at any depth (each before the bodies inside it, in
+    node order)."""
+    yield graph
+    for node in graph.node:
+        for body in bodies(node):
+            yield from graphs(body)
+
+
 def scopes(model: onnx.ModelProto) -> Iterator[Scope]:
     """The main graph, the model's functions, and every body inside any of them, at any depth
     (each before the bodies inside it)."""

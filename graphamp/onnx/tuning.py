@@ -321,7 +321,7 @@ def _convert(
 
 def _outputs(conversion: engine.Conversion, batches) -> list[dict[str, np.ndarray]]:  # type: ignore[no-untyped-def]
     """The converted model's outputs on every batch, by the faithful evaluator."""
-    proto = as_proto(conversion.model)  # a proto already on the direct path
+    proto = as_proto(conversion.model)  # the converted proto (its weights read in)
     types = inferred_types(proto)
     weights = Weights()
     proto = emulated(proto, types, weights) if has_low_values(proto, types) else proto

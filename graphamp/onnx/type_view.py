@@ -1,11 +1,10 @@
 """Each value's type in a model, as the serialised TypeProto the model holds, in one parse.
 
-The direct reader keys the value types it reads by their serialised TypeProto (the 50,000
-values of the benchmark's chain have two or three), and the direct writer writes them back as
-those bytes. Reading each ValueInfoProto's ``type`` and serialising it again cost about a
-microsecond a value. Parsed with messages that declare ``type`` as ``bytes`` (the wire format
-does not tell a message from bytes), protobuf hands each type over as the bytes it holds.
-"""
+The reader keys the value types it reads by their serialised TypeProto (the 50,000 values of the
+benchmark's chain have two or three), and the writer writes them back as those bytes. Reading each
+ValueInfoProto's ``type`` and serialising it again cost about a microsecond a value. Parsed with
+messages that declare ``type`` as ``bytes`` (the wire format does not tell a message from bytes),
+protobuf hands each type over as the bytes it holds."""
 
 from __future__ import annotations
 
@@ -63,3 +62,38 @@ def value_types(model: onnx.ModelProto) -> dict[str, bytes]:
     types = {value.name: value.type for value in graph.value_info}
     types.update((value.name, value.type) for value in graph.output)
     return types
+
+
+def settled_types(
+    graph: onnx.GraphProto,
+    inferred: onnx.GraphProto | None,
+    inferred_types: dict[str, bytes] | None = None,
+) -> tuple[dict[str, onnx.ValueInfoProto], dict[str, bytes]]:
+    """(the ValueInfoProto of each value ``graph`` declares: its inputs, value_info entries
+    and outputs, which the writer reads; every typed value's serialised TypeProto, which the
+    reader reads): the graph's own where it gives a type and shape, else type inference's
+    (``inferred``: the same graph after inference; ``inferred_types``: its value types as
+    bytes, read here where not given, else filled in and returned)."""
+    own = {info.name: info for info in [*graph.input, *graph.value_info, *graph.output]}
+    if inferred is None:
+        return own, {name: info.type.SerializeToString() for name, info in own.items()}
+    if inferred_types is None:
+        inferred_types = {
+            info.name: info.type.SerializeToString()
+            for info in (*inferred.value_info, *inferred.output)
+        }
+    types = inferred_types
+    declared: dict[str, onnx.ValueInfoProto] = {}
+    settled_by_inference = []
+    for name, info in own.items():
+        tensor_type = info.type.tensor_type
+        if name not in types or (tensor_type.elem_type and tensor_type.HasField("shape")):
+            declared[name] = info
+            types[name] = info.type.SerializeToString()
+        else:
+            settled_by_inference.append(name)
+    if settled_by_inference:  # their inferred entries, from a table built only for them
+        found = {info.name: info for info in inferred.value_info}
+        found.update((info.name, info) for info in inferred.output)
+        declared.update((name, found[name]) for name in settled_by_inference)
+    return declared, types

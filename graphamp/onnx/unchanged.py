@@ -41,7 +41,7 @@ def copy_if_sound(source: Path, path: Path) -> bool:
         inputs = {value.name for value in proto.graph.input}
         if any(tensor.name not in inputs for tensor in proto.graph.initializer):
             return False
-    from graphamp.onnx.files import _without_large_initializers as light
+    from graphamp.onnx.files import without_large_initializers as light
 
     if declared.checked(proto, str(source), light)[0] is not proto:
         return False

@@ -51,8 +51,8 @@ _DATA_ATTRIBUTES = frozenset(
 
 
 class Checked(NamedTuple):
-    """What validation found on the way: whether the graph has subgraphs (what the direct path
-    cannot take) and its nodes' fields (which the direct reader needs too)."""
+    """What validation found on the way: whether the graph has subgraphs (whose nodes the
+    reader looks for) and its nodes' fields (which the reader needs too)."""
 
     subgraphs: bool
     nodes: list[NodeFields]

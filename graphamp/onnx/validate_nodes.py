@@ -29,7 +29,7 @@ _AttributeType = onnx.AttributeProto.AttributeType
 
 class NodeFields(NamedTuple):
     """A node's fields, read from its proto once: each read of a protobuf field builds new
-    Python objects, and validation, the strings check and the direct reader all need them:
+    Python objects, and validation, the strings check and the reader all need them:
     reading them once per node, not once per user, keeps that cost to one pass."""
 
     name: str

@@ -99,7 +99,7 @@ def test_switchable_agrees_with_the_real_conversion(name, dtype):
 
 
 def engine_proto(conversion):  # type: ignore[no-untyped-def]
-    return as_proto(conversion.model)  # a ModelProto from the direct path, else onnx_ir's
+    return as_proto(conversion.model)  # the converted ModelProto
 
 
 def test_search_finds_the_planted_set_with_few_evaluations():

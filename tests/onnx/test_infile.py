@@ -19,7 +19,7 @@ import torch
 from onnx import helper, numpy_helper
 
 import graphamp.onnx as gonnx
-import graphamp.onnx.proto_writer as proto_writer
+import graphamp.onnx.writer as writer
 from graphamp.cli import main
 from graphamp.errors import GraphampError
 from graphamp.onnx import datafile, files, infile
@@ -175,7 +175,7 @@ def test_layouts_it_does_not_map_are_parsed_whole(tmp_path: Path) -> None:
     truncated.write_bytes(data[: len(data) // 2])
     assert infile.read(truncated) is None
     with pytest.raises(GraphampError, match=r"truncated.onnx: not an ONNX model \(DecodeError"):
-        files.load(truncated, direct=True)
+        files.read_file(truncated)
 
 
 def test_a_weight_whose_length_disagrees_with_its_dims_is_refused_by_name(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -184,7 +184,7 @@ def test_a_weight_whose_length_disagrees_with_its_dims_is_refused_by_name(tmp_pa
     bad = tmp_path / "bad.onnx"
     onnx.save(proto, str(bad))
     with pytest.raises(GraphampError, match=r"initializer 'w1': raw_data holds 16384 bytes"):
-        files.load(bad, direct=True)
+        files.read_file(bad)
 
 
 def test_an_input_changed_before_its_weights_are_written_is_an_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -220,7 +220,7 @@ def test_the_runtime_check_refuses_a_broken_streamed_model(tmp_path, monkeypatch
     """The check loads the written file, weights and all (by reference into the file): a
     streamed model onnxruntime refuses is exit 3 and nothing is written."""
     source, out = _matmuls(tmp_path, _weights(3)), tmp_path / "out.onnx"
-    apply = proto_writer.apply
+    apply = writer.apply
 
     def broken(read, script):  # type: ignore[no-untyped-def]
         model = apply(read, script)
@@ -230,7 +230,7 @@ def test_the_runtime_check_refuses_a_broken_streamed_model(tmp_path, monkeypatch
                 info.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
         return model
 
-    monkeypatch.setattr(proto_writer, "apply", broken)
+    monkeypatch.setattr(writer, "apply", broken)
     assert main(["convert", str(source), "-o", str(out)]) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "onnxruntime refuses the converted model" in err[0], err

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import onnx
 
-import graphamp.onnx.proto_writer as proto_writer
+import graphamp.onnx.writer as writer
 from graphamp.cli import main
 from tests.helpers import chain
 
@@ -13,7 +13,7 @@ from tests.helpers import chain
 def test_an_output_onnxruntime_refuses_is_exit_3_and_nothing_written(tmp_path, monkeypatch, capsys):
     source, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
     onnx.save(chain(["MatMul", "Relu", "MatMul"]), str(source))
-    apply = proto_writer.apply  # a file without external data is converted directly
+    apply = writer.apply
 
     def broken(read, script):  # type: ignore[no-untyped-def]
         model = apply(read, script)
@@ -23,7 +23,7 @@ def test_an_output_onnxruntime_refuses_is_exit_3_and_nothing_written(tmp_path, m
                 info.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
         return model
 
-    monkeypatch.setattr(proto_writer, "apply", broken)
+    monkeypatch.setattr(writer, "apply", broken)
     assert main(["convert", str(source), "-o", str(out)]) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "onnxruntime refuses the converted model" in err[0], err

@@ -88,8 +88,8 @@ def test_peak_memory_of_a_conversion_stays_far_below_its_weights(tmp_path: Path)
     script = textwrap.dedent(
         f"""
         import sys
-        import graphamp.cli, graphamp.onnx, graphamp.onnx.ir_files, onnxruntime  # what the
-        # conversion of a model with external data imports (onnx_ir too)
+        import graphamp.cli, graphamp.onnx, onnxruntime  # what the conversion of a model
+        # with external data imports
         from graphamp.onnx import stream
         stream._fast_cast()
 

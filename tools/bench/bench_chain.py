@@ -1,17 +1,15 @@
 """Wall-clock and CPU time of converting the synthetic chain of ``bench_onnx.py``, by phase.
 
     python tools/bench/bench_chain.py --nodes 50000 --repeats 5
-    python tools/bench/bench_chain.py --direct-only --spread cost,tensorflow
+    python tools/bench/bench_chain.py --spread cost,tensorflow
 
 End to end is ``graphamp.onnx.convert(proto).to_proto()`` (what ``bench_onnx.py --chain``
 times): load (validation, ONNX type inference), read into the OpGraph, the passes, apply (the
-edits) and to_proto. graphamp converts such a proto directly (read and patched as a protobuf);
-the same conversion through onnx_ir (``OnnxDialect(direct=False)``: deserialise, edit the
-onnx_ir model, serialise), which every model took before and models with subgraphs or external
-data still take, is timed in the same run, alternating with it. Medians of ``--repeats`` runs
-after one warm-up run on a small chain; ``--spread cost,tensorflow`` times the cost pass (the
-policy's default) and TensorFlow's colouring (what the figures before issue 28 ran) alike;
-the load average and the CPU are printed with them because other processes share the machine.
+edits) and to_proto; the proto is read and patched as a protobuf (docs/ARCHITECTURE.md, "The
+ONNX dialect's reader and writer"). Medians of ``--repeats`` runs after one warm-up run on a
+small chain; ``--spread cost,tensorflow`` times the cost pass (the policy's default) and
+TensorFlow's colouring (what the figures before issue 28 ran) alike, alternating; the load
+average and the CPU are printed with them because other processes share the machine.
 """
 
 from __future__ import annotations
@@ -34,12 +32,10 @@ from graphamp.onnx.conversion import Conversion
 from graphamp.onnx.dialect import OnnxDialect
 from graphamp.policy.policy import Policy
 
-PATHS = {"direct": True, "through onnx_ir": False}
 
-
-def convert(proto: object, direct: bool, spread: str = "cost") -> Conversion:
+def convert(proto: object, spread: str = "cost") -> Conversion:
     policy = Policy.create(where="bench", spread=spread)
-    result = engine.convert(proto, policy, dialect=OnnxDialect(direct=direct))
+    result = engine.convert(proto, policy, dialect=OnnxDialect())
     return Conversion(result.model, result.plan, result.seconds, result.graph)
 
 
@@ -59,9 +55,6 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=50000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--direct-only", action="store_true", help="leave out the onnx_ir path (half the time)"
-    )
-    parser.add_argument(
         "--spread",
         default="cost",
         help="how infer/clear ops are decided, comma-separated to time each in the same run: "
@@ -69,23 +62,18 @@ def main() -> None:
     )
     args = parser.parse_args()
     proto = chain_model(args.nodes)
-    kept = {"direct": True} if args.direct_only else PATHS
     spreads = args.spread.split(",")
-    paths = {
-        (f"{label}, spread {spread}" if len(spreads) > 1 else label): (direct, spread)
-        for label, direct in kept.items()
-        for spread in spreads
-    }
-    for direct, spread in paths.values():  # warm-up: imports (onnx_ir only for its path), caches
-        convert(chain_model(1000), direct, spread).to_proto()
-    rows: dict[str, list[dict[str, float]]] = {label: [] for label in paths}
+    for spread in spreads:  # warm-up: imports, caches
+        convert(chain_model(1000), spread).to_proto()
+    rows: dict[str, list[dict[str, float]]] = {f"spread {spread}": [] for spread in spreads}
     for _ in range(args.repeats):
-        for label, (direct, spread) in paths.items():
+        for spread in spreads:
+            label = f"spread {spread}"
             # The previous run's graph is freed before the clock starts, not inside this run.
             conversion = None
             gc.collect()
             wall, cpu = time.perf_counter(), time.process_time()
-            conversion = convert(proto, direct, spread)
+            conversion = convert(proto, spread)
             middle = time.perf_counter()
             conversion.to_proto()
             end = time.perf_counter()

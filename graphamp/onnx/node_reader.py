@@ -1,19 +1,18 @@
-"""Reading a ``ModelProto`` into the OpGraph without building an onnx_ir model.
+"""Reading a graph's nodes into the OpGraph, once per node, and naming them.
 
-Deserialising a graph of 50,000 nodes into onnx_ir objects and serialising the result back
-took most of a conversion's time; for the models that need none of onnx_ir's machinery (no
-subgraphs, no model-local functions, no external data) the ONNX dialect reads the proto
-directly here and :mod:`graphamp.onnx.proto_writer` patches a copy of it. Everything else
-about the graph (slots from schemas, the type fallback, unnamed nodes' names) is what
-:mod:`graphamp.onnx.reader` gives; ``tests/onnx/test_proto_path.py`` holds the two to the same
-OpGraph and the same output model over ONNX's node test cases.
+:func:`read_nodes` adds a run of plain nodes (none owns a body) and the values they produce;
+the types come from the serialised TypeProtos the reader found (:class:`Types`, each distinct
+one parsed once), with a local fallback from the op schemas (an output bound to the same type
+variable as a typed input, Cast's ``to``, fixed output types), so a tensor that inference
+missed still gets its casts. An unnamed node is named ``<op>__<first output>`` and a repeated
+name gets a suffix (:func:`node_names`): the plan names each node once, and the writer gives
+the output model's nodes those names.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -22,98 +21,79 @@ from onnx import numpy_helper
 from graphamp.core import dtypes
 from graphamp.core.dtypes import UNKNOWN
 from graphamp.core.graph import NodeKind, OpGraph, OpNode, TensorInfo, unique_name
-from graphamp.dialects.base import ReadGraph
-from graphamp.errors import GraphampError
-from graphamp.onnx import fusion, kernels, slots, stream
+from graphamp.onnx import kernels, slots, stream
 from graphamp.onnx.infile import InFileTensor
 from graphamp.onnx.scopes import module_path_of_entries
+from graphamp.onnx.subgraphs import bodies
 from graphamp.onnx.validate_nodes import DEFAULT_DOMAINS, NodeFields, node_fields
 
 _SUBGRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 _CAST_OR_CONSTANT = frozenset({"Cast", "Constant"})
 
 
-@dataclass
-class ProtoModel:
-    """A model read straight from its proto: the caller's proto (never changed), the
-    ValueInfoProto of each value it declares (inputs, value_info, outputs) and the serialised
-    TypeProto of every typed value (the model's own where it gives type and shape, else type
-    inference's, for both)."""
+def names_outside(proto: onnx.ModelProto) -> set[str]:
+    """Every node and value name inside the model's subgraphs and functions: a name graphamp
+    adds must differ from them too (ONNX names a value once in the whole model)."""
+    names: set[str] = set()
 
-    proto: onnx.ModelProto
-    value_info: dict[str, onnx.ValueInfoProto]
-    types: dict[str, bytes]
-    # The graph's nodes' fields, where validation read them already.
-    nodes: list[NodeFields] | None = None
-    # Filled by read(): each node's name in the plan (unnamed nodes get one), in graph order,
-    # and the names that differ from the proto's, by node number (from 1).
-    node_names: list[str] = field(default_factory=list)
-    renamed_nodes: dict[int, str] = field(default_factory=dict)
-    # Each typed value's TypeProto, serialised (the writer builds value_info from them).
-    type_bytes: dict[str, bytes] = field(default_factory=dict)
-    # Initializers whose data ``proto`` does not hold: where it is in the model file
-    # (graphamp.onnx.infile); their TensorProtos have name, type and dims only.
-    weights: dict[str, InFileTensor] = field(default_factory=dict)
-    repaired: str = ""  # what graphamp.onnx.declared repaired in ``proto`` ("" for nothing)
-    # The model kept weights in external data files: the converted one does too.
-    external: bool = False
+    def add_graph(graph: onnx.GraphProto) -> None:
+        names.update(value.name for value in graph.input if value.name)
+        add_nodes(graph.node)
 
+    def add_nodes(nodes: Sequence[onnx.NodeProto]) -> None:
+        for node in nodes:
+            if node.name:
+                names.add(node.name)
+            names.update(out for out in node.output if out)
+            for body in bodies(node):
+                add_graph(body)
 
-def suits(proto: onnx.ModelProto, *, subgraphs: bool | None = None) -> bool:
-    """Whether ``proto`` can be converted without onnx_ir: no subgraph (``subgraphs``: what
-    validation found, else looked for here), no model-local function, no graph output that is
-    a graph input or a weight (renaming it for an output Cast would rename the input)."""
-    graph = proto.graph
-    if proto.functions:
-        return False
-    stored = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    if any(o.name in stored for o in graph.output):
-        return False
-    if subgraphs is not None:
-        return not subgraphs
-    for node in graph.node:
-        if node.op_type in slots.CONTROL_FLOW_OPS or any(
-            a.type in _SUBGRAPHS for a in node.attribute
-        ):
-            return False
-    return True
+    for node in proto.graph.node:
+        for body in bodies(node):
+            add_graph(body)
+    for function in proto.functions:
+        names.update(name for name in (*function.input, *function.output) if name)
+        add_nodes(function.node)
+    return names
 
 
-def read(model: ProtoModel, target: str, provider: str = "any") -> ReadGraph:
-    """The OpGraph of ``model``'s graph, as :func:`graphamp.onnx.reader.read` gives it."""
-    graph = model.proto.graph
-    opsets = {entry.domain: entry.version for entry in model.proto.opset_import}
-    op_graph = OpGraph(graph.name or "graph")
-    nodes = model.nodes if model.nodes is not None else node_fields(graph)
-    model.nodes = None  # its lists become the OpGraph's, which passes change
-    model.node_names, model.renamed_nodes = _node_names(nodes)
-    initializers = {init.name: init for init in graph.initializer}
-    # what of the external data scanned stays cached for the writer to read again
-    budget = stream.CacheBudget() if model.external else None
-    typed = _Types(model.types, model.type_bytes, model.weights, budget)
-    for value in graph.input:
-        op_graph.add_tensor(typed.tensor(value.name, initializers.get(value.name), True))
-    for name, init in initializers.items():
-        if name not in op_graph.tensors:
-            op_graph.add_tensor(typed.tensor(name, init, False))
-    tensors = op_graph.tensors
-    _read_nodes(op_graph, nodes, model.node_names, typed, opsets, target, provider)
-    for value in graph.output:
-        op_graph.graph_outputs.append(value.name)
-        tensors[value.name].is_graph_output = True
-    inputs = [v.name for v in graph.input]
-    op_graph.graph_inputs = [n for n in inputs if n not in initializers] + [
-        n for n in inputs if n in initializers
-    ]
-    if not any(t.is_float for t in tensors.values()):
-        raise GraphampError("the model computes on no floating-point tensor: nothing to convert")
-    op_graph.fused_kernels = fusion.fused_kernels(opsets, target, provider, tensors)
-    return ReadGraph(op_graph, model, None)
+def named_function(function: onnx.FunctionProto) -> onnx.FunctionProto:
+    """``function`` with its unnamed nodes, and those of every graph in it, named as the
+    reader names a graph's (a copy; ``function`` itself where every node has a name)."""
+    if all(_all_named(node) for node in function.node):
+        return function
+    named = onnx.FunctionProto()
+    named.CopyFrom(function)
+    _name_graph_nodes(named.node)
+    return named
 
 
-def _node_names(nodes: list[NodeFields]) -> tuple[list[str], dict[int, str]]:
-    """As the onnx_ir reader names them: ``<op>__<first output>`` for an unnamed node, a
-    suffix for a name an earlier node has. (every name, the new ones by node number)"""
+def _all_named(node: onnx.NodeProto) -> bool:
+    return bool(node.name) and all(
+        _all_named(inner) for body in bodies(node) for inner in body.node
+    )
+
+
+def _name_graph_nodes(nodes: Sequence[onnx.NodeProto]) -> None:
+    """Name the unnamed (and repeated) nodes of a graph, then those of every graph in it."""
+    _, renamed = node_names(node_fields_of(nodes))
+    for number, name in renamed.items():
+        nodes[number - 1].name = name
+    for node in nodes:
+        for body in bodies(node):
+            _name_graph_nodes(body.node)
+
+
+def node_fields_of(nodes: Sequence[onnx.NodeProto]) -> list[NodeFields]:
+    """:class:`NodeFields` of ``nodes`` (a function's, say)."""
+    graph = onnx.GraphProto()
+    graph.node.extend(nodes)
+    return node_fields(graph)
+
+
+def node_names(nodes: list[NodeFields]) -> tuple[list[str], dict[int, str]]:
+    """Names for a graph's nodes: ``<op>__<first output>`` for an unnamed node, a suffix for
+    a name an earlier node has. (every name, the new ones by node number)"""
     given = [node.name for node in nodes]
     taken = set(given)
     if len(taken) == len(given) and "" not in taken:
@@ -135,7 +115,7 @@ def _node_names(nodes: list[NodeFields]) -> tuple[list[str], dict[int, str]]:
     return names, renamed
 
 
-class _Types:
+class Types:
     """Value types and shapes from the serialised TypeProtos; each distinct one is parsed
     once (a chain of 50,000 nodes may have one)."""
 
@@ -162,13 +142,14 @@ class _Types:
             found = self.known[key] = _type_and_shape(onnx.TypeProto.FromString(key))
         return found
 
-    def add_outputs(self, outputs: list[str], op_graph: OpGraph) -> tuple[str, ...]:
-        """Add a node's outputs to ``op_graph``; their types ("unknown" for one left out)."""
+    def add_outputs(self, outputs: list[str], op_graph: OpGraph, body: str) -> tuple[str, ...]:
+        """Add a node's outputs (in ``body``) to ``op_graph``; their types ("unknown" for
+        one left out)."""
         types = []
         for name in outputs:
             if name:
                 dtype, shape = self.of(name)
-                op_graph.add_tensor(TensorInfo(name, dtype, shape))
+                op_graph.add_tensor(TensorInfo(name, dtype, shape, None, body))
                 types.append(dtype)
             else:
                 types.append(UNKNOWN)
@@ -220,38 +201,43 @@ def elem_name(elem_type: int) -> str:
     return dtypes.from_onnx(elem_type) or onnx.TensorProto.DataType.Name(elem_type).lower()
 
 
-def _read_nodes(
+def read_nodes(
     op_graph: OpGraph,
     nodes: list[NodeFields],
     names: list[str],
-    typed: _Types,
+    paths: list[str],
+    typed: Types,
     opsets: dict[str, int],
     target: str,
     provider: str,
+    signatures: dict[tuple[object, ...], slots.Slots],
+    body: str,
 ) -> None:
-    """Add each node, and the values it produces, to ``op_graph`` in graph order.
+    """Add each node, and the values it produces, to ``op_graph`` in graph order (``nodes``
+    with OpGraph names of values, ``names`` the nodes' own, ``paths`` their OpGraph names: the
+    same list in the main graph; ``body`` the path of the body they are in).
 
     The loop runs once per node (50,000 times on the benchmark's chain), so it does only what
     differs per node; what the nodes of one signature share (their slots, from the schema) is
     settled once per signature by :func:`slots.computing_node`."""
     tensors = op_graph.tensors
     source = f"opset {opsets.get('', 0)}"
-    signatures: dict[tuple[object, ...], slots.Slots] = {}
     kernels_known = provider in kernels.PROVIDERS  # missing_kernel says "" for any other
     add_node, add_outputs = op_graph.add_node, typed.add_outputs
     op_name, scope_of, default_domains = slots.op_name, module_path_of_entries, DEFAULT_DOMAINS
-    for name, fields in zip(names, nodes, strict=True):
+    for name, path, fields in zip(names, paths, nodes, strict=True):
         _, op_type, domain, inputs, outputs, listed, metadata = fields
         # the types the model or inference declares (the fallback below fills the others)
-        output_types = add_outputs(outputs, op_graph)
+        output_types = add_outputs(outputs, op_graph, body)
         op_node = OpNode(
-            name,
+            path,
             op_name(op_type, domain),
             inputs,
             outputs,
             domain=domain,
             scope=(scope_of(metadata) if metadata else "") or name,
             schema_source=source,
+            body=body,
         )
         if op_type in _CAST_OR_CONSTANT and domain in default_domains:
             _read_cast_or_constant(op_node, op_type, listed, tensors)
