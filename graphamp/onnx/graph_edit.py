@@ -48,12 +48,13 @@ class GraphEdit:
     def node(self, index: int) -> onnx.NodeProto:
         """Node ``index``, copied before its first change (the input is never changed)."""
         node = self.nodes[index]
+        assert node is not None, index  # number 0 is no node (numbers start at 1)
         if index not in self.changed:
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
             self.nodes[index] = node = copy
             self.changed.add(index)
-        return node  # type: ignore[return-value]
+        return node
 
     def add(self, node: onnx.NodeProto, after: int) -> int:
         """Add ``node`` (a new message, owned here) right after node ``after`` (HEAD: first);

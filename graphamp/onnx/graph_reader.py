@@ -4,6 +4,7 @@ and :mod:`graphamp.onnx.functions` call back)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import onnx
@@ -340,13 +341,13 @@ class GraphReader:
                 (t.name for t in graph.initializer),
                 (out for node in graph.node for out in node.output),
             )
-            for inner in graph.node:
-                for local in inner.input:
+            for child in graph.node:
+                for local in child.input:
                     if local and local not in defined:
                         name = self.resolve(scope, local)
                         if name is not None:
                             found.setdefault(name)
-                for body in bodies(inner):
+                for body in bodies(child):
                     walk(body, defined)
 
         for body in bodies(node):
@@ -357,7 +358,7 @@ class GraphReader:
 _BODY_OPS = frozenset({*slots.CONTROL_FLOW_OPS, "SequenceMap"})
 
 
-def _overload_call(scope: Scope, index: int, functions: dict[FunctionId, object]) -> bool:
+def _overload_call(scope: Scope, index: int, functions: Mapping[FunctionId, object]) -> bool:
     """Whether node ``index`` calls a function given with an overload (rare: looked up only
     where the model has one)."""
     if not any(key[2] for key in functions):

@@ -47,8 +47,8 @@ def _type_graph(
     its own type (a retype changes it in place) and shares a frozen shape."""
     values = {v.name: v for v in graph.inputs}
     for node in graph:
-        for value in node.outputs:
-            values[value.name] = value
+        for output in node.outputs:
+            values[output.name] = output
     for info in [*inferred.value_info, *inferred.output]:
         value = values.get(info.name)
         if value is None or (value.type is not None and value.shape is not None):
@@ -61,7 +61,10 @@ def _type_graph(
             if info.type.tensor_type.HasField("shape"):
                 shape = ir.serde.deserialize_type_proto_for_shape(info.type)
                 shape.freeze()  # type: ignore[union-attr]
-            known[key] = (ir.serde.deserialize_type_proto_for_type(info.type), shape)
+            made = ir.serde.deserialize_type_proto_for_type(info.type)
+            if made is None:
+                continue  # a type onnx_ir cannot hold: the value keeps what it has
+            known[key] = (made, shape)
         type_, shape = known[key]
         if value.type is None:
             value.type = ir.TensorType(type_.dtype, denotation=type_.denotation)
