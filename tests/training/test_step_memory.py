@@ -167,6 +167,29 @@ def test_tied_weights_are_held_once():
     assert model.lm_head.weight is model.transformer.wte.weight
 
 
+def test_a_resumed_optimizers_moments_are_held_once():
+    """An optimizer with state (a resumed run): the step trains its moments in place rather
+    than beside copies of them."""
+    model = net().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = batch(0)
+    nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    moments = nbytes(t for s in optimizer.state.values() for t in s.values())
+    step = train_step(model, nn.functional.mse_loss, optimizer, dtype="bfloat16")
+    step(*batch(1))
+    step(*batch(2))
+    weight = model[0].weight
+    assert (
+        optimizer.state[weight]["exp_avg"].data_ptr()
+        == step.opt_state["exp_avg:0.weight"].data_ptr()
+    )
+    held = reachable_bytes(step, model)  # the optimizer and its state are reachable from step
+    assert moments > SLACK
+    assert expected_bytes(step, model) <= held <= expected_bytes(step, model) + SLACK
+
+
 def test_a_sharded_step_refuses_keep_model():
     model = net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

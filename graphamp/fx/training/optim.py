@@ -98,9 +98,12 @@ def resume_state(
     state: dict[str, torch.Tensor],
     optimizer: torch.optim.Optimizer,
     model: nn.Module,
+    share: bool = False,
 ) -> dict[str, torch.Tensor]:
     """``state`` with the optimizer's own state where it has some (a resumed run): its
-    momentum buffers / moments and step count."""
+    momentum buffers / moments and step count. With ``share``, a buffer already of the type
+    and layout the step keeps is the optimizer's tensor itself (the step then trains it in
+    place, and holds the moments once), else a copy."""
     model_params = dict(model.named_parameters())
     resumed = dict(state)
     for group in groups:
@@ -108,9 +111,13 @@ def resume_state(
             own = optimizer.state.get(model_params[name], {})
             for key in state_keys(kind, group.hyper):
                 value = own.get(_TORCH_STATE_KEYS.get(key, key))
-                if value is not None:  # in the type the step keeps it in, the parameter's
-                    kept = resumed[f"{key}:{name}"].dtype
-                    resumed[f"{key}:{name}"] = value.detach().clone().to(kept)
+                if value is None:
+                    continue
+                kept = resumed[f"{key}:{name}"]  # the type the step keeps it in, the parameter's
+                if share and same_layout(value, kept):
+                    resumed[f"{key}:{name}"] = value.detach()
+                else:
+                    resumed[f"{key}:{name}"] = value.detach().clone().to(kept.dtype)
             if kind == "SGD" and own.get("momentum_buffer") is not None:
                 # SGD keeps no step count; one past the first step makes the buffer count.
                 resumed["step"] = torch.tensor(1.0)
@@ -293,3 +300,13 @@ def _adam(
 def _widened(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """``tensors`` as a kernel computing on them reads them: bfloat16/float16 as float32."""
     return [t if t.dtype in _WIDE else t.float() for t in tensors]
+
+
+def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` can stand for ``b`` in a captured graph: shape, type, device, strides."""
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and a.device == b.device
+        and a.stride() == b.stride()
+    )

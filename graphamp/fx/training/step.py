@@ -106,7 +106,9 @@ class TrainStep:
             self.forward.named_buffers(), dict(self.model.named_buffers())
         )
         initial = optim.initial_state(self.kind, self.groups, self.params)
-        resumed = optim.resume_state(self.kind, self.groups, initial, self.optimizer, self.model)
+        resumed = optim.resume_state(
+            self.kind, self.groups, initial, self.optimizer, self.model, not self.keep_model
+        )
         self.opt_state = {k: local(v) for k, v in resumed.items()}  # a shard's own part
         # All state lives where the parameters do, so no step copies between host and device.
         self.device = next(iter(self.params.values())).device
@@ -165,7 +167,7 @@ class TrainStep:
         held = {}
         for name, tensor in converted:
             own = model.get(name)
-            shared = not self.keep_model and own is not None and _same_layout(own, tensor)
+            shared = not self.keep_model and own is not None and optim.same_layout(own, tensor)
             held[name] = own.detach() if shared else tensor.detach().clone()  # type: ignore[union-attr]
         return held
 
@@ -439,20 +441,10 @@ class TrainStep:
                     own[name].copy_(value)
 
 
-def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` can stand for ``b`` in a captured graph: shape, type, device, strides."""
-    return (
-        a.shape == b.shape
-        and a.dtype == b.dtype
-        and a.device == b.device
-        and a.stride() == b.stride()
-    )
-
-
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``a`` and ``b`` are the same elements of the same storage."""
     return (
         a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
         and a.storage_offset() == b.storage_offset()
-        and _same_layout(a, b)
+        and optim.same_layout(a, b)
     )
