@@ -216,7 +216,7 @@ def _residual_add(graph: OpGraph, policy: Policy, match: NormMatch) -> OpNode | 
 def _one_body(graph: OpGraph, nodes: list[str]) -> str | None:
     """The scope every node of the pattern sits in ("" for the main graph), or None where they
     sit in several or inside a function: a function's body is written once per distinct
-    content (graphamp.onnx.functions), with no place for a rewrite of one call's copy."""
+    content (graphamp.onnx.dialect.functions), with no place for a rewrite of one call's copy."""
     bodies = {graph.nodes[name].body for name in nodes}
     if len(bodies) != 1:
         return None

@@ -201,7 +201,7 @@ def assert_no_redundant_casts(proto: onnx.ModelProto) -> None:
 
 
 def run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    from graphamp.onnx.runtime import run as run_model
+    from graphamp.onnx.numerics.runtime import run as run_model
 
     outputs, _ = run_model(proto, feeds)
     return list(outputs.values())

@@ -75,12 +75,12 @@ def generate(python: Path, *folders: str | Path) -> list[dict]:
 def emulated_folder(folder: Path, target: Path) -> Path:
     """A copy of the converted ``folder`` whose models compute in float32 but round every
     float16/bfloat16 value as the converted model stores it (graphamp's faithful evaluator,
-    :mod:`graphamp.onnx.emulate`): onnxruntime's CPU provider then rounds like float16, where
-    on the converted files it would compute float16 ops in float32. Refused (ValueError) for a
+    :mod:`graphamp.onnx.numerics.emulate`): onnxruntime's CPU provider then rounds like float16,
+    where on the converted files it would compute float16 ops in float32. Refused (ValueError) for a
     file whose emulation would leave a low-precision value anywhere, a body included: a copy
     that does not round everywhere would claim an accuracy nobody measured."""
-    from graphamp.onnx.emulate import emulated, has_low_values
-    from graphamp.onnx.files import inferred_types
+    from graphamp.onnx.io.files import inferred_types
+    from graphamp.onnx.numerics.emulate import emulated, has_low_values
 
     target.mkdir()
     for path in sorted(folder.iterdir()):

@@ -63,7 +63,7 @@ def files(args: argparse.Namespace) -> Files:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     from graphamp.dialects.registry import for_file
-    from graphamp.onnx.debugging import debug
+    from graphamp.onnx.numerics.debugging import debug
     from graphamp.plans.plan import Plan
 
     source, converted = Path(args.input), Path(args.converted)

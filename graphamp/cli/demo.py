@@ -68,7 +68,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     from graphamp import engine
     from graphamp.models import ZOO, export_onnx
-    from graphamp.onnx.dialect import OnnxDialect
+    from graphamp.onnx.dialect.plugin import OnnxDialect
     from graphamp.policy.policy import Policy
 
     if args.model not in ZOO:

@@ -75,7 +75,7 @@ def float8_option(args: argparse.Namespace, dialect: Dialect, source: Path) -> F
             f"{source}: --fp8 converts ONNX models; for a PyTorch model use "
             "graphamp.fx.convert(..., fp8=graphamp.Float8...) (docs/float8.md)"
         )
-    from graphamp.onnx.float8 import refuse_quantised_file
+    from graphamp.onnx.dialect.float8 import refuse_quantised_file
 
     refuse_quantised_file(source)
     return Float8.static(deny_names=tuple(args.fp8_deny_names))

@@ -85,7 +85,7 @@ def files(args: argparse.Namespace) -> Files:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     from graphamp.dialects.registry import for_file
-    from graphamp.onnx.tuning import tune
+    from graphamp.onnx.numerics.tuning import tune
 
     source, target = Path(args.input), Path(args.output)
     dialect = for_file(source)
@@ -143,9 +143,10 @@ def _tune_fp8(
     source: Path,
     target: Path,
 ) -> int:
-    """``tune --fp8``: the float8 nodes to keep in the low type (graphamp/onnx/fp8_tuning.py)."""
+    """``tune --fp8``: the float8 nodes to keep in the low type
+    (graphamp/onnx/numerics/fp8_tuning.py)."""
     from graphamp.dialects.registry import for_file
-    from graphamp.onnx.fp8_tuning import tune_fp8
+    from graphamp.onnx.numerics.fp8_tuning import tune_fp8
 
     result = tune_fp8(
         source, data, rtol=args.rtol, atol=args.atol, policy=policy, ranges=ranges, fp8=fp8
@@ -177,7 +178,7 @@ def _warn_tf32(kept: tuple[str, ...], plan: Plan, target: str, console: Console)
     """onnxruntime's CUDA provider runs float32 matrix ops on TF32 tensor cores by default,
     which round their inputs to float16's 10-bit mantissa: a matrix op kept float32 for its
     precision is then not, unless the session turns TF32 off."""
-    from graphamp.onnx.dialect import OnnxDialect
+    from graphamp.onnx.dialect.plugin import OnnxDialect
 
     matrix = [name for name in kept if plan.nodes[name].op in OnnxDialect.matrix_ops]
     if matrix and target != "cpu":

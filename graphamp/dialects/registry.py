@@ -48,7 +48,7 @@ class Entry:
 _ENTRIES: list[Entry] = [
     Entry(
         "onnx",
-        "graphamp.onnx.dialect:OnnxDialect",
+        "graphamp.onnx.dialect.plugin:OnnxDialect",
         suffixes=(".onnx",),
         object_modules=("onnx", "onnx_ir"),
         lists=("onnx",),

@@ -19,10 +19,10 @@ import onnx
 from graphamp import engine
 from graphamp.errors import GraphampError
 from graphamp.numerics.ranges import Ranges
-from graphamp.onnx import files
 from graphamp.onnx.conversion import Conversion
-from graphamp.onnx.dialect import OnnxDialect
-from graphamp.onnx.files import from_proto, inferred_types, load
+from graphamp.onnx.dialect.plugin import OnnxDialect
+from graphamp.onnx.io import files
+from graphamp.onnx.io.files import from_proto, inferred_types, load
 from graphamp.passes.options import Options
 from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
@@ -59,7 +59,7 @@ def save(
     rounded, from the input as they are written), a ``ModelProto`` or an ``onnx_ir`` model.
     Weights go to ``<name>.data`` beside it where the input kept them in external data or the
     model is over 2 GB; a path that would write over a file the model was read from is refused
-    unless ``overwrite`` says so (:func:`graphamp.onnx.files.save`)."""
+    unless ``overwrite`` says so (:func:`graphamp.onnx.io.files.save`)."""
     if isinstance(model, Conversion):
         model.save(path, overwrite=overwrite)
     else:
@@ -68,25 +68,26 @@ def save(
 
 def calibrate(model: Model, data: object, *, histograms: bool = False) -> Ranges:
     """The ranges of ``model``'s float32 values on ``data`` (a DATA path, a dict of arrays or
-    an iterable of them): see :mod:`graphamp.onnx.calibration`. ``histograms`` also records
+    an iterable of them): see :mod:`graphamp.onnx.numerics.calibration`. ``histograms`` also records
     the binade histograms of the values matrix ops read (float8's underflow rule)."""
-    from graphamp.onnx.calibration import calibrate as run
+    from graphamp.onnx.numerics.calibration import calibrate as run
 
     return run(model, data, histograms=histograms)  # type: ignore[arg-type]
 
 
 def debug(original: Model, converted: Model, data: object, *, plan: Plan | None = None):  # type: ignore[no-untyped-def]
     """Where ``converted`` departs from ``original`` on ``data``, node by node: see
-    :mod:`graphamp.onnx.debugging`."""
-    from graphamp.onnx.debugging import debug as run
+    :mod:`graphamp.onnx.numerics.debugging`."""
+    from graphamp.onnx.numerics.debugging import debug as run
 
     return run(original, converted, data, plan=plan)  # type: ignore[arg-type]
 
 
 def tune(model: Model, data: object, *, rtol: float, atol: float = 0.0, **keywords: object):  # type: ignore[no-untyped-def]
     """The fewest nodes to keep float32 so the conversion meets ``rtol``/``atol`` on ``data``,
-    and that conversion: see :mod:`graphamp.onnx.tuning` (keywords: ``policy``, ``ranges``)."""
-    from graphamp.onnx.tuning import tune as run
+    and that conversion: see :mod:`graphamp.onnx.numerics.tuning` (keywords: ``policy``,
+    ``ranges``)."""
+    from graphamp.onnx.numerics.tuning import tune as run
 
     return run(model, data, rtol=rtol, atol=atol, **keywords)  # type: ignore[arg-type]
 

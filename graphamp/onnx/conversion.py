@@ -10,8 +10,8 @@ import onnx
 
 from graphamp import engine
 from graphamp.core import collector
-from graphamp.onnx.infile import StreamedModel
-from graphamp.onnx.writing import remember_source
+from graphamp.onnx.io.infile import StreamedModel
+from graphamp.onnx.io.writing import remember_source
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -23,7 +23,7 @@ class Conversion(engine.Conversion):
     The converted model is held as a ``ModelProto``: :meth:`to_proto` returns it as it is,
     and ``model`` builds the onnx_ir model from it the first time it is asked for. A file
     converted holds its large weights where the input keeps them (a
-    :class:`~graphamp.onnx.infile.StreamedModel`, which :meth:`save` writes as it reads
+    :class:`~graphamp.onnx.io.infile.StreamedModel`, which :meth:`save` writes as it reads
     them): they are read into memory the first time :meth:`to_proto` or ``model`` is asked
     for.
     """
@@ -40,7 +40,7 @@ class Conversion(engine.Conversion):
         if isinstance(self._converted, onnx.ModelProto):
             import onnx_ir as ir
 
-            from graphamp.onnx.files import EXTERNAL_DATA_KEY
+            from graphamp.onnx.io.files import EXTERNAL_DATA_KEY
 
             with collector.paused():
                 self._converted = ir.serde.deserialize_model(self._converted)
@@ -53,7 +53,7 @@ class Conversion(engine.Conversion):
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
         """Write the converted model as :func:`graphamp.onnx.save` does, its weights read
         (and rounded) from the input as they are written when they are still there."""
-        from graphamp.onnx import files
+        from graphamp.onnx.io import files
 
         files.save(self._converted, path, overwrite=overwrite, read_from=self.read_from)
 

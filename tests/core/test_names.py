@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from graphamp import engine
-from graphamp.onnx.dialect import OnnxDialect
+from graphamp.onnx.dialect.plugin import OnnxDialect
 from graphamp.policy.policy import Policy
 from tests.helpers import keras_style, weight
 

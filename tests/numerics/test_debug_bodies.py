@@ -11,7 +11,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from graphamp.models.control_flow import CASES
-from graphamp.onnx.debugging import debug
+from graphamp.onnx.numerics.debugging import debug
 from tests.helpers import convert
 
 BIG = 4e4  # |MatMul| of the RNN step is above 2: times this, past float16's 65504

@@ -11,8 +11,8 @@ import pytest
 
 import graphamp.onnx as gonnx
 from graphamp.core.vocab import Precision, Rule
-from graphamp.onnx.runtime import run
-from graphamp.onnx.tuning import tune
+from graphamp.onnx.numerics.runtime import run
+from graphamp.onnx.numerics.tuning import tune
 from graphamp.policy.policy import Policy
 from tests.numerics import numerics_models as planted
 

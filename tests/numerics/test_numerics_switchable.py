@@ -9,11 +9,11 @@ import pytest
 
 from graphamp import engine
 from graphamp.numerics.search import ddmin, find_kept
-from graphamp.onnx.dialect import OnnxDialect
-from graphamp.onnx.runtime import run
-from graphamp.onnx.session import as_proto
-from graphamp.onnx.switchable import Switchable
-from graphamp.onnx.tuning import Decider
+from graphamp.onnx.dialect.plugin import OnnxDialect
+from graphamp.onnx.numerics.runtime import run
+from graphamp.onnx.numerics.session import as_proto
+from graphamp.onnx.numerics.switchable import Switchable
+from graphamp.onnx.numerics.tuning import Decider
 from graphamp.passes.options import Options
 from graphamp.policy.policy import Policy
 from tests.helpers import chain

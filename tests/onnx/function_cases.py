@@ -1,6 +1,6 @@
 """ONNX's node test cases of ops that ONNX defines by a function, rebuilt with that function as
 a model-local function the node calls (domain ``graphamp.test``): function bodies nobody here
-wrote, for the tests of :mod:`graphamp.onnx.functions`."""
+wrote, for the tests of :mod:`graphamp.onnx.dialect.functions`."""
 
 from __future__ import annotations
 

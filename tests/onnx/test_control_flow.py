@@ -14,8 +14,8 @@ from onnx import TensorProto, helper
 import graphamp.onnx as gonnx
 from graphamp.errors import GraphampError
 from graphamp.models.control_flow import CASES
-from graphamp.onnx.runtime import run as run_faithfully
-from graphamp.onnx.tuning import tune
+from graphamp.onnx.numerics.runtime import run as run_faithfully
+from graphamp.onnx.numerics.tuning import tune
 from tests.helpers import F32, assert_user_error, assert_valid, convert, model, run, weight
 
 

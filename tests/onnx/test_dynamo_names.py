@@ -75,7 +75,7 @@ def test_the_export_names_nodes_after_ops_and_the_plan_records_their_modules(exp
 
 def test_deny_names_match_module_paths(exported):
     from graphamp import engine
-    from graphamp.onnx.dialect import OnnxDialect
+    from graphamp.onnx.dialect.plugin import OnnxDialect
     from graphamp.policy.policy import Policy
 
     policy = Policy.create("float16", deny_names=["layers.1.*"])

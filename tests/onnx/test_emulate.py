@@ -9,7 +9,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import graphamp.onnx as gonnx
-from graphamp.onnx.runtime import run
+from graphamp.onnx.numerics.runtime import run
 from tests.helpers import model
 
 

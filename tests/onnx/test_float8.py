@@ -19,10 +19,10 @@ import graphamp.onnx as gonnx
 from graphamp.cli import main
 from graphamp.errors import GraphampError
 from graphamp.models import export_onnx
-from graphamp.onnx import float8
-from graphamp.onnx.emulate import emulated
-from graphamp.onnx.files import inferred_types
-from graphamp.onnx.runtime import check_loads, run
+from graphamp.onnx.dialect import float8
+from graphamp.onnx.io.files import inferred_types
+from graphamp.onnx.numerics.emulate import emulated
+from graphamp.onnx.numerics.runtime import check_loads, run
 from tests.helpers import chain, model
 
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -374,8 +374,8 @@ def test_weights_left_on_disk_are_quantised_a_block_at_a_time(tmp_path, external
     to 21; the output keeps external data where the input had it."""
     import tracemalloc
 
-    from graphamp.onnx.float8 import Float8Weight
-    from graphamp.onnx.infile import StreamedModel
+    from graphamp.onnx.dialect.float8 import Float8Weight
+    from graphamp.onnx.io.infile import StreamedModel
 
     settings = graphamp.Float8.static(keep_last=False)
     peaks = []

@@ -230,7 +230,7 @@ def test_calibrated_ranges_reach_each_call_sites_values():
 
 
 def test_tune_switches_the_ops_inside_each_call_of_a_function():
-    from graphamp.onnx.tuning import tune
+    from graphamp.onnx.numerics.tuning import tune
 
     proto = two_blocks()
     for init in proto.graph.initializer[2:]:  # block1's values leave float16's range

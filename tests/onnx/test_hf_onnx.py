@@ -16,7 +16,7 @@ import torch
 
 import graphamp.onnx as gonnx
 from graphamp.numerics import verify
-from graphamp.onnx.runtime import check_loads
+from graphamp.onnx.numerics.runtime import check_loads
 from tests.hf_models import hf_model
 
 pytestmark = pytest.mark.slow  # every test converts torch.onnx dynamo exports of HF models

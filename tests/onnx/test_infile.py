@@ -1,4 +1,4 @@
-"""Models that keep their weights inside the .onnx file (graphamp/onnx/infile.py): read with the
+"""Models that keep their weights inside the .onnx file (graphamp/onnx/io/infile.py): read with the
 weights left in the file, written as they are converted, in a fraction of the memory; the bytes
 written are those of the model held in memory, for graphs nobody here wrote."""
 
@@ -19,10 +19,10 @@ import torch
 from onnx import helper, numpy_helper
 
 import graphamp.onnx as gonnx
-import graphamp.onnx.writer as writer
+import graphamp.onnx.dialect.writer as writer
 from graphamp.cli import main
 from graphamp.errors import GraphampError
-from graphamp.onnx import datafile, files, infile
+from graphamp.onnx.io import datafile, files, infile
 from tests.hf_models import hf_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -275,7 +275,7 @@ def _peak_growth(folder: Path, side: int) -> tuple[int, int]:
     script = textwrap.dedent(
         f"""
         import graphamp.cli, graphamp.onnx, graphamp.passes, onnxruntime  # what converting
-        from graphamp.onnx import stream  # imports, and the rounding kernel, come first
+        from graphamp.onnx.io import stream  # imports, and the rounding kernel, come first
         stream._fast_cast()
 
         def peak():

@@ -11,7 +11,7 @@ import onnx
 
 import graphamp.onnx as gonnx
 from graphamp.cli import main
-from graphamp.onnx import kernels
+from graphamp.onnx.dialect import kernels
 from tests.helpers import chain
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ import torch
 import graphamp.onnx as gonnx
 from graphamp.lists import matrix_ops
 from graphamp.numerics import verify
-from graphamp.onnx.runtime import check_loads
+from graphamp.onnx.numerics.runtime import check_loads
 from tests.hf_models import hf_model
 
 

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 import graphamp.onnx as gonnx
 from graphamp.cli import main
 from graphamp.errors import GraphampError
-from graphamp.onnx.runtime import run
+from graphamp.onnx.numerics.runtime import run
 from tests.helpers import assert_valid
 
 

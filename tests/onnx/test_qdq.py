@@ -16,7 +16,7 @@ from onnx.reference import ReferenceEvaluator
 
 import graphamp.onnx as gonnx
 from graphamp.numerics.verify import random_inputs, verify
-from graphamp.onnx.runtime import run
+from graphamp.onnx.numerics.runtime import run
 from tests.helpers import assert_valid
 from tests.onnx.qdq_models import qdq_model
 

@@ -20,7 +20,7 @@ from onnx.reference import ReferenceEvaluator
 
 import graphamp.onnx as gonnx
 from graphamp.numerics.verify import random_inputs
-from graphamp.onnx.runtime import run
+from graphamp.onnx.numerics.runtime import run
 from tests.helpers import assert_valid
 
 ZOO = ("simplenet", "mnist", "resnet", "bert", "gpt")

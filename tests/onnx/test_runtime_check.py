@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import onnx
 
-import graphamp.onnx.writer as writer
+import graphamp.onnx.dialect.writer as writer
 from graphamp.cli import main
 from tests.helpers import chain
 

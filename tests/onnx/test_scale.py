@@ -22,7 +22,7 @@ import graphamp.onnx as gonnx
 from graphamp.cli import main
 from graphamp.cli.conversion import terminate_as_interrupt
 from graphamp.core import progress
-from graphamp.onnx import datafile, stream
+from graphamp.onnx.io import datafile, stream
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,7 +90,7 @@ def test_peak_memory_of_a_conversion_stays_far_below_its_weights(tmp_path: Path)
         import sys
         import graphamp.cli, graphamp.onnx, onnxruntime  # what the conversion of a model
         # with external data imports
-        from graphamp.onnx import stream
+        from graphamp.onnx.io import stream
         stream._fast_cast()
 
         def peak():
@@ -164,7 +164,7 @@ def test_a_disk_without_room_is_refused_before_writing(
 ) -> None:
     import shutil
 
-    from graphamp.onnx import files
+    from graphamp.onnx.io import files
 
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(files.shutil, "disk_usage", lambda p: usage._replace(free=1000))
@@ -426,7 +426,7 @@ def test_the_engine_starts_over_when_a_weight_overflows_while_written(tmp_path: 
     conversion it returns checked every weight first (and says which weight made it), with
     the scan-first plan; with a reviewed plan nothing is assumed, so no attempt is retried."""
     from graphamp import engine
-    from graphamp.onnx.dialect import OnnxDialect
+    from graphamp.onnx.dialect.plugin import OnnxDialect
     from graphamp.policy.policy import Policy
 
     source = _external_model(tmp_path, huge=1e6)

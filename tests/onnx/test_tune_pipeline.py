@@ -13,8 +13,8 @@ import torch
 from graphamp import engine
 from graphamp.core.vocab import Rule
 from graphamp.models import ZOO, export_onnx
-from graphamp.onnx.dialect import OnnxDialect
-from graphamp.onnx.tuning import Decider
+from graphamp.onnx.dialect.plugin import OnnxDialect
+from graphamp.onnx.numerics.tuning import Decider
 from graphamp.passes.options import Options
 from graphamp.policy.policy import SPREADS, Policy
 from tests.hf_models import hf_model

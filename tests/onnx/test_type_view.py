@@ -6,7 +6,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
-from graphamp.onnx import type_view
+from graphamp.onnx.io import type_view
 
 
 def test_value_types_are_the_serialised_type_protos_and_an_output_wins() -> None:

@@ -283,7 +283,7 @@ def test_an_external_location_through_a_missing_folder_is_refused(tmp_path, caps
 
 def test_valid_typed_fields_and_packed_types_are_accepted():
     """The length rules agree with onnx's own encoders for every kind of storage."""
-    from graphamp.onnx.validate_data import check_tensor
+    from graphamp.onnx.validation.validate_data import check_tensor
 
     for values in (
         np.arange(6, dtype=np.float32).reshape(2, 3),

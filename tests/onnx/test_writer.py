@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphamp import engine
 from graphamp.errors import GraphampError
-from graphamp.onnx.dialect import OnnxDialect
+from graphamp.onnx.dialect.plugin import OnnxDialect
 from graphamp.policy.policy import Policy
 
 
@@ -105,7 +105,7 @@ def test_a_converted_proto_is_saved_whole_or_not_at_all(tmp_path, monkeypatch) -
     import errno
     from pathlib import Path
 
-    from graphamp.onnx import files
+    from graphamp.onnx.io import files
 
     out = converted(edits_model()).model
     target = tmp_path / "out.onnx"

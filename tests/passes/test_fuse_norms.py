@@ -322,7 +322,7 @@ def test_a_half_precision_export_fuses_its_norms_with_their_casts(tmp_path):
     result = gonnx.convert(original)
     out = result.to_proto()
     # the first norm reads the embedding, not a residual Add: at opset 18 it is the Skip op
-    # reading the embedding as input and skip (module docstring of graphamp.onnx.fusion)
+    # reading the embedding as input and skip (module docstring of graphamp.onnx.dialect.fusion)
     assert len(result.plan.rewrites) == norms > 1
     op_of = {n.name: n.op_type for n in original.graph.node}
     for rewrite in result.plan.rewrites:  # the Cast to float32 and the Cast back go with it

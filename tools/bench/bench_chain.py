@@ -29,7 +29,7 @@ from bench_onnx import chain_model
 
 from graphamp import engine
 from graphamp.onnx.conversion import Conversion
-from graphamp.onnx.dialect import OnnxDialect
+from graphamp.onnx.dialect.plugin import OnnxDialect
 from graphamp.policy.policy import Policy
 
 

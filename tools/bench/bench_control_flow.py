@@ -54,7 +54,7 @@ from benchlib import machine  # noqa: E402
 import graphamp.onnx as gonnx  # noqa: E402
 from graphamp.core import dtypes  # noqa: E402
 from graphamp.models.control_flow import CASES  # noqa: E402
-from graphamp.onnx.runtime import run as run_faithfully  # noqa: E402
+from graphamp.onnx.numerics.runtime import run as run_faithfully  # noqa: E402
 
 DTYPES = ("float16", "bfloat16")
 TOLERANCE = {"float16": 2e-2, "bfloat16": 8e-2}

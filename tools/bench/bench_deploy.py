@@ -392,7 +392,7 @@ def cuda_run(
         return {}
     from benchlib import median_time
 
-    from graphamp.onnx.runtime import _typed_feeds
+    from graphamp.onnx.numerics.runtime import _typed_feeds
 
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     reference = ort.InferenceSession(

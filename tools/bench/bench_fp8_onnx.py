@@ -42,7 +42,7 @@ import onnx
 import graphamp
 import graphamp.onnx as gonnx
 from graphamp.models import export_onnx
-from graphamp.onnx.runtime import input_specs, runner
+from graphamp.onnx.numerics.runtime import input_specs, runner
 
 sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import machine

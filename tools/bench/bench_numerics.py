@@ -41,12 +41,12 @@ from benchlib import machine
 
 from graphamp import engine
 from graphamp.numerics.inputs import random_inputs
-from graphamp.onnx.calibration import calibrate
-from graphamp.onnx.dialect import OnnxDialect
-from graphamp.onnx.runtime import input_specs
-from graphamp.onnx.session import Session
-from graphamp.onnx.switchable import Switchable
-from graphamp.onnx.tuning import Decider, tune
+from graphamp.onnx.dialect.plugin import OnnxDialect
+from graphamp.onnx.numerics.calibration import calibrate
+from graphamp.onnx.numerics.runtime import input_specs
+from graphamp.onnx.numerics.session import Session
+from graphamp.onnx.numerics.switchable import Switchable
+from graphamp.onnx.numerics.tuning import Decider, tune
 from graphamp.policy.policy import Policy
 
 FAULTY_LAYERS = {"bert": (3, 8), "gpt": (2, 9)}
@@ -213,15 +213,15 @@ def onnxconverter_common(path, feeds, rtol, limit, work, batches, expected):  # 
 
 
 def _has_float16_output(model: onnx.ModelProto, node: onnx.NodeProto) -> bool:
-    from graphamp.onnx.files import inferred_types
+    from graphamp.onnx.io.files import inferred_types
 
     types = _has_float16_output.__dict__.setdefault(id(model), inferred_types(model))
     return any(types.get(o) == onnx.TensorProto.FLOAT16 for o in node.output)
 
 
 def _faithful_error(model: onnx.ModelProto, batches, expected) -> float:  # type: ignore[no-untyped-def]
-    from graphamp.onnx.emulate import emulated
-    from graphamp.onnx.files import inferred_types
+    from graphamp.onnx.io.files import inferred_types
+    from graphamp.onnx.numerics.emulate import emulated
 
     session = Session(emulated(model, inferred_types(model)))
     worst = 0.0

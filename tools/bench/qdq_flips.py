@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import graphamp.onnx as gonnx  # noqa: E402
 from graphamp.numerics.verify import random_inputs  # noqa: E402
-from graphamp.onnx.emulate import emulated  # noqa: E402
+from graphamp.onnx.numerics.emulate import emulated  # noqa: E402
 from tests.onnx.qdq_models import qdq_model  # noqa: E402
 
 LOW = "__emulated_low"

@@ -155,7 +155,7 @@ def load_problems(original: onnx.ModelProto, converted: onnx.ModelProto) -> list
 
 def accuracy_problems(case: Case, converted: onnx.ModelProto) -> list[str]:
     """Finite where float32 is, and within tolerance under the faithful evaluator."""
-    from graphamp.onnx.runtime import run
+    from graphamp.onnx.numerics.runtime import run
 
     dtype = str(case.policy["dtype"])
     rng = np.random.default_rng(0)

@@ -78,7 +78,7 @@ def check_files(seed: int, folder: Path, run, judge, outcomes) -> list[str]:  # 
 
 def _inputs(model: Path, data: Path) -> bool:
     from graphamp.numerics.inputs import random_inputs
-    from graphamp.onnx.dialect import OnnxDialect
+    from graphamp.onnx.dialect.plugin import OnnxDialect
 
     try:
         specs = OnnxDialect().input_specs(model)

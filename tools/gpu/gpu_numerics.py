@@ -32,11 +32,11 @@ from benchlib import machine
 
 import graphamp.onnx as gonnx
 from graphamp.numerics.inputs import random_inputs
-from graphamp.onnx.emulate import emulated
-from graphamp.onnx.files import inferred_types
-from graphamp.onnx.runtime import _typed_feeds, input_specs
-from graphamp.onnx.session import Session
-from graphamp.onnx.tuning import tune
+from graphamp.onnx.io.files import inferred_types
+from graphamp.onnx.numerics.emulate import emulated
+from graphamp.onnx.numerics.runtime import _typed_feeds, input_specs
+from graphamp.onnx.numerics.session import Session
+from graphamp.onnx.numerics.tuning import tune
 
 
 def score(outputs: list[np.ndarray], expected: list[np.ndarray]) -> tuple[float, int]:

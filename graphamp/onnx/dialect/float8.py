@@ -1,0 +1,360 @@
+"""Float8 in ONNX models: the QuantizeLinear/DequantizeLinear pairs and float8 weights the
+plan's scale records ask for, written into a converted model.
+
+The ``fp8`` pass (:mod:`graphamp.passes.fp8`) decides which matrix ops take float8 operands and
+records each quantised value's scale; the writer has already converted the model to its low
+type. This module then, for a static recipe (scales fixed at conversion):
+
+* an activation read by float8 ops gets ``QuantizeLinear -> DequantizeLinear`` once, shared by
+  its float8 readers, at scale max|x| * 2**margin / 448 from calibration (a scalar in the low
+  type, a float8 zero point), ``saturate`` left at 1: a value past the headroom saturates;
+* a weight is stored as ``float8_e4m3fn`` with one scale per output channel (max |w| / 448 over
+  the channel, in the low type, from the float32 weight), and a ``DequantizeLinear`` (axis: the
+  weight's N axis) gives its float8 readers the low type; the low copy stays only if another op
+  still reads it;
+* the model's opset becomes at least 21 (low-type scales need it), through ONNX's version
+  converter where it is older.
+
+A runtime then sees ``DQ -> MatMul`` groups it may fuse into a float8 GEMM (TensorRT), or
+runs as dequantise + matrix product (onnxruntime), which emulates float8 exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from graphamp.core.dtypes import numpy_type
+from graphamp.core.graph import OpGraph, unique_name
+from graphamp.dialects.base import ReadGraph
+from graphamp.errors import GraphampError
+from graphamp.onnx.io import stream
+from graphamp.onnx.io.infile import InFileTensor, StreamedModel
+from graphamp.onnx.numerics.statgraph import node_names
+from graphamp.plans.records import ScaleRecord
+from graphamp.training.float8 import E4M3_MAX, scale_of
+
+FP8_OPSET = 21  # DequantizeLinear writes its scale's type; float16/bfloat16 scales need 21
+QUANTISERS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+_E4M3 = onnx.TensorProto.FLOAT8E4M3FN
+
+
+def refuse_quantised(graph: OpGraph, where: str) -> None:
+    """A model that already holds quantisers is refused with float8 (its Q/DQ groups are
+    today's ``qdq`` rule's, as ModelOpt leaves quantised models alone)."""
+    found = next((n for n in graph if n.op in QUANTISERS and not n.domain), None)
+    if found is not None:
+        _refuse(where, found.op, found.name)
+
+
+def refuse_quantised_file(path: str | os.PathLike[str]) -> None:
+    """:func:`refuse_quantised` for a model file, read without its weights (before any
+    calibration runs it)."""
+    from graphamp.onnx.io import infile
+
+    mapped = infile.read(path)
+    proto = mapped.proto if mapped is not None else onnx.load(str(path), load_external_data=False)
+    names = node_names(proto.graph)
+    for name, node in zip(names, proto.graph.node, strict=True):
+        if node.op_type in QUANTISERS and node.domain in ("", "ai.onnx"):
+            _refuse(str(path), node.op_type, name)
+
+
+def _refuse(where: str, op: str, node: str) -> None:
+    raise GraphampError(
+        f"{where}: already quantised ({op} node {node!r}): --fp8 converts float models; "
+        "drop --fp8 to convert it to the low type as it is"
+    )
+
+
+def emit(model: Any, read: ReadGraph, scales: list[ScaleRecord], dtype: str) -> Any:
+    """``model`` (what the writer made: a ModelProto, a StreamedModel or an onnx_ir model)
+    with the scale records' quantisers and float8 weights (module docstring)."""
+    if not scales:
+        return model
+    if not isinstance(model, onnx.ModelProto | StreamedModel):
+        import onnx_ir as ir
+
+        model = ir.to_proto(model)
+    proto = model.proto if isinstance(model, StreamedModel) else model
+    _at_least_opset(proto)
+    in_file = getattr(read.model, "weights", None) or {}  # a ProtoModel's weights left on disk
+    _Emitter(proto, read.graph, dtype, model, in_file).run(scales)
+    return model
+
+
+class _Emitter:
+    def __init__(
+        self,
+        proto: onnx.ModelProto,
+        graph: OpGraph,
+        dtype: str,
+        model: Any,
+        in_file: dict[str, InFileTensor],
+    ) -> None:
+        self.proto, self.graph, self.low = proto, graph, numpy_type(dtype)
+        self.model, self.in_file = model, in_file
+        main = proto.graph
+        self.by_name = dict(zip(node_names(main), main.node, strict=True))
+        self.taken = {name for node in main.node for name in (*node.input, *node.output)}
+        self.taken |= {init.name for init in main.initializer} | set(self.by_name)
+        self.before: dict[int, list[onnx.NodeProto]] = {}  # node position -> nodes to put first
+        self.position = {id(node): index for index, node in enumerate(main.node)}
+
+    def run(self, scales: list[ScaleRecord]) -> None:
+        for record in scales:
+            readers = self._readers(record)
+            if record.source == "weight":
+                self._weight(record, readers)
+            elif record.source == "calibration":
+                self._activation(record, readers)
+            else:
+                raise GraphampError(
+                    f"ONNX float8 takes static scales only; {record.tensor!r} has a "
+                    f"{record.source} scale (use Float8.static())"
+                )
+        nodes = []
+        for index, node in enumerate(self.proto.graph.node):
+            nodes += self.before.get(index, [])
+            nodes.append(node)
+        del self.proto.graph.node[:]
+        self.proto.graph.node.extend(nodes)
+        self._drop_unread()
+
+    def _readers(self, record: ScaleRecord) -> list[tuple[onnx.NodeProto, int]]:
+        """(node, input slot) of each float8 reader of ``record``'s value in the written model
+        (its slot may now read a cast or converted copy of it)."""
+        readers = []
+        for consumer in record.consumers:
+            node = self.by_name.get(consumer)
+            if node is None:
+                raise GraphampError(f"float8: node {consumer!r} is not in the written model")
+            slots = [
+                s for s, v in enumerate(self.graph.nodes[consumer].inputs) if v == record.tensor
+            ]
+            readers += [(node, slot) for slot in slots]
+        return readers
+
+    def _name(self, base: str) -> str:
+        return unique_name(base, self.taken)
+
+    def _insert(
+        self, readers: list[tuple[onnx.NodeProto, int]], nodes: list[onnx.NodeProto]
+    ) -> None:
+        first = min(self.position[id(node)] for node, _ in readers)
+        self.before.setdefault(first, []).extend(nodes)
+
+    def _activation(self, record: ScaleRecord, readers: list[tuple[onnx.NodeProto, int]]) -> None:
+        amax = float(record.detail["amax"])  # type: ignore[arg-type]
+        margin = int(record.detail.get("margin", 0))  # type: ignore[call-overload]
+        scale = stored_scales(np.array(scale_of(amax, margin), np.float32), self.low)
+        value = readers[0][0].input[readers[0][1]]
+        scale_name, zero_name = (
+            self._name(f"{record.tensor}/fp8_scale"),
+            self._name(f"{record.tensor}/fp8_zero"),
+        )
+        self.proto.graph.initializer.extend([
+            numpy_helper.from_array(np.asarray(scale), scale_name),
+            helper.make_tensor(zero_name, _E4M3, [], [0.0]),
+        ])  # fmt: skip
+        quantised, restored = (
+            self._name(f"{record.tensor}/fp8"),
+            self._name(f"{record.tensor}/fp8_dq"),
+        )
+        nodes = [
+            helper.make_node("QuantizeLinear", [value, scale_name, zero_name], [quantised],
+                             name=self._name(f"{record.tensor}/QuantizeLinear")),
+            helper.make_node("DequantizeLinear", [quantised, scale_name, zero_name], [restored],
+                             name=self._name(f"{record.tensor}/DequantizeLinear")),
+        ]  # fmt: skip
+        self._insert(readers, nodes)
+        for node, slot in readers:
+            node.input[slot] = restored
+
+    def _weight(self, record: ScaleRecord, readers: list[tuple[onnx.NodeProto, int]]) -> None:
+        axis = int(record.detail.get("axis", -1))  # type: ignore[call-overload]
+        stored, scale_name = (
+            self._name(f"{record.tensor}/fp8"),
+            self._name(f"{record.tensor}/fp8_scale"),
+        )
+        restored = self._name(f"{record.tensor}/fp8_dq")
+        in_file = self.in_file.get(record.tensor)
+        if in_file is not None and isinstance(self.model, StreamedModel):
+            # read from where the input keeps it: once for the scales now, once more as the
+            # output is written (Float8Weight), never whole in memory
+            axis %= len(in_file.dims)
+            scales = channel_scales(_channel_amax(in_file, axis), self.low)
+            tensor = onnx.TensorProto(name=stored, data_type=_E4M3, dims=in_file.dims)
+            self.model.data[len(self.proto.graph.initializer)] = Float8Weight(
+                in_file, axis, scales.astype(np.float32)
+            )
+        else:
+            info = self.graph.tensors[record.tensor]
+            if info.load_value is None:
+                raise GraphampError(f"float8: weight {record.tensor!r} has no stored value")
+            values = np.asarray(info.load_value(), np.float32)
+            axis %= values.ndim
+            quantised, scales = quantise_per_channel(values, axis, self.low)
+            tensor = helper.make_tensor(stored, _E4M3, values.shape, quantised.tobytes(), raw=True)
+        self.proto.graph.initializer.extend([tensor, numpy_helper.from_array(scales, scale_name)])
+        node = helper.make_node(
+            "DequantizeLinear", [stored, scale_name], [restored], axis=axis,
+            name=self._name(f"{record.tensor}/DequantizeLinear"),
+        )  # fmt: skip
+        self._insert(readers, [node])
+        for reader, slot in readers:
+            reader.input[slot] = restored
+
+    def _drop_unread(self) -> None:
+        """Initializers no node reads any more (a weight's low copy all of whose readers now
+        read its float8 one), with a StreamedModel's data positions moved to match."""
+        graph = self.proto.graph
+        read = {name for node in graph.node for name in node.input}
+        read |= {value.name for value in graph.output}
+        keep = [i for i, init in enumerate(graph.initializer) if init.name in read]
+        if len(keep) == len(graph.initializer):
+            return
+        if isinstance(self.model, StreamedModel):
+            moved = {old: new for new, old in enumerate(keep)}
+            self.model.data = {moved[p]: d for p, d in self.model.data.items() if p in moved}
+        kept = [graph.initializer[i] for i in keep]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+
+
+def quantise_per_channel(values: np.ndarray, axis: int, low: type) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` as float8_e4m3fn with one scale per index of ``axis`` (max |w| / 448 as the
+    low type ``low`` holds it, see :func:`channel_scales`), and those scales. Each channel is
+    divided by its stored scale, so that the stored value times the stored scale is what a
+    runtime's DequantizeLinear gives, and no value passes 448."""
+    moved = np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1)
+    amax = np.abs(moved).max(axis=1) if moved.size else np.zeros(values.shape[axis], np.float32)
+    scales = channel_scales(amax, low)
+    shape = [1] * values.ndim
+    shape[axis] = -1
+    return _to_e4m3(values / scales.astype(np.float32).reshape(shape)), scales
+
+
+def channel_scales(amax: np.ndarray, low: type) -> np.ndarray:
+    """One scale per channel from its largest magnitude: amax / 448 stored in the low type
+    (:func:`stored_scales`), 1 for an all-zero channel."""
+    amax = np.asarray(amax, np.float32)
+    return stored_scales(np.where(amax > 0, amax / E4M3_MAX, 1.0).astype(np.float32), low)
+
+
+def _to_e4m3(ratio: np.ndarray) -> np.ndarray:
+    """``ratio`` (float32, changed in place) clipped to +-448 and rounded to float8_e4m3fn."""
+    limit = np.float32(E4M3_MAX)
+    return np.clip(ratio, -limit, limit, out=ratio).astype(ml_dtypes.float8_e4m3fn)
+
+
+@dataclass
+class Float8Weight:
+    """A weight's float8 values as a converted model's data (:class:`StreamedModel`), made a
+    block at a time from ``source`` (where the input keeps the weight) when its bytes are
+    asked for: as :func:`quantise_per_channel` makes them, with ``scales`` (float32, one per
+    index of ``axis``), so memory holds a block, not the weight."""
+
+    source: InFileTensor
+    axis: int
+    scales: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.source.size  # one byte per value
+
+    def byte_chunks(self) -> Iterator[memoryview]:
+        for block, channels in _channel_blocks(self.source, self.axis):
+            yield stream.bytes_of(_to_e4m3(block / self.scales[channels]))
+
+
+def _channel_amax(source: InFileTensor, axis: int) -> np.ndarray:
+    """max |w| of each index of ``axis`` of the weight at ``source``, read a block at a time."""
+    amax = np.zeros(source.dims[axis], np.float32)
+    for block, channels in _channel_blocks(source, axis):
+        if channels.shape[0] == 1:  # a channel per column
+            np.maximum(amax, np.abs(block).max(axis=0, initial=0.0), out=amax)
+        else:  # a channel per row
+            np.maximum.at(amax, channels[:, 0], np.abs(block).max(axis=1, initial=0.0))
+    return amax
+
+
+def _channel_blocks(source: InFileTensor, axis: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The weight at ``source`` in file order, as float32 blocks of whole rows, each with the
+    index of its channel along ``axis`` for every element: a (1, N) row of indices where the
+    channel is the last axis (a block of rows of N), else a (rows, 1) column (a block of rows
+    of the axes after ``axis``, each row within one channel)."""
+    dims = source.dims
+    count = dims[axis]
+    inner = math.prod(dims[axis + 1 :])
+    width = count if inner == 1 else inner
+    rows_done = 0
+    for block in _whole_rows(source.chunks(), width):
+        rows = block.reshape(-1, width)
+        if inner == 1:
+            yield rows, np.arange(count)[None, :]
+        else:
+            index = (rows_done + np.arange(rows.shape[0])) % count
+            yield rows, index[:, None]
+        rows_done += rows.shape[0]
+
+
+def _whole_rows(chunks: Iterator[np.ndarray], width: int) -> Iterator[np.ndarray]:
+    """``chunks`` (a flat tensor a piece at a time, in a buffer the next piece reuses) as
+    float32 copies holding whole rows of ``width`` values."""
+    carry = np.empty(0, np.float32)
+    for chunk in chunks:
+        values = np.concatenate([carry, chunk]) if carry.size else chunk.astype(np.float32)
+        whole = values.size - values.size % width
+        if whole:
+            yield values[:whole]
+        carry = values[whole:].copy()
+    if carry.size:
+        raise GraphampError("float8: a stored weight ends inside a row")
+
+
+def stored_scales(exact: np.ndarray, low: type) -> np.ndarray:
+    """Positive float32 scales as the 16-bit low type ``low`` stores them: rounded up to the
+    next value it holds, never down, so a channel's largest value divided by its scale stays
+    within +-448 (rounding to nearest may land below the exact scale and clip it). A scale
+    below the type's smallest positive value (a float16 channel with max |w| under about
+    2.7e-5) becomes that value: its weights then map below 448 but keep float8's full
+    precision down to 2**-6 of it, where a scale of 1 would flush them all to zero."""
+    exact = np.asarray(exact, np.float32)
+    stored = np.array(exact.astype(low), ndmin=1)
+    below = stored.astype(np.float32) < exact.reshape(stored.shape)
+    bits = stored.view(np.uint16)  # positive 16-bit floats: the next larger is one more
+    bits[below] += 1
+    return stored.reshape(exact.shape)
+
+
+def quantise(values: np.ndarray, scale: float) -> np.ndarray:
+    """``values / scale`` rounded to float8_e4m3fn as QuantizeLinear does (saturating)."""
+    with np.errstate(over="ignore"):  # a quotient past float32's range saturates like any
+        ratio = np.array(values, np.float32) / np.float32(scale)
+    return _to_e4m3(np.asarray(ratio, np.float32))
+
+
+def _at_least_opset(proto: onnx.ModelProto) -> None:
+    opset = next((o for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is not None and opset.version >= FP8_OPSET:
+        return
+    from onnx import version_converter
+
+    try:
+        converted = version_converter.convert_version(proto, FP8_OPSET)
+    except Exception as exc:  # the converter's errors are of many types
+        version = opset.version if opset is not None else "none"
+        raise GraphampError(
+            f"float8 needs opset {FP8_OPSET} (low-type scales); the model is opset {version} "
+            f"and ONNX's version converter failed: {str(exc).splitlines()[0]}"
+        ) from None
+    proto.CopyFrom(converted)

@@ -1,0 +1,324 @@
+"""Running ONNX models for verification: onnxruntime, or ``onnx.reference`` where the CPU
+provider has no kernel (most bfloat16 ops), since that evaluator computes in the stored types."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from graphamp.core import dtypes
+from graphamp.errors import GraphampError, InternalError, RunFailure
+from graphamp.numerics.inputs import InputSpec
+from graphamp.onnx.io import infile
+from graphamp.onnx.io.files import inferred_types
+from graphamp.onnx.numerics.emulate import LOW_CODES, emulated, has_low_values
+from graphamp.onnx.numerics.session import QDQ_SWITCH, holds_float8, run_message
+
+NotImplementedByOrt = ort.capi.onnxruntime_pybind11_state.NotImplemented
+
+# onnx.reference runs bfloat16 matrix products in numpy, slowly: only for models up to this size.
+REFERENCE_MAX_BYTES = 64 * 1024 * 1024
+
+
+def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
+    """The graph inputs a caller feeds (initializers excluded), integer ids bounded by the
+    embedding table they index."""
+    initializers = {init.name for init in model.graph.initializer}
+    bounds = _gather_bounds(model)
+    specs = []
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor_type = value.type.tensor_type
+        shape = tuple(
+            d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim
+        )
+        dtype = dtypes.from_onnx(tensor_type.elem_type) or onnx.TensorProto.DataType.Name(
+            tensor_type.elem_type
+        )
+        specs.append(InputSpec(value.name, dtype, shape, bounds.get(value.name)))
+    return specs
+
+
+def _gather_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """For inputs used as Gather indices into a stored table: the table's size on that axis,
+    so random token ids stay inside the embedding."""
+    shapes = {init.name: list(init.dims) for init in model.graph.initializer}
+    bounds: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or node.input[0] not in shapes:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        size = shapes[node.input[0]][axis]
+        bounds[node.input[1]] = min(size, bounds.get(node.input[1], size))
+    return bounds
+
+
+def run(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], provider: str = "cpu"
+) -> tuple[dict[str, np.ndarray], str]:
+    """Outputs of ``model`` on ``feeds`` (each converted to the input's declared type), and the
+    evaluator that computed them (:func:`runner`'s, for one run)."""
+    evaluate, evaluator = runner(model, provider)
+    return evaluate(feeds), evaluator
+
+
+Evaluate = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def runner(model: onnx.ModelProto, provider: str = "cpu") -> tuple[Evaluate, str]:
+    """A function giving ``model``'s outputs on feeds (each converted to the input's declared
+    type), loaded once for any number of runs, and the evaluator that computes them.
+
+    On the CPU a model holding float16/bfloat16 values runs as its faithful float32 emulation
+    (:mod:`graphamp.onnx.numerics.emulate`): the CPU provider would compute float16 in float32
+    between casts and hide rounding and overflow. A QDQ model runs op by op there (no graph
+    optimisation): the provider's fused integer kernels are not the model's arithmetic.
+    ``onnx.reference`` (which computes in the stored types) is the fallback for a model
+    onnxruntime cannot run, if it is small enough.
+    """
+    emulation = ""
+    if provider == "cpu":
+        types = inferred_types(model)
+        if has_low_values(model, types):
+            names = sorted({LOW_CODES[c] for c in types.values() if c in LOW_CODES})
+            emulation = f", {'/'.join(names)} rounding emulated"
+            model = emulated(model, types)
+    quantised = provider == "cpu" and _has_quantisers(model)
+    if quantised:
+        emulation += ", quantisers op by op"
+    # use_tf32=0: by default the CUDA provider runs float32 MatMul, Gemm and Conv on TF32
+    # tensor cores, which round their inputs to float16's 10-bit mantissa, so a node kept
+    # float32 for its precision would not be (tools/gpu/gpu_numerics.py measures it).
+    cuda = ("CUDAExecutionProvider", {"use_tf32": "0"})
+    providers = [cuda, "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
+    options = ort.SessionOptions()
+    # (a run that fails is raised as one line below, not also logged in onnxruntime's form)
+    options.log_severity_level = 4
+    if holds_float8(model):  # (CUDA too: its QDQ fusion refuses float8 MatMuls without bias)
+        options.add_session_config_entry(QDQ_SWITCH, "1")
+    if quantised:
+        # The CPU provider fuses a float32 DequantizeLinear -> op -> QuantizeLinear group into
+        # an integer kernel that requantises its own way: on a quantised ViT that alone moves
+        # the output by up to 17 quantisation steps from the model's op-by-op value (what
+        # onnx.reference computes), while an emulated low-precision model, its groups broken by
+        # rounding Casts, runs mostly unfused. Both sides of a comparison run op by op.
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    # Provider set-up failures (a CUDA provider without CUDA libraries) are reported by
+    # graphamp in one line below, not in onnxruntime's multi-line log.
+    ort.set_default_logger_severity(4)
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+    except NotImplementedByOrt as exc:
+        if model.ByteSize() > REFERENCE_MAX_BYTES:
+            raise GraphampError(
+                f"onnxruntime ({provider}) cannot run the converted model ({_first_line(exc)}), "
+                "and it is too large for onnx.reference: verify with --provider cuda"
+            ) from None
+        from onnx.reference import ReferenceEvaluator
+
+        reference = ReferenceEvaluator(model)
+        names = [o.name for o in model.graph.output]
+
+        def evaluate_reference(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            typed = _typed_feeds(model, feeds)
+            return dict(zip(names, reference.run(names, typed), strict=True))
+
+        return evaluate_reference, "onnx.reference"
+    except Exception as exc:  # onnxruntime's own error types: the model cannot be verified
+        raise GraphampError(
+            f"onnxruntime cannot load the model to verify it: {_first_line(exc)}"
+        ) from None
+    names = [o.name for o in session.get_outputs()]
+    used = _used(session)
+    if provider == "cuda" and used != "cuda":
+        raise GraphampError(_no_cuda(f"no GPU, or no CUDA libraries; it would run on {used}"))
+
+    def evaluate(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        typed = _typed_feeds(model, feeds)
+        try:
+            outputs = session.run(names, typed)
+        except Exception as exc:  # onnxruntime's own error types: the inputs do not suit it
+            raise RunFailure(f"onnxruntime: {run_message(exc)}") from None
+        return dict(zip(names, outputs, strict=True))
+
+    tf32 = ", use_tf32=0" if used == "cuda" else ""
+    return evaluate, f"onnxruntime {used}{emulation}{tf32}"
+
+
+def check_provider(provider: str) -> None:
+    """Refuse ``--provider cuda`` where onnxruntime cannot use CUDA (no GPU, no CUDA libraries
+    or a CPU-only build), before any work: a one-node model is loaded the way :func:`run`
+    loads one, and the provider onnxruntime picked for it is read back."""
+    if provider != "cuda":
+        return
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise GraphampError(_no_cuda("this onnxruntime build has no CUDA provider"))
+    helper, float32 = onnx.helper, onnx.TensorProto.FLOAT
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "probe",
+        [helper.make_tensor_value_info("x", float32, [1])],
+        [helper.make_tensor_value_info("y", float32, [1])],
+    )
+    ort.set_default_logger_severity(4)  # a failed CUDA set-up is our one line, not ort's log
+    try:
+        session = ort.InferenceSession(
+            helper.make_model(
+                graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7
+            ).SerializeToString(),
+            providers=["CUDAExecutionProvider", "CPUExecutionProvider"],
+        )
+    except Exception as exc:  # onnxruntime's own error types
+        raise GraphampError(_no_cuda(_first_line(exc))) from None
+    if _used(session) != "cuda":
+        raise GraphampError(
+            _no_cuda(f"no GPU, or no CUDA libraries; it would run on {_used(session)}")
+        )
+
+
+def _used(session: ort.InferenceSession) -> str:
+    """The provider a session runs on first: "cuda", "cpu"."""
+    return session.get_providers()[0].replace("ExecutionProvider", "").lower()
+
+
+def _no_cuda(why: str) -> str:
+    return (
+        f"--provider cuda: onnxruntime could not use CUDA here ({why}): verify with --provider cpu"
+    )
+
+
+RUNTIME_CHECK_MAX_BYTES = 512 * 1024 * 1024
+
+
+def check_loads(original: Path, converted: Path) -> list[str]:
+    """The converted model must load wherever the original does (CPU provider; models over
+    512 MiB are not checked, to keep conversion at disk speed). A missing kernel for the low
+    type is a warning, since the model is valid and runs on a provider that has one.
+
+    The original is loaded only when the converted model is refused (to tell a model the
+    runtime refuses anyway from one graphamp broke), and each load is the cheapest that still
+    has onnxruntime resolve and type-check the whole graph and find a kernel for every node:
+    see :func:`_load_error`."""
+    size = sum(p.stat().st_size for p in converted.parent.glob(f"{converted.name}*"))
+    if size > RUNTIME_CHECK_MAX_BYTES:
+        return []
+    error = _load_error(converted)
+    if error is None:
+        return _default_session_note(converted)
+    if _load_error(original) is not None:
+        return []
+    if isinstance(error, NotImplementedByOrt):
+        return [
+            "onnxruntime's CPU provider has no kernel for part of the converted model "
+            f"({_first_line(error)}): it runs on a provider that has one (CUDA)"
+        ]
+    raise InternalError(f"onnxruntime refuses the converted model: {_first_line(error)}")
+
+
+def _default_session_note(path: Path) -> list[str]:
+    """For a float8 model: one line when onnxruntime's default session refuses it (its QDQ
+    fusion makes MatMulIntegerToFloat of a float8 MatMul whose float32 output no bias Add
+    follows, which that op's schema refuses), saying how to load it; else nothing."""
+    mapped = infile.read(path)
+    proto = mapped.proto if mapped is not None else onnx.load(str(path), load_external_data=False)
+    if not holds_float8(proto):
+        return []
+    error = _load_error(path, optimised=True)
+    if error is None:
+        return []
+    return [
+        f"onnxruntime's default session refuses this float8 model ({_first_line(error)}): "
+        f"load it with the session option {QDQ_SWITCH}=1 (SessionOptions()."
+        f"add_session_config_entry('{QDQ_SWITCH}', '1')), as graphamp's checks do"
+    ]
+
+
+def _load_error(path: Path, *, optimised: bool = False) -> BaseException | None:
+    """Why onnxruntime's CPU provider refuses the model at ``path`` (None when it loads it).
+
+    A session built only to be thrown away: no graph optimisations and no pre-packing (which
+    copy and rewrite weights a check never runs), one thread. The graph onnxruntime loads is
+    the file's, but for the weights the file holds: those are referenced as external data of
+    the file itself (its own bytes, where :mod:`graphamp.onnx.io.infile` finds them), which
+    onnxruntime memory-maps and never reads here, so the load costs the graph, not the
+    weights (reading them in would cost time and memory in proportion to the model)."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    if not optimised:  # (optimised: the default level, whose QDQ fusion a float8 model meets)
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    ort.set_default_logger_severity(4)
+    with _weights_by_reference(path) as model:
+        try:
+            ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime's own error types, one per status
+            return exc
+    return None
+
+
+@contextmanager
+def _weights_by_reference(path: Path) -> Iterator[Path]:
+    """A model file beside ``path`` (removed after the block) whose large in-file weights are
+    external data pointing into ``path``; ``path`` itself where it holds none or the folder
+    takes no file."""
+    mapped = infile.read(path)
+    if mapped is None or not mapped.tensors:
+        yield path
+        return
+    for init in mapped.proto.graph.initializer:
+        tensor = mapped.tensors.get(init.name)
+        if tensor is not None:
+            init.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (
+                ("location", path.name),
+                ("offset", tensor.offset),
+                ("length", tensor.nbytes),
+            ):
+                init.external_data.add(key=key, value=str(value))
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".onnx", dir=path.parent)
+    except OSError:
+        yield path
+        return
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(mapped.proto.SerializeToString())
+        yield Path(name)
+    finally:
+        os.unlink(name)
+
+
+def _typed_feeds(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each feed in its input's declared type."""
+    typed: dict[str, np.ndarray] = {}
+    initializers = {init.name for init in model.graph.initializer}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        if value.name not in feeds:
+            raise GraphampError(f"no value given for model input {value.name!r}")
+        name = dtypes.from_onnx(value.type.tensor_type.elem_type)
+        target = dtypes.numpy_type(name) if name else feeds[value.name].dtype
+        typed[value.name] = feeds[value.name].astype(target)
+    return typed
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0][:200]
+
+
+def _has_quantisers(model: onnx.ModelProto) -> bool:
+    """Whether ``model``'s main graph holds a QuantizeLinear or DequantizeLinear (a QDQ model)."""
+    return any(
+        node.op_type in ("QuantizeLinear", "DequantizeLinear") and node.domain in ("", "ai.onnx")
+        for node in model.graph.node
+    )
