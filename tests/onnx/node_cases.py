@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import numpy_helper
 from onnx.backend.test.case.node import collect_testcases
 
 from graphamp.core import dtypes
@@ -48,6 +49,8 @@ def feeds_for(proto: onnx.ModelProto, inputs: list) -> dict[str, object]:  # typ
     for info, value in zip(proto.graph.input, inputs, strict=False):
         if info.type.HasField("tensor_type"):
             name = dtypes.from_onnx(info.type.tensor_type.elem_type)
+            if isinstance(value, onnx.TensorProto):
+                value = numpy_helper.to_array(value)
             array = np.asarray(value)
             if name in dtypes.FLOAT_TYPES and array.dtype.kind == "f":
                 array = array.astype(dtypes.numpy_type(name))

@@ -14,12 +14,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import graphamp.onnx as gonnx
-from graphamp.core import dtypes
-from tests.onnx.node_cases import TOLERANCE, float_cases, relative_error
+from tests.onnx.node_cases import TOLERANCE, feeds_for, float_cases, relative_error
 
 
 def session(proto: onnx.ModelProto) -> ort.InferenceSession:
@@ -28,18 +26,6 @@ def session(proto: onnx.ModelProto) -> ort.InferenceSession:
     return ort.InferenceSession(
         proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
-
-
-def feeds_for(proto: onnx.ModelProto, inputs: list) -> dict[str, np.ndarray]:  # type: ignore[type-arg]
-    feeds = {}
-    for info, value in zip(proto.graph.input, inputs, strict=False):
-        array = numpy_helper.to_array(value) if isinstance(value, onnx.TensorProto) else value
-        name = dtypes.from_onnx(info.type.tensor_type.elem_type)
-        array = np.asarray(array)
-        if name in dtypes.FLOAT_TYPES and array.dtype.kind == "f":
-            array = array.astype(dtypes.numpy_type(name))
-        feeds[info.name] = array
-    return feeds
 
 
 def run(proto: onnx.ModelProto, inputs: list, reference: bool) -> list[np.ndarray]:  # type: ignore[type-arg]
