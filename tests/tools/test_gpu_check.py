@@ -57,3 +57,38 @@ def test_without_a_gpu_it_stops_at_once_saying_so(tmp_path):
     assert done.returncode != 0
     assert "torch sees no CUDA device" in done.stderr
     assert not list(tmp_path.glob("*.md"))
+
+
+def test_parts_runs_only_the_named_parts(tmp_path):
+    env = {
+        **os.environ,
+        "GPU_CHECK_DRY_RUN": "parse",
+        "PYTHON": sys.executable,
+        "PARTS": "bert-base curves",
+    }
+    done = subprocess.run(
+        ["bash", str(ROOT / "tools/gpu_check.sh"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = sorted(path.name for path in tmp_path.glob("*.md"))
+    assert written == ["bench-gpu-curves-resnet50.md", "bench-gpu-train-bert-base.md"]
+
+
+def test_a_misspelled_part_is_refused_naming_it(tmp_path):
+    env = {**os.environ, "GPU_CHECK_DRY_RUN": "parse", "PYTHON": sys.executable, "PARTS": "bert"}
+    done = subprocess.run(
+        ["bash", str(ROOT / "tools/gpu_check.sh"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode == 2
+    assert "PARTS names 'bert'" in done.stderr
+    assert not list(tmp_path.glob("*.md"))
