@@ -13,9 +13,10 @@ from onnx.reference import ReferenceEvaluator
 
 import graphamp.onnx as gonnx
 from graphamp.errors import GraphampError
+from graphamp.models.onnx_cases import feeds_for, loads
 from tests.helpers import assert_valid, run
 from tests.onnx.function_cases import function_cases
-from tests.onnx.node_cases import TOLERANCE, feeds_for, loads, relative_error
+from tests.onnx.node_cases import TOLERANCE, relative_error
 
 F32 = TensorProto.FLOAT
 

@@ -15,7 +15,8 @@ from onnx.backend.test.case.node import collect_testcases
 from onnx.reference import ReferenceEvaluator
 
 import graphamp.onnx as gonnx
-from tests.onnx.node_cases import TOLERANCE, feeds_for, loads, relative_error
+from graphamp.models.onnx_cases import feeds_for, loads
+from tests.onnx.node_cases import TOLERANCE, relative_error
 
 _GRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 

@@ -17,7 +17,8 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 import graphamp.onnx as gonnx
-from tests.onnx.node_cases import TOLERANCE, feeds_for, float_cases, relative_error
+from graphamp.models.onnx_cases import feeds_for
+from tests.onnx.node_cases import TOLERANCE, float_cases, relative_error
 
 
 def session(proto: onnx.ModelProto) -> ort.InferenceSession:

@@ -42,7 +42,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx.inliner
-import onnxruntime as ort
 from onnx.reference import ReferenceEvaluator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +53,7 @@ from benchlib import machine  # noqa: E402
 import graphamp.onnx as gonnx  # noqa: E402
 from graphamp.core import dtypes  # noqa: E402
 from graphamp.models.control_flow import CASES  # noqa: E402
+from graphamp.models.onnx_cases import feeds_for, loads  # noqa: E402
 from graphamp.onnx.numerics.runtime import run as run_faithfully  # noqa: E402
 
 DTYPES = ("float16", "bfloat16")
@@ -70,18 +70,6 @@ def checked(proto: onnx.ModelProto) -> bool:
     try:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError:
-        return False
-    return True
-
-
-def loads(proto: onnx.ModelProto) -> bool:
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    try:
-        ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except ort.capi.onnxruntime_pybind11_state.NotImplemented:
-        return True  # valid; the CPU provider lacks a low kernel (bfloat16): runs on CUDA
-    except Exception:
         return False
     return True
 
@@ -186,19 +174,6 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "**no**"
 
 
-def _feeds(proto: onnx.ModelProto, inputs: list) -> dict[str, object]:  # type: ignore[type-arg]
-    feeds: dict[str, object] = {}
-    for info, value in zip(proto.graph.input, inputs, strict=False):
-        if info.type.HasField("tensor_type"):
-            name = dtypes.from_onnx(info.type.tensor_type.elem_type)
-            array = np.asarray(value)
-            if name in dtypes.FLOAT_TYPES and array.dtype.kind == "f":
-                array = array.astype(dtypes.numpy_type(name))
-            value = array
-        feeds[info.name] = value
-    return feeds
-
-
 def _corpus(cases: list[tuple[str, onnx.ModelProto, object]], inline: bool) -> str:
     rows = [
         "| dtype | cases | full checker | loads where the original does | fixed point | "
@@ -228,10 +203,10 @@ def _corpus(cases: list[tuple[str, onnx.ModelProto, object]], inline: bool) -> s
                 first, second = (onnx.inliner.inline_local_functions(m) for m in (proto, out))
             inputs = case.data_sets[0][0]  # type: ignore[attr-defined]
             try:
-                want = ReferenceEvaluator(first).run(None, _feeds(proto, inputs))
+                want = ReferenceEvaluator(first).run(None, feeds_for(proto, inputs))
             except Exception:  # the evaluator cannot run the original
                 continue
-            got = ReferenceEvaluator(second).run(None, _feeds(out, inputs))
+            got = ReferenceEvaluator(second).run(None, feeds_for(out, inputs))
             compared += 1
             error = 0.0
             for a, b in zip(got, want, strict=True):
