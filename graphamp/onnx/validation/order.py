@@ -40,7 +40,8 @@ def topologically_sorted(
         return proto
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
-    moved = sum(_sort(graph, where) for graph in [copy.graph, *copy.functions])
+    graphs: list[onnx.GraphProto | onnx.FunctionProto] = [copy.graph, *copy.functions]
+    moved = sum(_sort(graph, where) for graph in graphs)
     log.info("%s: %d graph(s) had nodes out of topological order: sorted", where, moved)
     return copy
 
@@ -91,7 +92,7 @@ def _sort(graph: onnx.GraphProto | onnx.FunctionProto, where: str) -> int:
         return changed
     produced = _producers(graph)
     nodes = list(graph.node)
-    deps = nx.DiGraph()
+    deps: nx.DiGraph[int] = nx.DiGraph()
     deps.add_nodes_from(range(len(nodes)))
     for index, node in enumerate(nodes):
         for name in _reads(node):

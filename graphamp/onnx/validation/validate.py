@@ -222,11 +222,11 @@ class _GraphCheck:
                 if output in seen:  # produced twice: the table of producers names both
                     self._producers(graph, local | outer)
                 seen.add(output)
-        for output in graph.output:
-            if output.name not in seen:
+        for value in graph.output:
+            if value.name not in seen:
                 label = f"body {self.scope[:-1]!r}'s" if self.scope else "graph"
                 raise GraphampError(
-                    f"{where}: {label} output {output.name!r} is produced by nothing"
+                    f"{where}: {label} output {value.name!r} is produced by nothing"
                 )
 
     def _producers(self, graph: onnx.GraphProto, taken: set[str]) -> dict[str, str]:

@@ -20,7 +20,7 @@ from graphamp.errors import GraphampError
 
 T = onnx.TensorProto
 # Bits one element takes in raw_data; the sub-byte types are packed.
-_BITS = {
+_BITS: dict[int, int] = {
     T.FLOAT: 32, T.UINT8: 8, T.INT8: 8, T.UINT16: 16, T.INT16: 16, T.INT32: 32, T.INT64: 64,
     T.BOOL: 8, T.FLOAT16: 16, T.DOUBLE: 64, T.UINT32: 32, T.UINT64: 64, T.COMPLEX64: 64,
     T.COMPLEX128: 128, T.BFLOAT16: 16, T.FLOAT8E4M3FN: 8, T.FLOAT8E4M3FNUZ: 8, T.FLOAT8E5M2: 8,
@@ -32,11 +32,11 @@ for _name, _bits in (("FLOAT8E8M0", 8), ("UINT2", 2), ("INT2", 2), ("FLOAT6E2M3"
         _BITS[getattr(T, _name)] = _bits
 KNOWN_TYPES = frozenset(_BITS) | {T.STRING}
 # Values per element in the typed field; 4- and 2-bit types pack 2 and 4 elements per entry.
-_PER_ENTRY = {T.UINT4: 2, T.INT4: 2, T.FLOAT4E2M1: 2}
+_PER_ENTRY: dict[int, int] = {T.UINT4: 2, T.INT4: 2, T.FLOAT4E2M1: 2}
 for _name in ("UINT2", "INT2"):
     if hasattr(T, _name):
         _PER_ENTRY[getattr(T, _name)] = 4
-_ENTRIES_PER_ELEMENT = {T.COMPLEX64: 2, T.COMPLEX128: 2}
+_ENTRIES_PER_ELEMENT: dict[int, int] = {T.COMPLEX64: 2, T.COMPLEX128: 2}
 # No dims may multiply to more elements than this (2**62 bytes of float32 is no model).
 _MAX_ELEMENTS = 2**60
 

@@ -20,11 +20,19 @@ from typing import NamedTuple
 
 import onnx
 from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 
 from graphamp.errors import GraphampError
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 _AttributeType = onnx.AttributeProto.AttributeType
+# Each attribute type an op schema names, as the AttributeProto type of the same name (onnx's
+# stubs give OpSchema.AttrType no integer value).
+_ATTRIBUTE_TYPES: dict[onnx.defs.OpSchema.AttrType, int] = {
+    getattr(onnx.defs.OpSchema.AttrType, name): value
+    for name, value in _AttributeType.items()
+    if hasattr(onnx.defs.OpSchema.AttrType, name)
+}
 
 
 class NodeFields(NamedTuple):
@@ -105,10 +113,11 @@ def check_node(node: onnx.NodeProto, opsets: dict[str, int], where: str) -> None
         spec = schema.attributes.get(attr.name)
         if spec is None:
             raise GraphampError(f"{label}: {node.op_type} has no attribute {attr.name!r}")
-        if attr.type != int(spec.type) and not attr.ref_attr_name:
+        wanted = _ATTRIBUTE_TYPES[spec.type]
+        if attr.type != wanted and not attr.ref_attr_name:
             raise GraphampError(
                 f"{label}: attribute {attr.name!r} is {_AttributeType.Name(attr.type)}; "
-                f"{node.op_type} takes {_AttributeType.Name(int(spec.type))}"
+                f"{node.op_type} takes {_AttributeType.Name(wanted)}"
             )
     for name, spec in schema.attributes.items():
         if spec.required and name not in present:
@@ -167,13 +176,16 @@ def _kind(field: FieldDescriptor) -> tuple[int, bool]:
     return field.type, _is_repeated(field)
 
 
-def _is_repeated(field: FieldDescriptor) -> bool:
-    repeated = getattr(field, "is_repeated", None)  # protobuf 6+; `label` before
-    return bool(repeated) if repeated is not None else field.label == field.LABEL_REPEATED
+def _is_repeated(field: object) -> bool:
+    """``field`` (a descriptor of protobuf's Python or upb build) is a repeated field."""
+    repeated = getattr(field, "is_repeated", None)  # protobuf 6+
+    if repeated is None:  # a `label` before (gone from the stubs, which follow 6+)
+        repeated = getattr(field, "label", None) == FieldDescriptor.LABEL_REPEATED
+    return bool(repeated)
 
 
-def check_strings(  # type: ignore[no-untyped-def]
-    message, where: str, known: tuple[onnx.GraphProto, list[NodeFields]] | None = None
+def check_strings(
+    message: Message, where: str, known: tuple[onnx.GraphProto, list[NodeFields]] | None = None
 ) -> None:
     """Refuse the first string field anywhere in ``message`` that is not valid UTF-8.
 
@@ -181,7 +193,7 @@ def check_strings(  # type: ignore[no-untyped-def]
     gathered, then joined and encoded once, which finds both in two C calls. ``known``: a graph
     whose nodes' fields were read already, and those fields."""
     texts: list[str] = []
-    stack = [message]
+    stack: list[Message] = [message]
     while stack:
         current = stack.pop()
         if isinstance(current, onnx.GraphProto):
@@ -221,7 +233,7 @@ def check_strings(  # type: ignore[no-untyped-def]
 
 
 def _node_strings(
-    graph: onnx.GraphProto, fields: list[NodeFields], texts: list[str], stack: list[object]
+    graph: onnx.GraphProto, fields: list[NodeFields], texts: list[str], stack: list[Message]
 ) -> None:
     """The strings of a graph's nodes, their fields read directly (a generic walk would visit
     every field of every node); attributes and the like go on ``stack``."""
