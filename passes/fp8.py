@@ -22,7 +22,9 @@ one of the dialect's matrix ops) decided in the low type, it records one
    it was zero or not finite; or its binade histogram shows more than ``max_underflow`` of its
    non-zero values below half of float8's smallest subnormal at its scale (amax * 2**margin /
    448), where they would flush to zero.
-5. ``fp8`` (chosen): both operands quantised to E4M3, the output in the low type.
+5. ``fp8_tuned``: ``graphamp tune --fp8`` found the model misses its tolerance with it in
+   float8 (``Options.fp8_tuned``: the node and the error the search measured).
+6. ``fp8`` (chosen): both operands quantised to E4M3, the output in the low type.
 
 Each chosen node's operands get a :class:`~graphamp.plans.records.ScaleRecord` (one per value,
 shared by every float8 op reading it): an activation's source is the recipe's (calibration,
@@ -124,6 +126,7 @@ class _Decider:
         structural: bool = False,
     ) -> None:
         self.structural = structural
+        self.tuned = context.options.fp8_tuned
         self.graph, self.settings, self.ranges = context.graph, settings, ranges
         self.low = context.policy.dtype
         matrix_ops = matrix_ops_for(context.policy.dialect)
@@ -185,6 +188,9 @@ class _Decider:
                 problem = self._range_problem(value)
                 if problem:
                     return kept(Rule.FP8_RANGE, problem)
+        tuned = self.tuned.get(node.name)
+        if tuned:
+            return Fp8Decision(low, Rule.FP8_TUNED, tuned, operands)
         self._validate(node, dims)
         return Fp8Decision(
             Precision.FLOAT8_E4M3FN,

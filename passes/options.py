@@ -53,6 +53,9 @@ class Options:
     # Float8 operands for matrix ops decided low (the ``fp8`` pass); recorded in the plan as
     # its ``fp8_settings``.
     fp8: Float8 | None = None
+    # Matrix ops graphamp tune --fp8 found must keep the low type, each with the reason its
+    # search measured (the ``fp8`` pass, rule ``fp8_tuned``).
+    fp8_tuned: Mapping[str, str] = field(default_factory=dict)
 
     # -- the training-step pipeline ------------------------------------------------------------
     # The step's loss scaling (``loss_scale``, ``finite_check``, ``scale_update``).

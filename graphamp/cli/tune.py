@@ -44,7 +44,11 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
         "delta debugging, each candidate evaluated in one switchable faithful model; the "
         "result is checked on the real conversion. Writes OUT with those nodes float32 (rule "
         "'tuned' in the plan) and prints them as a policy snippet (deny_names = [...]), the "
-        "number of evaluations and the time. Exit 1 when no set meets the tolerance.",
+        "number of evaluations and the time. Exit 1 when no set meets the tolerance. With --fp8 "
+        "(and --calibrate) it finds instead the float8 nodes to keep in the low type: ranked "
+        "by the error each adds alone, the shortest ranked prefix that meets the tolerance, "
+        "each set evaluated in one float8 switchable model; rule 'fp8_tuned' in the plan, "
+        "printed as --fp8-deny-names (docs/float8.md).",
     )
     parser.add_argument("input", metavar="IN", help="the float32 ONNX model")
     parser.add_argument("-o", "--output", metavar="OUT", required=True, help="the tuned model")
@@ -155,16 +159,21 @@ def _tune_fp8(
     baseline = ", ".join(f"{name} {e:.3g}" for name, e in result.baseline_errors.items())
     console.print(f"baseline ({policy.dtype} + float8, no node kept): max rel error {baseline}")
     if not result.met:
+        if len(result.kept) == result.candidates:
+            why = (
+                f"(with all {result.candidates} kept {policy.dtype}: {errors}): the low type "
+                "itself misses it, tune without --fp8 first"
+            )
+        else:  # the switchable model met it, the real conversion did not
+            why = f"(the real conversion with the set found: {errors})"
         console.print(
-            f"[red]no set of float8 nodes meets rtol {args.rtol:g}[/] (with all "
-            f"{result.candidates} kept {policy.dtype}: {errors}): the low type itself misses "
-            "it, tune without --fp8 first; nothing written"
+            f"[red]no set of float8 nodes meets rtol {args.rtol:g}[/] {why}; nothing written"
         )
         return 1
     console.print(
         f"kept {policy.dtype}: {len(result.kept)} of {result.candidates} float8 nodes; "
-        f"{result.evaluations} conversions measured in {result.seconds:.2f} s; max rel error "
-        f"{errors}"
+        f"{result.evaluations} sets evaluated in one switchable model and the result "
+        f"converted in {result.seconds:.2f} s; max rel error {errors}"
     )
     if result.kept:
         print(result.snippet(), flush=True)

@@ -85,6 +85,7 @@ class Rule(enum.StrEnum):
     FP8_DENY = "fp8_deny"  # policy: fp8 deny names, the last matrix op, a MoE router
     FP8_OPERANDS = "fp8_operands"  # both operands activations (attention's products)
     FP8_RANGE = "fp8_range"  # calibration: too much of an operand would underflow its scale
+    FP8_TUNED = "fp8_tuned"  # graphamp tune --fp8: the model misses its tolerance with it float8
     # float8 training steps: the scaling nodes a step pass adds
     FP8_AMAX = "fp8_amax"
     FP8_QUANTIZE = "fp8_quantize"
@@ -98,5 +99,7 @@ set as ``deny_names``, which must give the same precisions."""
 KEPT_FLOAT32 = DENY_SEEDS | {Rule.RANGE, Rule.INTEGER_RANGE, Rule.INTEGER_VALUED, Rule.KEPT}
 """Rules whose nodes must never end low (checked between passes)."""
 
-FP8_RULES = frozenset({Rule.FP8, Rule.FP8_SHAPE, Rule.FP8_DENY, Rule.FP8_OPERANDS, Rule.FP8_RANGE})
+FP8_RULES = frozenset(
+    {Rule.FP8, Rule.FP8_SHAPE, Rule.FP8_DENY, Rule.FP8_OPERANDS, Rule.FP8_RANGE, Rule.FP8_TUNED}
+)
 """The rules of a float8 decision (:class:`~graphamp.plans.records.Fp8Decision`)."""

@@ -1,53 +1,71 @@
 """``graphamp tune --fp8``: the fewest float8 nodes to keep in the low type so that a float8
 conversion meets a tolerance.
 
-Plain ``tune`` switches nodes between float32 and the low type inside one switchable model;
-float8's quantisers and float8 weights are not such a switch, so this search converts for real
-and measures each candidate through the faithful evaluator. The search:
+Every candidate set is evaluated in one float8 switchable model
+(:mod:`graphamp.onnx.numerics.fp8_switchable`), built once from the conversion with float8
+everywhere the rules allow: a set costs one run per batch (stopping at the first batch that
+misses), not a conversion, an emulation and a session per batch. The search:
 
-1. Convert with float8 everywhere the rules allow; done when it meets the tolerance.
-2. Keep every float8 node in the low type: when even that misses, float8 is not the cause
-   (the low type is: run ``tune`` without ``--fp8``), and nothing is written.
-3. Rank the float8 nodes by the error each adds (as ``graphamp debug`` ranks nodes), worst
-   first; keep the shortest ranked prefix that meets the tolerance (found by bisection), then
-   drop each kept node whose float8 the tolerance still allows (latest first).
-
-The kept nodes become ``deny_names`` of the float8 settings (rule ``fp8_deny`` in the plan),
-printed as ``--fp8-deny-names`` for the command line.
+1. The float32 outputs of every batch, once. Float8 everywhere the rules allow: done when it
+   meets the tolerance. Every candidate in the low type: when even that misses, float8 is not
+   the cause (the low type is: run ``tune`` without ``--fp8``), and nothing is written.
+2. Rank the candidates by the error each adds alone (every other candidate in the low type),
+   worst first: the error of the outputs against float32 on the first batch, one run per
+   candidate. A product's own float8 error is much the same everywhere (E4M3's rounding is
+   relative); what differs is how much of it the rest of the model passes on (a query's or
+   key's passes through a softmax, an output projection's straight into the residual stream),
+   which only a run to the outputs measures.
+3. The shortest ranked prefix that meets the tolerance (by bisection), then each of its nodes
+   tried back in float8, smallest error alone first, while its error alone fits the margin
+   left (:func:`_reduced`): the set is not proven 1-minimal, but a node the margin cannot
+   hold costs no run. A deep model whose error is many products' small errors keeps most of
+   them, and delta debugging would spend a run on each of many misses.
+4. For each kept node, the error with every other kept node and it in float8 (what keeping it
+   saves), which goes into its reason in the plan; then the real conversion, with the kept
+   nodes' rule ``fp8_tuned``, checked by the faithful evaluator on every batch.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
+from graphamp import engine
 from graphamp.numerics import verify
 from graphamp.numerics.batches import DataSource, as_batches
 from graphamp.numerics.ranges import Ranges
 from graphamp.onnx.conversion import Conversion
-from graphamp.onnx.numerics.runtime import input_specs, run
+from graphamp.onnx.dialect.plugin import OnnxDialect
+from graphamp.onnx.numerics.fp8_switchable import Fp8Switchable
+from graphamp.onnx.numerics.runtime import input_specs, runner
 from graphamp.onnx.numerics.session import as_proto
 from graphamp.onnx.numerics.tuning import glob_escape
+from graphamp.passes.options import Options
 from graphamp.policy.policy import Policy
 from graphamp.training.float8 import Float8
+
+Outputs = dict[str, np.ndarray]
 
 
 @dataclass
 class Fp8TuneResult:
-    """The conversion with ``kept`` out of float8, and how the search went."""
+    """The conversion with ``kept`` out of float8 (rule ``fp8_tuned``), and how the search
+    went."""
 
     conversion: Conversion
     kept: tuple[str, ...]  # worst first
-    met: bool
-    evaluations: int  # conversions measured
+    met: bool  # whether the real conversion meets the tolerance
+    evaluations: int  # candidate sets evaluated in the switchable model
     seconds: float
     errors: dict[str, float]  # per graph output of the final conversion: max rel error
-    baseline_errors: dict[str, float]
+    baseline_errors: dict[str, float]  # the same with every candidate in float8
     candidates: int  # float8 nodes of the first conversion
+    alone: dict[str, float]  # each candidate's error alone (the ranking)
 
     def snippet(self) -> str:
         return "--fp8-deny-names " + " ".join(f"'{glob_escape(name)}'" for name in self.kept)
@@ -64,76 +82,174 @@ def tune_fp8(
     fp8: Float8 | None = None,
 ) -> Fp8TuneResult:
     """Find the float8 nodes to keep in the low type (module docstring)."""
-    import graphamp.onnx as gonnx
-
     start = time.perf_counter()
     proto = as_proto(model)
     policy = policy or Policy.create()
     settings = fp8 or Float8.static()
     batches = list(as_batches(data, input_specs(proto)))
-    expected = [run(proto, feeds)[0] for feeds in batches]
-    evaluations = 0
-
-    def convert(kept: tuple[str, ...]) -> tuple[Conversion, dict[str, float], bool]:
-        nonlocal evaluations
-        evaluations += 1
-        globs = tuple(glob_escape(name) for name in kept)
-        denied = dataclasses.replace(settings, deny_names=(*settings.deny_names, *globs))
-        conversion = gonnx.convert(proto, policy, fp8=denied, ranges=ranges)
-        converted = conversion.to_proto()
-        errors: dict[str, float] = {}
-        met = True
-        for want, feeds in zip(expected, batches, strict=True):
-            got, _ = run(converted, feeds)
-            met &= verify.compare(want, got, rtol=rtol, atol=atol, provider="").ok
-            for name, value in want.items():
-                scale = float(np.abs(value).max()) or 1.0
-                error = float(np.abs(np.asarray(got[name], np.float64) - value).max()) / scale
-                errors[name] = max(errors.get(name, 0.0), error)
-        return conversion, errors, met
-
-    first, baseline, met = convert(())
+    evaluate, _ = runner(proto)
+    expected = [evaluate(feeds) for feeds in batches]
+    del evaluate  # the float32 session's memory
+    first = _convert(proto, policy, settings, ranges, {})
     chosen = [name for name, d in first.plan.fp8.items() if d.rule == "fp8"]
+    search = _Search(first, proto, chosen, policy.dtype, batches, expected, rtol, atol)
+    baseline = search.errors(chosen)
 
     def result(
-        conversion: Conversion, kept: tuple[str, ...], errors: dict[str, float], ok: bool
+        kept: Sequence[str], conversion: Conversion, alone: dict[str, float]
     ) -> Fp8TuneResult:
+        errors, met = _checked(conversion, batches, expected, rtol, atol)
         seconds = time.perf_counter() - start
         return Fp8TuneResult(
-            conversion, kept, ok, evaluations, seconds, errors, baseline, len(chosen)
+            conversion, tuple(kept), met, len(search.known), seconds, errors, baseline,
+            len(chosen), alone,
+        )  # fmt: skip
+
+    if search.meets(frozenset()):
+        return result((), first, {})
+    if not search.meets(frozenset(chosen)):  # the low type alone misses: nothing to tune
+        reasons = dict.fromkeys(
+            chosen, f"kept {policy.dtype}: the model misses rtol {rtol:g} even with no float8"
         )
+        return result(chosen, _convert(proto, policy, settings, ranges, reasons), {})
+    alone = {name: search.worst([name], 1) for name in chosen}
+    ranked = sorted(chosen, key=lambda name: (-alone[name], name))
+    kept = _reduced(ranked[: _shortest_prefix(ranked, search.meets)], alone, search, rtol)
+    reasons = {}
+    for name in kept:
+        others = [n for n in chosen if n not in kept or n == name]
+        reasons[name] = (
+            f"kept {policy.dtype} by graphamp tune --fp8 (rtol {rtol:g}, atol {atol:g}, "
+            f"{len(batches)} batches): with it in float8 the tuned model's outputs are "
+            f"{search.worst(others):.3g} from float32 (max |y - y32| / max |y32|); "
+            f"alone in float8 it puts them {alone[name]:.3g} from float32 on the first batch"
+        )
+    final = _convert(proto, policy, settings, ranges, reasons)
+    return result(kept, final, alone)
 
-    def meets(kept: tuple[str, ...]) -> bool:
-        return convert(kept)[2]
 
-    if met:
-        return result(first, (), baseline, True)
-    everything, errors, met = convert(tuple(chosen))
-    if not met:
-        return result(everything, tuple(chosen), errors, False)
-    ranked = _ranked(proto, first, batches[:1], chosen)
-    low, high = 0, len(ranked)  # the shortest prefix that meets: in (low, high]
-    while high - low > 1:
-        middle = (low + high) // 2
-        if meets(tuple(ranked[:middle])):
-            high = middle
+class _Search:
+    """The candidate sets' answers, from one float8 switchable model; each set is run once
+    and its answer cached."""
+
+    def __init__(
+        self,
+        conversion: Conversion,
+        source: onnx.ModelProto,
+        chosen: list[str],
+        dtype: str,
+        batches: list[Outputs],
+        expected: list[Outputs],
+        rtol: float,
+        atol: float,
+    ) -> None:
+        self.switch = Fp8Switchable(conversion.to_proto(), source, conversion.graph, chosen, dtype)
+        self.chosen, self.rtol, self.atol = chosen, rtol, atol
+        self.pairs = list(zip(batches, expected, strict=True))
+        self.order = list(range(len(self.pairs)))  # meets() tries the batch that missed first
+        self.known: dict[frozenset[str], bool] = {}
+        self._worst: dict[tuple[frozenset[str], int], float] = {}
+
+    def errors(self, float8: Sequence[str], count: int | None = None) -> dict[str, float]:
+        """Per graph output, the worst error over the first ``count`` batches (every batch
+        by default) with ``float8`` in float8 and the other candidates in the low type."""
+        worst: dict[str, float] = {}
+        met = True
+        for feeds, want in self.pairs[:count]:
+            report = self._compare(want, self.switch.run(feeds, float8))
+            met = met and report.ok
+            for output in report.outputs:
+                error = float("inf") if output.nan_inf else output.max_rel_error
+                worst[output.name] = max(worst.get(output.name, 0.0), error)
+        if count is None or count >= len(self.pairs):  # every batch: meets() knows it too
+            self.known[frozenset(n for n in self.chosen if n not in set(float8))] = met
+        return worst
+
+    def worst(self, float8: Sequence[str], count: int | None = None) -> float:
+        """The largest of :meth:`errors` (cached)."""
+        key = (frozenset(float8), count or len(self.pairs))
+        if key not in self._worst:
+            self._worst[key] = max(self.errors(float8, count).values())
+        return self._worst[key]
+
+    def meets(self, kept: frozenset[str]) -> bool:
+        """Whether the model meets the tolerance on every batch with ``kept`` in the low type
+        and the other candidates in float8: it stops at the first batch that misses, which
+        later sets try first."""
+        if kept not in self.known:
+            float8 = [name for name in self.chosen if name not in kept]
+            met = True
+            for index in self.order:
+                feeds, want = self.pairs[index]
+                if not self._compare(want, self.switch.run(feeds, float8)).ok:
+                    met = False
+                    self.order.remove(index)
+                    self.order.insert(0, index)
+                    break
+            self.known[kept] = met
+        return self.known[kept]
+
+    def _compare(self, want: Outputs, got: Outputs) -> verify.Report:
+        return verify.compare(want, got, rtol=self.rtol, atol=self.atol, provider="")
+
+
+def _shortest_prefix(ranked: list[str], meets: Callable[[frozenset[str]], bool]) -> int:
+    """The smallest k such that keeping ``ranked[:k]`` meets the tolerance, by bisection
+    (keeping none misses, keeping all meets: checked before)."""
+    failing, passing = 0, len(ranked)
+    while passing - failing > 1:
+        middle = (failing + passing) // 2
+        if meets(frozenset(ranked[:middle])):
+            passing = middle
         else:
-            low = middle
-    kept = list(ranked[:high])
-    for name in reversed(ranked[:high]):  # drop what the tolerance still allows in float8
-        trial = tuple(n for n in kept if n != name)
-        if meets(trial):
-            kept = list(trial)
-    final, errors, met = convert(tuple(kept))
-    return result(final, tuple(kept), errors, met)
+            failing = middle
+    return passing
 
 
-def _ranked(
-    proto: onnx.ModelProto, conversion: Conversion, batches: list[dict], chosen: list[str]
-) -> list[str]:
-    """``chosen`` ranked by the error each adds in ``conversion`` (worst first)."""
-    from graphamp.onnx.numerics.debugging import debug
+def _reduced(kept: list[str], alone: dict[str, float], search: _Search, rtol: float) -> list[str]:
+    """``kept`` (which meets the tolerance) without each node that can go back to float8,
+    smallest error alone first. Only a node whose error alone fits the margin left is tried:
+    independent rounding errors add in quadrature, so sqrt(e**2 + a**2) <= rtol, with e the
+    error with ``kept`` in the low type and a the node's error alone, is the prediction that it
+    may fit; each try is a run. Many nodes of small errors (a deep model's products) would
+    otherwise cost a run each, almost all of them misses."""
+    error = search.worst([n for n in search.chosen if n not in kept])
+    for name in sorted(kept, key=lambda n: (alone[n], n)):
+        if math.hypot(error, alone[name]) > rtol:
+            break  # the rest have larger errors alone
+        trial = [n for n in kept if n != name]
+        if search.meets(frozenset(trial)):
+            kept = trial
+            error = search.worst([n for n in search.chosen if n not in kept])
+    return kept
 
-    report = debug(proto, conversion.to_proto(), batches, plan=conversion.plan)
-    added = {node.name: node.error for node in report.nodes}
-    return sorted(chosen, key=lambda name: (-added.get(name, 0.0), name))
+
+def _convert(
+    proto: onnx.ModelProto,
+    policy: Policy,
+    settings: Float8,
+    ranges: Ranges,
+    kept: dict[str, str],
+) -> Conversion:
+    options = Options(ranges=ranges, fp8=settings, fp8_tuned=kept)
+    done = engine.convert(proto, policy, dialect=OnnxDialect(), options=options)
+    return Conversion(done.model, done.plan, done.seconds, done.graph)
+
+
+def _checked(
+    conversion: Conversion, batches: list[Outputs], expected: list[Outputs], rtol: float,
+    atol: float,
+) -> tuple[dict[str, float], bool]:  # fmt: skip
+    """The real conversion through the faithful evaluator: per graph output the worst
+    max |y - y32| / max |y32| over every batch, and whether every batch meets the
+    tolerance."""
+    evaluate, _ = runner(conversion.to_proto())
+    worst: dict[str, float] = {}
+    met = True
+    for feeds, want in zip(batches, expected, strict=True):
+        report = verify.compare(want, evaluate(feeds), rtol=rtol, atol=atol, provider="")
+        met = met and report.ok
+        for output in report.outputs:
+            error = float("inf") if output.nan_inf else output.max_rel_error
+            worst[output.name] = max(worst.get(output.name, 0.0), error)
+    return worst, met
