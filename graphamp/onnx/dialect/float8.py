@@ -329,7 +329,7 @@ def stored_scales(exact: np.ndarray, low: type) -> np.ndarray:
     2.7e-5) becomes that value: its weights then map below 448 but keep float8's full
     precision down to 2**-6 of it, where a scale of 1 would flush them all to zero."""
     exact = np.asarray(exact, np.float32)
-    stored = np.array(exact.astype(low), ndmin=1)
+    stored: np.ndarray = np.array(exact.astype(low), ndmin=1)
     below = stored.astype(np.float32) < exact.reshape(stored.shape)
     bits = stored.view(np.uint16)  # positive 16-bit floats: the next larger is one more
     bits[below] += 1

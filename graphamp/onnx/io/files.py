@@ -192,8 +192,8 @@ def _checked(
     if checked is not None and functions_in_order(proto):
         return proto, checked
     ordered = topologically_sorted(proto, where, nodes)
-    nodes = nodes if ordered is proto else None  # a sorted copy's are read again
-    return ordered, validate(ordered, where=where, base_dir=base_dir, in_file=in_file, nodes=nodes)
+    read = nodes if ordered is proto else None  # a sorted copy's are read again
+    return ordered, validate(ordered, where=where, base_dir=base_dir, in_file=in_file, nodes=read)
 
 
 def _settled(

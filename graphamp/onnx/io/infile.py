@@ -25,6 +25,7 @@ import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -73,6 +74,11 @@ class InFileTensor:
         self.check_unchanged()
         return stream.read_chunks(self.path, self.offset, self.dtype, self.size, drop=self.external)
 
+    @property
+    def source(self) -> InFileTensor:
+        """The tensor in the input these bytes are read from: this one (as :class:`Data`)."""
+        return self
+
     def byte_chunks(self) -> Iterator[memoryview]:
         for chunk in self.chunks():
             yield stream.bytes_of(chunk)
@@ -102,7 +108,18 @@ class Converted:
             yield stream.bytes_of(converted)
 
 
-Data = InFileTensor | Converted
+class Data(Protocol):
+    """A weight's raw_data in a :class:`StreamedModel`, made as the model is written: its
+    length, its bytes a chunk at a time, and the tensor in the input they are made from
+    (an :class:`InFileTensor` itself, a :class:`Converted`, a float8 dialect's weight)."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def source(self) -> InFileTensor: ...
+
+    def byte_chunks(self) -> Iterator[memoryview]: ...
 
 
 @dataclass

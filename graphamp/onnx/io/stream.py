@@ -169,7 +169,7 @@ def array_chunks(values: np.ndarray, size: int = CHUNK_ELEMENTS) -> Iterator[np.
 
 def bytes_of(values: np.ndarray) -> memoryview:
     """The bytes of a contiguous array as a buffer (bfloat16 has no buffer format of its own)."""
-    return memoryview(values.reshape(-1).view(np.uint8))
+    return values.reshape(-1).view(np.uint8).data
 
 
 def convert_chunk(values: np.ndarray, dst: str, name: str) -> np.ndarray:

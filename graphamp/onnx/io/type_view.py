@@ -51,8 +51,9 @@ def _model_view() -> type[Message]:
     descriptor = pool.FindMessageTypeByName(f"{_PACKAGE}.Model")
     get_class = getattr(message_factory, "GetMessageClass", None)  # protobuf 4.22+
     if get_class is None:  # the protobuf 3.20 onnx 1.17 allows
-        return message_factory.MessageFactory(pool).GetPrototype(descriptor)  # type: ignore[no-any-return]
-    return get_class(descriptor)  # type: ignore[no-any-return]
+        # attr-defined: the stubs follow protobuf 4.22+, which dropped GetPrototype
+        return message_factory.MessageFactory(pool).GetPrototype(descriptor)  # type: ignore[attr-defined]
+    return get_class(descriptor)
 
 
 def value_types(model: onnx.ModelProto) -> dict[str, bytes]:

@@ -50,7 +50,7 @@ def check_not_a_source(model: object, path: Path, read_from: Path | None = None)
         if isinstance(location, str | os.PathLike):
             sources.append(Path(location))
     if isinstance(model, StreamedModel):  # its weights are read as they are written
-        sources += [Path(getattr(data, "source", data).path) for data in model.data.values()]
+        sources += [Path(data.source.path) for data in model.data.values()]
     for written in existing:
         for source in sources:
             link = same_file(written, source)
