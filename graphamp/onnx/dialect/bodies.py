@@ -282,15 +282,16 @@ def _final_shape(owner: _Owner, boundary: OpNode) -> None:
     final = boundary.outputs[1]
     if not final or tensors[final].shape is not None:
         return
-    shapes = [tensors[n].shape for n in (*boundary.inputs, boundary.outputs[0]) if n]
-    if len(shapes) < 3 or any(shape is None for shape in shapes):
+    named = [n for n in (*boundary.inputs, boundary.outputs[0]) if n]
+    shapes = [shape for n in named if (shape := tensors[n].shape) is not None]
+    if len(shapes) < 3 or len(shapes) != len(named):
         return
-    ranks = {len(shape) for shape in shapes}  # type: ignore[arg-type]
+    ranks = {len(shape) for shape in shapes}
     if len(ranks) != 1:
         return
     dims = [
-        first if all(shape[i] == first for shape in shapes) else None  # type: ignore[index]
-        for i, first in enumerate(shapes[0])  # type: ignore[arg-type]
+        first if all(shape[i] == first for shape in shapes) else None
+        for i, first in enumerate(shapes[0])
     ]
     owner.reader.set_type(final, None, dims)
     tensors[final].shape = tuple(dims)

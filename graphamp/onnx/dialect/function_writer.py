@@ -45,7 +45,7 @@ class Writer:
             self._inline(call, graph)
             return
         nodes = [graph.nodes[index] for index in graph.order()]
-        function = _with_nodes(self.functions[call.function], nodes)  # type: ignore[arg-type]
+        function = _with_nodes(self.functions[call.function], nodes)
         content = _content(function)
         if content == self.originals[call.function]:
             return
@@ -66,7 +66,6 @@ class Writer:
         passed through) comes through an Identity."""
         caller, at = self.graphs[id(call.scope)], call.node + 1
         node = caller.nodes[at]
-        assert node is not None
         function, copy = self.functions[call.function], graph.scope
         renamed = dict(copy.values or {})  # the copy's values: by their OpGraph names
         for formal, actual in zip(function.input, node.input, strict=False):
@@ -80,7 +79,7 @@ class Writer:
         moved = []
         for index in graph.order():
             inner = onnx.NodeProto()
-            inner.CopyFrom(graph.nodes[index])  # type: ignore[arg-type]
+            inner.CopyFrom(graph.nodes[index])
             if index <= len(copy.paths):
                 inner.name = copy.paths[index - 1]
             read_renamed(inner, renamed, inside_only=False)

@@ -23,6 +23,8 @@ from graphamp.onnx.io.subgraphs import bodies
 from graphamp.plans.records import WeightRecord
 
 HEAD = 0  # the list's sentinel: nodes are numbered from 1
+# What number HEAD holds in GraphEdit.nodes: no node of any graph (never written, never changed).
+_NO_NODE = onnx.NodeProto()
 
 
 class GraphEdit:
@@ -30,7 +32,7 @@ class GraphEdit:
 
     def __init__(self, scope: Scope) -> None:
         self.scope = scope
-        self.nodes: list[onnx.NodeProto | None] = [None, *scope.graph.node]
+        self.nodes: list[onnx.NodeProto] = [_NO_NODE, *scope.graph.node]
         self.changed: set[int] = set()
         count = len(self.nodes)
         self.next = [*range(1, count), HEAD]
@@ -47,8 +49,8 @@ class GraphEdit:
 
     def node(self, index: int) -> onnx.NodeProto:
         """Node ``index``, copied before its first change (the input is never changed)."""
+        assert index != HEAD, index  # number 0 is no node (numbers start at 1)
         node = self.nodes[index]
-        assert node is not None, index  # number 0 is no node (numbers start at 1)
         if index not in self.changed:
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
@@ -87,7 +89,7 @@ class GraphEdit:
 
     def write_nodes(self, graph: onnx.GraphProto, order: list[int]) -> None:
         del graph.node[:]
-        graph.node.extend(self.nodes[index] for index in order)  # type: ignore[misc]
+        graph.node.extend(self.nodes[index] for index in order)
 
     def write_initializers(self, graph: onnx.GraphProto) -> None:
         if self.dropped:
@@ -262,7 +264,7 @@ def rename_reads(graph: GraphEdit, old: str, new: str, *, deep: bool) -> None:
     """Make the nodes of ``graph`` that read ``old`` read ``new`` (``deep``: inside the
     bodies of a node kept whole too)."""
     for index, node in enumerate(graph.nodes):
-        if node is None:
+        if index == HEAD:
             continue
         if old in node.input or (deep and _reads_inside(node, old)):
             read_renamed(graph.node(index), {old: new}, inside_only=False)

@@ -271,14 +271,20 @@ def _matrix_dims(
         )  # fmt: skip
     if op_node.op == "Conv":
         out = tensors[op_node.outputs[0]].shape
-        k = math.prod(b[1:]) if b and all(isinstance(d, int) for d in b[1:]) else None
+        k = _product(b[1:]) if b else None
         spatial = out[:1] + out[2:] if out else None
-        m = math.prod(spatial) if spatial and all(isinstance(d, int) for d in spatial) else None
-        return MatrixDims(m, k, _dim(b, 0), n_axis=0)  # type: ignore[arg-type]
+        m = _product(spatial) if spatial else None
+        return MatrixDims(m, k, _dim(b, 0), n_axis=0)
     rows = a[:-1] if a and len(a) > 1 else None
-    m = math.prod(rows) if rows and all(isinstance(d, int) for d in rows) else None
+    m = _product(rows) if rows else None
     n_axis = len(b) - 1 if b else -1
-    return MatrixDims(m, _dim(a, -1), _dim(b, -1) if b and len(b) > 1 else 1, n_axis=n_axis)  # type: ignore[arg-type]
+    return MatrixDims(m, _dim(a, -1), _dim(b, -1) if b and len(b) > 1 else 1, n_axis=n_axis)
+
+
+def _product(dims: tuple[int | str | None, ...]) -> int | None:
+    """The product of ``dims`` when each is a known size (1 for none), else None."""
+    sizes = [d for d in dims if isinstance(d, int)]
+    return math.prod(sizes) if len(sizes) == len(dims) else None
 
 
 def _dim(shape: tuple[int | str | None, ...] | None, axis: int) -> int | None:

@@ -97,7 +97,7 @@ def apply(read: ReadGraph, script: EditScript) -> onnx.ModelProto | StreamedMode
             continue
         graph, index = edit.where(node_name)
         source = graph.nodes[index]
-        needs = LOW_PRECISION_ATTRIBUTES.get((source.domain, source.op_type, low), {})  # type: ignore[union-attr]
+        needs = LOW_PRECISION_ATTRIBUTES.get((source.domain, source.op_type, low), {})
         for name, dtype in needs.items():
             attribute = onnx.helper.make_attribute(name, dtypes.BY_NAME[dtype].onnx)
             set_attribute(graph.node(index), attribute)
@@ -211,7 +211,12 @@ class _Edit(ModelEdit):
             [self.local(name) for name in record.outputs],
             name=record.node,
             domain=record.domain or None,
-            **record.attributes,
+        )
+        # as make_node adds keyword attributes (sorted), but with no name it could take for
+        # one of its own parameters (doc_string, overload)
+        node.attribute.extend(
+            onnx.helper.make_attribute(key, value)
+            for key, value in sorted(record.attributes.items())
         )
         index = graph.add(node, graph.prev[last])
         for name in record.replaces:
@@ -282,11 +287,12 @@ class _Edit(ModelEdit):
 
             written = Writer(self.model, self.handles, self.graphs)
         for scope in reversed(self.handles.scopes[1:]):  # innermost first
-            graph = self.graphs[id(scope)]
+            edit = self.graphs[id(scope)]
             if scope.closed:  # a function's copy at a call
-                written.write(graph)  # type: ignore[union-attr]
+                assert written is not None  # closed scopes are made only for functions
+                written.write(edit)
                 continue
-            body = self._finish_body(graph, type_of)
+            body = self._finish_body(edit, type_of)
             owner = self.graphs[id(scope.parent)].node(scope.owner + 1)
             for attribute in owner.attribute:
                 if attribute.name == scope.attribute:
@@ -354,7 +360,7 @@ class _Edit(ModelEdit):
         produced = [
             name
             for index in order
-            for name in (made[index] if index in made else nodes[index].output)  # type: ignore[union-attr]
+            for name in (made[index] if index in made else nodes[index].output)
             if name
         ]
         write_value_info(out, scope.graph, produced, type_of, values)
