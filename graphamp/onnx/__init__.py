@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias, TypedDict
 
 import onnx
 
@@ -30,6 +30,11 @@ from graphamp.training.float8 import Float8
 
 if TYPE_CHECKING:  # nothing converts through onnx_ir: it is imported for its own models only
     import onnx_ir as ir
+
+    from graphamp.dialects.base import Dialect
+    from graphamp.numerics.batches import DataSource
+    from graphamp.onnx.numerics.debugging import DebugReport
+    from graphamp.onnx.numerics.tuning import TuneResult
 
 __all__ = [
     "Conversion",
@@ -66,40 +71,58 @@ def save(
         files.save(model, path, overwrite=overwrite)
 
 
-def calibrate(model: Model, data: object, *, histograms: bool = False) -> Ranges:
+def calibrate(model: Model, data: DataSource, *, histograms: bool = False) -> Ranges:
     """The ranges of ``model``'s float32 values on ``data`` (a DATA path, a dict of arrays or
     an iterable of them): see :mod:`graphamp.onnx.numerics.calibration`. ``histograms`` also records
     the binade histograms of the values matrix ops read (float8's underflow rule)."""
     from graphamp.onnx.numerics.calibration import calibrate as run
 
-    return run(model, data, histograms=histograms)  # type: ignore[arg-type]
+    return run(model, data, histograms=histograms)
 
 
-def debug(original: Model, converted: Model, data: object, *, plan: Plan | None = None):  # type: ignore[no-untyped-def]
+def debug(
+    original: Model, converted: Model, data: DataSource, *, plan: Plan | None = None
+) -> DebugReport:
     """Where ``converted`` departs from ``original`` on ``data``, node by node: see
     :mod:`graphamp.onnx.numerics.debugging`."""
     from graphamp.onnx.numerics.debugging import debug as run
 
-    return run(original, converted, data, plan=plan)  # type: ignore[arg-type]
+    return run(original, converted, data, plan=plan)
 
 
-def tune(model: Model, data: object, *, rtol: float, atol: float = 0.0, **keywords: object):  # type: ignore[no-untyped-def]
+def tune(
+    model: Model,
+    data: DataSource,
+    *,
+    rtol: float,
+    atol: float = 0.0,
+    policy: Policy | None = None,
+    ranges: Ranges | None = None,
+    options: Options | None = None,
+) -> TuneResult:
     """The fewest nodes to keep float32 so the conversion meets ``rtol``/``atol`` on ``data``,
-    and that conversion: see :mod:`graphamp.onnx.numerics.tuning` (keywords: ``policy``,
-    ``ranges``)."""
+    and that conversion: see :mod:`graphamp.onnx.numerics.tuning`."""
     from graphamp.onnx.numerics.tuning import tune as run
 
-    return run(model, data, rtol=rtol, atol=atol, **keywords)  # type: ignore[arg-type]
+    return run(model, data, rtol=rtol, atol=atol, policy=policy, ranges=ranges, options=options)
 
 
 def _policy(policy: Policy | None, overrides: dict[str, object], reviewed: Plan | None) -> Policy:
     if policy is None and reviewed is not None and not overrides:
         return engine.reviewed_policy(reviewed, reviewed.model or "plan")
     if policy is None:
+        # arg-type: the caller's keywords, as given; Policy.create refuses a name it lacks
         return Policy.create(where="convert()", **overrides)  # type: ignore[arg-type]
     if overrides:
         raise GraphampError("pass either a policy or keyword overrides, not both")
     return policy
+
+
+class _EngineArguments(TypedDict):
+    policy: Policy
+    dialect: Dialect
+    reviewed: Plan | None
+    options: Options
 
 
 def _engine_arguments(
@@ -109,7 +132,7 @@ def _engine_arguments(
     ranges: Ranges | None,
     fp8: Float8 | None = None,
     strict: bool = False,
-) -> dict[str, object]:
+) -> _EngineArguments:
     """What analyse() and convert() hand the engine."""
     if fp8 is not None:
         if fp8.recipe != "static":

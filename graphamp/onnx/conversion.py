@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -33,22 +33,26 @@ class Conversion(engine.Conversion):
     # graphamp.onnx.save refuses to write over it unasked.
     read_from: Path | None = None
 
-    @property  # type: ignore[override]
+    @property
     def model(self) -> ir.Model:
         external = isinstance(self._converted, StreamedModel) and self._converted.external
-        self._materialise()
-        if isinstance(self._converted, onnx.ModelProto):
+        converted = self._materialised()
+        if isinstance(converted, onnx.ModelProto):
             import onnx_ir as ir
 
             from graphamp.onnx.io.files import EXTERNAL_DATA_KEY
 
             with collector.paused():
-                self._converted = ir.serde.deserialize_model(self._converted)
+                converted = self._converted = ir.serde.deserialize_model(converted)
             # saved as the input was: with external data where it had some
-            self._converted.meta[EXTERNAL_DATA_KEY] = external
+            converted.meta[EXTERNAL_DATA_KEY] = external
         if self.read_from is not None:
-            remember_source(self._converted, self.read_from)
-        return self._converted
+            remember_source(converted, self.read_from)
+        return converted
+
+    @model.setter
+    def model(self, value: ir.Model | onnx.ModelProto | StreamedModel) -> None:
+        self._converted = value
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
         """Write the converted model as :func:`graphamp.onnx.save` does, its weights read
@@ -57,20 +61,18 @@ class Conversion(engine.Conversion):
 
         files.save(self._converted, path, overwrite=overwrite, read_from=self.read_from)
 
-    @model.setter
-    def model(self, value: Any) -> None:
-        self._converted = value
-
     def to_proto(self) -> onnx.ModelProto:
         """The converted model as a proto (the same object each time)."""
-        self._materialise()
-        if isinstance(self._converted, onnx.ModelProto):
-            return self._converted
+        converted = self._materialised()
+        if isinstance(converted, onnx.ModelProto):
+            return converted
         import onnx_ir as ir
 
         with collector.paused():
-            return ir.to_proto(self._converted)
+            return ir.to_proto(converted)
 
-    def _materialise(self) -> None:
+    def _materialised(self) -> ir.Model | onnx.ModelProto:
+        """The converted model with its weights in memory (read from the input once)."""
         if isinstance(self._converted, StreamedModel):
             self._converted = self._converted.to_proto()
+        return self._converted

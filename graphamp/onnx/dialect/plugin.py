@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 import onnx
@@ -144,7 +144,7 @@ def _proto(model: Any, *, with_data: bool) -> onnx.ModelProto:
     return model
 
 
-def _is_ir_model(source: object) -> bool:
+def _is_ir_model(source: object) -> TypeGuard[ir.Model]:
     """Whether ``source`` is an onnx_ir model (without importing onnx_ir: one can only exist
     once something imported it)."""
     ir = sys.modules.get("onnx_ir")

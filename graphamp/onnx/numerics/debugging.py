@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -165,7 +165,9 @@ def _key(tensor: str) -> str:
     return tensor.removeprefix(EXPORTED)
 
 
-def _check_pair(reference: onnx.ModelProto, target: onnx.ModelProto, types: dict) -> None:  # type: ignore[type-arg]
+def _check_pair(
+    reference: onnx.ModelProto, target: onnx.ModelProto, types: dict[str, int]
+) -> None:
     """Refuse, in one line, two models that are not a float32 model and its conversion: the
     two given the other way round, or models of different graphs."""
     for what, ours, theirs in (
@@ -198,7 +200,7 @@ def compare(
     reference: onnx.ModelProto,
     other: onnx.ModelProto,
     tensors: list[str],
-    batches,  # type: ignore[no-untyped-def]
+    batches: Iterable[Mapping[str, np.ndarray]],
 ) -> tuple[Stats, dict[str, float]]:
     """The comparison statistics of ``tensors`` over ``batches`` (one session, one run per
     batch) and each graph output's error."""
@@ -228,7 +230,7 @@ class Comparison:
 
     def run(
         self,
-        batches,  # type: ignore[no-untyped-def]
+        batches: Iterable[Mapping[str, np.ndarray]],
         feeds_extra: Mapping[str, np.ndarray] | None = None,
         on_batch: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], None] | None = None,
     ) -> tuple[Stats, dict[str, float]]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,7 +38,7 @@ import onnx
 from graphamp import engine
 from graphamp.core.graph import OpGraph
 from graphamp.numerics import verify
-from graphamp.numerics.batches import DataSource, as_batches
+from graphamp.numerics.batches import DataSource, Feeds, as_batches
 from graphamp.numerics.ranges import Ranges, TensorRange, range_decisions
 from graphamp.numerics.search import find_kept
 from graphamp.onnx.conversion import Conversion
@@ -54,6 +55,7 @@ from graphamp.onnx.numerics.switchable import Switchable
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.options import Options
 from graphamp.passes.pipeline import DECIDING
+from graphamp.passes.weights import WeightRanges
 from graphamp.policy.policy import Policy
 
 
@@ -250,7 +252,7 @@ class Decider:
         self.options = options
         # the deciding passes convert runs (the casts pass is not needed to evaluate a plan)
         self.manager = PassManager(DECIDING, check=False)
-        self.weights = None
+        self.weights: WeightRanges | None = None
         self.known: dict[frozenset[str], frozenset[str]] = {}
 
     def __call__(self, kept: frozenset[str]) -> frozenset[str]:
@@ -319,7 +321,7 @@ def _convert(
     return engine.convert(proto, policy, dialect=OnnxDialect(), options=options)
 
 
-def _outputs(conversion: engine.Conversion, batches) -> list[dict[str, np.ndarray]]:  # type: ignore[no-untyped-def]
+def _outputs(conversion: engine.Conversion, batches: Iterable[Feeds]) -> list[Feeds]:
     """The converted model's outputs on every batch, by the faithful evaluator."""
     proto = as_proto(conversion.model)  # the converted proto (its weights read in)
     types = inferred_types(proto)
@@ -330,11 +332,16 @@ def _outputs(conversion: engine.Conversion, batches) -> list[dict[str, np.ndarra
 
 
 def _check(
-    conversion: engine.Conversion, batches, expected, rtol: float, atol: float
-) -> tuple[bool, dict[str, float]]:  # type: ignore[no-untyped-def]
+    conversion: engine.Conversion,
+    batches: Iterable[Feeds],
+    expected: Iterable[Feeds],
+    rtol: float,
+    atol: float,
+) -> tuple[bool, dict[str, float]]:
     """Whether ``conversion`` meets the tolerance on every batch, and per graph output the
     worst max |y - y32| / max |y32| (inf: a value finite in float32 is inf/NaN)."""
-    met, worst = True, {}
+    met = True
+    worst: dict[str, float] = {}
     for got, want in zip(_outputs(conversion, batches), expected, strict=True):
         report = verify.compare(want, got, rtol=rtol, atol=atol, provider="")
         met = met and report.ok
