@@ -172,8 +172,8 @@ def _tune_fp8(
         return 1
     console.print(
         f"kept {policy.dtype}: {len(result.kept)} of {result.candidates} float8 nodes; "
-        f"{result.evaluations} sets evaluated in one switchable model and the result "
-        f"converted in {result.seconds:.2f} s; max rel error {errors}"
+        f"{result.evaluations} sets evaluated ({result.runs} batch runs) in one switchable "
+        f"model and the result converted in {result.seconds:.2f} s; max rel error {errors}"
     )
     if result.kept:
         print(result.snippet(), flush=True)

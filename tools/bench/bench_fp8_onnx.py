@@ -266,6 +266,7 @@ def tuned(
         "met_on_tune_data": found.met,
         "seconds": round(found.seconds, 1),
         "evaluations": found.evaluations,
+        "runs": found.runs,
         "fp8_products": sum(d.rule == "fp8" for d in found.conversion.plan.fp8.values()),
         "kept": list(found.kept),
         "error": over(errors.per_batch(model), counts),

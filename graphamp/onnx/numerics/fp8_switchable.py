@@ -59,6 +59,7 @@ class Fp8Switchable:
             level=_OP_BY_OP, weights=self.weights,
         )  # fmt: skip
         self.outputs = [o.name for o in converted.graph.output]
+        self.runs = 0  # batches run so far
 
     def flags(self, float8: Iterable[str]) -> dict[str, np.ndarray]:
         chosen = set(float8)
@@ -67,6 +68,7 @@ class Fp8Switchable:
     def run(self, feeds: dict[str, np.ndarray], float8: Iterable[str]) -> dict[str, np.ndarray]:
         """The graph outputs on ``feeds`` with the candidates ``float8`` in float8 and the
         other candidates in the low type."""
+        self.runs += 1
         return self._session.run({**feeds, **self.flags(float8)}, self.outputs)
 
 

@@ -60,7 +60,8 @@ class Fp8TuneResult:
     conversion: Conversion
     kept: tuple[str, ...]  # worst first
     met: bool  # whether the real conversion meets the tolerance
-    evaluations: int  # candidate sets evaluated in the switchable model
+    evaluations: int  # candidate sets evaluated on every batch (or until one missed)
+    runs: int  # batches run through the switchable model (the ranking's included)
     seconds: float
     errors: dict[str, float]  # per graph output of the final conversion: max rel error
     baseline_errors: dict[str, float]  # the same with every candidate in float8
@@ -101,8 +102,8 @@ def tune_fp8(
         errors, met = _checked(conversion, batches, expected, rtol, atol)
         seconds = time.perf_counter() - start
         return Fp8TuneResult(
-            conversion, tuple(kept), met, len(search.known), seconds, errors, baseline,
-            len(chosen), alone,
+            conversion, tuple(kept), met, len(search.known), search.switch.runs, seconds,
+            errors, baseline, len(chosen), alone,
         )  # fmt: skip
 
     if search.meets(frozenset()):
