@@ -26,6 +26,13 @@ one of the dialect's matrix ops) decided in the low type, it records one
    float8 (``Options.fp8_tuned``: the node and the error the search measured).
 6. ``fp8`` (chosen): both operands quantised to E4M3, the output in the low type.
 
+With ``embeddings`` (a static recipe's opt-in), every Gather decided low whose data is a
+stored table gets a decision too: ``fp8_table`` (chosen: the table stored int8 with one scale
+per row, read as ``weight``, granularity ``row``), or the low type with ``fp8_deny`` (a deny
+name; another op reads the table as it is, so the low copy would stay beside the 8-bit one) or
+``fp8_shape`` (not a 2-D table indexed on axis 0, where one scale per row is one per gathered
+row). Matrix-op counts and ``--from-plan``'s coverage check count these decisions apart.
+
 Each chosen node's operands get a :class:`~graphamp.plans.records.ScaleRecord` (one per value,
 shared by every float8 op reading it): an activation's source is the recipe's (calibration,
 current, delayed), a stored weight's is ``weight`` per output channel under a static recipe.
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import math
 
 from graphamp.core.graph import MatrixDims, NodeKind, OpNode
@@ -53,6 +61,8 @@ from graphamp.training.float8 import Float8
 
 # Half of float8_e4m3fn's smallest subnormal (2**-9): a quantised value below it rounds to 0.
 E4M3_FLUSH = 2.0**-10
+# What a chosen decision's rule stores, as an error names it.
+_CHOSEN = {Rule.FP8: "float8", Rule.FP8_TABLE: "an 8-bit table"}
 # Ops between a router's product and its TopK that keep the order of values.
 _ORDER_KEEPING = frozenset({"softmax", "sigmoid", "cast", "reshape", "view", "_to_copy", "add"})
 
@@ -81,9 +91,19 @@ class Fp8Pass(Pass):
             if decision.rule is Rule.FP8:
                 decider.record_scales(node)
                 chosen += 1
+        tables = 0
+        for node in decider.table_nodes:
+            decision = decider.decide_table(node)
+            context.fp8_decisions[node.name] = decision
+            if decision.rule is Rule.FP8_TABLE:
+                decider.record_table(node)
+                tables += 1
         context.scales = sorted(decider.scales.values(), key=lambda r: (r.tensor, r.format))
         considered = len(decider.matrix_nodes)
-        return PassResult(modified=False, note=f"{chosen} of {considered} matrix ops float8")
+        note = f"{chosen} of {considered} matrix ops float8"
+        if settings.embeddings:
+            note += f", {tables} of {len(decider.table_nodes)} embedding lookups 8-bit"
+        return PassResult(modified=False, note=note)
 
 
 def _apply_reviewed(context: PassContext, settings: Float8, plan: Plan) -> PassResult:
@@ -93,7 +113,7 @@ def _apply_reviewed(context: PassContext, settings: Float8, plan: Plan) -> PassR
     moved since the review, and it is refused naming the node."""
     where = context.options.reviewed_where or plan.model or "the plan"
     decider = _Decider(context, settings, None, structural=True)
-    names = {node.name for node in decider.matrix_nodes}
+    names = {node.name for node in (*decider.matrix_nodes, *decider.table_nodes)}
     if names != set(plan.fp8):
         name = sorted(names ^ set(plan.fp8))[0]
         side = "the model decides it low" if name in names else "the model does not decide it low"
@@ -101,13 +121,16 @@ def _apply_reviewed(context: PassContext, settings: Float8, plan: Plan) -> PassR
             f"{where}: the plan's float8 decisions do not cover the model's matrix ops: "
             f"{name!r} ({side})"
         )
-    for node in decider.matrix_nodes:
+    tables = {node.name for node in decider.table_nodes}
+    for node in (*decider.matrix_nodes, *decider.table_nodes):
         reviewed = plan.fp8[node.name]
-        if reviewed.rule is Rule.FP8 and (now := decider.decide(node)).rule is not Rule.FP8:
-            raise GraphampError(
-                f"{where}: the plan puts {node.name!r} in float8, but the model now keeps it "
-                f"(rule {now.rule}: {now.reason})"
-            )
+        if reviewed.rule in _CHOSEN:
+            now = decider.decide_table(node) if node.name in tables else decider.decide(node)
+            if now.rule is not reviewed.rule:
+                raise GraphampError(
+                    f"{where}: the plan puts {node.name!r} in {_CHOSEN[reviewed.rule]}, but the "
+                    f"model now keeps it (rule {now.rule}: {now.reason})"
+                )
         context.fp8_decisions[node.name] = dataclasses.replace(reviewed)
     context.scales = [dataclasses.replace(record) for record in plan.scales]
     return PassResult(modified=False, note="float8 decisions from the reviewed plan")
@@ -146,8 +169,29 @@ class _Decider:
             if (decision := context.decisions.get(node.name)) is not None
             and decision.precision == self.low
         ]
+        self.table_nodes = self._table_nodes(context) if settings.embeddings else []
         self.scales: dict[str, ScaleRecord] = {}
         self._stored: dict[str, bool] = {}
+
+    def _table_nodes(self, context: PassContext) -> list[OpNode]:
+        """The Gathers decided low whose data (slot 0) is a stored table, with
+        ``embeddings``: only a dialect that stores the values a node reads writes them."""
+        if self.settings.recipe != "static" or not self.stores_weights_read:
+            raise GraphampError(
+                "Float8(embeddings=True) stores embedding tables at conversion: ONNX models "
+                "with the static recipe only (graphamp convert --fp8 --fp8-embeddings)"
+            )
+        found = []
+        for node in self.graph:
+            if node.kind is not NodeKind.OP or node.op != "Gather" or node.domain:
+                continue
+            decision = context.decisions.get(node.name)
+            if decision is None or decision.precision != self.low or not node.inputs:
+                continue
+            info = self.graph.tensors.get(node.inputs[0])
+            if info is not None and info.is_constant and info.producer is None:
+                found.append(node)
+        return found
 
     # -- the rules ---------------------------------------------------------------------------
 
@@ -199,6 +243,61 @@ class _Decider:
             f"output {self.low}",
             operands,
         )
+
+    def decide_table(self, node: OpNode) -> Fp8Decision:
+        """An embedding lookup's table: stored int8 per row, or why it keeps the low type."""
+        table = node.inputs[0]
+        low = Precision(self.low)
+
+        def kept(rule: Rule, reason: str) -> Fp8Decision:
+            return Fp8Decision(low, rule, f"{reason}: its table kept {self.low}", [table])
+
+        problem = self._lookup_problem(node)
+        if problem is not None:
+            return kept(*problem)
+        for reader, slot in self.graph.consumers(table):
+            if reader == node.name:
+                continue
+            other = self.graph.nodes[reader]
+            if slot != 0 or reader not in self._table_names or self._lookup_problem(other):
+                return kept(
+                    Rule.FP8_DENY,
+                    f"{reader!r} reads {table!r} as it is too: its low copy would stay beside "
+                    "an 8-bit one",
+                )
+        shape = self.graph.tensors[table].shape
+        assert shape is not None  # _lookup_problem checked it
+        return Fp8Decision(
+            low,
+            Rule.FP8_TABLE,
+            f"an embedding table {shape[0]} x {shape[1]}: stored int8 with one scale per row "
+            f"(max |row| / 127, at conversion); the gathered rows and their scales are "
+            f"multiplied back to {self.low} (Float8 embeddings, --fp8-embeddings)",
+            [table],
+        )
+
+    def _lookup_problem(self, node: OpNode) -> tuple[Rule, str] | None:
+        """Why this lookup itself cannot read an 8-bit table (its name, its shape, its
+        place), None when it can."""
+        table = node.inputs[0]
+        pattern = self._denied_name(node)
+        if pattern is not None:
+            return Rule.FP8_DENY, f"its name matches the float8 deny rule {pattern!r}"
+        shape = self.graph.tensors[table].shape
+        axis = node.params.get("axis", 0)
+        if shape is None or len(shape) != 2 or not isinstance(axis, int) or axis % 2:
+            return (
+                Rule.FP8_SHAPE,
+                f"it indexes axis {axis} of {table!r} (shape {shape}): one scale per row needs "
+                "a 2-D table gathered on axis 0, so that each gathered row has its one scale",
+            )
+        if node.body:
+            return Rule.FP8_SHAPE, f"it lies inside the body {node.body!r}"
+        return None
+
+    @functools.cached_property
+    def _table_names(self) -> set[str]:
+        return {node.name for node in self.table_nodes}
 
     def _denied_name(self, node: OpNode) -> str | None:
         for pattern in self.settings.deny_names:
@@ -341,6 +440,16 @@ class _Decider:
                 record = ScaleRecord(value, "e4m3fn", granularity, source, detail, [], state)
                 self.scales[value] = record
             record.consumers.append(node.name)
+
+    def record_table(self, node: OpNode) -> None:
+        """The table's record: int8, one scale per row (axis 0), from the weight at
+        conversion; one record per table, shared by every Gather reading it."""
+        table = node.inputs[0]
+        record = self.scales.get(table)
+        if record is None:
+            record = ScaleRecord(table, "int8", "row", "weight", {"axis": 0}, [], [])
+            self.scales[table] = record
+        record.consumers.append(node.name)
 
 
 def _operands(node: OpNode, dims: MatrixDims | None) -> list[str]:

@@ -10,6 +10,12 @@ edits are known, those weights are measured here; the first that overflows raise
 :class:`~graphamp.errors.WeightOverflow`, and the conversion starts over without speculating.
 With every assumption checked, a speculative conversion gives the plan and the model the
 scan-first one gives.
+
+A weight that float8 stores itself (a scale record of source ``weight``: a float8 matrix
+weight, an 8-bit embedding table) is not written through that check either: its low copy is
+dropped where nothing else reads it. Those are measured here too, and their plan records take
+the counts (values flushed to zero, at float32's limit) a scan-first conversion records, so
+that ``convert --from-plan`` (which scans first) finds the same plan.
 """
 
 from __future__ import annotations
@@ -29,8 +35,13 @@ class SpeculationCheckPass(Pass):
         return context.weights.speculate
 
     def run(self, context: PassContext) -> PassResult:
-        converted = {record.name for record in context.script.weights}
+        stored_8bit = {record.tensor for record in context.scales if record.source == "weight"}
+        converted = {record.name for record in context.script.weights} - stored_8bit
         overflowing = context.weights.check_deferred(converted)
         if overflowing is not None:
             raise WeightOverflow(overflowing, context.policy.dtype)
+        for record in context.script.weights:
+            if record.name in stored_8bit and record.dst == context.policy.dtype:
+                stats = context.weights.stats(record.name, record.dst)
+                record.flushed_to_zero, record.at_limit = stats.flushed, stats.at_limit
         return PassResult(modified=False)

@@ -50,12 +50,22 @@ def add_fp8_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="with --fp8: keep these nodes (globs on node names) out of float8",
     )
+    parser.add_argument(
+        "--fp8-embeddings",
+        action="store_true",
+        help="with --fp8: also store each embedding table (a Gather's stored data) in 8 bits: "
+        "int8 with one scale per row (max|row|/127); the Gather reads the int8 rows and "
+        "their scales and multiplies them back to the low type, so only the gathered rows are "
+        "dequantised (ONNX has no float8 Gather). Each table's decision is in the plan (rule "
+        "fp8_table) (docs/float8.md)",
+    )
 
 
 def check_fp8_flags(args: argparse.Namespace) -> None:
     """One-line errors for float8 flags that cannot work together, before any work."""
-    if getattr(args, "fp8_deny_names", None) and not args.fp8:
-        raise GraphampError("--fp8-deny-names is only used with --fp8")
+    for flag in ("fp8_deny_names", "fp8_embeddings"):
+        if getattr(args, flag, None) and not args.fp8:
+            raise GraphampError(f"--{flag.replace('_', '-')} is only used with --fp8")
     if getattr(args, "fp8", False) and not getattr(args, "calibrate", None):
         raise GraphampError(
             "--fp8 needs --calibrate DATA: an ONNX model's float8 scales are fixed from "
@@ -78,7 +88,9 @@ def float8_option(args: argparse.Namespace, dialect: Dialect, source: Path) -> F
     from graphamp.onnx.dialect.float8 import refuse_quantised_file
 
     refuse_quantised_file(source)
-    return Float8.static(deny_names=tuple(args.fp8_deny_names))
+    return Float8.static(
+        deny_names=tuple(args.fp8_deny_names), embeddings=bool(args.fp8_embeddings)
+    )
 
 
 def add_inputs_argument(parser: argparse.ArgumentParser, what: str) -> None:

@@ -86,6 +86,9 @@ class Rule(enum.StrEnum):
     FP8_OPERANDS = "fp8_operands"  # both operands activations (attention's products)
     FP8_RANGE = "fp8_range"  # calibration: too much of an operand would underflow its scale
     FP8_TUNED = "fp8_tuned"  # graphamp tune --fp8: the model misses its tolerance with it float8
+    # an embedding table (a Gather's stored data) stored in 8 bits, one scale per row, with
+    # Float8(embeddings=True): the gathered rows dequantised to the low type
+    FP8_TABLE = "fp8_table"
     # float8 training steps: the scaling nodes a step pass adds
     FP8_AMAX = "fp8_amax"
     FP8_QUANTIZE = "fp8_quantize"
@@ -100,6 +103,14 @@ KEPT_FLOAT32 = DENY_SEEDS | {Rule.RANGE, Rule.INTEGER_RANGE, Rule.INTEGER_VALUED
 """Rules whose nodes must never end low (checked between passes)."""
 
 FP8_RULES = frozenset(
-    {Rule.FP8, Rule.FP8_SHAPE, Rule.FP8_DENY, Rule.FP8_OPERANDS, Rule.FP8_RANGE, Rule.FP8_TUNED}
+    {
+        Rule.FP8,
+        Rule.FP8_SHAPE,
+        Rule.FP8_DENY,
+        Rule.FP8_OPERANDS,
+        Rule.FP8_RANGE,
+        Rule.FP8_TUNED,
+        Rule.FP8_TABLE,
+    }
 )
 """The rules of a float8 decision (:class:`~graphamp.plans.records.Fp8Decision`)."""

@@ -126,11 +126,20 @@ class Plan:
         known = [self.nodes[n] for n in self.matrix_nodes() if self.nodes[n].flops is not None]
         total = sum(d.flops or 0 for d in known)
         fp8_flops = sum(self.nodes[n].flops or 0 for n in chosen if n in self.nodes)
-        return {
+        found: dict[str, object] = {
             "matrix_ops_fp8": len(chosen),
             "matrix_flops_fp8_share": round(fp8_flops / total, 6) if total else None,
             "scales": len(self.scales),
         }
+        if self.fp8_settings.get("embeddings"):  # only then, so other plans keep their bytes
+            found["tables_8bit"] = sum(d.rule == Rule.FP8_TABLE for d in self.fp8.values())
+        return found
+
+    def fp8_tables(self) -> list[str]:
+        """The nodes of the float8 decisions that are embedding lookups, not matrix ops
+        (``Float8(embeddings=True)``: their tables stored 8-bit or kept)."""
+        matrix = set(self.matrix_nodes())
+        return [name for name in self.fp8 if name not in matrix]
 
     @property
     def version(self) -> int:

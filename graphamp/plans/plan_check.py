@@ -15,6 +15,7 @@ from typing import NoReturn, cast
 from graphamp.core.dtypes import LOW_TYPES
 from graphamp.core.vocab import FP8_RULES, ListName, Precision, Rule
 from graphamp.errors import GraphampError
+from graphamp.plans.records import SCALE_FORMATS, SCALE_GRANULARITIES, SCALE_SOURCES
 
 Check = Callable[[object, str], None]
 
@@ -209,9 +210,9 @@ _FP8_DECISION = {
 }
 _SCALE = {
     "tensor": _string,
-    "format": _one_of("a float8 format", frozenset({"e4m3fn", "e5m2"})),
-    "granularity": _one_of("a granularity", frozenset({"tensor", "row", "channel"})),
-    "source": _one_of("a scale source", frozenset({"calibration", "current", "delayed", "weight"})),
+    "format": _one_of("a scale format", frozenset(SCALE_FORMATS)),
+    "granularity": _one_of("a granularity", frozenset(SCALE_GRANULARITIES)),
+    "source": _one_of("a scale source", frozenset(SCALE_SOURCES)),
 }
 _SCALE_OPTIONAL = {
     "detail": lambda v, p: _record(v, p, {}, optional={}, open_keys=True),

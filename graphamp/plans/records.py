@@ -177,7 +177,7 @@ class Fp8Decision:
         )
 
 
-SCALE_FORMATS = ("e4m3fn", "e5m2")
+SCALE_FORMATS = ("e4m3fn", "e5m2", "int8")  # int8: an embedding table's rows (passes/fp8.py)
 SCALE_GRANULARITIES = ("tensor", "row", "channel")
 SCALE_SOURCES = ("calibration", "current", "delayed", "weight")
 

@@ -40,9 +40,16 @@ def text_table(plan: Plan) -> str:
                 f"{decision.reason}{via}"
             )
     if plan.fp8_settings is not None:
+        tables = plan.fp8_tables()
         lines += [
             "",
-            f"float8 ({summary['matrix_ops_fp8']} of {len(plan.fp8)} matrix ops decided low)",
+            f"float8 ({summary['matrix_ops_fp8']} of {len(plan.fp8) - len(tables)} matrix ops "
+            "decided low"
+            + (
+                f"; {summary.get('tables_8bit')} of {len(tables)} embedding tables 8-bit)"
+                if tables
+                else ")"
+            ),
         ]
         for name, fp8_decision in sorted(plan.fp8.items()):
             lines.append(
@@ -144,6 +151,12 @@ def fp8_lines(plan: Plan, node: str) -> list[str]:
         return []
     lines = [f"  float8: {decision.precision}, rule {decision.rule}: {decision.reason}"]
     scales = {record.tensor: record for record in plan.scales if node in record.consumers}
+    if node in plan.fp8_tables():
+        for value in decision.operands:
+            record = scales.get(value)
+            stored = record.describe() if record is not None else f"kept {plan.dtype}"
+            lines.append(f"  table {value!r}: {stored}")
+        return lines
     for label, value in zip(("A", "B"), decision.operands, strict=False):
         record = scales.get(value)
         source = record.describe() if record is not None else f"not quantised ({plan.dtype})"

@@ -22,6 +22,14 @@ size table keeps small products out: ``"torchao"`` is torchao's auto-filter for 
 granularity, ``"none"`` keeps only the multiple-of-16 rule) and ``max_underflow`` (the share of
 an operand's non-zero calibrated values that may flush to zero at its scale before the node
 keeps the low type).
+
+``embeddings`` (off by default; static recipe only, what ``convert --fp8-embeddings`` sets)
+also stores each embedding table (a Gather's stored data) in 8 bits: int8 with one scale per
+row (max |row| / 127), the Gather reading the int8 table and the scale vector and the gathered
+rows multiplied back to the low type. Not float8: ONNX's Gather takes no float8 tensor at any
+opset, so a float8 table would need a DequantizeLinear of the whole table before the Gather on
+every run; and int8's uniform grid is about 3x closer than E4M3's to a row of normally
+distributed values at the same bytes (relative RMS error 0.8% against 2.6%).
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ class Float8:
     keep_last: bool = True
     sizes: str = "torchao"
     max_underflow: float = 0.01
+    embeddings: bool = False  # static: embedding tables stored int8 per row (docstring)
     extra: Mapping[str, Any] = field(default_factory=dict)  # settings a dialect adds
 
     def __post_init__(self) -> None:
@@ -74,6 +83,15 @@ class Float8:
         if isinstance(self.deny_names, str) or not all(isinstance(n, str) for n in self.deny_names):
             raise GraphampError("Float8: deny_names must be a sequence of glob strings")
         object.__setattr__(self, "deny_names", tuple(self.deny_names))
+        if not isinstance(self.embeddings, bool):
+            raise GraphampError(
+                f"Float8: embeddings must be True or False, not {self.embeddings!r}"
+            )
+        if self.embeddings and self.recipe != "static":
+            raise GraphampError(
+                "Float8: embeddings=True stores tables at conversion: the static recipe only "
+                "(Float8.static(embeddings=True))"
+            )
         if self.recipe == "static" and self.granularity != "tensor":
             raise GraphampError(
                 "Float8.static: activations take one scale per tensor (granularity 'tensor'); "
@@ -144,6 +162,8 @@ class Float8:
             sizes=self.sizes,
             max_underflow=self.max_underflow,
         )
+        if self.embeddings:  # written only when on: plans made without it keep their bytes
+            data["embeddings"] = True
         if self.extra:
             data["extra"] = dict(sorted(self.extra.items()))
         return data
@@ -152,7 +172,7 @@ class Float8:
     def from_dict(cls, data: Mapping[str, object], *, where: str = "fp8 settings") -> Float8:
         known = {
             "recipe", "granularity", "history", "algorithm", "margin", "deny_names",
-            "keep_last", "sizes", "max_underflow", "extra",
+            "keep_last", "sizes", "max_underflow", "embeddings", "extra",
         }  # fmt: skip
         unknown = sorted(set(data) - known)
         if unknown:

@@ -20,6 +20,11 @@ second rounding the runtimes do not make). With ``MODELOPT_PYTHON`` (``tools/set
 ModelOpt's FP8 mode on the same BERT and data, measured the same way, and the nodes it put in
 float8.
 
+``--variants`` names the float8 settings measured, each against the same reference outputs and
+calibration: ``default`` (``Float8.static()``, what ``convert --fp8`` does), ``embeddings``
+(``--fp8-embeddings``: embedding tables stored int8 per row), ``embeddings+last`` (also the last
+matrix op, the LM head, in float8 where its shape allows: ``keep_last=False``).
+
 ``--tune`` also runs ``tune --fp8`` (graphamp.onnx.numerics.fp8_tuning) with rtol the issue's
 bar for the model (BERT 2.5e-2, GPT 1.5e-2; ``--tune-scale`` multiplies it) on ``--tune-batches``
 batches of their own (seed 2: neither the calibration data, seed 0, nor the held-out data,
@@ -27,7 +32,8 @@ seed 1), from the same calibration, and measures the tuned model as the plain on
 on the held-out batches, its float8 products, its weight bytes, and tune's wall time.
 
     python tools/bench/bench_fp8_onnx.py [--size small] [--models bert gpt] [--held-out 4 16]
-        [--seeds 1] [--tune [--tune-batches 4] [--tune-scale 1]] [--json out.json]
+        [--seeds 1] [--variants default embeddings embeddings+last]
+        [--tune [--tune-batches 4] [--tune-scale 1]] [--json out.json]
 """
 
 from __future__ import annotations
@@ -55,6 +61,11 @@ from benchlib import machine
 
 MATRIX = ("MatMul", "Gemm", "Conv")
 BARS = {"bert": 2.5e-2, "gpt": 1.5e-2}  # issue 41: the largest error allowed vs float32
+VARIANTS = {  # --variants: the float8 settings measured
+    "default": {},
+    "embeddings": {"embeddings": True},
+    "embeddings+last": {"embeddings": True, "keep_last": False},
+}
 REFERENCE_MAX_BYTES = 16 * 1024 * 1024  # onnx.reference runs float16 MatMuls slowly
 
 
@@ -139,6 +150,7 @@ def weight_roles(model: onnx.ModelProto) -> dict[str, int]:
                 elif value in inits:
                     role.setdefault(value, "matrix_low")
         elif node.op_type == "Gather" and node.input[0] in inits:
+            # a table: int8, and its row scales, with --fp8-embeddings
             role.setdefault(node.input[0], "embedding")
     found = dict.fromkeys(("float8", "matrix_low", "embedding", "other"), 0)
     for name, init in inits.items():
@@ -181,21 +193,49 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def measure(name: str, size: str, args: argparse.Namespace, folder: Path) -> dict:
+def measure(name: str, size: str, args: argparse.Namespace, folder: Path) -> list[dict]:
+    """The figures of each of ``args.variants`` on one model."""
     path = export_onnx(name, folder / f"{name}.onnx", size)
     reference = onnx.load(str(path))
     counts = sorted(args.held_out)
     calibrate_data = batches(reference, args.calibration, seed=0)
     errors = Errors(reference, batches(reference, max(counts), seed=1))
-    f16 = gonnx.convert(str(path))
-    f16_model = f16.to_proto()
-    fp8, ranges_of_seed0 = None, None
+    f16_model = gonnx.convert(str(path)).to_proto()
+    f16_error = over(errors.per_batch(f16_model), counts)
+    ranges = [
+        gonnx.calibrate(
+            str(path),
+            calibrate_data if seed == 0 else batches(reference, args.calibration, 100 + seed),
+            histograms=True,
+        )
+        for seed in range(args.seeds)  # the first: the calibration data of every other figure
+    ]
+    found = []
+    for variant in args.variants:
+        settings = graphamp.Float8.static(**VARIANTS[variant])
+        result = measure_variant(name, path, reference, settings, ranges, errors, f16_model, args)
+        found.append({"variant": variant, **result, "float16_error": f16_error})
+        if variant == "default" and os.environ.get("MODELOPT_PYTHON") and name == "bert":
+            found[-1].update(against_modelopt(path, calibrate_data, errors, found[-1], args))
+    return found
+
+
+def measure_variant(
+    name: str,
+    path: Path,
+    reference: onnx.ModelProto,
+    settings: graphamp.Float8,
+    ranges: list,
+    errors: Errors,
+    f16_model: onnx.ModelProto,
+    args: argparse.Namespace,
+) -> dict:
+    """One float8 setting's figures (the module docstring), over each calibration set."""
+    counts = sorted(args.held_out)
+    fp8 = None
     per_seed: list[dict[str, float]] = []
-    for seed in range(args.seeds):  # the first: the calibration data of every other figure
-        data = calibrate_data if seed == 0 else batches(reference, args.calibration, 100 + seed)
-        ranges = gonnx.calibrate(str(path), data, histograms=True)
-        ranges_of_seed0 = ranges_of_seed0 if seed else ranges
-        converted = gonnx.convert(str(path), fp8=graphamp.Float8.static(), ranges=ranges)
+    for seed_ranges in ranges:
+        converted = gonnx.convert(str(path), fp8=settings, ranges=seed_ranges)
         per_seed.append(over(errors.per_batch(converted.to_proto()), counts))
         fp8 = fp8 or converted
     assert fp8 is not None
@@ -207,10 +247,9 @@ def measure(name: str, size: str, args: argparse.Namespace, folder: Path) -> dic
     matrix = roles["float8"] + roles["matrix_low"]
     f16_matrix = f16_roles["float8"] + f16_roles["matrix_low"]
     result = {
-        "model": f"{name} ({size})",
+        "model": f"{name} ({args.size})",
         "calibration_batches": args.calibration,
         "fp8_error": per_seed[0],
-        "float16_error": over(errors.per_batch(f16_model), counts),
         "weight_bytes": total,
         "float16_weight_bytes": f16_total,
         "float32_weight_bytes": f32_total,
@@ -221,9 +260,12 @@ def measure(name: str, size: str, args: argparse.Namespace, folder: Path) -> dic
         "float16_weight_bytes_by_role": f16_roles,
         "fp8_nodes": sorted(n for n, d in fp8.plan.fp8.items() if d.rule == "fp8"),
         "kept": {
-            n: f"{d.rule}: {d.reason}" for n, d in sorted(fp8.plan.fp8.items()) if d.rule != "fp8"
+            n: f"{d.rule}: {d.reason}"
+            for n, d in sorted(fp8.plan.fp8.items())
+            if d.rule not in ("fp8", "fp8_table")
         },
         "rules": dict(sorted(rules.items())),
+        "tables_8bit": [n for n, d in fp8.plan.fp8.items() if d.rule == "fp8_table"],
     }
     if args.seeds > 1:
         result["fp8_error_over_seeds"] = {
@@ -232,32 +274,41 @@ def measure(name: str, size: str, args: argparse.Namespace, folder: Path) -> dic
     if fp8_model.ByteSize() <= REFERENCE_MAX_BYTES:
         result["ort_vs_reference"] = reference_gap(fp8_model, errors.data[:1])
     if args.tune:
-        result["tune"] = tuned(name, path, reference, ranges_of_seed0, errors, f16_total, args)
-    python = os.environ.get("MODELOPT_PYTHON")
-    if python and name == "bert":
-        quantised = modelopt(python, path, calibrate_data, folder)
-        if quantised is not None:
-            result["modelopt_error"] = over(errors.per_batch(quantised), counts)
-            result["modelopt_fp8_nodes"] = float8_nodes(quantised)
-            result["modelopt_quantisers"] = dict(
-                Counter(n.op_type for n in quantised.graph.node if "uantize" in n.op_type)
-            )
-            result["error_vs_modelopt"] = {
-                n: result["fp8_error"][n] / result["modelopt_error"][n] for n in map(str, counts)
-            }
+        result["tune"] = tuned(name, path, reference, ranges[0], errors, f16_total, args, settings)
     return result
+
+
+def against_modelopt(
+    path: Path, calibrate_data: list[dict], errors: Errors, result: dict, args: argparse.Namespace
+) -> dict:
+    """ModelOpt's FP8 mode on the same model and data, beside graphamp's ``result`` (nothing
+    where ModelOpt failed)."""
+    counts = sorted(args.held_out)
+    quantised = modelopt(os.environ["MODELOPT_PYTHON"], path, calibrate_data, path.parent)
+    if quantised is None:
+        return {}
+    error = over(errors.per_batch(quantised), counts)
+    return {
+        "modelopt_error": error,
+        "modelopt_fp8_nodes": float8_nodes(quantised),
+        "modelopt_quantisers": dict(
+            Counter(n.op_type for n in quantised.graph.node if "uantize" in n.op_type)
+        ),
+        "error_vs_modelopt": {n: result["fp8_error"][n] / error[n] for n in map(str, counts)},
+    }
 
 
 def tuned(
     name: str, path: Path, reference: onnx.ModelProto, ranges, errors: Errors, f16_bytes: int,
-    args: argparse.Namespace,
+    args: argparse.Namespace, settings: graphamp.Float8,
 ) -> dict:  # fmt: skip
-    """``tune --fp8`` to the issue's bar on batches of its own, measured on the held-out ones."""
+    """``tune --fp8`` (with the variant's ``settings``) to the issue's bar on batches of its
+    own, measured on the held-out ones."""
     from graphamp.onnx.numerics.fp8_tuning import tune_fp8
 
     rtol = BARS[name] * args.tune_scale
     data = batches(reference, args.tune_batches, seed=2)
-    found = tune_fp8(str(path), data, rtol=rtol, ranges=ranges)
+    found = tune_fp8(str(path), data, rtol=rtol, ranges=ranges, fp8=settings)
     model = found.conversion.to_proto()
     counts = sorted(args.held_out)
     return {
@@ -284,6 +335,10 @@ def main() -> None:
         "--held-out", type=int, nargs="+", default=[4, 16], help="held-out batch counts"
     )
     parser.add_argument("--seeds", type=int, default=1, help="calibration sets (error spread)")
+    parser.add_argument(
+        "--variants", nargs="+", default=["default"], choices=sorted(VARIANTS),
+        help="float8 settings to measure (module docstring)",
+    )  # fmt: skip
     parser.add_argument("--tune", action="store_true", help="also tune --fp8 to the bars")
     parser.add_argument("--tune-batches", type=int, default=4, help="tune's own batches")
     parser.add_argument("--tune-scale", type=float, default=1.0, help="rtol = scale x bar")
@@ -293,13 +348,13 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-fp8-") as folder:
         for name in args.models:
-            found = measure(name, args.size, args, Path(folder))
-            results.append(found)
-            shown = {k: v for k, v in found.items() if k not in ("kept", "fp8_nodes")}
-            print(json.dumps(shown, indent=1), flush=True)
-            print(f"  float8: {len(found['fp8_nodes'])} matrix ops; kept: ")
-            for node, why in found["kept"].items():
-                print(f"    {node}: {why}")
+            for found in measure(name, args.size, args, Path(folder)):
+                results.append(found)
+                shown = {k: v for k, v in found.items() if k not in ("kept", "fp8_nodes")}
+                print(json.dumps(shown, indent=1), flush=True)
+                print(f"  float8: {len(found['fp8_nodes'])} matrix ops; kept: ")
+                for node, why in found["kept"].items():
+                    print(f"    {node}: {why}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 

@@ -12,6 +12,14 @@ type. This module then, for a static recipe (scales fixed at conversion):
   the channel, in the low type, from the float32 weight), and a ``DequantizeLinear`` (axis: the
   weight's N axis) gives its float8 readers the low type; the low copy stays only if another op
   still reads it;
+* an embedding table (``Float8(embeddings=True)``, scale records of format ``int8``) is
+  stored int8 with one scale per row (max |row| / 127 in the low type, rounded up, from the
+  float32 table); each Gather reading it reads the int8 table, a second Gather reads the
+  scales (a [rows, 1] vector) with the same indices, and ``Cast`` to the low type then ``Mul``
+  give the rows the Gather gave before: only the gathered rows are dequantised, and both
+  runtimes compute them exactly (an int8 times a 16-bit scale is one rounding). Not a
+  DequantizeLinear: one per row of the gathered rows is not a per-axis scale, and one of the
+  whole table before the Gather would dequantise every row on every run;
 * the model's opset becomes at least 21 (low-type scales need it), through ONNX's version
   converter where it is older.
 
@@ -44,6 +52,8 @@ from graphamp.training.float8 import E4M3_MAX, scale_of
 
 FP8_OPSET = 21  # DequantizeLinear writes its scale's type; float16/bfloat16 scales need 21
 QUANTISERS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+INT8_MAX = 127.0  # an 8-bit table's rows are symmetric: -127..127
+TABLE_BLOCK_ROWS = 4096  # rows of an embedding table quantised at a time (memory)
 _E4M3 = onnx.TensorProto.FLOAT8E4M3FN
 
 
@@ -107,12 +117,15 @@ class _Emitter:
         self.taken = {name for node in main.node for name in (*node.input, *node.output)}
         self.taken |= {init.name for init in main.initializer} | set(self.by_name)
         self.before: dict[int, list[onnx.NodeProto]] = {}  # node position -> nodes to put first
+        self.after: dict[int, list[onnx.NodeProto]] = {}  # node position -> nodes to put next
         self.position = {id(node): index for index, node in enumerate(main.node)}
 
     def run(self, scales: list[ScaleRecord]) -> None:
         for record in scales:
             readers = self._readers(record)
-            if record.source == "weight":
+            if record.source == "weight" and record.format == "int8":
+                self._table(record, readers)
+            elif record.source == "weight":
                 self._weight(record, readers)
             elif record.source == "calibration":
                 self._activation(record, readers)
@@ -125,6 +138,7 @@ class _Emitter:
         for index, node in enumerate(self.proto.graph.node):
             nodes += self.before.get(index, [])
             nodes.append(node)
+            nodes += self.after.get(index, [])
         del self.proto.graph.node[:]
         self.proto.graph.node.extend(nodes)
         self._drop_unread()
@@ -213,6 +227,39 @@ class _Emitter:
         for reader, slot in readers:
             reader.input[slot] = restored
 
+    def _table(self, record: ScaleRecord, readers: list[tuple[onnx.NodeProto, int]]) -> None:
+        """An embedding table stored int8 per row, each Gather reading it rewritten to
+        gather the int8 rows and their scales and multiply them back (module docstring)."""
+        info = self.graph.tensors[record.tensor]
+        if info.load_value is None:
+            raise GraphampError(f"8-bit table: {record.tensor!r} has no stored value")
+        quantised, scales = quantise_rows(np.asarray(info.load_value()), self.low)
+        stored = self._name(f"{record.tensor}/int8")
+        scale_name = self._name(f"{record.tensor}/row_scale")
+        self.proto.graph.initializer.extend([
+            numpy_helper.from_array(quantised, stored),
+            numpy_helper.from_array(scales.reshape(-1, 1), scale_name),
+        ])  # fmt: skip
+        low_code = helper.np_dtype_to_tensor_dtype(np.dtype(self.low))
+        for gather, slot in readers:
+            if slot != 0:
+                raise GraphampError(f"8-bit table: {gather.name!r} reads it as its indices")
+            axis = [a.i for a in gather.attribute if a.name == "axis"]
+            if axis and axis[0] not in (0, -2):  # the pass decides only axis-0 lookups
+                raise GraphampError(f"8-bit table: {gather.name!r} gathers axis {axis[0]}")
+            output, indices = gather.output[0], gather.input[1]
+            rows = self._name(f"{output}/int8")
+            row_scales, widened = self._name(f"{output}/row_scale"), self._name(f"{output}/low")
+            gather.input[0], gather.output[0] = stored, rows
+            self.after.setdefault(self.position[id(gather)], []).extend([
+                helper.make_node("Gather", [scale_name, indices], [row_scales], axis=0,
+                                 name=self._name(f"{gather.name}/RowScale")),
+                helper.make_node("Cast", [rows], [widened], to=low_code,
+                                 name=self._name(f"{gather.name}/Cast")),
+                helper.make_node("Mul", [widened, row_scales], [output],
+                                 name=self._name(f"{gather.name}/Mul")),
+            ])  # fmt: skip
+
     def _drop_unread(self) -> None:
         """Initializers no node reads any more (a weight's low copy all of whose readers now
         read its float8 one), with a StreamedModel's data positions moved to match."""
@@ -241,6 +288,24 @@ def quantise_per_channel(values: np.ndarray, axis: int, low: type) -> tuple[np.n
     shape = [1] * values.ndim
     shape[axis] = -1
     return _to_e4m3(values / scales.astype(np.float32).reshape(shape)), scales
+
+
+def quantise_rows(table: np.ndarray, low: type) -> tuple[np.ndarray, np.ndarray]:
+    """A 2-D ``table`` as int8 with one scale per row: max |row| / 127 stored in the low type
+    ``low`` (rounded up, :func:`stored_scales`; 1 for an all-zero row), each row divided by its
+    stored scale and rounded to the nearest integer, ties to even, so that int8 value times
+    stored scale is what the rewritten Gather gives and no value passes 127. Returns the int8
+    table and the scales (in ``low``), a block of rows at a time (memory)."""
+    quantised = np.empty(table.shape, np.int8)
+    scales: np.ndarray = np.empty(table.shape[0], low)
+    for start in range(0, table.shape[0], TABLE_BLOCK_ROWS):
+        block = np.asarray(table[start : start + TABLE_BLOCK_ROWS], np.float32)
+        amax = np.abs(block).max(axis=1, initial=0.0)
+        stored = stored_scales(np.where(amax > 0, amax / INT8_MAX, 1.0).astype(np.float32), low)
+        ratio = np.rint(block / stored.astype(np.float32)[:, None])
+        quantised[start : start + len(block)] = np.clip(ratio, -INT8_MAX, INT8_MAX)
+        scales[start : start + len(block)] = stored
+    return quantised, scales
 
 
 def channel_scales(amax: np.ndarray, low: type) -> np.ndarray:

@@ -106,6 +106,8 @@ def computing_node(
     if op_node.op in ("MatMul", "Gemm", "Conv", "ConvTranspose"):
         op_node.flops = _matrix_flops(op_node, tensors, attribute)
         op_node.matrix = _matrix_dims(op_node, tensors, attribute)
+    elif op_node.op == "Gather":  # which axis it indexes: float8's 8-bit tables need axis 0
+        op_node.params = {"axis": int(attribute("axis") or 0)}  # type: ignore[call-overload]
     return op_node
 
 
