@@ -33,22 +33,22 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
     scopes = _Scopes(handles, values)
     after = scopes.after
 
-    for record in script.weights:
-        source = values[record.name]
-        param = attribute(module, source.target)  # type: ignore[arg-type]
+    for weight in script.weights:
+        source = values[weight.name]
+        path, param = _weight(module, source)
         # Stored low (weights="low", the inference mode) but still trainable where it was:
         # backward then gives it gradients in the low type instead of silently none.
         converted = nn.Parameter(
-            _to_low(param.detach(), record.dst),  # type: ignore[attr-defined]
-            requires_grad=bool(getattr(param, "requires_grad", False)),
+            _to_low(param.detach(), weight.dst),
+            requires_grad=param.requires_grad,
         )
-        if record.in_place:
-            set_attribute(module, source.target, converted)  # type: ignore[arg-type]
+        if weight.in_place:
+            set_attribute(module, path, converted)
         else:
-            target = record.stored_as.replace(".", "_")
+            target = weight.stored_as.replace(".", "_")
             module.register_parameter(target, converted)
             with after(source):
-                values[record.stored_as] = graph.get_attr(target)
+                values[weight.stored_as] = graph.get_attr(target)
 
     for record in script.casts:
         source = values[record.tensor]
@@ -61,9 +61,10 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
     for name, initial in script.new_inputs.items():  # state: placeholders after the others
         with graph.inserting_before(body):
             values[name] = graph.placeholder(re.sub(r"\W", "_", name))  # an identifier
-        tensor = read.graph.tensors[name]
-        shape = tuple(int(d) for d in tensor.shape or ())  # type: ignore[arg-type]
-        values[name].meta["val"] = torch.full(shape, initial, dtype=torch_dtype(tensor.dtype))
+        info = read.graph.tensors[name]
+        # arg-type: a pass adds state of known dims only (int() of a named one would raise)
+        shape = tuple(int(d) for d in info.shape or ())  # type: ignore[arg-type]
+        values[name].meta["val"] = torch.full(shape, initial, dtype=torch_dtype(info.dtype))
     for name in script.new_nodes:
         lowering.build(graph, read.graph.nodes[name], values)
 
@@ -86,21 +87,22 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
         # The slot-th tensor argument as traced (the reader's order): a pass that reroutes
         # (the training passes) has already changed the OpGraph's inputs to the new value.
         node = values[node_name]
-        old = [a for a in flat([node.args, node.kwargs]) if isinstance(a, fx.Node)][slot]
-        node.replace_input_with(old, scopes.value(tensor, node.graph))  # type: ignore[arg-type]
+        traced = [a for a in flat([node.args, node.kwargs]) if isinstance(a, fx.Node)][slot]
+        node.replace_input_with(traced, scopes.value(tensor, node.graph))
 
     for node_name in script.hoist_casts:  # right after the producer of its (rewired) input
-        node, source = values[node_name], values[node_name].args[0]
-        if source.op == "placeholder":  # type: ignore[union-attr]
-            source = [n for n in source.graph.nodes if n.op == "placeholder"][-1]  # type: ignore[union-attr]
-        source.append(node)  # type: ignore[union-attr]
+        node = values[node_name]
+        producer = _read(node)
+        if producer.op == "placeholder":
+            producer = [n for n in producer.graph.nodes if n.op == "placeholder"][-1]
+        producer.append(node)
 
     for node_name, dtype in script.retarget_casts.items():
         node = values[node_name]
         node.kwargs = {**node.kwargs, "dtype": torch_dtype(dtype)}
     for node_name in script.remove_nodes:
         node = values[node_name]
-        node.replace_all_uses_with(node.args[0])  # type: ignore[arg-type]
+        node.replace_all_uses_with(_read(node))
         node.graph.erase_node(node)
     for name in script.erase_nodes:  # replaced by a node a pass added: nothing reads it now
         graph.erase_node(values[name])
@@ -116,9 +118,9 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
 
     for call in handles.calls.values():
         hops.drop_unread_operands(call)
-    for body in scopes.bodies():
-        body.graph.lint()
-        body.recompile()
+    for body_module in scopes.bodies():
+        body_module.graph.lint()
+        body_module.recompile()
     graph.lint()
     module.recompile()
     return module
@@ -199,6 +201,24 @@ class _Scopes:
             return
         body = dict(call.bodies)[call.results[0 if boundary.role == "carried" else slot]]
         hops.set_returned(body, boundary.index, self.value(name, body.graph))
+
+
+def _weight(module: nn.Module, node: fx.Node) -> tuple[str, torch.Tensor]:
+    """The attribute path a weight's ``get_attr`` node reads, and the tensor there."""
+    path, value = node.target, None
+    if isinstance(path, str):
+        value = attribute(module, path)
+    if not isinstance(path, str) or not isinstance(value, torch.Tensor):
+        raise InternalError(f"weight node {node.name!r} reads no tensor attribute ({path!r})")
+    return path, value
+
+
+def _read(node: fx.Node) -> fx.Node:
+    """The value a Cast (or another one-input node) ``node`` reads."""
+    value = node.args[0]
+    if not isinstance(value, fx.Node):
+        raise InternalError(f"node {node.name!r} reads {value!r}, not a value")
+    return value
 
 
 def _to_low(values: torch.Tensor, dtype: str) -> torch.Tensor:
