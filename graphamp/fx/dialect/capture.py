@@ -193,9 +193,10 @@ def _check_indices(
                     )
 
     try:
-        combined = _combine_args(model, args, kwargs)
+        by_name = _combine_args(model, args, kwargs)
+        combined: dict[str, Any] | tuple[Any, ...] | list[Any] = by_name
         if isinstance(dynamic_shapes, tuple | list):
-            combined = type(dynamic_shapes)(combined.values())
+            combined = type(dynamic_shapes)(by_name.values())
         _tree_map_with_path(check, combined, dynamic_shapes, tree_name="inputs")
     except GraphampError:
         raise

@@ -99,6 +99,7 @@ def reduce_scatter(node: OpNode) -> Lowering:
 def over_ranks(value: torch.Tensor, op: str, group: str) -> torch.Tensor:
     """``value`` (a 0-d tensor) reduced over the group with ``op`` ("sum" or "max")."""
     from torch.distributed import _functional_collectives as collectives
+    from torch.distributed.distributed_c10d import GroupName
 
     sent = value.reshape(1)
-    return collectives.wait_tensor(collectives.all_reduce(sent, op, group))[0]
+    return collectives.wait_tensor(collectives.all_reduce(sent, op, GroupName(group)))[0]

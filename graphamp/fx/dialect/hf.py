@@ -17,6 +17,7 @@ classes); call :func:`register_caches` before ``torch.export.load`` of such a pr
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -67,7 +68,7 @@ def _encoder_decoder_flatten_with_keys(cache: Any) -> tuple[list[tuple[Any, Any]
     return [(pytree.GetAttrKey(name), getattr(cache, name)) for name in _SUBCACHES], None
 
 
-def _encoder_decoder_unflatten(values: list[Any], context: None) -> Any:
+def _encoder_decoder_unflatten(values: Iterable[Any], context: None) -> Any:
     from transformers.cache_utils import EncoderDecoderCache
 
     return EncoderDecoderCache(*values)
@@ -105,17 +106,17 @@ def _static_flatten_with_keys(cache: Any) -> tuple[list[tuple[Any, torch.Tensor]
     return [(pytree.GetAttrKey(name), tensor) for name, tensor in tensors], context
 
 
-def _static_unflatten(values: list[torch.Tensor], context: list[Any]) -> Any:
+def _static_unflatten(values: Iterable[torch.Tensor], context: list[Any]) -> Any:
     from transformers import cache_utils
 
     layers_context, own = context
-    values = list(values)
+    remaining = list(values)
     layers = []
     for class_name, names, plain in layers_context:
         layer = object.__new__(getattr(cache_utils, class_name))
         layer.__dict__.update(plain)
         for name in names:
-            setattr(layer, name, values.pop(0))
+            setattr(layer, name, remaining.pop(0))
         layer.device = layer.keys.device
         layers.append(layer)
     cache = object.__new__(cache_utils.StaticCache)

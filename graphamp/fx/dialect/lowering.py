@@ -201,8 +201,9 @@ def _scale_update(node: OpNode) -> Lowering:
 def _all_reduce(node: OpNode) -> Lowering:
     # Functional collectives trace into the graph as _c10d_functional ops on the group's name.
     from torch.distributed import _functional_collectives as collectives
+    from torch.distributed.distributed_c10d import GroupName
 
-    group, world = str(node.params["group"]), int(node.params["world_size"])
+    group, world = GroupName(str(node.params["group"])), int(node.params["world_size"])
     if node.params["op"] == "max":
 
         def largest(flag: torch.Tensor) -> torch.Tensor:

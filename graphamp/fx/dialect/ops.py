@@ -14,6 +14,7 @@ from torch import fx, nn
 
 from graphamp.core.dtypes import FLOAT_TYPES
 from graphamp.core.graph import MatrixDims, NodeKind, OpGraph, OpNode, TensorInfo
+from graphamp.errors import InternalError
 from graphamp.fx.dialect.types import dtype_name
 
 CAST_OPS = frozenset({"_to_copy", "to", "_convert_element_type"})
@@ -62,6 +63,15 @@ def tensor_info(name: str, value: object) -> TensorInfo:
     if shape is not None:
         dims = tuple(d if isinstance(d, int) else str(d) for d in shape)
     return TensorInfo(name, dtype_name(getattr(value, "dtype", None)), dims)
+
+
+def known_shape(info: TensorInfo) -> tuple[int, ...]:
+    """``info``'s dims, each a size: the shape of the state a pass adds, which it knows."""
+    shape = info.shape or ()
+    sizes = tuple(d for d in shape if isinstance(d, int))
+    if len(sizes) != len(shape):
+        raise InternalError(f"{info.name}: new state of unknown dims {list(shape)}")
+    return sizes
 
 
 def read_op(
@@ -175,6 +185,14 @@ def _written_args(node: fx.Node) -> set[str]:
         if isinstance(value, fx.Node) and (writes or argument.name in RUNNING_STATS):
             written.add(value.name)
     return written
+
+
+def value_arg(node: fx.Node, index: int = 0) -> fx.Node:
+    """The value ``node`` takes as argument ``index`` (a Cast's input, a cond's predicate)."""
+    value = node.args[index]
+    if not isinstance(value, fx.Node):
+        raise InternalError(f"node {node.name!r}: argument {index} is {value!r}, not a value")
+    return value
 
 
 def attribute(module: nn.Module, target: str) -> object:

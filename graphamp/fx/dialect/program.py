@@ -65,10 +65,13 @@ def export(module: fx.GraphModule) -> torch.export.ExportedProgram:
     for node, value in zip(placeholders, inputs, strict=True):
         traced = node.meta.get("val")
         if isinstance(value, torch.Tensor) and isinstance(traced, torch.Tensor):
+            # a traced shape holds a SymInt where the capture left a dimension symbolic (the
+            # stubs say int)
+            sizes: tuple[int | torch.SymInt, ...] = tuple(traced.shape)
             spec = {
                 index: _dim(size, captured.ranges, dims)
-                for index, size in enumerate(traced.shape)
-                if not is_static(size)
+                for index, size in enumerate(sizes)
+                if isinstance(size, torch.SymInt) and not is_static(size)
             }
             if spec:
                 shapes[value] = spec

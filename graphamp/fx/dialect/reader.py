@@ -42,6 +42,7 @@ from graphamp.fx.dialect.ops import (
     outputs_of,
     read_op,
     tensor_info,
+    value_arg,
 )
 from graphamp.fx.dialect.types import dtype_name
 
@@ -165,7 +166,7 @@ class _Reader:
         handles.calls[name] = call
         paths = {attribute_name: f"{name}/{attribute_name}" for attribute_name, _ in call.bodies}
         kind = BodyKind.BRANCH if call.node.target is hops.COND else BodyKind.LOOP
-        condition = [names[call.node.args[0].name]] if call.node.target is hops.COND else []  # type: ignore[union-attr]
+        condition = [names[value_arg(call.node).name]] if call.node.target is hops.COND else []
         graph.add_node(
             OpNode(
                 name,
@@ -190,7 +191,8 @@ class _Reader:
             parameter = f"{paths[main]}/{placeholder.name}"
             graph.add_tensor(tensor_info(parameter, placeholder.meta.get("val")))
             graph.tensors[parameter].body = paths[main]
-            inputs, outputs, back = [operands[index]], [parameter], frozenset()
+            inputs, outputs = [operands[index]], [parameter]
+            back: frozenset[int] = frozenset()
             if call.carried:  # the body's next value: set once the body is read
                 inputs.append("")
                 outputs.append(f"{name}.{index}")
@@ -302,7 +304,7 @@ def stable_names(module: fx.GraphModule, prefix: str = "") -> dict[str, str]:
         elif node.op == "placeholder":
             names[node.name] = node.name
         elif node.op == "call_function" and node.target is operator.getitem:
-            source = node.args[0].name  # type: ignore[union-attr]
+            source = node.args[0].name
             names[node.name] = f"{names.get(source, source)}.{node.args[1]}"
         elif node.op == "call_function":
             where = module_scope(node) if not prefix else ""

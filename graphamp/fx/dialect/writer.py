@@ -16,7 +16,7 @@ from torch import fx, nn
 from graphamp.dialects.base import ReadGraph
 from graphamp.errors import InternalError
 from graphamp.fx.dialect import hops, lowering
-from graphamp.fx.dialect.ops import attribute, flat, set_attribute
+from graphamp.fx.dialect.ops import attribute, flat, known_shape, set_attribute, value_arg
 from graphamp.fx.dialect.reader import Boundary, FxHandles
 from graphamp.fx.dialect.types import torch_dtype
 from graphamp.passes.numerics import FLOAT32_LIMIT, stand_in
@@ -62,8 +62,7 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
         with graph.inserting_before(body):
             values[name] = graph.placeholder(re.sub(r"\W", "_", name))  # an identifier
         info = read.graph.tensors[name]
-        # arg-type: a pass adds state of known dims only (int() of a named one would raise)
-        shape = tuple(int(d) for d in info.shape or ())  # type: ignore[arg-type]
+        shape = known_shape(info)
         values[name].meta["val"] = torch.full(shape, initial, dtype=torch_dtype(info.dtype))
     for name in script.new_nodes:
         lowering.build(graph, read.graph.nodes[name], values)
@@ -92,7 +91,7 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
 
     for node_name in script.hoist_casts:  # right after the producer of its (rewired) input
         node = values[node_name]
-        producer = _read(node)
+        producer = value_arg(node)
         if producer.op == "placeholder":
             producer = [n for n in producer.graph.nodes if n.op == "placeholder"][-1]
         producer.append(node)
@@ -102,7 +101,7 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
         node.kwargs = {**node.kwargs, "dtype": torch_dtype(dtype)}
     for node_name in script.remove_nodes:
         node = values[node_name]
-        node.replace_all_uses_with(_read(node))
+        node.replace_all_uses_with(value_arg(node))
         node.graph.erase_node(node)
     for name in script.erase_nodes:  # replaced by a node a pass added: nothing reads it now
         graph.erase_node(values[name])
@@ -211,14 +210,6 @@ def _weight(module: nn.Module, node: fx.Node) -> tuple[str, torch.Tensor]:
     if not isinstance(path, str) or not isinstance(value, torch.Tensor):
         raise InternalError(f"weight node {node.name!r} reads no tensor attribute ({path!r})")
     return path, value
-
-
-def _read(node: fx.Node) -> fx.Node:
-    """The value a Cast (or another one-input node) ``node`` reads."""
-    value = node.args[0]
-    if not isinstance(value, fx.Node):
-        raise InternalError(f"node {node.name!r} reads {value!r}, not a value")
-    return value
 
 
 def _to_low(values: torch.Tensor, dtype: str) -> torch.Tensor:

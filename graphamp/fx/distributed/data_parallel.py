@@ -100,9 +100,9 @@ def require_initialized(what: str) -> None:
 
 
 def process_group_of(reduce: GradientReduce) -> dist.ProcessGroup:
-    from torch.distributed.distributed_c10d import _resolve_process_group
+    from torch.distributed.distributed_c10d import GroupName, _resolve_process_group
 
-    return _resolve_process_group(reduce.group)
+    return _resolve_process_group(GroupName(reduce.group))
 
 
 def broadcast_from_first(reduce: GradientReduce, tensors: Iterable[torch.Tensor]) -> None:
