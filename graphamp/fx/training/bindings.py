@@ -28,8 +28,8 @@ _OVERLOAD_META = "graphamp_overload"  # on a node calling a binding: the op it c
 _NAMESPACES = (
     torch._C._VariableFunctions,
     torch._C._nn,
-    torch._C._linalg,
-    torch._C._special,
+    torch._C._linalg,  # type: ignore[attr-defined]  # (these two modules: not in torch's stubs)
+    torch._C._special,  # type: ignore[attr-defined]
     torch._C.TensorBase,
 )
 

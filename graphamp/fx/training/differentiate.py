@@ -16,7 +16,7 @@ an op is one :class:`GraphampError` naming the op.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import fx
@@ -50,7 +50,7 @@ def through_autograd(module: fx.GraphModule) -> bool:
     return any(node.target is float8.FLOAT8_MM for node in module.graph.nodes)
 
 
-def tracing_mode(module: fx.GraphModule) -> str:
+def tracing_mode(module: fx.GraphModule) -> Literal["real", "symbolic"]:
     """``make_fx``'s tracing mode for a step through ``module``: with real tensors, as for any
     step, unless it calls a higher-order op other than cond and map (see the module
     docstring; a scan, kept whole, also needs symbolic shapes to be traced)."""
@@ -102,7 +102,8 @@ def functionalize(module: fx.GraphModule, fn: Callable[..., Any]) -> Callable[..
             for original, value in zip(args, wrapped, strict=True):
                 if isinstance(value, FunctionalTensor):
                     torch._sync(value)
-                    if torch._functionalize_has_data_mutation(value.elem):
+                    # attr-defined: a binding torch's stubs leave out
+                    if torch._functionalize_has_data_mutation(value.elem):  # type: ignore[attr-defined]
                         written.append((original, unwrap(value)))
         for original, value in written:  # functionalize's epilogue: one copy per argument
             original.copy_(value)

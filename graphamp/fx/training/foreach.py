@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from graphamp.errors import InternalError
 from graphamp.fx.training.in_place import IN_PLACE_OPS, recompiled, update_unless
 
 _MEMBERS_META = "graphamp_foreach_members"  # on a grouped node: its members, to undo
@@ -182,14 +183,16 @@ def _group(graph: fx.Graph, run: list[fx.Node]) -> bool:
             arguments.append(list(column))
             kinds.append("list")
     per_tensor = first.args[1] if guarded else first.target
+    if not isinstance(per_tensor, torch._ops.OpOverload):  # (a run holds aten ops only)
+        raise InternalError(f"update {first.name!r} calls {per_tensor!r}")
     value = first.meta.get("val")
     if (
         "scalar" in kinds
-        and per_tensor.overloadpacket.__name__.rstrip("_") in _ROUNDS_ITS_NUMBER  # type: ignore[union-attr]
+        and per_tensor.overloadpacket.__name__.rstrip("_") in _ROUNDS_ITS_NUMBER
         and getattr(value, "dtype", None) in _REDUCED
     ):
         return False
-    in_place_op = _foreach(per_tensor, kinds, first.kwargs, in_place=True)  # type: ignore[arg-type]
+    in_place_op = _foreach(per_tensor, kinds, first.kwargs, in_place=True)
     if in_place_op is None:
         return False
     chosen = [_takes_one(in_place_op, i) for i in range(len(kinds))]

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from graphamp.errors import InternalError
 from graphamp.fx.dialect.lowering import any_non_finite, select_on_host, unscale_and_check
 
 # Elementwise ops whose in-place variant computes the same values into the first operand.
@@ -155,7 +156,10 @@ def guarded_updates(module: fx.GraphModule) -> int:
             if moved:
                 guard.prepend(first)  # past the finite check: update_unless reads found_inf
             for link in chain:
-                link.args = (found_inf, _in_place_target(link), link.target, *link.args)
+                op = link.target
+                if not isinstance(op, torch._ops.OpOverload):  # (a chain holds aten ops only)
+                    raise InternalError(f"update chain op {link.name!r} calls {op!r}")
+                link.args = (found_inf, _in_place_target(link), op, *link.args)
                 link.target = update_unless
             made += 1
     return recompiled(module, made)
@@ -280,8 +284,10 @@ def _aten_op(node: fx.Node) -> torch._ops.OpOverload | None:
 
 def _in_place_target(node: fx.Node) -> torch._ops.OpOverload | None:
     op = _aten_op(node)
-    variant = _IN_PLACE.get(op.overloadpacket) if op is not None else None
-    if variant is None or op._overloadname != variant._overloadname:  # type: ignore[union-attr]
+    if op is None:
+        return None
+    variant = _IN_PLACE.get(op.overloadpacket)
+    if variant is None or op._overloadname != variant._overloadname:
         return None
     return variant
 

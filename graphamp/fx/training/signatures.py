@@ -30,7 +30,11 @@ from graphamp.plans.records import NodeDecision, ScaleRecord
 MANY_SIGNATURES = 8
 
 
-def batch_signature(batch: Sequence[Any]) -> tuple[Hashable, ...]:
+# Per batch item: a tensor's (shape, dtype, device, contiguous), another value's (type name, repr).
+BatchSignature = tuple[tuple[Hashable, ...], ...]
+
+
+def batch_signature(batch: Sequence[Any]) -> BatchSignature:
     """What a captured step graph specialised on, per batch item."""
     return tuple(
         (tuple(item.shape), item.dtype, item.device, item.is_contiguous())
@@ -40,15 +44,16 @@ def batch_signature(batch: Sequence[Any]) -> tuple[Hashable, ...]:
     )
 
 
-def describe(signature: tuple[Hashable, ...]) -> str:
+def describe(signature: BatchSignature) -> str:
     """``signature`` as a user reads it: ``float32[20, 8], int64[20]``."""
     parts = []
     for item in signature:
-        if isinstance(item, tuple) and isinstance(item[1], torch.dtype):
-            dtype = str(item[1]).removeprefix("torch.")
-            parts.append(f"{dtype}[{', '.join(str(size) for size in item[0])}]")
+        shape, kind = item[0], item[1]
+        if isinstance(kind, torch.dtype) and isinstance(shape, tuple):
+            dtype = str(kind).removeprefix("torch.")
+            parts.append(f"{dtype}[{', '.join(str(size) for size in shape)}]")
         else:  # (type name, repr) of a value that is not a tensor
-            parts.append(str(item[1]))
+            parts.append(str(kind))
     return ", ".join(parts)
 
 
@@ -79,15 +84,17 @@ def compiled(graphs: StepGraphs, options: dict[str, Any], write_back: bool) -> S
     """``graphs`` under ``torch.compile(**options)``, handed their functional form
     (:func:`graphamp.fx.training.eager.for_compile`); with ``write_back``, each new state written
     into the argument it replaces (:func:`written_back`)."""
-    result = []
-    for key, module in (("update", graphs.update), ("accumulate", graphs.accumulate)):
-        if module is None:
-            result.append(None)
-            continue
-        pairs = written_back(graphs.captured[key]) if write_back else []
-        eager.for_compile(module, pairs)  # type: ignore[arg-type]
-        result.append(differentiate.compiled(module, options))  # type: ignore[arg-type]
-    return StepGraphs(graphs.captured, result[0], result[1])
+
+    def one(key: str) -> Callable[..., Any]:
+        # the captured GraphModule: what the step runs until it is compiled
+        captured = graphs.captured[key]
+        pairs = written_back(captured) if write_back else []
+        eager.for_compile(captured.module, pairs)
+        return differentiate.compiled(captured.module, options)
+
+    update = one("update")
+    accumulate = one("accumulate") if "accumulate" in graphs.captured else None
+    return StepGraphs(graphs.captured, update, accumulate)
 
 
 def written_back(captured: CapturedStep) -> list[tuple[int, str]]:
@@ -107,7 +114,7 @@ def written_back(captured: CapturedStep) -> list[tuple[int, str]]:
     return pairs
 
 
-def warn_if_many(count: int, latest: tuple[Hashable, ...]) -> None:
+def warn_if_many(count: int, latest: BatchSignature) -> None:
     """Warn once, when the step has just captured its ``MANY_SIGNATURES``-th signature."""
     if count == MANY_SIGNATURES:
         warnings.warn(
@@ -120,7 +127,7 @@ def warn_if_many(count: int, latest: tuple[Hashable, ...]) -> None:
 
 
 @contextmanager
-def capturing(signature: tuple[Hashable, ...], first: bool) -> Iterator[None]:
+def capturing(signature: BatchSignature, first: bool) -> Iterator[None]:
     """Errors from tracing the model and the loss on a batch (a batch the model cannot take,
     a loss that reads values on the host) as one line that names the batch. On the first
     capture graphamp's own errors pass as they are: they may be about the options."""

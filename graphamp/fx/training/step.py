@@ -22,6 +22,7 @@ from graphamp.errors import GraphampError
 from graphamp.fx.conversion import converted_for_step, fx_policy
 from graphamp.fx.dialect import reader, writer
 from graphamp.fx.dialect.float8_step import check_lowered, read_marks, step_scales
+from graphamp.fx.dialect.ops import known_shape
 from graphamp.fx.dialect.types import torch_dtype
 from graphamp.fx.distributed import data_parallel
 from graphamp.fx.distributed.fsdp import local
@@ -77,8 +78,8 @@ class TrainStep:
         self.graph: Callable[..., Any] | None = None
         self.accumulate_graph: Callable[..., Any] | None = None
         self.captured: dict[str, CapturedStep] = {}
-        self._graphs: dict[tuple, StepGraphs] = {}
-        self._signature: tuple | None = None
+        self._graphs: dict[signatures.BatchSignature, StepGraphs] = {}
+        self._signature: signatures.BatchSignature | None = None
         self._compile_options: dict[str, Any] | None = None
         self.state: dict[str, torch.Tensor] = {}  # what the passes added: scale, skip count
         self._micro = 0
@@ -171,7 +172,7 @@ class TrainStep:
             held[name] = own.detach() if shared else tensor.detach().clone()  # type: ignore[union-attr]
         return held
 
-    def _use(self, signature: tuple, graphs: StepGraphs) -> None:
+    def _use(self, signature: signatures.BatchSignature, graphs: StepGraphs) -> None:
         """Make ``graphs`` (captured for ``signature``) the ones the step runs."""
         self._graphs[signature], self._signature = graphs, signature
         self.captured = graphs.captured
@@ -208,7 +209,7 @@ class TrainStep:
         script, tensors = context.script, read.graph.tensors
         for name, initial in script.new_inputs.items():
             if name not in self.state:
-                dtype, shape = torch_dtype(tensors[name].dtype), tensors[name].shape or ()
+                dtype, shape = torch_dtype(tensors[name].dtype), known_shape(tensors[name])
                 self.state[name] = torch.full(shape, initial, dtype=dtype, device=self.device)
         return CapturedStep(
             module,
@@ -378,7 +379,8 @@ class TrainStep:
         self._compile_options = options  # a signature seen later is compiled when captured
         for signature, graphs in list(self._graphs.items()):
             self._graphs[signature] = signatures.compiled(graphs, options, self.write_back)
-        self._use(self._signature, self._graphs[self._signature])  # type: ignore[index]
+        assert self._signature is not None  # _specialise chose the batch's
+        self._use(self._signature, self._graphs[self._signature])
         return self
 
     @property
