@@ -26,12 +26,13 @@ WEIGHT_MODES = ("master", "low")
 NO_GPU = "--provider cuda: PyTorch sees no GPU here: verify with --provider cpu"
 
 
-class FxDialect(Dialect):
-    """``weights="master"`` keeps float32 parameters and casts each once per call where it is
-    used in low precision (training: gradients arrive in float32); ``weights="low"`` stores
-    parameters read only in low precision in the target type (inference: half the memory)."""
+class TorchDialect(Dialect):
+    """What the PyTorch dialects share, whatever model object they hold (a GraphModule for
+    :class:`FxDialect`, an ExportedProgram for ``.pt2`` files): ``weights="master"`` keeps
+    float32 parameters and casts each once per call where it is used in low precision
+    (training: gradients arrive in float32); ``weights="low"`` stores parameters read only in
+    low precision in the target type (inference: half the memory)."""
 
-    name = "fx"
     lists = "fx_cpu"
     matrix_ops = matrix_ops("aten")
     float8_weights = "traced"  # fx/float8_convert finds the parameter behind casts, transposes
@@ -54,6 +55,28 @@ class FxDialect(Dialect):
 
     def accepts(self, source: object) -> bool:
         return isinstance(source, nn.Module | torch.export.ExportedProgram)
+
+    def check_provider(self, provider: str) -> None:
+        if provider == "cuda" and not torch.cuda.is_available():
+            raise GraphampError(NO_GPU)
+
+    def calibrate(self, model: Any, batches: Iterable[Any], *, histograms: bool = False) -> Ranges:
+        from graphamp.fx.dialect.calibration import calibrate
+
+        module = model if isinstance(model, fx.GraphModule) else self.load(model)
+        if not isinstance(module, fx.GraphModule):  # a .pt2 program
+            module = capture(module, None)
+        return calibrate(module, batches, label=self.label(model), histograms=histograms)
+
+    def label(self, source: object) -> str:
+        return type(source).__name__
+
+
+class FxDialect(TorchDialect):
+    """PyTorch modules, GraphModules and ExportedPrograms in memory, converted as a captured
+    GraphModule (see :class:`TorchDialect` for ``weights``)."""
+
+    name = "fx"
 
     def load(self, source: object) -> fx.GraphModule:
         return capture(
@@ -86,26 +109,11 @@ class FxDialect(Dialect):
         placeholders = [n for n in model.graph.nodes if n.op == "placeholder"]
         return [input_spec(node, embedding_bounds(model.graph)) for node in placeholders]
 
-    def check_provider(self, provider: str) -> None:
-        if provider == "cuda" and not torch.cuda.is_available():
-            raise GraphampError(NO_GPU)
-
     def run(
         self, model: Any, feeds: dict[str, np.ndarray], *, provider: str = "cpu"
     ) -> tuple[dict[str, np.ndarray], str]:
         names = [n.name for n in model.graph.nodes if n.op == "placeholder"]
         return run_module(model, names, self.input_specs(model), feeds, provider)
-
-    def calibrate(self, model: Any, batches: Iterable[Any], *, histograms: bool = False) -> Ranges:
-        from graphamp.fx.dialect.calibration import calibrate
-
-        module = model if isinstance(model, fx.GraphModule) else self.load(model)
-        if not isinstance(module, fx.GraphModule):  # a .pt2 program
-            module = capture(module, None)
-        return calibrate(module, batches, label=self.label(model), histograms=histograms)
-
-    def label(self, source: object) -> str:
-        return type(source).__name__
 
 
 def run_module(

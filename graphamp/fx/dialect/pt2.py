@@ -24,8 +24,9 @@ import torch
 
 from graphamp.dialects.base import ReadGraph
 from graphamp.errors import GraphampError
+from graphamp.fx.dialect import reader, writer
 from graphamp.fx.dialect.capture import capture
-from graphamp.fx.dialect.plugin import FxDialect, run_module
+from graphamp.fx.dialect.plugin import TorchDialect, run_module
 from graphamp.fx.dialect.samples import embedding_bounds, input_spec, sample_values
 from graphamp.numerics.inputs import InputSpec
 from graphamp.plans.edits import EditScript
@@ -151,24 +152,27 @@ def example_inputs(
 PLAN_META = "graphamp_plan"
 
 
-class Pt2Dialect(FxDialect):
+class Pt2Dialect(TorchDialect):
     """``.pt2`` files (``torch.export.save``): read without pickle, converted by the FX
-    dialect with PyTorch's CPU autocast lists, written as a ``.pt2`` program again."""
+    dialect's reader and writer with PyTorch's CPU autocast lists, written as a ``.pt2``
+    program again."""
 
     name = "pt2"
 
     def load(self, source: object) -> torch.export.ExportedProgram:
         if isinstance(source, torch.export.ExportedProgram):
             return source
-        return load(source)  # type: ignore[arg-type]
+        if not isinstance(source, str | os.PathLike):
+            raise GraphampError(f"expected a .pt2 path or a program, got {type(source).__name__}")
+        return load(source)
 
     def read(self, model: torch.export.ExportedProgram, policy: Any) -> ReadGraph:
-        return super().read(capture(model, None), policy)
+        return reader.read(capture(model, None), master_weights=self.weights == "master")
 
     def apply(self, read: ReadGraph, script: EditScript) -> torch.export.ExportedProgram:
         from graphamp.fx.dialect.program import export
 
-        return export(super().apply(read, script))
+        return export(writer.apply(read, script))
 
     def keep_plan(self, model: torch.export.ExportedProgram, plan: Any) -> None:
         model.graph_module.meta[PLAN_META] = plan  # torch.export.save stores only "custom"
