@@ -90,6 +90,12 @@ class _Owner:
         return self.reader.open_body(self.scope, self.index, attribute, graph, body)
 
 
+def _body(scope: Scope) -> Body:
+    """The Body of ``scope``, a node's body (which every scope opened here is)."""
+    assert scope.body is not None
+    return scope.body
+
+
 def _enter_if(owner: _Owner) -> None:
     reader, fields = owner.reader, owner.fields
     branches = [(name, owner.graph(name)) for name in ("then_branch", "else_branch")]
@@ -99,7 +105,7 @@ def _enter_if(owner: _Owner) -> None:
         owner.arity(f"{attribute} returns", len(fields.outputs), len(graph.output))
         inner = owner.body(attribute, graph, BodyKind.BRANCH)
         reader.read_body(inner)
-        inner.body.outputs = [reader.name(inner, v.name) for v in graph.output]  # type: ignore[union-attr]
+        _body(inner).outputs = [reader.name(inner, v.name) for v in graph.output]
         scopes.append(inner)
     for index, local in enumerate(fields.outputs):
         results = [inner.graph.output[index].name for inner in scopes]
@@ -188,8 +194,9 @@ def _enter_sequence_map(owner: _Owner) -> None:
             sequence=index == 0 or not source or not _is_tensor(source_type, untyped=False),
         )
     reader.read_body(inner)
-    inner.body.inputs = [reader.name(inner, v.name) for v in graph.input]  # type: ignore[union-attr]
-    inner.body.outputs = [reader.name(inner, v.name) for v in graph.output]  # type: ignore[union-attr]
+    body = _body(inner)
+    body.inputs = [reader.name(inner, v.name) for v in graph.input]
+    body.outputs = [reader.name(inner, v.name) for v in graph.output]
     for index, (result, local) in enumerate(zip(graph.output, fields.outputs, strict=True)):
         boundary(
             owner,
@@ -249,8 +256,7 @@ def _carried(
 def _close(owner: _Owner, inner: Scope, carried: list[OpNode], *, first_result: int) -> None:
     """After the body is read: the carried values' back inputs, and a boundary node per scan
     output."""
-    reader, graph, body = owner.reader, inner.graph, inner.body
-    assert body is not None
+    reader, graph, body = owner.reader, inner.graph, _body(inner)
     body.inputs = [reader.name(inner, v.name) for v in graph.input]
     body.outputs = [reader.name(inner, v.name) for v in graph.output]
     for index, value in enumerate(carried):

@@ -124,8 +124,9 @@ class GraphReader:
             return ""
         typed = self.typed
         if scope.path:
+            assert scope.values is not None  # a body or a function's copy maps its names
             name = unique_name(f"{scope.path}/{local}", self.taken)
-            scope.values[local] = name  # type: ignore[index]
+            scope.values[local] = name
             self.handles.values[name] = (scope, local)
             found = scope.types.get(local)
             if found is not None:
@@ -210,10 +211,10 @@ class GraphReader:
 
     def read_body(self, scope: Scope) -> None:
         """Read ``scope``'s initializers (those no parameter is) and nodes."""
-        assert scope.body is not None
+        assert scope.body is not None and scope.values is not None
         self.op_graph.add_body(scope.body)
         for init in scope.graph.initializer:
-            if init.name not in scope.values:  # type: ignore[operator]
+            if init.name not in scope.values:
                 self.add_value(scope, init.name)
         self.read_graph(scope)
 
@@ -270,6 +271,7 @@ class GraphReader:
         named (in node order), each node's path set."""
         run = []
         typed, handles, taken, values = self.typed, self.handles, self.taken, scope.values
+        assert values is not None  # a body's
         for index in range(start, stop):
             fields = scope.nodes[index]
             inputs = [self.name(scope, local) for local in fields.inputs]
@@ -277,7 +279,7 @@ class GraphReader:
             for local in fields.outputs:
                 if local:
                     name = unique_name(f"{scope.path}/{local}", taken)
-                    values[local] = name  # type: ignore[index]
+                    values[local] = name
                     handles.values[name] = (scope, local)
                     found = scope.types.get(local)
                     if found is not None:

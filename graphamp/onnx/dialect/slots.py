@@ -107,7 +107,8 @@ def computing_node(
         op_node.flops = _matrix_flops(op_node, tensors, attribute)
         op_node.matrix = _matrix_dims(op_node, tensors, attribute)
     elif op_node.op == "Gather":  # which axis it indexes: float8's 8-bit tables need axis 0
-        op_node.params = {"axis": int(attribute("axis") or 0)}  # type: ignore[call-overload]
+        axis = attribute("axis")  # an INT attribute (validated), 0 where not given
+        op_node.params = {"axis": axis if isinstance(axis, int) else 0}
     return op_node
 
 
@@ -227,9 +228,11 @@ def _check_input_types(
     bound: dict[str, tuple[str, str]] = {}  # type variable -> (dtype, input name)
     for slot, name in enumerate(inputs):
         param = found.input_param(slot)
+        if param is None:
+            continue
         dtype = input_types[slot] if name else UNKNOWN
         # only tensor type variables: a sequence's element type says nothing here
-        admitted_types = found.allowed.get(param, frozenset()) & set(dtypes.BY_NAME)  # type: ignore[arg-type]
+        admitted_types = found.allowed.get(param, frozenset()) & set(dtypes.BY_NAME)
         if not admitted_types or dtype not in dtypes.BY_NAME:
             continue
         if dtype not in admitted_types:
@@ -238,7 +241,7 @@ def _check_input_types(
                 f"node {node.name!r} ({node.op_type}): input {slot} {name!r} is {dtype}, which "
                 f"{node.op_type} does not take (it takes {admitted})"
             )
-        first = bound.setdefault(param, (dtype, name))  # type: ignore[arg-type]
+        first = bound.setdefault(param, (dtype, name))
         if first[0] != dtype and param not in found.heterogeneous:
             raise GraphampError(
                 f"node {node.name!r} ({node.op_type}): input {name!r} is {dtype} but "
@@ -306,16 +309,18 @@ def _flops(
 ) -> int | None:
     """2 x multiply-adds of a matrix op with these shapes (once per distinct shapes: the
     MatMuls of a model share a few)."""
-    if not out or not all(isinstance(d, int) for d in out):
+    out_elems = _product(out) if out else None
+    if out_elems is None:
         return None
-    out_elems = math.prod(out)  # type: ignore[arg-type]
     if op == "MatMul" and a and isinstance(a[-1], int):
         return 2 * out_elems * int(a[-1])
     if op == "Gemm" and a and len(a) == 2:
         k = a[0] if transposed else a[1]
         return 2 * out_elems * int(k) if isinstance(k, int) else None
-    if op in ("Conv", "ConvTranspose") and b and all(isinstance(d, int) for d in b):
-        return 2 * out_elems * math.prod(b[1:])  # type: ignore[arg-type]
+    if op in ("Conv", "ConvTranspose") and b and isinstance(b[0], int):
+        kernel = _product(b[1:])
+        if kernel is not None:
+            return 2 * out_elems * kernel
     return None
 
 
