@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
+from graphamp.errors import InternalError
+
 COND = torch.ops.higher_order.cond
 WHILE_LOOP = torch.ops.higher_order.while_loop
 MAP = torch.ops.higher_order.map_impl
@@ -43,7 +45,7 @@ class HopCall:
 
     node: fx.Node
     bodies: list[tuple[str, fx.GraphModule]]
-    operands: list[object]
+    operands: list[fx.node.Argument]
     carried: int
     results: list[str]
     fixed: int = 0
@@ -51,6 +53,14 @@ class HopCall:
     @property
     def op(self) -> str:
         return str(self.node.target)  # "cond", "while_loop", "map_impl"
+
+
+def operand_list(node: fx.Node, index: int) -> list[fx.node.Argument]:
+    """Argument ``index`` of a higher-order call, a tuple or list of operands, as a new list."""
+    value = node.args[index]
+    if not isinstance(value, tuple | list):
+        raise InternalError(f"{node.name}: argument {index} is {value!r}, not operands")
+    return list(value)
 
 
 def is_higher_order(node: fx.Node) -> bool:
@@ -71,14 +81,15 @@ def call_of(module: fx.GraphModule, node: fx.Node) -> HopCall | None:
 
     if node.target is COND:
         true_fn, false_fn = body(args[1]), body(args[2])
-        return HopCall(node, [true_fn, false_fn], list(args[3]), 0, [true_fn[0], false_fn[0]])  # type: ignore[arg-type]
+        operands = operand_list(node, 3)
+        return HopCall(node, [true_fn, false_fn], operands, 0, [true_fn[0], false_fn[0]])
     if node.target is WHILE_LOOP:
         cond_fn, body_fn = body(args[0]), body(args[1])
-        carried, additional = list(args[2]), list(args[3])  # type: ignore[arg-type]
+        carried, additional = operand_list(node, 2), operand_list(node, 3)
         operands = carried + additional
         return HopCall(node, [cond_fn, body_fn], operands, len(carried), [body_fn[0]], len(carried))
     body_fn = body(args[0])
-    xs, rest = list(args[1]), list(args[2])  # type: ignore[arg-type]
+    xs, rest = operand_list(node, 1), operand_list(node, 2)
     return HopCall(node, [body_fn], xs + rest, 0, [body_fn[0]], len(xs))
 
 
@@ -109,7 +120,7 @@ def set_entering(node: fx.Node, index: int, value: fx.Node) -> None:
     """Make a while_loop call start with ``value`` as its ``index``-th carried value, or a map
     slice ``value`` as its ``index``-th input."""
     position = 1 if node.target is MAP else 2
-    values = list(node.args[position])  # type: ignore[arg-type]
+    values = operand_list(node, position)
     values[index] = value
     container = tuple if isinstance(node.args[position], tuple) else list
     node.args = (*node.args[:position], container(values), *node.args[position + 1 :])
@@ -121,7 +132,7 @@ def add_operand(call: HopCall, value: fx.Node) -> dict[str, fx.Node]:
     by attribute name."""
     node = call.node
     index = 2 if node.target is MAP else 3
-    extended = [*node.args[index], value]  # type: ignore[misc]
+    extended = [*operand_list(node, index), value]
     container = tuple if isinstance(node.args[index], tuple) else list
     node.args = (*node.args[:index], container(extended), *node.args[index + 1 :])
     call.operands.append(value)
@@ -153,8 +164,9 @@ def drop_unread_operands(call: HopCall) -> None:
             module.graph.erase_node(found[position])
     # the droppable operands are the last argument list (a cond's operands, a loop's
     # additional inputs, a map's extra arguments)
-    offset = len(call.operands) - len(node.args[index])  # type: ignore[arg-type]
-    kept = [v for i, v in enumerate(node.args[index]) if i + offset not in unread]  # type: ignore[arg-type]
+    last = operand_list(node, index)
+    offset = len(call.operands) - len(last)
+    kept = [v for i, v in enumerate(last) if i + offset not in unread]
     container = tuple if isinstance(node.args[index], tuple) else list
     node.args = (*node.args[:index], container(kept), *node.args[index + 1 :])
     call.operands = [v for i, v in enumerate(call.operands) if i not in unread]

@@ -31,6 +31,7 @@ from torch import fx
 
 from graphamp.errors import InternalError
 from graphamp.fx.dialect.lowering import any_non_finite, select_on_host, unscale_and_check
+from graphamp.fx.dialect.ops import value_arg
 
 # Elementwise ops whose in-place variant computes the same values into the first operand.
 _IN_PLACE = {
@@ -220,10 +221,10 @@ def unscale_in_check(module: fx.GraphModule) -> int:
             and all(order[user] > order[check] for u in unscales for user in set(u.users) - {check})
         ):
             continue
-        gradients = [u.args[0] for u in unscales]
+        gradients = [value_arg(u) for u in unscales]
         check.target, check.args = unscale_and_check, (inverse, *gradients)
         for unscale, gradient in zip(unscales, gradients, strict=True):
-            unscale.replace_all_uses_with(gradient)  # type: ignore[arg-type]
+            unscale.replace_all_uses_with(gradient)
             graph.erase_node(unscale)
         made += 1
     return recompiled(module, made)
@@ -232,15 +233,16 @@ def unscale_in_check(module: fx.GraphModule) -> int:
 def _split_unscale(graph: fx.Graph, check: fx.Node) -> None:
     """Undo :func:`unscale_in_check` for ``check``: the functional multiplications before it,
     and the readers after it reading them."""
-    inverse, *gradients = check.args
+    inverse = check.args[0]
     order = {node: index for index, node in enumerate(graph.nodes)}
     unscaled = []
-    for gradient in gradients:
+    for position in range(1, len(check.args)):
+        gradient = value_arg(check, position)
         with graph.inserting_before(check):
             multiply = graph.call_function(torch.ops.aten.mul.Tensor, (gradient, inverse))
-        multiply.meta["val"] = gradient.meta.get("val")  # type: ignore[union-attr]
-        for user in [u for u in gradient.users if order.get(u, -1) > order[check]]:  # type: ignore[union-attr]
-            user.replace_input_with(gradient, multiply)  # type: ignore[arg-type]
+        multiply.meta["val"] = gradient.meta.get("val")
+        for user in [u for u in gradient.users if order.get(u, -1) > order[check]]:
+            user.replace_input_with(gradient, multiply)
         unscaled.append(multiply)
     check.target, check.args = any_non_finite, tuple(unscaled)
 
@@ -358,9 +360,10 @@ def _returns_new_tensor(node: fx.Node) -> bool:
 def _new_tensors(node: fx.Node) -> int:
     """How many new tensors ``node`` returns: an op that writes none of its inputs and
     returns only tensors, none of them an alias; 0 for any other node."""
-    if _aten_op(node) is None or not _reads_only(node):
+    op = _aten_op(node)
+    if op is None or not _reads_only(node):
         return 0
-    returns = node.target._schema.returns  # type: ignore[union-attr]
+    returns = op._schema.returns
     return len(returns) if all(isinstance(r.type, torch.TensorType) for r in returns) else 0
 
 

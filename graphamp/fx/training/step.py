@@ -168,8 +168,10 @@ class TrainStep:
         held = {}
         for name, tensor in converted:
             own = model.get(name)
-            shared = not self.keep_model and own is not None and optim.same_layout(own, tensor)
-            held[name] = own.detach() if shared else tensor.detach().clone()  # type: ignore[union-attr]
+            if not self.keep_model and own is not None and optim.same_layout(own, tensor):
+                held[name] = own.detach()
+            else:
+                held[name] = tensor.detach().clone()
         return held
 
     def _use(self, signature: signatures.BatchSignature, graphs: StepGraphs) -> None:
@@ -257,9 +259,9 @@ class TrainStep:
         for state in (self.params, self.opt_state, self.grad_acc, self.buffers):
             parts.append(dict(zip(state.keys(), args[start : start + len(state)], strict=True)))
             start += len(state)
-        self._traced_buffers = parts.pop()
+        params, opt_state, grad_acc, self._traced_buffers = parts
         lrs_end = start + len(self.groups)
-        return (*parts, list(args[start:lrs_end]), list(args[lrs_end:]))  # type: ignore[return-value]
+        return params, opt_state, grad_acc, list(args[start:lrs_end]), list(args[lrs_end:])
 
     # the traced functions ---------------------------------------------------------------------
 
@@ -349,8 +351,9 @@ class TrainStep:
         last = self._micro % self.accumulate == 0
         captured = self.captured["update" if last else "accumulate"]
         graph = self.graph if last else self.accumulate_graph
+        assert graph is not None  # _specialise captured both (accumulate > 1: the second)
         state = [self.state[name] for name in captured.state_inputs]
-        loss, *results = graph(*self._flatten(), *self._learning_rates(), *batch, *state)  # type: ignore[misc]
+        loss, *results = graph(*self._flatten(), *self._learning_rates(), *batch, *state)
         start = 0
         for target in (self.params, self.opt_state, self.grad_acc):
             target.update(zip(target.keys(), results[start : start + len(target)], strict=True))
@@ -361,7 +364,7 @@ class TrainStep:
         if last:
             # What optimizer.step() records, so LR schedulers stepped after this call do not
             # warn that the optimizer never stepped.
-            self.optimizer._opt_called = True  # type: ignore[attr-defined]
+            self.optimizer._opt_called = True  # type: ignore[attr-defined]  # (private: no stub)
         return loss
 
     def _into_model(self) -> None:
