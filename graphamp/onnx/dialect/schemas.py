@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import onnx
 
@@ -115,9 +116,12 @@ def schema(op: str, opset: int, domain: str) -> Schema | None:
     return _schema_of(found, onnx.defs.OpSchema.FormalParameterOption.Variadic)
 
 
-def _schema_of(found, variadic, type_str: str = "type_str", homogeneous: str = "is_homogeneous"):  # type: ignore[no-untyped-def]
+def _schema_of(
+    found: Any, variadic: object, type_str: str = "type_str", homogeneous: str = "is_homogeneous"
+) -> Schema:
     """A :class:`Schema` from an onnx ``OpSchema`` or one of onnxruntime's registrations (the
-    same fields, spelt ``typeStr``/``isHomogeneous`` there)."""
+    same fields, spelt ``typeStr``/``isHomogeneous`` there; onnxruntime is untyped, hence
+    ``Any``)."""
     return Schema(
         inputs=tuple((getattr(p, type_str), p.option == variadic) for p in found.inputs),
         outputs=tuple((getattr(p, type_str), p.option == variadic) for p in found.outputs),

@@ -41,6 +41,8 @@ from graphamp.onnx.validation.validate_nodes import node_fields
 
 if TYPE_CHECKING:
     import onnx_ir as ir
+    from google.protobuf.descriptor import FieldDescriptor
+    from google.protobuf.message import Message
 
 log = logging.getLogger(__name__)
 # An onnx_ir model's meta (one :meth:`graphamp.onnx.Conversion.model` built): its input kept
@@ -269,7 +271,7 @@ def _elements(tensor: onnx.TensorProto) -> int:
     return int(np.prod(tensor.dims)) if tensor.dims else 1
 
 
-def _copy_field(message, descriptor, value) -> None:  # type: ignore[no-untyped-def]
+def _copy_field(message: Message, descriptor: FieldDescriptor, value: object) -> None:
     if descriptor.is_repeated:
         getattr(message, descriptor.name).extend(value)
     elif descriptor.type == descriptor.TYPE_MESSAGE:

@@ -20,6 +20,7 @@ measured: the values inside a Scan of opset 8 (its states carry a batch axis).
 from __future__ import annotations
 
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import onnx
 from onnx import helper
@@ -28,6 +29,12 @@ from graphamp.core.names import Names
 from graphamp.onnx.io.files import with_stubs
 from graphamp.onnx.io.subgraphs import bodies, element_types, model_names, twinned_bodies
 from graphamp.onnx.numerics.statgraph import RANGE_STATS, STAT, node_names, stat_name
+
+if TYPE_CHECKING:
+    from google.protobuf.internal.containers import (
+        RepeatedCompositeFieldContainer,
+        RepeatedScalarFieldContainer,
+    )
 
 F32 = onnx.TensorProto.FLOAT
 _INF, _ZERO = f"{STAT}inf", f"{STAT}zero"
@@ -160,12 +167,16 @@ def _scanned(node: onnx.NodeProto) -> int:
     return next(a.i for a in node.attribute if a.name == "num_scan_inputs")
 
 
-def _insert(field, at: int, items: list[str]) -> None:  # type: ignore[no-untyped-def]
+def _insert(field: RepeatedScalarFieldContainer[str], at: int, items: list[str]) -> None:
     values = list(field)
     field[:] = values[:at] + items + values[at:]
 
 
-def _insert_infos(field, at: int, items: list[onnx.ValueInfoProto]) -> None:  # type: ignore[no-untyped-def]
+def _insert_infos(
+    field: RepeatedCompositeFieldContainer[onnx.ValueInfoProto],
+    at: int,
+    items: list[onnx.ValueInfoProto],
+) -> None:
     values = [onnx.ValueInfoProto.FromString(v.SerializeToString()) for v in field]
     del field[:]
     field.extend(values[:at] + items + values[at:])

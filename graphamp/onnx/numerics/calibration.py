@@ -9,12 +9,13 @@ fetched, one batch at a time, for their binade histograms (``TensorRange.log2_co
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 import numpy as np
 import onnx
 
 from graphamp.lists import matrix_ops
-from graphamp.numerics.batches import DataSource, as_batches
+from graphamp.numerics.batches import DataSource, Feeds, as_batches
 from graphamp.numerics.ranges import Ranges, TensorRange, log2_counts
 from graphamp.onnx.numerics.body_stats import with_body_stats
 from graphamp.onnx.numerics.runtime import input_specs
@@ -39,8 +40,12 @@ def calibrate(
     return calibrate_proto(proto, batches, label=label or _label(model), histograms=histograms)
 
 
-def calibrate_proto(  # type: ignore[no-untyped-def]
-    proto: onnx.ModelProto, batches, *, label: str = "", histograms: bool = False
+def calibrate_proto(
+    proto: onnx.ModelProto,
+    batches: Iterable[Feeds],
+    *,
+    label: str = "",
+    histograms: bool = False,
 ) -> Ranges:
     if proto.functions:  # each call's values, named as the reader names them
         proto = functions_inlined(proto)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -322,7 +322,9 @@ def report(
     return DebugReport(first_nonfinite, [e for _, _, e in ranked], evaluator, batches, outputs)
 
 
-def _every_node(graph: onnx.GraphProto, path: str = "", scope: Callable[[str], str] = str):  # type: ignore[no-untyped-def]
+def _every_node(
+    graph: onnx.GraphProto, path: str = "", scope: Callable[[str], str] = str
+) -> Iterator[tuple[str, onnx.NodeProto, Callable[[str], str]]]:
     """Each node of ``graph`` and of its bodies, nested ones before their owner, as (OpGraph
     name, node, the OpGraph name of a value it reads or makes: its scope's, else the nearest
     enclosing scope's that has it)."""

@@ -211,7 +211,9 @@ class Attribution:
             {t: TensorRange(stat["max_abs"], None) for t, stat in self.stats.items()}, batches=1
         )
 
-    def __call__(self, batches, low: frozenset[str]) -> tuple[DebugReport, bool, dict[str, float]]:  # type: ignore[no-untyped-def]
+    def __call__(
+        self, batches: Iterable[Feeds], low: frozenset[str]
+    ) -> tuple[DebugReport, bool, dict[str, float]]:
         """(the ranking, whether every batch meets the tolerance, each output's worst error)."""
         verdicts: list[bool] = []
         worst: dict[str, float] = {}
