@@ -36,11 +36,12 @@ class _Recorder(fx.Interpreter):
         counted: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__(module)
+        self.graph_module = module  # (``module`` as Interpreter types it: an nn.Module)
         self.names, self.counted = names, counted
         self.found: dict[str, TensorRange] = {} if found is None else found
 
     def run_node(self, node: fx.Node) -> Any:
-        call = hops.call_of(self.module, node)  # type: ignore[arg-type]
+        call = hops.call_of(self.graph_module, node)
         if call is None:
             result = super().run_node(node)
         else:

@@ -296,7 +296,11 @@ def _copy_traced(
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     with graph.inserting_before(anchor):
         result = graph.graph_copy(traced.graph, dict(zip(placeholders, inputs, strict=True)))
-    return list(result) if isinstance(result, tuple | list) else [result]  # type: ignore[list-item]
+    outputs = list(result) if isinstance(result, tuple | list) else [result]
+    nodes = [value for value in outputs if isinstance(value, fx.Node)]
+    if len(nodes) != len(outputs):
+        raise InternalError(f"a traced lowering returned {outputs!r}, not values")
+    return nodes
 
 
 def _example(value: fx.Node) -> torch.Tensor:

@@ -202,6 +202,13 @@ def attribute(module: nn.Module, target: str) -> object:
     return value
 
 
+def attribute_of(module: nn.Module, node: fx.Node) -> object:
+    """What the ``get_attr`` node ``node`` reads in ``module``."""
+    if not isinstance(node.target, str):
+        raise InternalError(f"node {node.name!r} reads no attribute ({node.target!r})")
+    return attribute(module, node.target)
+
+
 def set_attribute(module: nn.Module, target: str, value: object) -> None:
     *path, last = target.split(".")
     owner: object = module

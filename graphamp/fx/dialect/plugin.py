@@ -79,8 +79,12 @@ class FxDialect(TorchDialect):
     name = "fx"
 
     def load(self, source: object) -> fx.GraphModule:
+        if not isinstance(source, nn.Module | torch.export.ExportedProgram):
+            raise GraphampError(
+                f"expected a torch.nn.Module or an ExportedProgram, got {type(source).__name__}"
+            )
         return capture(
-            source,  # type: ignore[arg-type]
+            source,
             self.example_inputs,
             self.example_kwargs,
             self.dynamic_shapes,

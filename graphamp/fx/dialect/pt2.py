@@ -86,9 +86,10 @@ def load(
                     )
             return result
 
-        for name in extra_files or {}:
+        wanted = extra_files if extra_files is not None else {}
+        for name in wanted:
             if f"{prefix}extra/{name}" in names:
-                extra_files[name] = archive.read(f"{prefix}extra/{name}").decode("utf-8")  # type: ignore[index]
+                wanted[name] = archive.read(f"{prefix}extra/{name}").decode("utf-8")
         program_json = archive.read(f"{prefix}models/{model}.json")
         if b"transformers.cache_utils." in program_json:  # its inputs or outputs hold caches
             from graphamp.fx.dialect.hf import register_caches
@@ -96,6 +97,8 @@ def load(
             register_caches(import_transformers=True)
         state_dict = tensors("weights", f"{model}_weights_config.json")
         constants = tensors("constants", f"{model}_constants_config.json")
+        # arg-type: ready tensors and inputs where the dataclass names bytes (its pickled
+        # form); deserialize takes both
         artifact = serde.SerializedArtifact(
             exported_program=program_json,
             state_dict=state_dict,  # type: ignore[arg-type]

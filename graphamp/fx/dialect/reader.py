@@ -35,7 +35,7 @@ from graphamp.errors import BodyWarning, GraphampError
 from graphamp.fx.dialect import hops
 from graphamp.fx.dialect.ops import (
     SCHEMA_SOURCE,
-    attribute,
+    attribute_of,
     flat,
     module_scope,
     op_name,
@@ -274,7 +274,7 @@ def _entered_body(module: fx.GraphModule, node: fx.Node) -> bool:
     higher-order op it does not enter stays a value of the graph, of no float type)."""
     return (
         node.op == "get_attr"
-        and isinstance(attribute(module, node.target), fx.GraphModule)  # type: ignore[arg-type]
+        and isinstance(attribute_of(module, node), fx.GraphModule)
         and all(hops.call_of(module, user) is not None for user in node.users)
     )
 
@@ -284,7 +284,7 @@ def _leaf(module: fx.GraphModule, node: fx.Node, name: str, master_weights: bool
     tensor = tensor_info(name, node.meta.get("val"))
     tensor.is_graph_input = tensor.type_fixed = node.op == "placeholder"
     if node.op == "get_attr":
-        stored = attribute(module, node.target)  # type: ignore[arg-type]
+        stored = attribute_of(module, node)
         tensor.dtype = dtype_name(getattr(stored, "dtype", None))
         if isinstance(stored, torch.Tensor):
             tensor.shape = tuple(int(d) for d in stored.shape)

@@ -16,7 +16,13 @@ from torch import fx, nn
 from graphamp.dialects.base import ReadGraph
 from graphamp.errors import InternalError
 from graphamp.fx.dialect import hops, lowering
-from graphamp.fx.dialect.ops import attribute, flat, known_shape, set_attribute, value_arg
+from graphamp.fx.dialect.ops import (
+    attribute_of,
+    flat,
+    known_shape,
+    set_attribute,
+    value_arg,
+)
 from graphamp.fx.dialect.reader import Boundary, FxHandles
 from graphamp.fx.dialect.types import torch_dtype
 from graphamp.passes.numerics import FLOAT32_LIMIT, stand_in
@@ -204,12 +210,10 @@ class _Scopes:
 
 def _weight(module: nn.Module, node: fx.Node) -> tuple[str, torch.Tensor]:
     """The attribute path a weight's ``get_attr`` node reads, and the tensor there."""
-    path, value = node.target, None
-    if isinstance(path, str):
-        value = attribute(module, path)
-    if not isinstance(path, str) or not isinstance(value, torch.Tensor):
-        raise InternalError(f"weight node {node.name!r} reads no tensor attribute ({path!r})")
-    return path, value
+    value = attribute_of(module, node)
+    if not isinstance(value, torch.Tensor):
+        raise InternalError(f"weight node {node.name!r} reads no tensor ({node.target!r})")
+    return str(node.target), value
 
 
 def _to_low(values: torch.Tensor, dtype: str) -> torch.Tensor:

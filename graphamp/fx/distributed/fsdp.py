@@ -101,7 +101,7 @@ def inspect(
             f"parameter {plain[0]!r} is not sharded: call fully_shard on the modules that hold "
             "it (or give train_step the unsharded model and mesh=)"
         )
-    sharded: dict[str, DTensor] = params  # type: ignore[assignment]
+    sharded: dict[str, DTensor] = {n: p for n, p in params.items() if isinstance(p, DTensor)}
     meshes = {_mesh_key(p.device_mesh): p.device_mesh for p in sharded.values()}
     if len(meshes) > 1:
         raise GraphampError("the model's parameters are sharded on several meshes: use one")

@@ -24,6 +24,7 @@ import torch
 from torch import fx
 
 from graphamp.errors import InternalError
+from graphamp.fx.dialect.ops import value_arg
 from graphamp.fx.training.in_place import IN_PLACE_OPS, recompiled, update_unless
 
 _MEMBERS_META = "graphamp_foreach_members"  # on a grouped node: its members, to undo
@@ -149,9 +150,9 @@ def _runs(graph: fx.Graph) -> list[list[fx.Node]]:
             if len(run) >= _SHORTEST_RUN:
                 runs.append(run)
             run, key, written, read = [], node_key, set(), set()
-        if node_key is not None:
+        if node_key is not None and target is not None:  # (both or neither)
             run.append(node)
-            written |= {node, target}  # type: ignore[arg-type]
+            written |= {node, target}
             read |= inputs - {target}
     if len(run) >= _SHORTEST_RUN:
         runs.append(run)
@@ -160,7 +161,7 @@ def _runs(graph: fx.Graph) -> list[list[fx.Node]]:
 
 def _written(node: fx.Node) -> fx.Node:
     """The tensor ``node`` writes into."""
-    return node.args[3] if node.target is update_unless else node.args[0]  # type: ignore[return-value]
+    return value_arg(node, 3 if node.target is update_unless else 0)
 
 
 def _group(graph: fx.Graph, run: list[fx.Node]) -> bool:
