@@ -19,6 +19,7 @@ from graphamp.onnx.numerics.fp8_switchable import Fp8Switchable
 from graphamp.onnx.numerics.fp8_tuning import tune_fp8
 from graphamp.onnx.numerics.runtime import run
 from graphamp.plans.plan import Plan
+from graphamp.policy.policy import Policy
 from tests.helpers import model
 
 SIZE = 32  # K and N multiples of 16: every product may take float8
@@ -78,16 +79,18 @@ def setup(tmp_path_factory):
     return path, ranges, calibration, tuning, held_out
 
 
-def test_the_switchable_model_computes_each_set_as_its_real_conversion(setup):
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_switchable_model_computes_each_set_as_its_real_conversion(setup, dtype):
     path, ranges, _, tuning, _ = setup
-    full = gonnx.convert(str(path), fp8=graphamp.Float8.static(), ranges=ranges)
+    policy = Policy.create(dtype=dtype)
+    full = gonnx.convert(str(path), policy, fp8=graphamp.Float8.static(), ranges=ranges)
     chosen = [n for n, d in full.plan.fp8.items() if d.rule == "fp8"]
     assert sorted(chosen) == ["mm0", "mm1", "mm2", "mm3", "sensitive"]
-    switch = Fp8Switchable(full.to_proto(), onnx.load(str(path)), full.graph, chosen, "float16")
+    switch = Fp8Switchable(full.to_proto(), onnx.load(str(path)), full.graph, chosen, dtype)
     for float8 in (chosen, ["mm1", "sensitive"], []):
         denied = tuple(n for n in chosen if n not in float8)
         settings = graphamp.Float8.static(deny_names=denied)
-        real = gonnx.convert(str(path), fp8=settings, ranges=ranges).to_proto()
+        real = gonnx.convert(str(path), policy, fp8=settings, ranges=ranges).to_proto()
         for feeds in tuning[:2]:
             want, _ = run(real, feeds)
             got = switch.run(feeds, float8)
