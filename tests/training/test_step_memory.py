@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import gc
 import types
+import weakref
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphamp.errors import GraphampError
 from graphamp.fx import train_step
@@ -195,3 +198,123 @@ def test_a_sharded_step_refuses_keep_model():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(GraphampError, match="keep_model"):
         train_step(model, nn.functional.mse_loss, optimizer, mesh=object(), keep_model=True)
+
+
+class AllocationPeak(TorchDispatchMode):
+    """The most bytes held at once, by dtype, in the storages that ops make while the mode is
+    on: each storage counted from the op that made it until it is freed (a weak reference).
+    What a device allocator's peak would show, less what was held before."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, tuple[int, torch.dtype]] = {}
+        self.peak = 0
+        self.peak_by_dtype: dict[torch.dtype, int] = {}
+
+    def _freed(self, pointer: int) -> None:
+        self.live.pop(pointer, None)
+
+    def __torch_dispatch__(
+        self, func: Any, _types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        result = func(*args, **(kwargs or {}))
+        for tensor in pytree.tree_leaves(result):
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            try:  # fake and functional tensors of a capture hold no memory
+                storage = tensor.untyped_storage()
+                pointer = storage.data_ptr()
+            except (RuntimeError, NotImplementedError):
+                continue
+            if pointer and pointer not in self.live:
+                self.live[pointer] = (storage.nbytes(), tensor.dtype)
+                weakref.finalize(storage, self._freed, pointer)
+                held = sum(n for n, _ in self.live.values())
+                if held > self.peak:
+                    self.peak = held
+                    self.peak_by_dtype = {}
+                    for n, dtype in self.live.values():
+                        self.peak_by_dtype[dtype] = self.peak_by_dtype.get(dtype, 0) + n
+        return result
+
+
+def conv_net() -> nn.Module:
+    """Convolutions and batch norms whose activations outweigh their parameters, as a
+    ResNet's do at a real batch."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for inputs in (3, 8, 8):
+        layers += [nn.Conv2d(inputs, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU()]
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+
+def images(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(4, 3, 48, 48, generator=generator), torch.randint(0, 10, (4,))
+
+
+def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(output.float(), target)
+
+
+def float16_step(model: nn.Module) -> Any:
+    """graphamp's float16 step on a GPU's policy (CUDA autocast's lists), loss scaling on."""
+    from graphamp import DynamicLossScaling
+    from graphamp.policy.policy import Policy
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    policy = Policy.create(dialect="fx_cuda", dtype="float16")
+    scaling = DynamicLossScaling.torch_defaults()
+    return train_step(model, cross_entropy, optimizer, policy=policy, loss_scaling=scaling)
+
+
+def peak_of(run: Any, *args: Any) -> AllocationPeak:
+    gc.collect()
+    with AllocationPeak() as peak:
+        run(*args)
+    return peak
+
+
+@pytest.mark.filterwarnings("ignore::graphamp.SlowPrecisionWarning")
+def test_capturing_a_step_allocates_no_step_of_its_own():
+    """The first call captures the step (traced on fake tensors) and runs it: its peak is the
+    step's own, plus the optimizer state it creates (momentum, one float32 copy of the
+    parameters) and a passing copy of the parameters. Traced on real tensors, the capture
+    held a whole step's values of its own, twice the step's peak here: a GPU's peak over a
+    first call (its warm-up) was then float32's."""
+    model = conv_net().train()
+    step = float16_step(model)
+    first = peak_of(step, *images(0)).peak
+    steady = peak_of(step, *images(1)).peak
+    params = nbytes(model.parameters())
+    assert steady > 20 * params  # the activations weigh, as a real model's do
+    assert first <= steady + 2 * params + SLACK
+
+
+@pytest.mark.filterwarnings("ignore::graphamp.SlowPrecisionWarning")
+def test_a_float16_step_holds_its_activations_in_float16():
+    """The values a float16 step of convolutions and batch norms keeps for its backward are
+    float16: its peak is at most autocast + GradScaler's on the same model and batch, and
+    float32 is a sliver of it (batch norm runs in its input's type, as under autocast, not
+    in float32 beside float16 copies)."""
+    model = conv_net().train()
+    step = float16_step(model)
+    step(*images(0))
+    ours = peak_of(step, *images(1))
+
+    theirs_model = conv_net().train()
+    optimizer = torch.optim.SGD(theirs_model.parameters(), lr=0.01, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu")
+
+    def autocast_step(x: torch.Tensor, y: torch.Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = cross_entropy(theirs_model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    autocast_step(*images(0))
+    theirs = peak_of(autocast_step, *images(1))
+    assert ours.peak <= theirs.peak
+    assert ours.peak_by_dtype.get(torch.float16, 0) >= 0.9 * ours.peak

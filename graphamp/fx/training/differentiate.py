@@ -50,12 +50,15 @@ def through_autograd(module: fx.GraphModule) -> bool:
     return any(node.target is float8.FLOAT8_MM for node in module.graph.nodes)
 
 
-def tracing_mode(module: fx.GraphModule) -> Literal["real", "symbolic"]:
-    """``make_fx``'s tracing mode for a step through ``module``: with real tensors, as for any
+def tracing_mode(module: fx.GraphModule) -> Literal["fake", "symbolic"]:
+    """``make_fx``'s tracing mode for a step through ``module``: on fake tensors, as for any
     step, unless it calls a higher-order op other than cond and map (see the module
-    docstring; a scan, kept whole, also needs symbolic shapes to be traced)."""
+    docstring; a scan, kept whole, also needs symbolic shapes to be traced). Neither runs a
+    kernel: a trace on real tensors would compute a whole step of its own, holding its
+    forward's values until its backward beside copies of the state, so the first call would
+    need more memory than every later one."""
     plain = {str(hops.COND), str(hops.MAP)}
-    return "symbolic" if set(higher_order_ops(module)) - plain else "real"
+    return "symbolic" if set(higher_order_ops(module)) - plain else "fake"
 
 
 def grad(module: fx.GraphModule, f: Callable[..., tuple[torch.Tensor, Any]]) -> Gradients:
@@ -130,7 +133,10 @@ def trace(module: fx.GraphModule, fn: Callable[..., Any], args: list[Any]) -> fx
     """``fn`` (a step through ``module``) traced functionally on ``args``; an error raised in
     a higher-order op's backward is one line naming the op."""
     try:
-        traced = make_fx(functionalize(module, fn), tracing_mode=tracing_mode(module))(*args)
+        mode = tracing_mode(module)
+        if mode == "fake":
+            args = _fakes(args)
+        traced = make_fx(functionalize(module, fn), tracing_mode=mode)(*args)
     except GraphampError:
         raise
     except Exception as error:
@@ -143,6 +149,16 @@ def trace(module: fx.GraphModule, fn: Callable[..., Any], args: list[Any]) -> fx
             f"{type(error).__name__}: {lines[0][:300]}"
         ) from error
     return without_leaf_detaches(traced)
+
+
+def _fakes(args: list[Any]) -> list[Any]:
+    """``args``' tensors as fake tensors of one mode, which a trace reads and writes without
+    touching the real ones; the mode reads tensors the forward module holds (lifted
+    constants) as constants, as the sharded step's does."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    return [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
 
 
 def without_leaf_detaches(module: fx.GraphModule) -> fx.GraphModule:

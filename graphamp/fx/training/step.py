@@ -12,7 +12,8 @@ waits for the host.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -180,23 +181,47 @@ class TrainStep:
         self.captured = graphs.captured
         self.graph, self.accumulate_graph = graphs.update, graphs.accumulate
 
-    def _specialise(self, batch: Sequence[torch.Tensor]) -> None:
+    def _specialise(self, batch: Sequence[torch.Tensor]) -> bool:
         """Switch to the graphs for ``batch``'s signature, capturing them (from the step's
-        current parameters and state) the first time it is seen; the first builds the step."""
+        current parameters and state) the first time it is seen; the first builds the step.
+        Whether it captured them now."""
         signature = signatures.batch_signature(batch)
         if signature == self._signature:
-            return
+            return False
         graphs = self._graphs.get(signature)
+        captured = graphs is None
         if graphs is None:
             with signatures.capturing(signature, first=self.graph is None):
                 if self.graph is None:
-                    return self._build(batch)
+                    self._build(batch)
+                    return True
                 self.forward = self._converted(batch)[0]  # only captures read it
                 graphs = self._capture_graphs(batch)
             if self._compile_options is not None:
                 graphs = signatures.compiled(graphs, self._compile_options, self.write_back)
             signatures.warn_if_many(len(self._graphs) + 1, signature)
         self._use(signature, graphs)
+        return captured
+
+    @contextmanager
+    def _first_run(self, previous: tuple | None) -> Iterator[None]:
+        """The first run of graphs just captured, which finishes their capture: the trace ran
+        on fake tensors, whose kernels check shapes but not every type rule (a float64 batch
+        into float32 weights), so an error here is the capture's, one line naming the batch,
+        and the step goes back to the graphs of ``previous`` (None: unbuilt)."""
+        signature = self._signature
+        with signatures.capturing(signature, first=False):  # type: ignore[arg-type]
+            try:
+                yield
+            except Exception:
+                self._micro -= 1
+                del self._graphs[signature]  # type: ignore[arg-type]
+                if previous is None:
+                    self.graph = self.accumulate_graph = None
+                    self._signature = None
+                else:
+                    self._use(previous, self._graphs[previous])
+                raise
 
     def _capture(self, fn: Callable[..., list[torch.Tensor]], batch: Sequence) -> CapturedStep:
         """Trace ``fn`` (the plain step), then let the step passes add their nodes."""
@@ -224,9 +249,10 @@ class TrainStep:
 
     def _trace(self, fn: Callable[..., list[torch.Tensor]], batch: Sequence) -> fx.GraphModule:
         """``fn`` traced functionally (the forward's in-place buffer updates become functional
-        ops and a copy back onto the buffer arguments) on copies of the state."""
-        flat = [t.clone() for t in self._flatten()]
-        return differentiate.trace(self.forward, fn, [*flat, *self._learning_rates(), *batch])
+        ops and a copy back onto the buffer arguments) on fake tensors made from the state:
+        the trace neither writes nor copies it (:func:`differentiate.tracing_mode`)."""
+        state = self._flatten()
+        return differentiate.trace(self.forward, fn, [*state, *self._learning_rates(), *batch])
 
     def _options(self, traced: fx.GraphModule) -> Options:
         """What the step pipeline's passes read."""
@@ -346,14 +372,16 @@ class TrainStep:
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
         if len(batch) < 2:
             raise GraphampError("step(*batch): pass the model inputs and then the target")
-        self._specialise(batch)
+        previous = self._signature
+        first_run = self._first_run(previous) if self._specialise(batch) else nullcontext()
         self._micro += 1
         last = self._micro % self.accumulate == 0
         captured = self.captured["update" if last else "accumulate"]
         graph = self.graph if last else self.accumulate_graph
         assert graph is not None  # _specialise captured both (accumulate > 1: the second)
         state = [self.state[name] for name in captured.state_inputs]
-        loss, *results = graph(*self._flatten(), *self._learning_rates(), *batch, *state)
+        with first_run:
+            loss, *results = graph(*self._flatten(), *self._learning_rates(), *batch, *state)
         start = 0
         for target in (self.params, self.opt_state, self.grad_acc):
             target.update(zip(target.keys(), results[start : start + len(target)], strict=True))
