@@ -63,6 +63,11 @@ def test_training_steps_every_eager_configuration(bench, tmp_path, capsys):
     results = json.loads((tmp_path / "bench-gpu-train-bert-base.json").read_text())
     assert "no GPU" in results["environment"] and "onnxruntime" in results["environment"]
     assert len(results["results"]["bert-base"]) == 6
+    # the timed steps' peak and the warm-up's (capture, compilation) apart; none off a GPU
+    header = (tmp_path / "bench-gpu-train-bert-base.md").read_text().split("| model |")[1]
+    assert "| peak GiB |" in header and "| warm-up peak GiB |" in header
+    for row in results["results"]["bert-base"]:
+        assert row["peak_bytes"] is None and row["warmup_peak_bytes"] is None, row
 
 
 @pytest.mark.compile

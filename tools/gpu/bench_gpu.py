@@ -11,7 +11,9 @@ batch 32, sequence 512, AdamW), random weights and data: float32 with TF32 off (
 it), eager ``torch.autocast`` (+ ``GradScaler`` for float16), ``torch.compile`` + autocast, and
 ``graphamp.fx.train_step`` eager and compiled, in float16 and bfloat16. Per configuration: the
 median step after a warm-up, the allocator's peak memory, samples/s, and the speed-up over
-float32, eager autocast and compile + autocast at the same type.
+float32, eager autocast and compile + autocast at the same type. The peak is the allocator's
+over the timed steps (the model, its optimizer state and what a step allocates); the warm-up's
+(graphamp's capture, torch.compile's compilation, the first optimizer state) is beside it.
 **Loss curves** (``--part curves``): ``--curve-steps`` steps (200) of autocast + GradScaler and
 of graphamp's step in float16, each from ``--seeds`` (3) initialisations and data sets of 8
 batches; graphamp's curves should lie inside the seed-to-seed spread of autocast's (windows of
@@ -105,8 +107,9 @@ def _skipped_note(skipped: list[str]) -> str:
 def train_part(args: argparse.Namespace, device: torch.device, scale: str) -> tuple[str, dict]:
     lines = [
         "| model | configuration | median step ms | peak GiB | samples/s | vs float32 "
-        "| vs eager autocast | vs compile + autocast | vs float32 compiled |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| vs eager autocast | vs compile + autocast | vs float32 compiled "
+        "| warm-up peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     results: dict = {}
     skipped: list[str] = []
@@ -129,13 +132,17 @@ def train_part(args: argparse.Namespace, device: torch.device, scale: str) -> tu
             eager = timings.get(gpu_train.Mode("autocast", mode.dtype))
             compiled = timings.get(gpu_train.Mode("compile+autocast", mode.dtype))
             ours = mode.kind in ("graphamp", "backend")
-            peak = f"{timing.peak_bytes / 2**30:.2f}" if timing.peak_bytes else "-"
+            peak, warmup_peak = (
+                f"{value / 2**30:.2f}" if value else "-"
+                for value in (timing.peak_bytes, timing.warmup_peak_bytes)
+            )
             lines.append(
                 f"| {name} | {mode.label} | {timing.seconds * 1e3:.2f} | {peak} | "
                 f"{timing.samples_per_s:.1f} | {_ratio(fp32, timing.seconds)} | "
                 f"{_ratio(eager.seconds if eager and ours else None, timing.seconds)} | "
                 f"{_ratio(compiled.seconds if compiled and ours else None, timing.seconds)} | "
-                f"{_ratio(fp32_compiled.seconds if fp32_compiled else None, timing.seconds)} |"
+                f"{_ratio(fp32_compiled.seconds if fp32_compiled else None, timing.seconds)} | "
+                f"{warmup_peak} |"
             )
             rows.append(
                 {
@@ -143,6 +150,7 @@ def train_part(args: argparse.Namespace, device: torch.device, scale: str) -> tu
                     "seconds": timing.seconds,
                     "all_seconds": timing.all_seconds,
                     "peak_bytes": timing.peak_bytes,
+                    "warmup_peak_bytes": timing.warmup_peak_bytes,
                     "samples_per_s": timing.samples_per_s,
                 }
             )

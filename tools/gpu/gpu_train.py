@@ -264,6 +264,8 @@ class Timing:
     peak_bytes: int | None  # the device allocator's peak over the timed steps (GPU only)
     samples_per_s: float
     all_seconds: list[float] = field(default_factory=list)
+    # the peak over the warm-up: graphamp's capture, torch.compile's compilation (GPU only)
+    warmup_peak_bytes: int | None = None
 
 
 def _sync(device: torch.device) -> None:
@@ -282,7 +284,9 @@ def time_mode(
     mode: Mode, work: Workload, base: nn.Module, device: torch.device, steps: int, warmup: int
 ) -> Timing:
     """Median step time of ``mode`` on one batch, after ``warmup`` steps (capture and
-    compilation happen there)."""
+    compilation happen there), and the allocator's peak over the timed steps and over the
+    warm-up apart: a step's memory is what each step needs, which a warm-up that captures
+    or compiles would hide (and may exceed) in one figure."""
     _release(device)
     model = copy.deepcopy(base).to(device).train()
     batch = work.batch(0, device)
@@ -291,6 +295,7 @@ def time_mode(
         for _ in range(warmup):
             run(*batch)
         _sync(device)
+        warmup_peak = _reset_peak(device)
         times = []
         for _ in range(steps):
             start = time.perf_counter()
@@ -301,7 +306,17 @@ def time_mode(
     seconds = statistics.median(times)
     del run, model
     _release(device)
-    return Timing(mode, seconds, peak, work.samples / seconds, times)
+    return Timing(mode, seconds, peak, work.samples / seconds, times, warmup_peak)
+
+
+def _reset_peak(device: torch.device) -> int | None:
+    """The device allocator's peak so far, its count then started again from what is held
+    now (None off a GPU)."""
+    if device.type != "cuda":
+        return None
+    peak = torch.cuda.max_memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return peak
 
 
 def loss_curve(
