@@ -22,6 +22,8 @@ recipes run and which is bit-equal to its ``Float8Linear`` on a CPU:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -72,7 +74,8 @@ def _(a: torch.Tensor, b: torch.Tensor, gemm: str, key: str) -> torch.Tensor:
     return a.new_empty((rows, columns))
 
 
-def _setup(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+# ``ctx``: autograd's context object, which carries the GEMM's key as an attribute of ours.
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
     a, b, gemm, key = inputs
     if gemm != "output":
         raise InternalError("only a layer's output GEMM is differentiated")
@@ -80,7 +83,9 @@ def _setup(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
     ctx.key = key
 
 
-def _backward(ctx, grad: torch.Tensor):  # type: ignore[no-untyped-def]
+def _backward(
+    ctx: Any, grad: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
     """The input's and the weight's gradients as two more marked GEMMs, each in the
     gradient's type as torchao's are (the weight's then widened to a float32 master's), and
     only where autograd needs them (a model's input takes none)."""

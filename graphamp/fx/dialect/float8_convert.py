@@ -23,7 +23,7 @@ from torch import fx
 from graphamp.errors import InternalError
 from graphamp.fx.dialect import float8
 from graphamp.fx.dialect.float8_step import chosen_layers, keep_unbuilt, layer_of
-from graphamp.fx.dialect.ops import attribute
+from graphamp.fx.dialect.ops import attribute_of
 from graphamp.plans.plan import Plan
 from graphamp.training.float8 import Float8
 
@@ -91,8 +91,10 @@ def lower(module: fx.GraphModule, plan: Plan, settings: Float8) -> None:
         if found is None:
             continue
         x, master, _, bias = found
-        stored = attribute(module, master.target)  # type: ignore[arg-type]
-        weight, scale = quantised_weight(stored, per_channel, settings.granularity == "row")  # type: ignore[arg-type]
+        stored = attribute_of(module, master)
+        if not isinstance(stored, torch.Tensor):  # (layer_of found a matrix there)
+            raise InternalError(f"{name}: its weight {master.target!r} is no tensor")
+        weight, scale = quantised_weight(stored, per_channel, settings.granularity == "row")
         stem = f"{str(master.target).replace('.', '_')}_float8"
         module.register_buffer(stem, weight)
         module.register_buffer(f"{stem}_scale", scale)

@@ -22,7 +22,7 @@ from graphamp.core.vocab import Precision, Rule
 from graphamp.dialects.base import ReadGraph
 from graphamp.errors import Float8Warning, GraphampError, InternalError, warn
 from graphamp.fx.dialect import float8
-from graphamp.fx.dialect.ops import attribute
+from graphamp.fx.dialect.ops import attribute, attribute_of
 from graphamp.fx.dialect.reader import stable_names
 from graphamp.passes.fp8_scaling import GEMM_PARAM, LAYER_PARAM
 from graphamp.plans.plan import Plan
@@ -90,8 +90,11 @@ def weight_source(module: fx.GraphModule, value: fx.Node) -> fx.Node | None:
         if inner.target is CAST and (source := _transposed(inner.args[0])) is not None:
             value = source
     if value.op == "call_function" and value.target is CAST and len(value.args) == 1:
-        value = value.args[0]  # type: ignore[assignment]
-    if value.op == "get_attr" and isinstance(attribute(module, value.target), torch.Tensor):  # type: ignore[arg-type]
+        cast_of = value.args[0]
+        if not isinstance(cast_of, fx.Node):
+            return None
+        value = cast_of
+    if value.op == "get_attr" and isinstance(attribute_of(module, value), torch.Tensor):
         return value
     return None
 
@@ -129,12 +132,14 @@ def layer_of(module: fx.GraphModule, node: fx.Node) -> tuple[Any, fx.Node, fx.No
         bias, weight = args[0], _untransposed(module, args[2])
     else:
         return None
-    master = None if weight is None else weight_source(module, weight)  # type: ignore[arg-type]
+    if not isinstance(weight, fx.Node):
+        return None
+    master = weight_source(module, weight)
     stored = None if master is None else attribute(module, str(master.target))
     if master is None or not isinstance(stored, torch.Tensor) or stored.dim() != 2:
         return None  # a layer's weight is a matrix
     x = args[1] if target is torch.ops.aten.addmm.default else args[0]
-    return (x, master, weight, bias)  # type: ignore[return-value]
+    return (x, master, weight, bias)
 
 
 def _untransposed(module: fx.GraphModule, value: object) -> fx.Node | None:
