@@ -30,6 +30,7 @@ from __future__ import annotations
 from graphamp.core.dtypes import BY_NAME
 from graphamp.core.graph import NodeKind, OpGraph, Role, TensorInfo
 from graphamp.core.vocab import Precision, Rule
+from graphamp.errors import InternalError
 from graphamp.passes.all_reduce import (
     average_in_buckets,
     elements,
@@ -124,7 +125,7 @@ class AllGatherPass(Pass):
         graph = context.graph
         wholes = [graph.tensors[name] for name in names]
         item = _item_bytes(dtype)
-        rows = [int(w.shape[0]) if w.shape else 1 for w in wholes]  # type: ignore[arg-type]
+        rows = [_rows(w) for w in wholes]
         received = sum(
             sharding.chunk(r) * sharding.world_size * (elements(w) // max(r, 1)) * item
             for r, w in zip(rows, wholes, strict=True)
@@ -201,3 +202,13 @@ class ReduceScatterPass(Pass):
                 f"bytes sent as {sharding.dtype} ({sharding.dtype_source}){scaled}"
             ),
         )
+
+
+def _rows(tensor: TensorInfo) -> int:
+    """The rows of a sharded weight (its first dim, 1 for a scalar), which are known."""
+    if not tensor.shape:
+        return 1
+    first = tensor.shape[0]
+    if not isinstance(first, int):
+        raise InternalError(f"{tensor.name}: sharded by rows of unknown count {first!r}")
+    return first

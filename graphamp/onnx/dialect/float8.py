@@ -43,7 +43,7 @@ from onnx import helper, numpy_helper
 from graphamp.core.dtypes import numpy_type
 from graphamp.core.graph import OpGraph, unique_name
 from graphamp.dialects.base import ReadGraph
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, InternalError
 from graphamp.onnx.io import stream
 from graphamp.onnx.io.infile import InFileTensor, StreamedModel
 from graphamp.onnx.numerics.statgraph import node_names
@@ -167,8 +167,8 @@ class _Emitter:
         self.before.setdefault(first, []).extend(nodes)
 
     def _activation(self, record: ScaleRecord, readers: list[tuple[onnx.NodeProto, int]]) -> None:
-        amax = float(record.detail["amax"])  # type: ignore[arg-type]
-        margin = int(record.detail.get("margin", 0))  # type: ignore[call-overload]
+        amax = float(_detail(record, "amax"))
+        margin = int(_detail(record, "margin", 0))
         scale = stored_scales(np.array(scale_of(amax, margin), np.float32), self.low)
         value = readers[0][0].input[readers[0][1]]
         scale_name, zero_name = (
@@ -194,7 +194,7 @@ class _Emitter:
             node.input[slot] = restored
 
     def _weight(self, record: ScaleRecord, readers: list[tuple[onnx.NodeProto, int]]) -> None:
-        axis = int(record.detail.get("axis", -1))  # type: ignore[call-overload]
+        axis = int(_detail(record, "axis", -1))
         stored, scale_name = (
             self._name(f"{record.tensor}/fp8"),
             self._name(f"{record.tensor}/fp8_scale"),
@@ -423,3 +423,13 @@ def _at_least_opset(proto: onnx.ModelProto) -> None:
             f"and ONNX's version converter failed: {str(exc).splitlines()[0]}"
         ) from None
     proto.CopyFrom(converted)
+
+
+def _detail(
+    record: ScaleRecord, key: str, default: int | None = None
+) -> int | float | np.integer | np.floating:
+    """The number a scale record keeps under ``key`` (``default`` where it keeps none)."""
+    value = record.detail.get(key, default)
+    if not isinstance(value, int | float | np.integer | np.floating):
+        raise InternalError(f"scale of {record.tensor!r}: {key} is {value!r}, not a number")
+    return value

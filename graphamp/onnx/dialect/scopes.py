@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
 
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 
@@ -33,9 +37,9 @@ def module_path(metadata: Mapping[str, str]) -> str:
     return path if isinstance(path, str) else ""
 
 
-def module_path_of_entries(entries: Iterable[object]) -> str:
+def module_path_of_entries(entries: Iterable[onnx.StringStringEntryProto]) -> str:
     """:func:`module_path` of a NodeProto's ``metadata_props`` (key/value entries)."""
     for entry in entries:
-        if getattr(entry, "key", None) == NAME_SCOPES:
-            return module_path({NAME_SCOPES: entry.value})  # type: ignore[attr-defined]
+        if entry.key == NAME_SCOPES:
+            return module_path({NAME_SCOPES: entry.value})
     return ""

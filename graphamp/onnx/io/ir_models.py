@@ -60,7 +60,8 @@ def _type_graph(
             shape = None
             if info.type.tensor_type.HasField("shape"):
                 shape = ir.serde.deserialize_type_proto_for_shape(info.type)
-                shape.freeze()  # type: ignore[union-attr]
+                if shape is not None:
+                    shape.freeze()
             made = ir.serde.deserialize_type_proto_for_type(info.type)
             if made is None:
                 continue  # a type onnx_ir cannot hold: the value keeps what it has

@@ -59,6 +59,7 @@ def _model_view() -> type[Message]:
 def value_types(model: onnx.ModelProto) -> dict[str, bytes]:
     """Name -> serialised TypeProto of each ``value_info`` entry and output of ``model``'s main
     graph (an output's entry wins over a value_info entry of its name)."""
+    # attr-defined: the view's message class is built at run time (no stub knows its fields)
     graph = _model_view().FromString(model.SerializeToString()).graph  # type: ignore[attr-defined]
     types = {value.name: value.type for value in graph.value_info}
     types.update((value.name, value.type) for value in graph.output)
