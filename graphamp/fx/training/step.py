@@ -204,18 +204,19 @@ class TrainStep:
         return captured
 
     @contextmanager
-    def _first_run(self, previous: tuple | None) -> Iterator[None]:
+    def _first_run(self, previous: signatures.BatchSignature | None) -> Iterator[None]:
         """The first run of graphs just captured, which finishes their capture: the trace ran
         on fake tensors, whose kernels check shapes but not every type rule (a float64 batch
         into float32 weights), so an error here is the capture's, one line naming the batch,
         and the step goes back to the graphs of ``previous`` (None: unbuilt)."""
         signature = self._signature
-        with signatures.capturing(signature, first=False):  # type: ignore[arg-type]
+        assert signature is not None  # the graphs just captured are the ones in use
+        with signatures.capturing(signature, first=False):
             try:
                 yield
             except Exception:
                 self._micro -= 1
-                del self._graphs[signature]  # type: ignore[arg-type]
+                del self._graphs[signature]
                 if previous is None:
                     self.graph = self.accumulate_graph = None
                     self._signature = None
