@@ -206,3 +206,14 @@ def test_load_refuses_what_is_not_a_program(tmp_path, bert_pt2):
         with pytest.raises(GraphampError, match=message) as caught:
             gfx.load(path)
         assert "\n" not in str(caught.value)
+
+
+def test_the_torch_dialects_refuse_a_source_of_another_kind_in_one_line():
+    """Pt2Dialect loads a path or a program, FxDialect a module or a program: anything else
+    is a GraphampError naming its type, before torch.export or the archive reader sees it."""
+    from graphamp.fx.dialect.plugin import FxDialect
+
+    with pytest.raises(GraphampError, match=r"^expected a \.pt2 path or a program, got dict$"):
+        pt2.Pt2Dialect().load({"not": "a program"})
+    with pytest.raises(GraphampError, match=r"^expected a torch\.nn\.Module .*, got list$"):
+        FxDialect().load([torch.zeros(2)])
