@@ -63,12 +63,13 @@ def example_args(value: object) -> tuple[Any, ...] | None:
 
 
 def capture(
-    model: nn.Module | torch.export.ExportedProgram,
+    model: object,
     example_inputs: tuple[Any, ...] | None,
     example_kwargs: dict[str, Any] | None = None,
     dynamic_shapes: Any = None,
 ) -> fx.GraphModule:
-    """A fresh GraphModule in torch.export's training IR; ``model`` is not changed."""
+    """A fresh GraphModule in torch.export's training IR; ``model`` (a module or a program; any
+    other object is refused in one line) is not changed."""
     if isinstance(model, torch.export.ExportedProgram):
         if dynamic_shapes is not None:
             raise GraphampError(

@@ -79,10 +79,6 @@ class FxDialect(TorchDialect):
     name = "fx"
 
     def load(self, source: object) -> fx.GraphModule:
-        if not isinstance(source, nn.Module | torch.export.ExportedProgram):
-            raise GraphampError(
-                f"expected a torch.nn.Module or an ExportedProgram, got {type(source).__name__}"
-            )
         return capture(
             source,
             self.example_inputs,
