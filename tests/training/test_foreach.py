@@ -17,10 +17,11 @@ from graphamp.fx.training import foreach, in_place
 
 def grouped_targets(module: fx.GraphModule) -> list[str]:
     """The foreach op of each grouped node, in graph order."""
+    plain = (foreach.each_in_place, foreach.each_result)
     return [
-        str(node.args[0] if node.target is foreach.each_in_place else node.args[1])
+        str(node.args[0] if node.target in plain else node.args[1])
         for node in module.graph.nodes
-        if node.target in (foreach.each_in_place, foreach.updates_unless)
+        if node.target in (*plain, foreach.updates_unless)
     ]
 
 
@@ -41,8 +42,12 @@ def test_a_run_of_momentum_updates_is_one_foreach_add_with_the_same_values():
     module = make_fx(momentum)(*arguments)
     expected = module(*arguments)
     in_place.in_place(module)
-    assert foreach.grouped(module) == 2  # the second four mul, then the four add
-    assert grouped_targets(module) == ["aten._foreach_mul_.Scalar", "aten._foreach_add_.List"]
+    assert foreach.grouped(module) == 3  # the four new products, the four mul_, the four add
+    assert grouped_targets(module) == [
+        "aten._foreach_mul.Scalar",
+        "aten._foreach_mul_.Scalar",
+        "aten._foreach_add_.List",
+    ]
     got = module(*arguments)
     for want, have in zip(expected, got, strict=True):
         assert torch.equal(want, have)
@@ -208,6 +213,16 @@ def test_a_training_step_calls_its_optimizer_tail_as_foreach_ops(kind):
     targets = grouped_targets(step.graph)  # type: ignore[arg-type]
     alone = [n for n in step.graph.graph.nodes if n.target is in_place.update_unless]
     assert len(targets) >= 2 and len(alone) <= 1, (targets, alone)  # the step count's own
+    # Adam's square roots of its second moments, new tensors: one foreach call, not one each
+    roots = [
+        n
+        for n in step.graph.graph.nodes  # type: ignore[union-attr]
+        if "sqrt" in str(getattr(n.target, "__name__", n.target))
+        and getattr(n.meta.get("val"), "ndim", 0) > 0
+    ]
+    assert roots == [], roots
+    if kind == "Adam":
+        assert "aten._foreach_sqrt.default" in targets, targets
     for _ in range(2):
         step(x, y)
         plain(x, y)

@@ -10,8 +10,11 @@ formulas are written one operation at a time over all tensors,
 :func:`grouped` turns each run of consecutive, independent nodes with the same op and the same
 non-tensor arguments into one call of the matching foreach op (``_foreach_add_.List``,
 ``_foreach_addcmul_.Scalar``...), which on a CPU runs the same kernel per tensor (on a GPU,
-torch.optim's multi-tensor kernels: what its foreach path computes). ``torch.compile`` gets the
-nodes back one by one (:func:`ungrouped`).
+torch.optim's multi-tensor kernels: what its foreach path computes). The few functional ops
+an optimizer's formulas make new tensors with (Adam's ``sqrt`` of each second moment and
+``mul`` of its step size by each first moment) are grouped alike, into the functional foreach
+op: per parameter they were two Python calls and two kernel launches more per step.
+``torch.compile`` gets the nodes back one by one (:func:`ungrouped`).
 """
 
 from __future__ import annotations
@@ -35,12 +38,23 @@ _SHORTEST_RUN = 2
 # compute other bits than torch.optim's. Such runs stay per tensor.
 _ROUNDS_ITS_NUMBER = frozenset({"mul"})
 _REDUCED = frozenset({torch.bfloat16, torch.float16})
+# Functional ops grouped too: an optimizer's formulas compute some values into new tensors
+# (Adam's square root of its second moment, its step size times its first moment, once per
+# parameter), where the moments are read again. ``mul`` is commutative: a run that shares its
+# first operand is called with the list first, as the foreach op takes it.
+_FUNCTIONAL = frozenset({torch.ops.aten.sqrt.default, torch.ops.aten.mul.Tensor})
+_COMMUTATIVE = frozenset({torch.ops.aten.mul.Tensor})
 
 
 def each_in_place(op: Any, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
     """``op`` (an in-place foreach op) on the lists in ``args``; the tensors it wrote."""
     op(*args, **kwargs)
     return args[0]
+
+
+def each_result(op: Any, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
+    """``op`` (a functional foreach op) on the lists in ``args``; the tensors it made."""
+    return list(op(*args, **kwargs))
 
 
 def updates_unless(
@@ -62,8 +76,9 @@ def updates_unless(
 
 
 def grouped(module: fx.GraphModule) -> int:
-    """Call each run of consecutive, independent in-place updates with the same op and the
-    same non-tensor arguments as one foreach op (see the module docstring); how many runs."""
+    """Call each run of consecutive, independent in-place updates (or ``sqrt``/``mul`` into
+    new tensors) with the same op and the same non-tensor arguments as one foreach op (see
+    the module docstring); how many runs."""
     made = sum(_group(module.graph, run) for run in _runs(module.graph))
     return recompiled(module, made)
 
@@ -119,7 +134,7 @@ def _key(node: fx.Node) -> tuple | None:
     if node.target is update_unless:
         found_inf, in_place_op, op, *rest = node.args
         head: tuple = (update_unless, found_inf, in_place_op, op)
-    elif node.target in IN_PLACE_OPS:
+    elif node.target in IN_PLACE_OPS or node.target in _FUNCTIONAL:
         head, rest = (node.target,), list(node.args)
     else:
         return None
@@ -160,7 +175,9 @@ def _runs(graph: fx.Graph) -> list[list[fx.Node]]:
 
 
 def _written(node: fx.Node) -> fx.Node:
-    """The tensor ``node`` writes into."""
+    """The tensor ``node`` writes into (a functional op: its own, new)."""
+    if node.target in _FUNCTIONAL:
+        return node
     return value_arg(node, 3 if node.target is update_unless else 0)
 
 
@@ -183,6 +200,9 @@ def _group(graph: fx.Graph, run: list[fx.Node]) -> bool:
         else:
             arguments.append(list(column))
             kinds.append("list")
+    functional = first.target in _FUNCTIONAL
+    if first.target in _COMMUTATIVE and kinds[0] != "list" and kinds[1:2] == ["list"]:
+        arguments[:2], kinds[:2] = arguments[1::-1], kinds[1::-1]
     per_tensor = first.args[1] if guarded else first.target
     if not isinstance(per_tensor, torch._ops.OpOverload):  # (a run holds aten ops only)
         raise InternalError(f"update {first.name!r} calls {per_tensor!r}")
@@ -193,8 +213,8 @@ def _group(graph: fx.Graph, run: list[fx.Node]) -> bool:
         and getattr(value, "dtype", None) in _REDUCED
     ):
         return False
-    in_place_op = _foreach(per_tensor, kinds, first.kwargs, in_place=True)
-    if in_place_op is None:
+    in_place_op = _foreach(per_tensor, kinds, first.kwargs, in_place=not functional)
+    if in_place_op is None or (functional and kinds[0] != "list"):
         return False
     chosen = [_takes_one(in_place_op, i) for i in range(len(kinds))]
     arguments = [
@@ -206,7 +226,8 @@ def _group(graph: fx.Graph, run: list[fx.Node]) -> bool:
         target: Any = updates_unless
         arguments = [first.args[0], in_place_op, functional_op, *arguments]
     else:
-        target, arguments = each_in_place, [in_place_op, *arguments]
+        target = each_result if functional else each_in_place
+        arguments = [in_place_op, *arguments]
     with graph.inserting_after(run[-1]):
         call = graph.call_function(target, tuple(arguments), dict(first.kwargs))
     per_tensor_ops = tuple(first.args[1:3]) if guarded else ()
