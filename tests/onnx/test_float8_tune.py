@@ -113,8 +113,9 @@ def test_tune_keeps_the_planted_product_and_only_it(setup):
     }  # fmt: skip
     reason = plan.fp8["sensitive"].reason
     assert "graphamp tune --fp8" in reason and f"rtol {RTOL:g}" in reason
-    with_it = float(reason.split("outputs are ")[1].split(" ")[0])
-    assert with_it > RTOL  # the error it would put back, measured
+    alone = float(reason.split("it puts the outputs ")[1].split(" ")[0])
+    assert alone > RTOL and "rank 1 of 5" in reason  # its error alone, measured
+    assert "keeping the 1 products of largest error alone meets the tolerance" in reason
     tuned = result.conversion.to_proto()
     assert error(tuned, reference, tuning) <= RTOL
     assert error(tuned, reference, held_out) <= RTOL  # data the search never saw
@@ -152,3 +153,25 @@ def _stored(proto: onnx.ModelProto) -> dict[str, tuple[int, bytes]]:
     return {
         i.name: (i.data_type, numpy_helper.to_array(i).tobytes()) for i in proto.graph.initializer
     }
+
+
+def test_a_real_conversion_that_misses_keeps_the_next_products_by_rank(setup, monkeypatch):
+    """The real check is the truth: where it misses what the switchable model met, tune keeps
+    the next product by error alone and checks again (the miss is simulated once here)."""
+    from graphamp.onnx.numerics import fp8_tuning
+
+    path, ranges, _, tuning, _ = setup
+    real_check, calls = fp8_tuning._checked, []
+
+    def first_misses(*args, **kwargs):
+        errors, met = real_check(*args, **kwargs)
+        calls.append(met)
+        return errors, met and len(calls) > 1
+
+    monkeypatch.setattr(fp8_tuning, "_checked", first_misses)
+    result = tune_fp8(path, tuning, rtol=RTOL, ranges=ranges)
+    second = max((f"mm{i}" for i in range(CHAIN)), key=lambda n: result.alone[n])
+    assert result.met and result.kept == ("sensitive", second) and len(calls) == 2
+    reason = result.conversion.plan.fp8[second].reason
+    assert result.conversion.plan.fp8[second].rule == "fp8_tuned"
+    assert "the real conversion missed the tolerance the switchable model met" in reason

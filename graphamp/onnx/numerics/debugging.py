@@ -165,9 +165,7 @@ def _key(tensor: str) -> str:
     return tensor.removeprefix(EXPORTED)
 
 
-def _check_pair(
-    reference: onnx.ModelProto, target: onnx.ModelProto, types: dict[str, int]
-) -> None:
+def _check_pair(reference: onnx.ModelProto, target: onnx.ModelProto, types: dict[str, int]) -> None:
     """Refuse, in one line, two models that are not a float32 model and its conversion: the
     two given the other way round, or models of different graphs."""
     for what, ours, theirs in (
