@@ -112,4 +112,4 @@ def test_demo_describes_the_model_it_builds(name):
     if name == "bert":
         model, _ = build("bert", "small")
         assert "2 layers x 32 wide" in small and "12 layers x 768 wide" in full
-        assert sum(1 for _ in model.layers) == 2  # type: ignore[attr-defined]
+        assert sum(1 for _ in model.layers) == 2

@@ -15,7 +15,7 @@ RANDOM_OPS = {"Dropout", "RandomNormal", "RandomNormalLike", "RandomUniform",
 TOLERANCE = {"float16": 2e-2, "bfloat16": 8e-2}
 
 
-def float_cases() -> list:  # type: ignore[type-arg]
+def float_cases() -> list:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cases = collect_testcases()

@@ -65,7 +65,7 @@ def _cli(source: Path, out: Path, *flags: str) -> tuple[bytes, dict]:
 @pytest.mark.parametrize("name", ["bert", "gpt", "resnet", "gpt2", "llama"])
 def test_written_as_converted_gives_the_bytes_of_the_model_held_in_memory(
     zoo_model, hf_exported, tmp_path, monkeypatch, capsys, name, dtype, flags
-):  # type: ignore[no-untyped-def]
+):
     """graphamp convert on a model whose weights are in the file: the output file and the plan
     are byte for byte those of the same command holding the whole model in memory (every
     weight parsed into the proto, as before the weights were left in the file)."""
@@ -86,7 +86,7 @@ def test_written_as_converted_gives_the_bytes_of_the_model_held_in_memory(
 @pytest.mark.parametrize("name", ["gpt", "llama"])
 def test_the_api_gives_the_same_model_from_the_file_and_from_its_proto(
     zoo_model, hf_exported, tmp_path, name
-):  # type: ignore[no-untyped-def]
+):
     """graphamp.onnx.convert(path) holds the converted weights in the input file until asked:
     to_proto() then reads them in, and equals the conversion of the model loaded whole; saving
     either writes the same bytes."""

@@ -95,5 +95,5 @@ def test_a_bad_target_in_a_policy_file_is_one_line(tmp_path, capsys):
 
 def test_default_target_is_cuda_and_matmul_has_its_kernel():
     result = gonnx.convert(chain(["MatMul"]))
-    assert result.plan.policy["target"] == "cuda"  # type: ignore[index]
+    assert result.plan.policy["target"] == "cuda"
     assert {d.precision for d in result.plan.nodes.values()} == {"float16"}

@@ -21,7 +21,7 @@ from tests.onnx.node_cases import TOLERANCE, relative_error
 _GRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
-def body_cases() -> list:  # type: ignore[type-arg]
+def body_cases() -> list:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cases = collect_testcases()

@@ -29,7 +29,7 @@ def session(proto: onnx.ModelProto) -> ort.InferenceSession:
     )
 
 
-def run(proto: onnx.ModelProto, inputs: list, reference: bool) -> list[np.ndarray]:  # type: ignore[type-arg]
+def run(proto: onnx.ModelProto, inputs: list, reference: bool) -> list[np.ndarray]:
     feeds = feeds_for(proto, inputs)
     if reference:
         return ReferenceEvaluator(proto).run(None, feeds)

@@ -123,7 +123,7 @@ def peers_if_model() -> onnx.ModelProto:
 def ort_run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """The peers' ``_ort_inference``."""
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)  # type: ignore[return-value]
+    return session.run(None, feeds)
 
 
 def float_math(plan: Plan) -> dict[str, str]:

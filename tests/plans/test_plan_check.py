@@ -17,17 +17,17 @@ from graphamp.plans.plan import Plan
 from tests.helpers import chain
 
 
-def plan_data() -> dict:  # type: ignore[type-arg]
+def plan_data() -> dict:
     proto = chain(["MatMul", "Softmax", "MatMul"])
     return json.loads(gonnx.analyse(proto, keep_io_types=["x"]).plan.to_json())
 
 
-def setter(*path: object, value: object) -> Callable[[dict], None]:  # type: ignore[type-arg]
-    def change(data: dict) -> None:  # type: ignore[type-arg]
+def setter(*path: object, value: object) -> Callable[[dict], None]:
+    def change(data: dict) -> None:
         target = data
         for key in path[:-1]:
-            target = target[key]  # type: ignore[index]
-        target[path[-1]] = value  # type: ignore[index]
+            target = target[key]
+        target[path[-1]] = value
 
     return change
 

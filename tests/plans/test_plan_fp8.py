@@ -74,7 +74,7 @@ def test_diff_compares_scale_sources_and_granularity_not_values(fp8_plan):
     other = copy.deepcopy(fp8_plan)
     for record in other.scales:  # other calibration data: other values, same decisions
         if "amax" in record.detail:
-            record.detail["amax"] = float(record.detail["amax"]) * 1.5  # type: ignore[arg-type]
+            record.detail["amax"] = float(record.detail["amax"]) * 1.5
             record.detail["batches"] = 8
     assert fp8_plan.diff(other).empty
     changed = copy.deepcopy(fp8_plan)

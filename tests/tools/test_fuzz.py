@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def fuzz_module():  # type: ignore[no-untyped-def]
     spec = importlib.util.spec_from_file_location("graphamp_fuzz", ROOT / "tools/fuzz/fuzz.py")
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules[spec.name] = module  # type: ignore[union-attr]  (its dataclasses look it up)
+    sys.modules[spec.name] = module  # type: ignore[union-attr]  # its dataclasses look it up
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
 

@@ -62,7 +62,7 @@ def gpt() -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]], Callable[
     def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return nn.functional.cross_entropy(logits.reshape(-1, 128), target.reshape(-1))
 
-    return model, data, loss  # type: ignore[return-value]
+    return model, data, loss
 
 
 def float8_layers(step: Any) -> set[str]:

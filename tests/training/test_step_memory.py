@@ -131,7 +131,7 @@ def test_an_update_that_makes_a_new_tensor_is_copied_into_the_model():
     from graphamp.fx.training import eager
 
     step, model = trained(keep_model=False, steps=1)
-    eager.for_compile(step.graph)  # type: ignore[arg-type]
+    eager.for_compile(step.graph)
     before = {n: p.data_ptr() for n, p in model.named_parameters()}
     moved = {n: p.detach().clone() for n, p in model.named_parameters()}
     step(*batch(7))

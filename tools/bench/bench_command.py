@@ -117,7 +117,7 @@ def bench_onnx(name: str, args: argparse.Namespace) -> dict[str, object]:
 def onnx_table(result: dict[str, object]) -> str:
     rounds: list[dict[str, dict[str, float]]] = result["rounds"]  # type: ignore[assignment]
     sizes: dict[str, int] = result["sizes"]  # type: ignore[assignment]
-    source = int(result["input_bytes"])  # type: ignore[arg-type]
+    source = int(result["input_bytes"])
     floor = "floor (onnx load + save)"
     lines = [
         f"{result['model']} ({source / 2**20:.0f} MiB, weights in the file); medians of "

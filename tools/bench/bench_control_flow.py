@@ -83,7 +83,7 @@ def fixed_point(converted: onnx.ModelProto, dtype: str) -> bool:
     return again.SerializeToString() == converted.SerializeToString()
 
 
-def relative(got: dict, want: dict) -> float:  # type: ignore[type-arg]
+def relative(got: dict, want: dict) -> float:
     worst = 0.0
     for key, value in want.items():
         value64 = np.asarray(value, np.float64)
@@ -92,7 +92,7 @@ def relative(got: dict, want: dict) -> float:  # type: ignore[type-arg]
     return worst
 
 
-def reference_run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict:  # type: ignore[type-arg]
+def reference_run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict:
     typed = {}
     for info in proto.graph.input:
         name = dtypes.from_onnx(info.type.tensor_type.elem_type)
@@ -196,7 +196,7 @@ def _corpus(cases: list[tuple[str, onnx.ModelProto, object]], inline: bool) -> s
             low += sum(
                 1
                 for n, d in plan.nodes.items()
-                if "/" in n and d.precision == dtype  # type: ignore[attr-defined]
+                if "/" in n and d.precision == dtype
             )
             first, second = proto, out
             if inline:  # onnx.reference runs a renamed function copy only inlined

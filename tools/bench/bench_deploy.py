@@ -151,7 +151,7 @@ def optimized_full(name: str, folder: Path) -> Path:
     """The zoo's full-size ``name`` through onnxruntime's optimizer (BERT fusions)."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    from models import export_onnx
+    from graphamp.models import export_onnx
 
     source, target = folder / f"zoo-{name}-full.onnx", folder / f"zoo-{name}-full.opt.onnx"
     export_onnx(name, source, "full")

@@ -129,7 +129,7 @@ def step_flops(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> floa
 
 
 def first(output: object) -> torch.Tensor:
-    return output[0] if isinstance(output, tuple | list) else output  # type: ignore[index,return-value]
+    return output[0] if isinstance(output, tuple | list) else output  # type: ignore[return-value]
 
 
 def build(name: str, args: argparse.Namespace) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:

@@ -54,13 +54,13 @@ def cast_sites(module: torch.fx.GraphModule) -> tuple[int, int]:
     """(casts run once per call, casts run once per iteration of a loop body)."""
     once, per_iteration = 0, 0
     loops = {
-        str(node.args[1].target)  # type: ignore[union-attr]
+        str(node.args[1].target)
         for sub in module.modules()
         if isinstance(sub, torch.fx.GraphModule)
         for node in sub.graph.nodes
         if node.target is torch.ops.higher_order.while_loop
     } | {
-        str(node.args[0].target)  # type: ignore[union-attr]
+        str(node.args[0].target)
         for sub in module.modules()
         if isinstance(sub, torch.fx.GraphModule)
         for node in sub.graph.nodes

@@ -139,7 +139,7 @@ def bench_model(name: str, size: str, repeats: int, runs: int) -> dict[str, obje
             row["error"] = f"conversion failed: {type(exc).__name__}: {str(exc)[:160]}"
             continue
         row["convert_s"] = seconds
-        row["file_mb"] = converted.ByteSize() / 2**20  # type: ignore[union-attr]
+        row["file_mb"] = converted.ByteSize() / 2**20
         row.update(cast_stats(converted))  # type: ignore[arg-type]
         try:
             onnx.checker.check_model(converted, full_check=True)  # type: ignore[arg-type]
@@ -198,7 +198,7 @@ def bench_chain(sizes: list[int], repeats: int) -> list[dict[str, object]]:
         proto = chain_model(size)
         seconds, converted = median_time(lambda p=proto: gonnx.convert(p).to_proto(), repeats)
         onnx.checker.check_model(converted, full_check=True)  # type: ignore[arg-type]
-        casts = sum(1 for n in converted.graph.node if n.op_type == "Cast")  # type: ignore[union-attr]
+        casts = sum(1 for n in converted.graph.node if n.op_type == "Cast")
         rows.append(
             {
                 "nodes": size,
@@ -218,7 +218,7 @@ def markdown(results: list[dict[str, object]], chain: list[dict[str, object]]) -
         "|" + "---|" * 13,
     ]
     for result in results:
-        for tool, row in result["tools"].items():  # type: ignore[union-attr]
+        for tool, row in result["tools"].items():
             if "error" in row:
                 lines.append(f"| {result['model']} | {tool} | {row['error']} |" + " |" * 11)
                 continue

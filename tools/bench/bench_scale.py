@@ -221,7 +221,7 @@ def markdown(result: dict[str, object]) -> str:
     """Median time and largest peak memory of each step over the rounds; the ratios are
     medians of each round's ratio."""
     rounds: list[dict[str, dict[str, float]]] = result["rounds"]  # type: ignore[assignment]
-    data = int(result["data_bytes"])  # type: ignore[arg-type]
+    data = int(result["data_bytes"])
 
     def disk(steps: dict[str, dict[str, float]]) -> float:
         """The fastest read of the input plus a write of the output, at the disk's speed."""

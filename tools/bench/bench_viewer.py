@@ -22,13 +22,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tools" / "bench")]
+
+from benchlib import machine  # noqa: E402
 
 from graphamp import viewer  # noqa: E402
 from graphamp.core.graph import NodeKind, OpGraph, OpNode, TensorInfo  # noqa: E402
 from graphamp.plans.plan import Plan  # noqa: E402
 from graphamp.plans.records import CastRecord, NodeDecision  # noqa: E402
-from tools.bench.benchlib import machine  # noqa: E402
 
 WINDOW = {"width": 1400, "height": 1000}
 ARGS = [

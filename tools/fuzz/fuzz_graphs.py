@@ -312,7 +312,7 @@ def random_policy(rng, nodes, values, outputs) -> dict[str, object]:  # type: ig
     moved = [op for key in ("allow", "infer", "clear", "deny") for op in policy.get(key, [])]
     for key in ("allow", "infer", "clear", "deny"):  # an op in two lists is an error
         if key in policy:
-            policy[key] = [op for op in policy[key] if moved.count(op) == 1]  # type: ignore[union-attr]
+            policy[key] = [op for op in policy[key] if moved.count(op) == 1]  # type: ignore[attr-defined]
     if rng.random() < 0.2:
         name = str(rng.choice([n.name for n in nodes]))
         policy["deny_names"] = [name if rng.random() < 0.5 else name.split("_")[0] + "_*"]
