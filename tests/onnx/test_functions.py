@@ -13,9 +13,8 @@ from onnx.reference import ReferenceEvaluator
 
 import graphamp.onnx as gonnx
 from graphamp.errors import GraphampError
-from graphamp.models.onnx_cases import feeds_for, loads
+from graphamp.models.onnx_cases import feeds_for, function_cases, loads
 from tests.helpers import assert_valid, run
-from tests.onnx.function_cases import function_cases
 from tests.onnx.node_cases import TOLERANCE, relative_error
 
 F32 = TensorProto.FLOAT

@@ -17,7 +17,7 @@ Sections (``SECTIONS``; another section is a function returning its markdown, ad
   ``onnx.reference`` (computes in the stored types), with its ratio to the unrolled model's
   (the bar: <= 2x).
 * ``node_bodies``: ONNX's node test cases with If/Loop/Scan bodies, and ``functions``: ONNX's
-  function ops rebuilt as model-local functions (``tests/onnx/function_cases.py``): how many
+  function ops rebuilt as model-local functions (``graphamp.models.onnx_cases``): how many
   convert in both dtypes to a valid fixed point within tolerance of float32 under
   ``onnx.reference`` (2e-2 float16, 8e-2 bfloat16, as the node corpus test), and how many of
   their body nodes run low.
@@ -53,7 +53,7 @@ from benchlib import machine  # noqa: E402
 import graphamp.onnx as gonnx  # noqa: E402
 from graphamp.core import dtypes  # noqa: E402
 from graphamp.models.control_flow import CASES  # noqa: E402
-from graphamp.models.onnx_cases import feeds_for, loads  # noqa: E402
+from graphamp.models.onnx_cases import feeds_for, function_cases, loads  # noqa: E402
 from graphamp.onnx.numerics.runtime import run as run_faithfully  # noqa: E402
 
 DTYPES = ("float16", "bfloat16")
@@ -251,8 +251,6 @@ def node_bodies() -> str:
 
 
 def functions() -> str:
-    from tests.onnx.function_cases import function_cases
-
     return _corpus(function_cases(), inline=True)
 
 
