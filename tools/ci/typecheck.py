@@ -1,27 +1,36 @@
 """Type-check graphamp with mypy, under the names the package is installed with.
 
-    python tools/ci/typecheck.py                  # the whole package, as .ci/run checks it
+    python tools/ci/typecheck.py                  # the whole package
     python tools/ci/typecheck.py passes/paint.py  # some files (their imports are followed)
+    python tools/ci/typecheck.py --ignores-only tests --ignores-only tools  # as .ci/run checks
 
-Any argument is passed to mypy; the settings live in pyproject.toml (``[tool.mypy]``). Plain
+``--ignores-only FOLDER`` adds FOLDER's files to the package's (pyproject's ``files``) and
+reports in them only what keeps their ``# type: ignore`` comments honest: an ignore nothing needs
+(``unused-ignore``), one without an error code, and what stops mypy (a syntax error, a module
+found under two names). tests/ and tools/ are not annotated throughout, so their other errors
+are not reported; their ignores still have to silence something.
+
+Any other argument is passed to mypy; the settings live in pyproject.toml (``[tool.mypy]``). Plain
 ``mypy`` cannot check this tree: pyproject.toml installs two top-level folders inside the
 package (``passes/`` as ``graphamp.passes``, ``models/`` as ``graphamp.models``), and mypy names
 a file after the folders it lies in, so ``passes/paint.py`` would be checked as a module
 ``passes.paint`` that nothing imports while ``graphamp.passes.paint`` stayed missing. This driver
 runs mypy's own command line and build with one change: each source file under a folder of
 ``[tool.setuptools.package-dir]`` gets its installed module name, so errors still name the file
-in the tree. Exit status as mypy's: 0 clean, 1 errors found, 2 mypy could not run.
+in the tree (and ``--ignores-only`` leaves out the messages it does not report). Exit status as
+mypy's: 0 clean, 1 errors found, 2 mypy could not run.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 import tomllib
 from pathlib import Path
 
+from mypy import build
+from mypy.errors import CompileError
 from mypy.fscache import FileSystemCache
-from mypy.main import process_options, run_build
+from mypy.main import process_options
 from mypy.modulefinder import BuildSource
 from mypy.util import FancyFormatter, count_stats
 
@@ -51,16 +60,64 @@ def renamed(source: BuildSource, folders: dict[Path, str]) -> BuildSource:
     return source
 
 
+# What --ignores-only reports in its folders: the ignores' own errors.
+IGNORE_CODES = ("[unused-ignore]", "[ignore-without-code]")
+
+
+def split_arguments(arguments: list[str]) -> tuple[list[str], list[Path]]:
+    """mypy's arguments (with the package's files and the folders added when there are any),
+    and the folders given with ``--ignores-only``."""
+    rest: list[str] = []
+    loose: list[Path] = []
+    pending = iter(arguments)
+    for argument in pending:
+        if argument == "--ignores-only":
+            loose.append((ROOT / next(pending)).resolve())
+        elif argument.startswith("--ignores-only="):
+            loose.append((ROOT / argument.partition("=")[2]).resolve())
+        else:
+            rest.append(argument)
+    if loose:
+        with open(ROOT / "pyproject.toml", "rb") as file:
+            files = tomllib.load(file)["tool"]["mypy"]["files"]
+        rest += [str(ROOT / name) for name in files] + [str(folder) for folder in loose]
+    return rest, loose
+
+
+def reported(message: str, loose: list[Path]) -> bool:
+    """Whether ``message`` is shown: anywhere but ``loose``, or one of an ignore's own errors,
+    or a message with no line (mypy could not take the file)."""
+    path, _, rest = message.partition(":")
+    if not any(Path(path).resolve().is_relative_to(folder) for folder in loose):
+        return True
+    line = rest.partition(":")[0]
+    if not line.isdigit():
+        return True
+    return message.endswith(IGNORE_CODES) or "[syntax]" in message
+
+
 def main() -> int:
+    arguments, loose = split_arguments(sys.argv[1:])
     fscache = FileSystemCache()
-    sources, options = process_options(sys.argv[1:], fscache=fscache)
+    sources, options = process_options(arguments, fscache=fscache)
     folders = installed_names()
     sources = [renamed(source, folders) for source in sources]
     formatter = FancyFormatter(sys.stdout, sys.stderr, options.hide_error_codes)
-    _, messages, blockers = run_build(sources, options, fscache, time.time(), sys.stdout,
-                                      sys.stderr)
+    messages: list[str] = []
+
+    def flush_errors(filename: str | None, new: list[str], serious: bool) -> None:
+        shown = [message for message in new if reported(message, loose)]
+        messages.extend(shown)
+        for message in shown:
+            print(message, file=sys.stderr if serious else sys.stdout)
+
+    blockers = False
+    try:
+        build.build(sources, options, None, flush_errors, fscache, sys.stdout, sys.stderr)
+    except CompileError:
+        blockers = True
     errors, _, files = count_stats(messages)
-    if errors:
+    if errors or blockers:  # a stop is a failure even where its messages were left out
         print(formatter.format_error(errors, files, len(sources), blockers=blockers))
         return 2 if blockers else 1
     print(formatter.format_success(len(sources)))
