@@ -17,16 +17,20 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_every_part_of_the_gpu_check_runs_its_command_line(tmp_path):
-    env = {**os.environ, "GPU_CHECK_DRY_RUN": "parse", "PYTHON": sys.executable}
-    done = subprocess.run(
-        ["bash", str(ROOT / "tools/gpu_check.sh"), str(tmp_path)],
+def gpu_check(out: Path, timeout: int, **env: str) -> subprocess.CompletedProcess[str]:
+    """Runs tools/gpu_check.sh into ``out`` with this Python and ``env`` on top of ours."""
+    return subprocess.run(
+        ["bash", str(ROOT / "tools/gpu_check.sh"), str(out)],
         capture_output=True,
         text=True,
-        env=env,
+        env={**os.environ, "PYTHON": sys.executable, **env},
         check=False,
-        timeout=900,
+        timeout=timeout,
     )
+
+
+def test_every_part_of_the_gpu_check_runs_its_command_line(tmp_path):
+    done = gpu_check(tmp_path, 900, GPU_CHECK_DRY_RUN="parse")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "# device: no GPU (dry run)" in done.stderr
     assert "issue 42's parts took" in done.stdout
@@ -44,51 +48,21 @@ def test_every_part_of_the_gpu_check_runs_its_command_line(tmp_path):
 
 
 def test_without_a_gpu_it_stops_at_once_saying_so(tmp_path):
-    env = {**os.environ, "PYTHON": sys.executable}
-    env.pop("GPU_CHECK_DRY_RUN", None)
-    done = subprocess.run(
-        ["bash", str(ROOT / "tools/gpu_check.sh"), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=600,
-    )
+    done = gpu_check(tmp_path, 600, GPU_CHECK_DRY_RUN="0")
     assert done.returncode != 0
     assert "torch sees no CUDA device" in done.stderr
     assert not list(tmp_path.glob("*.md"))
 
 
 def test_parts_runs_only_the_named_parts(tmp_path):
-    env = {
-        **os.environ,
-        "GPU_CHECK_DRY_RUN": "parse",
-        "PYTHON": sys.executable,
-        "PARTS": "bert-base curves",
-    }
-    done = subprocess.run(
-        ["bash", str(ROOT / "tools/gpu_check.sh"), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=900,
-    )
+    done = gpu_check(tmp_path, 900, GPU_CHECK_DRY_RUN="parse", PARTS="bert-base curves")
     assert done.returncode == 0, done.stderr[-3000:]
     written = sorted(path.name for path in tmp_path.glob("*.md"))
     assert written == ["bench-gpu-curves-resnet50.md", "bench-gpu-train-bert-base.md"]
 
 
 def test_a_misspelled_part_is_refused_naming_it(tmp_path):
-    env = {**os.environ, "GPU_CHECK_DRY_RUN": "parse", "PYTHON": sys.executable, "PARTS": "bert"}
-    done = subprocess.run(
-        ["bash", str(ROOT / "tools/gpu_check.sh"), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=600,
-    )
+    done = gpu_check(tmp_path, 600, GPU_CHECK_DRY_RUN="parse", PARTS="bert")
     assert done.returncode == 2
     assert "PARTS names 'bert'" in done.stderr
     assert not list(tmp_path.glob("*.md"))
