@@ -33,6 +33,13 @@ name; another op reads the table as it is, so the low copy would stay beside the
 ``fp8_shape`` (not a 2-D table indexed on axis 0, where one scale per row is one per gathered
 row). Matrix-op counts and ``--from-plan``'s coverage check count these decisions apart.
 
+With ``kept_int8`` (a static recipe's opt-in), a product kept by ``fp8_shape``, ``fp8_range``,
+``fp8_tuned`` or as the last matrix op keeps its rule, and its weight (its B operand, a stored
+value itself that only such kept products read, as their B) gets a record of format ``int8``
+per output channel: stored int8, dequantised to the low type before the product (weight-only).
+Its reason says so. Deny names and routers keep their weights as they are: the user or the
+router's order asked for the low type.
+
 Each chosen node's operands get a :class:`~graphamp.plans.records.ScaleRecord` (one per value,
 shared by every float8 op reading it): an activation's source is the recipe's (calibration,
 current, delayed), a stored weight's is ``weight`` per output channel under a static recipe.
@@ -91,6 +98,9 @@ class Fp8Pass(Pass):
             if decision.rule is Rule.FP8:
                 decider.record_scales(node)
                 chosen += 1
+        int8_weights = 0
+        if settings.kept_int8:
+            int8_weights = decider.record_kept_weights(context.fp8_decisions)
         tables = 0
         for node in decider.table_nodes:
             decision = decider.decide_table(node)
@@ -103,6 +113,8 @@ class Fp8Pass(Pass):
         note = f"{chosen} of {considered} matrix ops float8"
         if settings.embeddings:
             note += f", {tables} of {len(decider.table_nodes)} embedding lookups 8-bit"
+        if settings.kept_int8:
+            note += f", {int8_weights} kept products' weights int8"
         return PassResult(modified=False, note=note)
 
 
@@ -170,6 +182,11 @@ class _Decider:
             and decision.precision == self.low
         ]
         self.table_nodes = self._table_nodes(context) if settings.embeddings else []
+        if settings.kept_int8 and not self.stores_weights_read:
+            raise GraphampError(
+                "Float8(kept_int8=True) stores kept products' weights at conversion: ONNX "
+                "models with the static recipe only (graphamp convert --fp8 --fp8-kept-int8)"
+            )
         self.scales: dict[str, ScaleRecord] = {}
         self._stored: dict[str, bool] = {}
 
@@ -441,6 +458,52 @@ class _Decider:
                 self.scales[value] = record
             record.consumers.append(node.name)
 
+    def record_kept_weights(self, decisions: dict[str, Fp8Decision]) -> int:
+        """With ``kept_int8``: each weight read only as the B operand of products kept out of
+        float8 by their shape, range, tuning or place (last), stored int8 per output channel,
+        its readers' reasons saying so (module docstring); returns how many weights."""
+        eligible = {
+            node.name: node
+            for node in self.matrix_nodes
+            if (decision := decisions.get(node.name)) is not None
+            and (
+                decision.rule in (Rule.FP8_SHAPE, Rule.FP8_RANGE, Rule.FP8_TUNED)
+                or (decision.rule is Rule.FP8_DENY and node.name == self.last)
+            )
+        }
+        readers: dict[str, list[OpNode]] = {}
+        for node in eligible.values():
+            weight = _kept_weight(node)
+            if weight is not None:
+                readers.setdefault(weight, []).append(node)
+        stored = 0
+        for weight, nodes in readers.items():
+            info = self.graph.tensors.get(weight)
+            if info is None or not info.is_constant or info.producer is not None:
+                continue  # computed at run time (a Transpose of a weight): nothing stored
+            consumers = self.graph.consumers(weight)
+            if len(consumers) != len(nodes) or any(
+                reader not in eligible or _kept_weight(eligible[reader]) != weight
+                for reader, _ in consumers
+            ):
+                continue  # another op reads it as it is: its low copy would stay
+            axes = {_n_axis(node) % len(info.shape or (0, 0)) for node in nodes}
+            if info.shape is None or len(info.shape) < 2 or len(axes) != 1:
+                continue  # no one output-channel axis to scale along
+            self.scales[weight] = ScaleRecord(
+                weight, "int8", "channel", "weight", {"axis": axes.pop()},
+                [node.name for node in nodes], [],
+            )  # fmt: skip
+            for node in nodes:
+                decision = decisions[node.name]
+                decision.reason += (
+                    f"; its weight {weight!r} stored int8 with one scale per output channel "
+                    f"(max |w| / 127, at conversion), dequantised to {self.low} before the "
+                    "product (Float8 kept_int8, --fp8-kept-int8)"
+                )
+            stored += 1
+        return stored
+
     def record_table(self, node: OpNode) -> None:
         """The table's record: int8, one scale per row (axis 0), from the weight at
         conversion; one record per table, shared by every Gather reading it."""
@@ -456,6 +519,15 @@ def _operands(node: OpNode, dims: MatrixDims | None) -> list[str]:
     """The values of the product's A and B slots (the first two inputs without dims)."""
     slots = (dims.a, dims.b) if dims is not None else (0, 1)
     return [node.inputs[s] for s in slots if s < len(node.inputs) and node.inputs[s]]
+
+
+def _kept_weight(node: OpNode) -> str | None:
+    """The value in a product's B slot (the weight an int8 copy would replace), None without
+    known dimensions."""
+    dims = node.matrix
+    if dims is None or dims.b >= len(node.inputs) or not node.inputs[dims.b]:
+        return None
+    return node.inputs[dims.b]
 
 
 def _n_axis(node: OpNode) -> int:

@@ -59,11 +59,21 @@ def add_fp8_arguments(parser: argparse.ArgumentParser) -> None:
         "dequantised (ONNX has no float8 Gather). Each table's decision is in the plan (rule "
         "fp8_table) (docs/float8.md)",
     )
+    parser.add_argument(
+        "--fp8-kept-int8",
+        action="store_true",
+        help="with --fp8: store the weight of each matrix op kept out of float8 for its shape, "
+        "its range, tuning or as the last matrix op (the LM head) as int8 with one scale per "
+        "output channel (max|w|/127), a DequantizeLinear giving the op its weight in the low "
+        "type: weight-only 8 bits, the op still computes in the low type. Deny names and MoE "
+        "routers keep their weights; each kept op's reason in the plan says which it did "
+        "(docs/float8.md)",
+    )
 
 
 def check_fp8_flags(args: argparse.Namespace) -> None:
     """One-line errors for float8 flags that cannot work together, before any work."""
-    for flag in ("fp8_deny_names", "fp8_embeddings"):
+    for flag in ("fp8_deny_names", "fp8_embeddings", "fp8_kept_int8"):
         if getattr(args, flag, None) and not args.fp8:
             raise GraphampError(f"--{flag.replace('_', '-')} is only used with --fp8")
     if getattr(args, "fp8", False) and not getattr(args, "calibrate", None):
@@ -89,7 +99,9 @@ def float8_option(args: argparse.Namespace, dialect: Dialect, source: Path) -> F
 
     refuse_quantised_file(source)
     return Float8.static(
-        deny_names=tuple(args.fp8_deny_names), embeddings=bool(args.fp8_embeddings)
+        deny_names=tuple(args.fp8_deny_names),
+        embeddings=bool(args.fp8_embeddings),
+        kept_int8=bool(args.fp8_kept_int8),
     )
 
 

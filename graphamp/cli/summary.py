@@ -64,6 +64,10 @@ def print_summary(
             "of them with float8 operands (plan: fp8)",
             f"{summary['matrix_ops_fp8']} of {summary['matrix_ops_low']}",
         )
+        if "weights_int8" in summary:
+            table.add_row("kept ones' weights stored int8", str(summary["weights_int8"]))
+        if "tables_8bit" in summary:
+            table.add_row("embedding tables stored int8", str(summary["tables_8bit"]))
     if plan.rewrites:
         table.add_row("norms fused (--no-fuse keeps them)", str(len(plan.rewrites)))
     table.add_row("casts inserted", str(summary["casts_inserted"]))

@@ -133,6 +133,10 @@ class Plan:
         }
         if self.fp8_settings.get("embeddings"):  # only then, so other plans keep their bytes
             found["tables_8bit"] = sum(d.rule == Rule.FP8_TABLE for d in self.fp8.values())
+        if self.fp8_settings.get("kept_int8"):  # the same
+            found["weights_int8"] = sum(
+                r.format == "int8" and r.granularity == "channel" for r in self.scales
+            )
         return found
 
     def fp8_tables(self) -> list[str]:

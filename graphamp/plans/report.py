@@ -49,6 +49,11 @@ def text_table(plan: Plan) -> str:
                 f"; {summary.get('tables_8bit')} of {len(tables)} embedding tables 8-bit)"
                 if tables
                 else ")"
+            )
+            + (
+                f"; {summary['weights_int8']} kept ones' weights int8"
+                if "weights_int8" in summary
+                else ""
             ),
         ]
         for name, fp8_decision in sorted(plan.fp8.items()):

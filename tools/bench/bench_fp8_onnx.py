@@ -23,7 +23,9 @@ float8.
 ``--variants`` names the float8 settings measured, each against the same reference outputs and
 calibration: ``default`` (``Float8.static()``, what ``convert --fp8`` does), ``embeddings``
 (``--fp8-embeddings``: embedding tables stored int8 per row), ``embeddings+last`` (also the last
-matrix op, the LM head, in float8 where its shape allows: ``keep_last=False``).
+matrix op, the LM head, in float8 where its shape allows: ``keep_last=False``),
+``embeddings+kept`` (``--fp8-embeddings --fp8-kept-int8``: also the weights of the products
+kept out of float8, the LM head's among them, stored int8 per output channel, weight-only).
 
 ``--tune`` also runs ``tune --fp8`` (graphamp.onnx.numerics.fp8_tuning) with rtol the issue's
 bar for the model (BERT 2.5e-2, GPT 1.5e-2; ``--tune-scale`` multiplies it) on ``--tune-batches``
@@ -32,7 +34,7 @@ seed 1), from the same calibration, and measures the tuned model as the plain on
 on the held-out batches, its float8 products, its weight bytes, and tune's wall time.
 
     python tools/bench/bench_fp8_onnx.py [--size small] [--models bert gpt] [--held-out 4 16]
-        [--seeds 1] [--variants default embeddings embeddings+last]
+        [--seeds 1] [--variants default embeddings embeddings+last embeddings+kept]
         [--tune [--tune-batches 4] [--tune-scale 1]] [--json out.json]
 """
 
@@ -65,6 +67,7 @@ VARIANTS = {  # --variants: the float8 settings measured
     "default": {},
     "embeddings": {"embeddings": True},
     "embeddings+last": {"embeddings": True, "keep_last": False},
+    "embeddings+kept": {"embeddings": True, "kept_int8": True},
 }
 REFERENCE_MAX_BYTES = 16 * 1024 * 1024  # onnx.reference runs float16 MatMuls slowly
 
@@ -134,9 +137,10 @@ def reference_gap(model: onnx.ModelProto, data: list[dict]) -> float:
 
 def weight_roles(model: onnx.ModelProto) -> dict[str, int]:
     """Bytes of the stored values by role: ``float8`` (matrix-op weights stored float8, with
-    their scales), ``matrix_low`` (matrix-op weights read as they are), ``embedding`` (tables a
-    Gather reads), ``other`` (biases, norms, activation scales, ...). Each initializer counts
-    once, in the first role that holds."""
+    their scales), ``int8`` (kept matrix ops' weights stored int8, with their scales),
+    ``matrix_low`` (matrix-op weights read as they are), ``embedding`` (tables a Gather reads),
+    ``other`` (biases, norms, activation scales, ...). Each initializer counts once, in the
+    first role that holds."""
     inits = {init.name: init for init in model.graph.initializer}
     producers = {out: node for node in model.graph.node for out in node.output}
     role: dict[str, str] = {}
@@ -145,14 +149,16 @@ def weight_roles(model: onnx.ModelProto) -> dict[str, int]:
             for value in node.input[:2]:
                 source = producers.get(value)
                 if source is not None and source.op_type == "DequantizeLinear":
-                    if source.input[0] in inits:  # a stored weight (not an activation's Q)
-                        role.update(dict.fromkeys(source.input[:2], "float8"))
+                    stored = inits.get(source.input[0])
+                    if stored is not None:  # a stored weight (not an activation's Q)
+                        kind = "int8" if stored.data_type == onnx.TensorProto.INT8 else "float8"
+                        role.update(dict.fromkeys(source.input[:2], kind))
                 elif value in inits:
                     role.setdefault(value, "matrix_low")
         elif node.op_type == "Gather" and node.input[0] in inits:
             # a table: int8, and its row scales, with --fp8-embeddings
             role.setdefault(node.input[0], "embedding")
-    found = dict.fromkeys(("float8", "matrix_low", "embedding", "other"), 0)
+    found = dict.fromkeys(("float8", "int8", "matrix_low", "embedding", "other"), 0)
     for name, init in inits.items():
         found[role.get(name, "other")] += onnx.numpy_helper.to_array(init).nbytes
     return found
@@ -244,8 +250,8 @@ def measure_variant(
     roles, f16_roles = weight_roles(fp8_model), weight_roles(f16_model)
     total, f16_total = sum(roles.values()), sum(f16_roles.values())
     f32_total = sum(onnx.numpy_helper.to_array(i).nbytes for i in reference.graph.initializer)
-    matrix = roles["float8"] + roles["matrix_low"]
-    f16_matrix = f16_roles["float8"] + f16_roles["matrix_low"]
+    matrix = roles["float8"] + roles["int8"] + roles["matrix_low"]
+    f16_matrix = f16_roles["float8"] + f16_roles["int8"] + f16_roles["matrix_low"]
     result = {
         "model": f"{name} ({args.size})",
         "calibration_batches": args.calibration,

@@ -20,6 +20,10 @@ type. This module then, for a static recipe (scales fixed at conversion):
   runtimes compute them exactly (an int8 times a 16-bit scale is one rounding). Not a
   DequantizeLinear: one per row of the gathered rows is not a per-axis scale, and one of the
   whole table before the Gather would dequantise every row on every run;
+* a kept product's weight (``Float8(kept_int8=True)``, scale records of format ``int8`` per
+  ``channel``) is stored int8 with one scale per output channel (max |w| / 127 in the low type,
+  rounded up, from the float32 weight) and a ``DequantizeLinear`` (axis: the weight's N axis, no
+  zero point) gives the product its weight in the low type, the product itself unchanged;
 * the model's opset becomes at least 21 (low-type scales need it), through ONNX's version
   converter where it is older.
 
@@ -124,7 +128,10 @@ class _Emitter:
         for record in scales:
             readers = self._readers(record)
             if record.source == "weight" and record.format == "int8":
-                self._table(record, readers)
+                if record.granularity == "row":
+                    self._table(record, readers)
+                else:
+                    self._int8_weight(record, readers)
             elif record.source == "weight":
                 self._weight(record, readers)
             elif record.source == "calibration":
@@ -227,6 +234,32 @@ class _Emitter:
         for reader, slot in readers:
             reader.input[slot] = restored
 
+    def _int8_weight(self, record: ScaleRecord, readers: list[tuple[onnx.NodeProto, int]]) -> None:
+        """A kept product's weight stored int8 per output channel, read through one
+        DequantizeLinear to the low type (module docstring)."""
+        info = self.graph.tensors[record.tensor]
+        if info.load_value is None:
+            raise GraphampError(f"int8 weight: {record.tensor!r} has no stored value")
+        values = np.asarray(info.load_value(), np.float32)
+        axis = int(_detail(record, "axis", -1)) % values.ndim
+        quantised, scales = quantise_channels_int8(values, axis, self.low)
+        stored, scale_name = (
+            self._name(f"{record.tensor}/int8"),
+            self._name(f"{record.tensor}/int8_scale"),
+        )
+        restored = self._name(f"{record.tensor}/int8_dq")
+        self.proto.graph.initializer.extend([
+            numpy_helper.from_array(quantised, stored),
+            numpy_helper.from_array(scales, scale_name),
+        ])  # fmt: skip
+        node = helper.make_node(
+            "DequantizeLinear", [stored, scale_name], [restored], axis=axis,
+            name=self._name(f"{record.tensor}/DequantizeLinear"),
+        )  # fmt: skip
+        self._insert(readers, [node])
+        for reader, slot in readers:
+            reader.input[slot] = restored
+
     def _table(self, record: ScaleRecord, readers: list[tuple[onnx.NodeProto, int]]) -> None:
         """An embedding table stored int8 per row, each Gather reading it rewritten to
         gather the int8 rows and their scales and multiply them back (module docstring)."""
@@ -306,6 +339,17 @@ def quantise_rows(table: np.ndarray, low: type) -> tuple[np.ndarray, np.ndarray]
         quantised[start : start + len(block)] = np.clip(ratio, -INT8_MAX, INT8_MAX)
         scales[start : start + len(block)] = stored
     return quantised, scales
+
+
+def quantise_channels_int8(
+    values: np.ndarray, axis: int, low: type
+) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` as int8 with one scale per index of ``axis``: :func:`quantise_rows` of the
+    values with that axis first (max |channel| / 127 in ``low``, rounded up; rint, ties to
+    even), moved back; the scales a vector, as DequantizeLinear's axis takes them."""
+    moved = np.moveaxis(values, axis, 0)
+    rows, scales = quantise_rows(moved.reshape(moved.shape[0], -1), low)
+    return np.ascontiguousarray(np.moveaxis(rows.reshape(moved.shape), 0, axis)), scales
 
 
 def channel_scales(amax: np.ndarray, low: type) -> np.ndarray:

@@ -7,7 +7,8 @@ built once from the conversion with every candidate in float8: each operand slot
 reads ``Where(flag, float8 path, low path)``, where the float8 path is what the conversion
 wrote (``QuantizeLinear -> DequantizeLinear`` of an activation, ``DequantizeLinear`` of a
 float8 weight) and the low path what the conversion without float8 there reads (the
-activation as it is, the weight rounded to the low type from the float32 model's). With a
+activation as it is, the weight rounded to the low type from the float32 model's, or with
+``kept_int8`` its int8 copy through a DequantizeLinear, as a kept product reads it). With a
 flag off the product computes what the plain low-type conversion computes; with it on, what
 the float8 conversion computes. It runs as the faithful evaluator runs the converted model
 (:func:`graphamp.onnx.numerics.emulate.emulated`, quantisers op by op), so a set evaluates in
@@ -49,10 +50,12 @@ class Fp8Switchable:
         graph: OpGraph,
         candidates: Iterable[str],
         dtype: str,
+        *,
+        kept_int8: bool = False,
     ) -> None:
         self.candidates = list(candidates)
         self.weights = Weights()
-        switchable = _build(converted, source, graph, self.candidates, dtype)
+        switchable = _build(converted, source, graph, self.candidates, dtype, kept_int8)
         types = inferred_types(switchable)
         self._session = Session(
             emulated(switchable, types, self.weights), what="the float8 switchable model",
@@ -78,6 +81,7 @@ def _build(
     graph: OpGraph,
     candidates: list[str],
     dtype: str,
+    kept_int8: bool,
 ) -> onnx.ModelProto:
     """``converted`` with a ``Where`` before each operand slot of each candidate."""
     model = onnx.ModelProto()
@@ -115,7 +119,16 @@ def _build(
                     if original not in originals:
                         raise InternalError(f"tune --fp8: no stored weight {original!r}")
                     weight = numpy_helper.to_array(originals[original])
-                    main.initializer.append(_low_tensor(weight, dtype, plain))
+                    if kept_int8:
+                        axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+                        main.initializer.extend(_int8_tensors(weight, axis, dtype, plain))
+                        added.setdefault(id(node), []).append(helper.make_node(
+                            "DequantizeLinear", [f"{plain}/int8", f"{plain}/scale"], [plain],
+                            axis=axis,
+                        ))  # fmt: skip
+                        taken |= {f"{plain}/int8", f"{plain}/scale"}
+                    else:
+                        main.initializer.append(_low_tensor(weight, dtype, plain))
                     low_weights[original] = plain
             switched = unique_name(f"{value}__switched", taken)
             taken.add(switched)
@@ -130,6 +143,21 @@ def _build(
     del main.node[:]
     main.node.extend(nodes)
     return model
+
+
+def _int8_tensors(weight: np.ndarray, axis: int, dtype: str, name: str) -> list[onnx.TensorProto]:
+    """The float32 ``weight`` as a kept product's int8 copy and its scales per index of
+    ``axis`` (the conversion's :func:`~graphamp.onnx.dialect.float8.quantise_channels_int8`),
+    named ``name/int8`` and ``name/scale``."""
+    from graphamp.onnx.dialect.float8 import quantise_channels_int8
+
+    values, scales = quantise_channels_int8(
+        np.asarray(weight, np.float32), axis % weight.ndim, numpy_type(dtype)
+    )
+    return [
+        numpy_helper.from_array(values, f"{name}/int8"),
+        numpy_helper.from_array(scales, f"{name}/scale"),
+    ]
 
 
 def _low_tensor(weight: np.ndarray, dtype: str, name: str) -> onnx.TensorProto:

@@ -176,7 +176,10 @@ class _Search:
         rtol: float,
         atol: float,
     ) -> None:
-        self.switch = Fp8Switchable(conversion.to_proto(), source, conversion.graph, chosen, dtype)
+        kept_int8 = bool((conversion.plan.fp8_settings or {}).get("kept_int8"))
+        self.switch = Fp8Switchable(
+            conversion.to_proto(), source, conversion.graph, chosen, dtype, kept_int8=kept_int8
+        )
         self.chosen, self.rtol, self.atol = chosen, rtol, atol
         self.pairs = list(zip(batches, expected, strict=True))
         self.order = list(range(len(self.pairs)))  # meets() tries the batch that missed first
