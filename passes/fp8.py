@@ -26,19 +26,21 @@ one of the dialect's matrix ops) decided in the low type, it records one
    float8 (``Options.fp8_tuned``: the node and the error the search measured).
 6. ``fp8`` (chosen): both operands quantised to E4M3, the output in the low type.
 
-With ``embeddings`` (a static recipe's opt-in), every Gather decided low whose data is a
-stored table gets a decision too: ``fp8_table`` (chosen: the table stored int8 with one scale
-per row, read as ``weight``, granularity ``row``), or the low type with ``fp8_deny`` (a deny
-name; another op reads the table as it is, so the low copy would stay beside the 8-bit one) or
-``fp8_shape`` (not a 2-D table indexed on axis 0, where one scale per row is one per gathered
-row). Matrix-op counts and ``--from-plan``'s coverage check count these decisions apart.
+With ``embeddings`` (a static recipe's opt-in), every Gather decided low whose data is a stored
+table, and every Add decided low that adds a stored 2-D table to such a lookup (a position table
+the exporter folded into a constant), gets a decision too: ``fp8_table`` (chosen: the table
+stored int8 with one scale per row, read as ``weight``, granularity ``row``), or the low type
+with ``fp8_deny`` (a deny name; another op reads the table as it is, so the low copy would stay
+beside the 8-bit one) or ``fp8_shape`` (not a 2-D table indexed on axis 0, where one scale per
+row is one per gathered row). Matrix-op counts and ``--from-plan``'s coverage check count these
+decisions apart.
 
 With ``kept_int8`` (a static recipe's opt-in), a product kept by ``fp8_shape``, ``fp8_range``,
 ``fp8_tuned`` or as the last matrix op keeps its rule, and its weight (its B operand, a stored
-value itself that only such kept products read, as their B) gets a record of format ``int8``
-per output channel: stored int8, dequantised to the low type before the product (weight-only).
-Its reason says so. Deny names and routers keep their weights as they are: the user or the
-router's order asked for the low type.
+value itself that only such kept products read, as their B) gets a record of format ``int8`` per
+output channel: stored int8, dequantised to the low type before the product (weight-only). Its
+reason says so. Deny names and routers keep their weights as they are: the user or the router's
+order asked for the low type.
 
 Each chosen node's operands get a :class:`~graphamp.plans.records.ScaleRecord` (one per value,
 shared by every float8 op reading it): an activation's source is the recipe's (calibration,
@@ -200,15 +202,51 @@ class _Decider:
             )
         found = []
         for node in self.graph:
-            if node.kind is not NodeKind.OP or node.op != "Gather" or node.domain:
+            if node.kind is not NodeKind.OP or node.op not in ("Gather", "Add") or node.domain:
                 continue
             decision = context.decisions.get(node.name)
             if decision is None or decision.precision != self.low or not node.inputs:
                 continue
-            info = self.graph.tensors.get(node.inputs[0])
-            if info is not None and info.is_constant and info.producer is None:
+            lookup = node.op == "Gather" and self._is_table(node.inputs[0])
+            if lookup or (node.op == "Add" and self._table_slot(node) is not None):
                 found.append(node)
         return found
+
+    def _table_slot(self, node: OpNode) -> int | None:
+        """The input slot of the table ``node`` reads: a Gather's data (slot 0); an Add's
+        stored 2-D operand where the other operand is an embedding lookup (a position table
+        the exporter folded into a constant); None for any other node."""
+        if node.op == "Gather":
+            return 0
+        if node.op != "Add" or len(node.inputs) != 2:
+            return None
+        for slot, other in ((0, 1), (1, 0)):
+            value = node.inputs[slot]
+            shape = self.graph.tensors[value].shape if value in self.graph.tensors else None
+            if (
+                self._is_table(value)
+                and shape is not None
+                and len(shape) == 2
+                and self._from_lookup(node.inputs[other])
+            ):
+                return slot
+        return None
+
+    def _is_table(self, value: str) -> bool:
+        """Whether ``value`` is a stored value (loaded with the model, made by no node)."""
+        info = self.graph.tensors.get(value)
+        return info is not None and info.is_constant and info.producer is None
+
+    def _from_lookup(self, value: str, depth: int = 4) -> bool:
+        """Whether ``value`` is an embedding lookup (a Gather of a stored table) or a sum of
+        one with other values (BERT's word + token type + position embeddings)."""
+        producer = self.graph.tensors[value].producer if value in self.graph.tensors else None
+        if producer is None or depth == 0:
+            return False
+        node = self.graph.nodes[producer]
+        if node.op == "Gather" and not node.domain:
+            return bool(node.inputs) and self._is_table(node.inputs[0])
+        return node.op == "Add" and any(self._from_lookup(v, depth - 1) for v in node.inputs)
 
     # -- the rules ---------------------------------------------------------------------------
 
@@ -262,8 +300,11 @@ class _Decider:
         )
 
     def decide_table(self, node: OpNode) -> Fp8Decision:
-        """An embedding lookup's table: stored int8 per row, or why it keeps the low type."""
-        table = node.inputs[0]
+        """An embedding lookup's table, or a position table an Add adds to a lookup: stored
+        int8 per row, or why it keeps the low type."""
+        slot = self._table_slot(node)
+        assert slot is not None  # _table_nodes found it
+        table = node.inputs[slot]
         low = Precision(self.low)
 
         def kept(rule: Rule, reason: str) -> Fp8Decision:
@@ -272,11 +313,15 @@ class _Decider:
         problem = self._lookup_problem(node)
         if problem is not None:
             return kept(*problem)
-        for reader, slot in self.graph.consumers(table):
+        for reader, read_slot in self.graph.consumers(table):
             if reader == node.name:
                 continue
             other = self.graph.nodes[reader]
-            if slot != 0 or reader not in self._table_names or self._lookup_problem(other):
+            if (
+                reader not in self._table_names
+                or read_slot != self._table_slot(other)
+                or self._lookup_problem(other)
+            ):
                 return kept(
                     Rule.FP8_DENY,
                     f"{reader!r} reads {table!r} as it is too: its low copy would stay beside "
@@ -284,6 +329,16 @@ class _Decider:
                 )
         shape = self.graph.tensors[table].shape
         assert shape is not None  # _lookup_problem checked it
+        if node.op == "Add":
+            return Fp8Decision(
+                low,
+                Rule.FP8_TABLE,
+                f"a position table {shape[0]} x {shape[1]} added to an embedding lookup: "
+                "stored int8 with one scale per row (max |row| / 127, at conversion), "
+                f"dequantised to {self.low} before the Add (Float8 embeddings, "
+                "--fp8-embeddings)",
+                [table],
+            )
         return Fp8Decision(
             low,
             Rule.FP8_TABLE,
@@ -294,13 +349,20 @@ class _Decider:
         )
 
     def _lookup_problem(self, node: OpNode) -> tuple[Rule, str] | None:
-        """Why this lookup itself cannot read an 8-bit table (its name, its shape, its
-        place), None when it can."""
-        table = node.inputs[0]
+        """Why this lookup (or position Add) itself cannot read an 8-bit table (its name,
+        its shape, its place), None when it can."""
+        slot = self._table_slot(node)
+        if slot is None:
+            return Rule.FP8_SHAPE, "it reads no table"
+        table = node.inputs[slot]
         pattern = self._denied_name(node)
         if pattern is not None:
             return Rule.FP8_DENY, f"its name matches the float8 deny rule {pattern!r}"
+        if node.body:
+            return Rule.FP8_SHAPE, f"it lies inside the body {node.body!r}"
         shape = self.graph.tensors[table].shape
+        if node.op == "Add":
+            return None  # _table_slot checked the table is 2-D
         axis = node.params.get("axis", 0)
         if shape is None or len(shape) != 2 or not isinstance(axis, int) or axis % 2:
             return (
@@ -308,8 +370,6 @@ class _Decider:
                 f"it indexes axis {axis} of {table!r} (shape {shape}): one scale per row needs "
                 "a 2-D table gathered on axis 0, so that each gathered row has its one scale",
             )
-        if node.body:
-            return Rule.FP8_SHAPE, f"it lies inside the body {node.body!r}"
         return None
 
     @functools.cached_property
@@ -506,8 +566,10 @@ class _Decider:
 
     def record_table(self, node: OpNode) -> None:
         """The table's record: int8, one scale per row (axis 0), from the weight at
-        conversion; one record per table, shared by every Gather reading it."""
-        table = node.inputs[0]
+        conversion; one record per table, shared by every Gather (or Add) reading it."""
+        slot = self._table_slot(node)
+        assert slot is not None  # _table_nodes found it
+        table = node.inputs[slot]
         record = self.scales.get(table)
         if record is None:
             record = ScaleRecord(table, "int8", "row", "weight", {"axis": 0}, [], [])

@@ -56,8 +56,9 @@ def add_fp8_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --fp8: also store each embedding table (a Gather's stored data) in 8 bits: "
         "int8 with one scale per row (max|row|/127); the Gather reads the int8 rows and "
         "their scales and multiplies them back to the low type, so only the gathered rows are "
-        "dequantised (ONNX has no float8 Gather). Each table's decision is in the plan (rule "
-        "fp8_table) (docs/float8.md)",
+        "dequantised (ONNX has no float8 Gather); a position table the exporter folded into "
+        "a constant added to a lookup is read through a DequantizeLinear. Each table's "
+        "decision is in the plan (rule fp8_table) (docs/float8.md)",
     )
     parser.add_argument(
         "--fp8-kept-int8",

@@ -23,13 +23,14 @@ granularity, ``"none"`` keeps only the multiple-of-16 rule) and ``max_underflow`
 an operand's non-zero calibrated values that may flush to zero at its scale before the node
 keeps the low type).
 
-``embeddings`` (off by default; static recipe only, what ``convert --fp8-embeddings`` sets)
-also stores each embedding table (a Gather's stored data) in 8 bits: int8 with one scale per
-row (max |row| / 127), the Gather reading the int8 table and the scale vector and the gathered
-rows multiplied back to the low type. Not float8: ONNX's Gather takes no float8 tensor at any
-opset, so a float8 table would need a DequantizeLinear of the whole table before the Gather on
-every run; and int8's uniform grid is about 3x closer than E4M3's to a row of normally
-distributed values at the same bytes (relative RMS error 0.8% against 2.6%).
+``embeddings`` (off by default; static recipe only, what ``convert --fp8-embeddings`` sets) also
+stores each embedding table (a Gather's stored data) in 8 bits: int8 with one scale per row (max
+|row| / 127), the Gather reading the int8 table and the scale vector and the gathered rows
+multiplied back to the low type (a position table an Add adds to a lookup, folded to a constant
+by the exporter, the same way, read through a DequantizeLinear). Not float8: ONNX's Gather takes
+no float8 tensor at any opset, so a float8 table would need a DequantizeLinear of the whole
+table before the Gather on every run; and int8's uniform grid is about 3x closer than E4M3's to
+a row of normally distributed values at the same bytes (relative RMS error 0.8% against 2.6%).
 
 ``kept_int8`` (off by default; static recipe only, what ``convert --fp8 --fp8-kept-int8`` sets)
 stores the weight of each matrix product the rules keep out of float8 for its shape, its place

@@ -40,6 +40,17 @@ def table_values() -> np.ndarray:
     return table
 
 
+def ids_model(nodes: list, outputs: list, inits: list) -> onnx.ModelProto:
+    """A model of ``nodes`` reading int64 token ids ``ids`` [2, 5], opset 21."""
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 5])],
+        outputs, inits,
+    )  # fmt: skip
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    proto.ir_version = 10
+    return proto
+
+
 def lookup_model(*, shared: int | None = None) -> onnx.ModelProto:
     """ids -> Gather(table) -> e (an output), e -> MatMul(w) -> Relu -> MatMul -> y; with
     ``shared`` (an axis) a second Gather, ``other``, reads the table too."""
@@ -60,13 +71,7 @@ def lookup_model(*, shared: int | None = None) -> onnx.ModelProto:
         nodes.insert(1, other)
         inits.append(numpy_helper.from_array(np.array([1, 4], np.int64), "picked"))
         outputs.append(helper.make_tensor_value_info("e2", TensorProto.FLOAT, None))
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 5])],
-        outputs, inits,
-    )  # fmt: skip
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    proto.ir_version = 10
-    return proto
+    return ids_model(nodes, outputs, inits)
 
 
 def feeds(seed: int) -> dict[str, np.ndarray]:
@@ -264,3 +269,78 @@ def test_converting_again_or_from_the_plan_keeps_the_8_bit_table(files, capsys):
     assert main(check) == 1
     assert "fp8_table" in capsys.readouterr().out
     assert main([*check, "--fp8-embeddings"]) == 0
+
+
+def position_model(*, shared: bool = False) -> onnx.ModelProto:
+    """ids -> Gather(table) + pos (a folded position table) -> e -> MatMul(w) -> h, and
+    h + offsets (a stored 2-D value added to no lookup) -> y; with ``shared`` a Mul reads
+    ``pos`` too."""
+    rng = np.random.default_rng(1)
+    pos = (rng.standard_normal((5, WIDTH)) * np.exp2(rng.integers(-4, 4, (5, 1)))).astype(
+        np.float32
+    )
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["g"], name="embed"),
+        helper.make_node("Add", ["g", "pos"], ["e"], name="position"),
+        helper.make_node("MatMul", ["e", "w"], ["h"], name="mm"),
+        helper.make_node("Add", ["h", "offsets"], ["y"], name="offset"),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 5, WIDTH]),
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+    ]
+    inits = [
+        numpy_helper.from_array(table_values(), "table"),
+        numpy_helper.from_array(pos, "pos"),
+        weight("w", (WIDTH, 32)),
+        weight("offsets", (5, 32), seed=2),
+    ]
+    if shared:
+        nodes.append(helper.make_node("Mul", ["pos", "pos"], ["p2"], name="square"))
+        outputs.append(helper.make_tensor_value_info("p2", TensorProto.FLOAT, None))
+    return ids_model(nodes, outputs, inits)
+
+
+def test_a_position_table_added_to_a_lookup_is_stored_int8_and_read_exactly():
+    source = position_model()
+    result = converted(source, embeddings=True)
+    decision = result.plan.fp8["position"]
+    assert decision.rule == "fp8_table" and decision.operands == ["pos"]
+    assert decision.reason.startswith("a position table 5 x 64 added to an embedding lookup")
+    assert "offset" not in result.plan.fp8  # a stored value added to no lookup: as it was
+    (record,) = [r for r in result.plan.scales if r.tensor == "pos"]
+    assert (record.format, record.granularity, record.consumers) == ("int8", "row", ["position"])
+    proto = result.to_proto()
+    onnx.checker.check_model(proto, full_check=True)
+    inits = {init.name: numpy_helper.to_array(init) for init in proto.graph.initializer}
+    assert "pos" not in inits and inits["offsets"].dtype == np.float16
+    pos = numpy_helper.to_array(source.graph.initializer[1])
+    ints, scales = reference_rows(pos)
+    np.testing.assert_array_equal(inits["pos/int8"], ints)
+    np.testing.assert_array_equal(inits["pos/row_scale"].view(np.uint16), scales.view(np.uint16))
+    (dq,) = [node for node in proto.graph.node if node.op_type == "DequantizeLinear"]
+    assert list(dq.input) == ["pos/int8", "pos/row_scale"] and dq.attribute[0].i == 0
+    # the Add's operand, as every runtime computes it: int8 x its row's scale, one rounding
+    proto.graph.output.append(helper.make_empty_tensor_value_info("pos/int8_dq"))
+    want = (ints * scales.astype(np.float32)[:, None]).astype(np.float16)
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    session = ort.InferenceSession(proto.SerializeToString(), options, ["CPUExecutionProvider"])
+    batch = feeds(3)
+    got = {
+        "onnxruntime": session.run(["pos/int8_dq"], batch)[0],
+        "onnx.reference": ReferenceEvaluator(proto).run(["pos/int8_dq"], batch)[0],
+        "faithful evaluator": run(proto, batch)[0]["pos/int8_dq"],
+    }
+    for runtime, value in got.items():
+        np.testing.assert_array_equal(np.asarray(value, np.float32), want, err_msg=runtime)
+    bound = scales.astype(np.float32)[:, None] / 2 + np.abs(want.astype(np.float32)) * 2.0**-11
+    assert np.all(np.abs(want.astype(np.float32) - pos) <= bound)
+
+
+def test_a_position_table_another_op_reads_keeps_the_low_type():
+    result = converted(position_model(shared=True), embeddings=True)
+    decision = result.plan.fp8["position"]
+    assert decision.rule == "fp8_deny" and "'square' reads 'pos' as it is too" in decision.reason
+    assert not [r for r in result.plan.scales if r.tensor == "pos"]
+    assert result.plan.fp8["embed"].rule == "fp8_table"  # the lookup's own table still 8-bit

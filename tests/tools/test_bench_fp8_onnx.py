@@ -43,12 +43,14 @@ def test_tune_figures_on_data_of_its_own(bench, tmp_path):
     # keeping products in the low type costs weight bytes, never saves them
     assert tuned["fp8_products"] == len(found["fp8_nodes"]) - len(tuned["kept"])
     assert tuned["weight_ratio"] >= found["weight_ratio"]
-    # the 8-bit word table: half its float16 bytes and a scale per row, the rest as it was
-    assert found["tables_8bit"] == [] and tabled["tables_8bit"] == ["/word/Gather"]
-    rows, width = 128, 32  # the small GPT's word table
-    table_bytes = tabled["weight_bytes_by_role"]["embedding"]
+    # the 8-bit word and position tables: half their float16 bytes and a scale per row, the
+    # rest as it was
+    assert found["tables_8bit"] == []
+    assert sorted(tabled["tables_8bit"]) == ["/Add", "/word/Gather"]
+    width, tables = 32, {"word": 128, "position": 16}  # the small GPT's tables' rows
+    rows = sum(tables.values())
     assert found["weight_bytes_by_role"]["embedding"] == rows * width * 2
-    assert table_bytes == rows * width + rows * 2
+    assert tabled["weight_bytes_by_role"]["embedding"] == rows * width + rows * 2
     assert tabled["weight_bytes"] == found["weight_bytes"] - rows * width + rows * 2
     assert tabled["fp8_nodes"] == found["fp8_nodes"]
     assert tabled["tune"]["met_on_tune_data"]  # tune --fp8 --fp8-embeddings meets the bar

@@ -158,6 +158,16 @@ def weight_roles(model: onnx.ModelProto) -> dict[str, int]:
         elif node.op_type == "Gather" and node.input[0] in inits:
             # a table: int8, and its row scales, with --fp8-embeddings
             role.setdefault(node.input[0], "embedding")
+        elif node.op_type == "Add":
+            # a position table added to a lookup: int8 through a DequantizeLinear with
+            # --fp8-embeddings (its scales too), else the stored 2-D value itself
+            for value in node.input:
+                source = producers.get(value)
+                if source is not None and source.op_type == "DequantizeLinear":
+                    if source.input[0] in inits:
+                        role.update(dict.fromkeys(source.input[:2], "embedding"))
+                elif value in inits and len(inits[value].dims) == 2:
+                    role.setdefault(value, "embedding")
     found = dict.fromkeys(("float8", "int8", "matrix_low", "embedding", "other"), 0)
     for name, init in inits.items():
         found[role.get(name, "other")] += onnx.numpy_helper.to_array(init).nbytes

@@ -19,7 +19,9 @@ type. This module then, for a static recipe (scales fixed at conversion):
   give the rows the Gather gave before: only the gathered rows are dequantised, and both
   runtimes compute them exactly (an int8 times a 16-bit scale is one rounding). Not a
   DequantizeLinear: one per row of the gathered rows is not a per-axis scale, and one of the
-  whole table before the Gather would dequantise every row on every run;
+  whole table before the Gather would dequantise every row on every run. A position table
+  an Add adds to a lookup (the exporter folded its Gather into a constant) is read whole, so
+  it is read through one DequantizeLinear on axis 0;
 * a kept product's weight (``Float8(kept_int8=True)``, scale records of format ``int8`` per
   ``channel``) is stored int8 with one scale per output channel (max |w| / 127 in the low type,
   rounded up, from the float32 weight) and a ``DequantizeLinear`` (axis: the weight's N axis, no
@@ -261,20 +263,37 @@ class _Emitter:
             reader.input[slot] = restored
 
     def _table(self, record: ScaleRecord, readers: list[tuple[onnx.NodeProto, int]]) -> None:
-        """An embedding table stored int8 per row, each Gather reading it rewritten to
-        gather the int8 rows and their scales and multiply them back (module docstring)."""
+        """An embedding table stored int8 per row: each Gather reading it rewritten to gather
+        the int8 rows and their scales and multiply them back; an Add reading it (a position
+        table) reads it through one DequantizeLinear (module docstring)."""
         info = self.graph.tensors[record.tensor]
         if info.load_value is None:
             raise GraphampError(f"8-bit table: {record.tensor!r} has no stored value")
         quantised, scales = quantise_rows(np.asarray(info.load_value()), self.low)
         stored = self._name(f"{record.tensor}/int8")
+        self.proto.graph.initializer.append(numpy_helper.from_array(quantised, stored))
+        adds = [(node, slot) for node, slot in readers if node.op_type == "Add"]
+        gathers = [(node, slot) for node, slot in readers if node.op_type != "Add"]
+        if adds:
+            self._position_table(record, adds, stored, scales)
+        if gathers:
+            self._lookups(record, gathers, stored, scales)
+
+    def _lookups(
+        self,
+        record: ScaleRecord,
+        gathers: list[tuple[onnx.NodeProto, int]],
+        stored: str,
+        scales: np.ndarray,
+    ) -> None:
+        """Each Gather of the int8 table ``stored`` gathers its rows, a second Gather their
+        scales (a [rows, 1] vector), and Cast + Mul give the rows in the low type."""
         scale_name = self._name(f"{record.tensor}/row_scale")
-        self.proto.graph.initializer.extend([
-            numpy_helper.from_array(quantised, stored),
-            numpy_helper.from_array(scales.reshape(-1, 1), scale_name),
-        ])  # fmt: skip
+        self.proto.graph.initializer.append(
+            numpy_helper.from_array(scales.reshape(-1, 1), scale_name)
+        )
         low_code = helper.np_dtype_to_tensor_dtype(np.dtype(self.low))
-        for gather, slot in readers:
+        for gather, slot in gathers:
             if slot != 0:
                 raise GraphampError(f"8-bit table: {gather.name!r} reads it as its indices")
             axis = [a.i for a in gather.attribute if a.name == "axis"]
@@ -292,6 +311,27 @@ class _Emitter:
                 helper.make_node("Mul", [widened, row_scales], [output],
                                  name=self._name(f"{gather.name}/Mul")),
             ])  # fmt: skip
+
+    def _position_table(
+        self,
+        record: ScaleRecord,
+        adds: list[tuple[onnx.NodeProto, int]],
+        stored: str,
+        scales: np.ndarray,
+    ) -> None:
+        """A position table an Add adds to an embedding lookup, read as the int8 table
+        ``stored`` through one DequantizeLinear per row (axis 0): the Add reads every row, so
+        the whole table is dequantised, as the Add read the whole low one before."""
+        scale_name = self._name(f"{record.tensor}/row_scale")
+        restored = self._name(f"{record.tensor}/int8_dq")
+        self.proto.graph.initializer.append(numpy_helper.from_array(scales, scale_name))
+        node = helper.make_node(
+            "DequantizeLinear", [stored, scale_name], [restored], axis=0,
+            name=self._name(f"{record.tensor}/DequantizeLinear"),
+        )  # fmt: skip
+        self._insert(adds, [node])
+        for add, slot in adds:
+            add.input[slot] = restored
 
     def _drop_unread(self) -> None:
         """Initializers no node reads any more (a weight's low copy all of whose readers now
