@@ -4,13 +4,15 @@ takes.
 The captured graph is functional aten ops. An eager step runs it op by op from Python, so the
 passes here make it cheaper to run without changing a value: elementwise ops and the kept
 parameters' updates write in place (:mod:`graphamp.fx.training.in_place`), the unscale joins the
-fused finite check, each optimizer formula runs as one foreach op over all parameters
-(:mod:`graphamp.fx.training.foreach`), and ops are called through PyTorch's Python bindings
-(:mod:`graphamp.fx.training.bindings`). ``torch.compile`` plans its own buffers and fuses better
-from the functional graph, so :func:`for_compile` undoes each of them, in the reverse order, and
-puts the traced form of the guard and the check in. It then writes each new state into the
-argument it replaces (:func:`write_back`), so the compiled step updates its state where it
-lives, as the eager step and torch.optim do.
+fused finite check, on a CPU the optimizer's update runs parameter by parameter, in chunks that
+fit in a cache (:mod:`graphamp.fx.training.locality`), each optimizer formula runs as one
+foreach op over all parameters (of a chunk) (:mod:`graphamp.fx.training.foreach`), and ops are
+called through PyTorch's Python bindings (:mod:`graphamp.fx.training.bindings`).
+``torch.compile`` plans its own buffers and fuses better from the functional graph, so
+:func:`for_compile` undoes each of them, in the reverse order, and puts the traced form of the
+guard and the check in. It then writes each new state into the argument it replaces
+(:func:`write_back`), so the compiled step updates its state where it lives, as the eager step
+and torch.optim do.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch import fx
 
 from graphamp.fx.dialect import lowering
 from graphamp.fx.distributed import data_parallel
-from graphamp.fx.training import bindings, foreach, in_place
+from graphamp.fx.training import bindings, foreach, in_place, locality
 
 
 def for_eager(module: fx.GraphModule) -> fx.GraphModule:
@@ -31,6 +33,7 @@ def for_eager(module: fx.GraphModule) -> fx.GraphModule:
     in_place.guarded_updates(module)
     in_place.in_place(module)
     in_place.unscale_in_check(module)
+    locality.by_parameter(module)
     foreach.grouped(module)
     bindings.with_bindings(module)
     return module
