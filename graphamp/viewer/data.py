@@ -238,14 +238,16 @@ def _nodes(
 
 def _fp8(plan: Plan, name: str, strings: Strings) -> list[object] | int:
     """The node's float8 decision (precision, rule, reason) and its operands' scales as
-    ``explain`` names them, [label, value, source]; 0 when it has no float8 decision."""
+    ``explain`` names them, [label, value, source] (label ``table`` for an embedding table's
+    decision); 0 when it has no float8 decision."""
     decision = plan.fp8.get(name)
     if decision is None:
         return 0
     scales = {r.tensor: r for r in plan.scales if name in r.consumers}
+    labels = ("table",) if name in plan.fp8_tables() else ("A", "B")  # a lookup reads a table
     operands = [
         [label, value, scales[value].describe() if value in scales else ""]
-        for label, value in zip(("A", "B"), decision.operands, strict=False)
+        for label, value in zip(labels, decision.operands, strict=False)
     ]
     return [strings(decision.precision), strings(decision.rule), strings(decision.reason), operands]
 

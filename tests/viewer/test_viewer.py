@@ -460,7 +460,9 @@ def test_float8_nodes_are_marked_and_explained_with_their_scale_sources(browser,
     path = export_onnx("gpt", tmp_path / "gpt.onnx", "small")
     rng = np.random.default_rng(0)
     batches = [{"input_ids": rng.integers(0, 128, (2, 16))} for _ in range(2)]
-    options = Options(fp8=Float8.static(), ranges=gonnx.calibrate(str(path), batches))
+    # with 8-bit tables and kept products' int8 weights: their lines too
+    fp8 = Float8.static(embeddings=True, kept_int8=True)
+    options = Options(fp8=fp8, ranges=gonnx.calibrate(str(path), batches))
     analysis = engine.analyse(str(path), Policy.create("float16"), options=options)
     chosen = {n for n, d in analysis.plan.fp8.items() if d.precision == "float8_e4m3fn"}
     assert len(chosen) == 12
@@ -470,6 +472,8 @@ def test_float8_nodes_are_marked_and_explained_with_their_scale_sources(browser,
     )
     assert shown == [explain(analysis.plan, n, analysis.graph) for n in analysis.plan.nodes]
     assert any("operand B" in text and "weight: at conversion" in text for text in shown)
+    assert any("table 'word.weight': int8 per row" in text for text in shown)
+    assert any("operand B" in text and "int8 per channel" in text for text in shown)
     marked: set[str] = set()
     for group in loaded.page.evaluate("graphampViewer.groups()"):
         loaded.open(group)

@@ -329,7 +329,11 @@
     if (!f) return [];
     const lines = [`  float8: ${S[f[0]]}, rule ${S[f[1]]}: ${S[f[2]]}`];
     for (const [label, value, source] of f[3]) {
-      lines.push(`  operand ${label} ${pyRepr(value)}: ${source || `not quantised (${D.dtype})`}`);
+      if (label === "table") {
+        lines.push(`  table ${pyRepr(value)}: ${source || `kept ${D.dtype}`}`);
+      } else {
+        lines.push(`  operand ${label} ${pyRepr(value)}: ${source || `not quantised (${D.dtype})`}`);
+      }
     }
     return lines;
   }
