@@ -159,7 +159,13 @@ def _tune_fp8(
     baseline = ", ".join(f"{name} {e:.3g}" for name, e in result.baseline_errors.items())
     console.print(f"baseline ({policy.dtype} + float8, no node kept): max rel error {baseline}")
     if not result.met:
-        if len(result.kept) == result.candidates:
+        if len(result.kept) == result.candidates and fp8.kept_int8:
+            why = (
+                f"(with all {result.candidates} kept {policy.dtype}, their weights int8: "
+                f"{errors}): the int8 weights or the low type miss it; tune without "
+                "--fp8-kept-int8, or without --fp8 first"
+            )
+        elif len(result.kept) == result.candidates:
             why = (
                 f"(with all {result.candidates} kept {policy.dtype}: {errors}): the low type "
                 "itself misses it, tune without --fp8 first"
