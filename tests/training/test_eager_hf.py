@@ -59,5 +59,8 @@ def test_the_eager_graph_trains_as_the_functional_graph(name, kind):
     nodes = list(ours.graph.graph.nodes)  # type: ignore[union-attr]
     foreach_calls = [n for n in nodes if n.target in (each_in_place, updates_unless)]
     assert len(foreach_calls) >= 3, foreach_calls  # momentum / moments and the updates
-    bound = [n for n in nodes if bindings.overload(n) is not n.target]
-    assert len(bound) > len(nodes) / 3, len(bound)
+    # most aten ops called through their Python bindings (how many other nodes there are,
+    # getitems of foreach calls, depends on how the update is chunked: training/locality.py)
+    aten = [n for n in nodes if isinstance(bindings.overload(n), torch._ops.OpOverload)]
+    bound = [n for n in aten if bindings.overload(n) is not n.target]
+    assert len(bound) > len(aten) / 2, (len(bound), len(aten))
