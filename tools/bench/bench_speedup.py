@@ -28,14 +28,17 @@ Parts (``--part``, default all):
   from ``--seeds`` initialisations, each cycling over 8 batches it can learn; graphamp's
   curves should lie inside the seed-to-seed spread of autocast's (windows of 10 steps). The
   real architectures at a smaller batch (``--curve-batch``) and input (``--curve-image``,
-  ``--curve-seq``), so 200 steps take minutes, not hours.
+  ``--curve-seq``). Beside the windows: the last window's loss of each, the NaN/Inf losses,
+  the steps graphamp's step guard skipped and each curve's time; a line on stderr every
+  tenth of each curve (model, configuration, seed, steps done, seconds so far).
 * ``infer``: the model converted once by ``graphamp.fx.convert`` (bfloat16, dynamic batch),
   run at each of ``--batches`` eager and under ``torch.compile``, against float32 and
   autocast run the same way; the error is max |y - y32| / max |y32| against float32 eager.
 
 Sizes: ``--batch`` for training (8), ``--batches`` for inference (1,8,32). Results: Markdown
-on stdout and in ``OUT/bench-speedup-<part>.md`` (``--out``, default ``speedup-results``),
-JSON beside it, headed by the machine (CPU model and flags), torch's version, threads and the
+on stdout and in ``OUT/bench-speedup-<part>.md`` (``--out``, default ``speedup-results``;
+``bench-speedup-<part>-<model>.md`` where ``--models`` names fewer than all), JSON beside it,
+headed by the machine (CPU model and flags), torch's version, threads and the
 load average when the part started and ended: a loaded machine's figures are not the figures.
 """
 
@@ -294,31 +297,67 @@ def live_tensor_bytes() -> int:
 def curves_part(args: argparse.Namespace) -> tuple[str, dict]:
     lines = [
         f"| model | batch | input | steps | windows inside autocast's spread | final loss, "
-        f"autocast (min-max over {args.seeds} seeds) | final loss, graphamp |",
-        "|---|---|---|---|---|---|---|",
+        f"autocast (min-max over {args.seeds} seeds) | final loss, graphamp | NaN/Inf losses, "
+        "autocast / graphamp | steps graphamp skipped | seconds a curve, autocast / graphamp |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     results: dict = {}
     for name in args.models:
         sizes = _sizes(args, name, image=args.curve_image, seq=args.curve_seq)
         sizes["batch"] = args.curve_batch
         work = gpu_train.workload(name, args.scale, **sizes)
-        curves = {
-            key: [
-                gpu_train.loss_curve(CONFIGS[key], work, seed, CPU, args.curve_steps)
-                for seed in range(args.seeds)
-            ]
+        runs = {
+            key: [curve_run(args, name, key, work, seed) for seed in range(args.seeds)]
             for key in ("autocast", "graphamp")
         }
+        curves = {key: [run.losses for run in done] for key, done in runs.items()}
         inside, count = gpu_train.within_spread(curves["graphamp"], curves["autocast"])
         last = {k: [gpu_train.windows(c, 10)[-1] for c in v] for k, v in curves.items()}
+        non_finite = {key: sum(run.non_finite for run in done) for key, done in runs.items()}
+        skipped = [run.skipped for run in runs["graphamp"]]
+        seconds = {
+            key: statistics.median(run.seconds for run in done) for key, done in runs.items()
+        }
         shape = f"{sizes['image']} px" if "image" in sizes else f"seq {sizes.get('seq')}"
         lines.append(
             f"| {name} | {work.samples} | {shape} | {args.curve_steps} | {inside}/{count} | "
             f"{min(last['autocast']):.4f}-{max(last['autocast']):.4f} | "
-            f"{min(last['graphamp']):.4f}-{max(last['graphamp']):.4f} |"
+            f"{min(last['graphamp']):.4f}-{max(last['graphamp']):.4f} | "
+            f"{non_finite['autocast']} / {non_finite['graphamp']} | "
+            f"{'-' if None in skipped else sum(skipped)} | "
+            f"{seconds['autocast']:.0f} / {seconds['graphamp']:.0f} |"
         )
-        results[name] = {**curves, "inside": inside, "windows": count, "sizes": sizes}
+        results[name] = {
+            **curves,
+            "inside": inside,
+            "windows": count,
+            "sizes": sizes,
+            "non_finite": non_finite,
+            "skipped": skipped,
+            "seconds": {key: [run.seconds for run in done] for key, done in runs.items()},
+        }
     return "\n".join(lines), results
+
+
+def curve_run(
+    args: argparse.Namespace, name: str, key: str, work: gpu_train.Workload, seed: int
+) -> gpu_train.Curve:
+    """One loss curve of configuration ``key``, a line on stderr every tenth of the way: a
+    curve of a real model takes minutes, and a run of them an hour."""
+    every = max(1, args.curve_steps // 10)
+
+    def progress(done: int, seconds: float) -> None:
+        if done % every == 0 or done == args.curve_steps:
+            print(
+                f"  curves: {name} {key} seed {seed}: {done}/{args.curve_steps} steps, "
+                f"{seconds:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return gpu_train.training_run(
+        CONFIGS[key], work, seed, CPU, args.curve_steps, progress=progress
+    )
 
 
 # -- infer ----------------------------------------------------------------------------------
@@ -331,6 +370,16 @@ def infer_part(args: argparse.Namespace) -> tuple[str, dict]:
 
 
 # -- main -----------------------------------------------------------------------------------
+
+
+def output_stem(part: str, models: list[str]) -> str:
+    """The results' file name for ``part`` on ``models``: the part alone for every model, else
+    the models after it, so runs of one model each (``--models resnet50``, then
+    ``--models bert-base``) keep their own results in one ``--out``."""
+    if sorted(models) == sorted(MODELS):
+        return f"bench-speedup-{part}"
+    return f"bench-speedup-{part}" + "".join(f"-{m}" for m in sorted(models))
+
 
 PARTS = {"train": train_part, "memory": memory_part, "curves": curves_part, "infer": infer_part}
 QUICK = {
@@ -412,8 +461,9 @@ def main(argv: list[str] | None = None) -> int:
         header = f"Measured on: {started}; at the end: load average {os.getloadavg()[0]:.1f}"
         text = f"## {part}\n\n{header}\n\n{table}\n"
         print(text, flush=True)
-        (args.out / f"bench-speedup-{part}.md").write_text(text)
-        (args.out / f"bench-speedup-{part}.json").write_text(
+        stem = output_stem(part, args.models)
+        (args.out / f"{stem}.md").write_text(text)
+        (args.out / f"{stem}.json").write_text(
             json.dumps({"environment": header, "results": results}, indent=1, default=str)
         )
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -319,18 +320,56 @@ def _reset_peak(device: torch.device) -> int | None:
     return peak
 
 
+@dataclass
+class Curve:
+    """One training run's losses, step by step, and what its step skipped."""
+
+    losses: list[float]
+    # steps graphamp's step guard skipped (a non-finite gradient); None for a loop that
+    # reports none (autocast: GradScaler's skips are not counted here)
+    skipped: int | None
+    seconds: float  # wall clock of the run, the capture in its first step included
+
+    @property
+    def non_finite(self) -> int:
+        """How many of the losses are NaN or infinite."""
+        return sum(not math.isfinite(loss) for loss in self.losses)
+
+
 def loss_curve(
     mode: Mode, work: Workload, seed: int, device: torch.device, steps: int, batches: int = 8
 ) -> list[float]:
     """The loss at each of ``steps`` steps from the initial weights of ``seed``, cycling over
     ``batches`` batches drawn from ``seed`` (a small set the model can fit, so the loss falls)."""
+    return training_run(mode, work, seed, device, steps, batches).losses
+
+
+def training_run(
+    mode: Mode,
+    work: Workload,
+    seed: int,
+    device: torch.device,
+    steps: int,
+    batches: int = 8,
+    progress: Callable[[int, float], None] | None = None,
+) -> Curve:
+    """:func:`loss_curve`'s run, with the steps graphamp's step skipped and the time it took;
+    ``progress(steps done, seconds so far)`` is called after every step."""
+    start = time.perf_counter()
     model = work.build(seed).to(device).train()
     data = [work.batch(seed * 1000 + i, device) for i in range(batches)]
     run = step_function(mode, work, model, device)
-    losses = [float(run(*data[i % batches])) for i in range(steps)]
+    losses = []
+    for i in range(steps):
+        losses.append(float(run(*data[i % batches])))
+        if progress is not None:
+            progress(i + 1, time.perf_counter() - start)
+    skipped = getattr(run, "skipped_steps", None)  # a TrainStep's count (a tensor)
+    curve = Curve(losses, None if skipped is None else int(skipped), 0.0)
     del run, model
     _release(device)
-    return losses
+    curve.seconds = time.perf_counter() - start
+    return curve
 
 
 def windows(curve: list[float], width: int) -> list[float]:
