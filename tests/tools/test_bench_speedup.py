@@ -38,7 +38,7 @@ def quick(bench, tmp_path, *args: str) -> str:
     common = ["--quick", "--no-compile", "--threads", "1", "--models", "resnet50"]
     assert bench.main([*common, *args, "--out", str(tmp_path)]) == 0
     part = args[args.index("--part") + 1]
-    return (tmp_path / f"bench-speedup-{part}.md").read_text()
+    return (tmp_path / f"bench-speedup-{part}-resnet50.md").read_text()
 
 
 def test_bars_are_medians_of_ratios_within_rounds(bench):
@@ -73,7 +73,7 @@ def test_training_configurations_side_by_side(bench, tmp_path):
     bars = [row for row in table if len(row) == 5]
     assert [row[1] for row in bars] == ["graphamp eager vs eager autocast"]
     assert bars[0][4] in ("met", "NOT met") and bars[0][2].endswith("x")
-    results = json.loads((tmp_path / "bench-speedup-train.json").read_text())["results"]
+    results = json.loads((tmp_path / "bench-speedup-train-resnet50.json").read_text())["results"]
     assert all(len(times) == 1 for times in results["resnet50"]["wall"].values())
 
 
@@ -81,7 +81,7 @@ def test_training_configurations_side_by_side(bench, tmp_path):
 def test_memory_counts_the_state_and_what_the_step_allocates(bench, tmp_path):
     text = quick(bench, tmp_path, "--part", "memory", "--configs", "float32", "graphamp")
     table = {row[2]: row for row in rows(text) if len(row) == 7}
-    results = json.loads((tmp_path / "bench-speedup-memory.json").read_text())["results"]
+    results = json.loads((tmp_path / "bench-speedup-memory-resnet50.json").read_text())["results"]
     measured = results["resnet50"]
     from graphamp.models.resnet import SIZES, ResNet
 
@@ -102,3 +102,30 @@ def test_live_tensor_bytes_counts_each_storage_once(bench):
     views = [block[10:], block.view(500, 500)]  # the same storage
     after = bench.live_tensor_bytes()
     assert 1_000_000 <= after - before < 1_100_000, (after - before, len(views))
+
+
+@pytest.mark.slow
+def test_curves_report_progress_non_finite_losses_and_skipped_steps(bench, tmp_path, capsys):
+    """A curve of a real model takes minutes: each says how far it is as it goes. The table
+    counts NaN losses and the steps graphamp's guard skipped beside the windows."""
+    text = quick(bench, tmp_path, "--part", "curves")
+    err = capsys.readouterr().err
+    for key in ("autocast", "graphamp"):
+        for seed in (0, 1):
+            assert f"curves: resnet50 {key} seed {seed}: 10/10 steps," in err
+    assert "curves: resnet50 graphamp seed 1: 1/10 steps," in err  # as it goes, not at the end
+    (row,) = [row for row in rows(text) if row[0] == "resnet50"]
+    assert row[4].endswith("/1") and row[7] == "0 / 0" and row[8] == "0"
+    results = json.loads((tmp_path / "bench-speedup-curves-resnet50.json").read_text())["results"]
+    curves = results["resnet50"]
+    assert [len(c) for c in curves["graphamp"]] == [10, 10] and curves["skipped"] == [0, 0]
+    assert curves["non_finite"] == {"autocast": 0, "graphamp": 0}
+
+
+def test_each_model_run_apart_keeps_its_own_results(bench):
+    """--models resnet50, then --models bert-base, into one --out: neither overwrites the
+    other's files; every model at once keeps the part's plain name."""
+    names = {bench.output_stem("curves", [m]) for m in bench.MODELS}
+    assert len(names) == len(bench.MODELS)
+    assert bench.output_stem("curves", list(bench.MODELS)) == "bench-speedup-curves"
+    assert bench.output_stem("curves", ["resnet50"]) == "bench-speedup-curves-resnet50"
