@@ -43,11 +43,13 @@ def for_compile(
     module: fx.GraphModule, written_back: Sequence[tuple[int, str]] = ()
 ) -> fx.GraphModule:
     """``module`` (an eager step graph) in its functional form: no binding, no foreach call,
-    no in-place collective or update, the step guard as ``torch.where`` and the finite check
-    as reductions, which inductor functionalises and fuses; then the state ``written_back``
-    names written into its arguments (:func:`write_back`)."""
+    the update in the traced order, no in-place collective or update, the step guard as
+    ``torch.where`` and the finite check as reductions, which inductor functionalises and
+    fuses; then the state ``written_back`` names written into its arguments
+    (:func:`write_back`)."""
     bindings.without_bindings(module)
     foreach.ungrouped(module)
+    locality.traced_order(module)
     data_parallel.without_in_place_collectives(module)
     in_place.functional(module)
     lowering.with_traced_guards(module)

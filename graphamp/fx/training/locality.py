@@ -14,7 +14,9 @@ default) runs in. :func:`by_parameter` reorders the nodes after the finite check
 chunk of parameters runs its whole update before the next chunk starts: a parameter whose
 update touches more than :data:`CHUNK_BYTES` is a chunk of its own (its ops then run one by
 one, in cache), smaller ones share a chunk up to that size, whose runs the foreach pass still
-calls as one foreach op each (biases and norm weights: many tensors, few bytes).
+calls as one foreach op each (biases and norm weights: many tensors, few bytes). For
+``torch.compile`` :func:`traced_order` puts the traced order back, as the eager step's other
+passes are undone (:func:`graphamp.fx.training.eager.for_compile`).
 
 The reorder changes no value: each op keeps every input it had, and each op that writes into
 a tensor keeps its place against every other op that reads or writes the same memory, so the
@@ -48,6 +50,7 @@ from graphamp.fx.training.in_place import recompiled, update_unless
 # large one runs alone, its tensors read once for all its formulas.
 CHUNK_BYTES = 1 << 20
 _CHECKS = (any_non_finite, unscale_and_check)
+_TRACED_POSITION = "graphamp_traced_position"  # on a moved node: where the trace had it
 
 
 def by_parameter(module: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES) -> int:
@@ -70,11 +73,36 @@ def by_parameter(module: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES) -> int:
     scheduled = _schedule(tail, after, lambda node: (chunk_of.get(node, -1), order[node]))
     if scheduled == tail:
         return 0
-    anchor = boundary
-    for node in scheduled:
+    for node in tail:
+        node.meta[_TRACED_POSITION] = order[node]
+    _place_after(boundary, scheduled)
+    return recompiled(module, len(set(chunk_of.values())))
+
+
+def traced_order(module: fx.GraphModule) -> int:
+    """Undo :func:`by_parameter`: the tail's nodes back in the order the trace had them
+    (``torch.compile`` gets the traced graph; inductor orders and fuses its own kernels). A
+    node :func:`~graphamp.fx.training.foreach.ungrouped` made again carries its member's
+    position. Returns how many nodes it placed (0: nothing had moved)."""
+    graph = module.graph
+    nodes = list(graph.nodes)
+    checks = [index for index, node in enumerate(nodes) if node.target in _CHECKS]
+    if not checks:
+        return 0
+    tail = [node for node in nodes[checks[-1] + 1 :] if node.op != "output"]
+    if not tail or any(_TRACED_POSITION not in node.meta for node in tail):
+        return 0
+    traced = sorted(tail, key=lambda node: node.meta.pop(_TRACED_POSITION))
+    if traced == tail:
+        return 0
+    _place_after(nodes[checks[-1]], traced)
+    return recompiled(module, len(traced))
+
+
+def _place_after(anchor: fx.Node, ordered: list[fx.Node]) -> None:
+    for node in ordered:
         anchor.append(node)
         anchor = node
-    return recompiled(module, len(set(chunk_of.values())))
 
 
 def _on_cpu(node: fx.Node) -> bool:
