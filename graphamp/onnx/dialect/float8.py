@@ -220,29 +220,17 @@ class _Emitter:
                 in_file, axis, scales.astype(np.float32)
             )
         else:
-            info = self.graph.tensors[record.tensor]
-            if info.load_value is None:
-                raise GraphampError(f"float8: weight {record.tensor!r} has no stored value")
-            values = np.asarray(info.load_value(), np.float32)
+            values = self._stored_values(record, "float8: weight")
             axis %= values.ndim
             quantised, scales = quantise_per_channel(values, axis, self.low)
             tensor = helper.make_tensor(stored, _E4M3, values.shape, quantised.tobytes(), raw=True)
         self.proto.graph.initializer.extend([tensor, numpy_helper.from_array(scales, scale_name)])
-        node = helper.make_node(
-            "DequantizeLinear", [stored, scale_name], [restored], axis=axis,
-            name=self._name(f"{record.tensor}/DequantizeLinear"),
-        )  # fmt: skip
-        self._insert(readers, [node])
-        for reader, slot in readers:
-            reader.input[slot] = restored
+        self._dequantised(record, readers, stored, scale_name, axis, restored)
 
     def _int8_weight(self, record: ScaleRecord, readers: list[tuple[onnx.NodeProto, int]]) -> None:
         """A kept product's weight stored int8 per output channel, read through one
         DequantizeLinear to the low type (module docstring)."""
-        info = self.graph.tensors[record.tensor]
-        if info.load_value is None:
-            raise GraphampError(f"int8 weight: {record.tensor!r} has no stored value")
-        values = np.asarray(info.load_value(), np.float32)
+        values = self._stored_values(record, "int8 weight:")
         axis = int(_detail(record, "axis", -1)) % values.ndim
         quantised, scales = quantise_channels_int8(values, axis, self.low)
         stored, scale_name = (
@@ -254,22 +242,13 @@ class _Emitter:
             numpy_helper.from_array(quantised, stored),
             numpy_helper.from_array(scales, scale_name),
         ])  # fmt: skip
-        node = helper.make_node(
-            "DequantizeLinear", [stored, scale_name], [restored], axis=axis,
-            name=self._name(f"{record.tensor}/DequantizeLinear"),
-        )  # fmt: skip
-        self._insert(readers, [node])
-        for reader, slot in readers:
-            reader.input[slot] = restored
+        self._dequantised(record, readers, stored, scale_name, axis, restored)
 
     def _table(self, record: ScaleRecord, readers: list[tuple[onnx.NodeProto, int]]) -> None:
         """An embedding table stored int8 per row: each Gather reading it rewritten to gather
         the int8 rows and their scales and multiply them back; an Add reading it (a position
         table) reads it through one DequantizeLinear (module docstring)."""
-        info = self.graph.tensors[record.tensor]
-        if info.load_value is None:
-            raise GraphampError(f"8-bit table: {record.tensor!r} has no stored value")
-        quantised, scales = quantise_rows(np.asarray(info.load_value()), self.low)
+        quantised, scales = quantise_rows(self._stored_values(record, "8-bit table:"), self.low)
         stored = self._name(f"{record.tensor}/int8")
         self.proto.graph.initializer.append(numpy_helper.from_array(quantised, stored))
         adds = [(node, slot) for node, slot in readers if node.op_type == "Add"]
@@ -325,13 +304,35 @@ class _Emitter:
         scale_name = self._name(f"{record.tensor}/row_scale")
         restored = self._name(f"{record.tensor}/int8_dq")
         self.proto.graph.initializer.append(numpy_helper.from_array(scales, scale_name))
+        self._dequantised(record, adds, stored, scale_name, 0, restored)
+
+    def _stored_values(self, record: ScaleRecord, what: str) -> np.ndarray:
+        """The float32 values of the stored weight or table ``record`` quantises (``what``
+        begins the error where the model holds none)."""
+        info = self.graph.tensors[record.tensor]
+        if info.load_value is None:
+            raise GraphampError(f"{what} {record.tensor!r} has no stored value")
+        return np.asarray(info.load_value(), np.float32)
+
+    def _dequantised(
+        self,
+        record: ScaleRecord,
+        readers: list[tuple[onnx.NodeProto, int]],
+        stored: str,
+        scale_name: str,
+        axis: int,
+        restored: str,
+    ) -> None:
+        """One ``DequantizeLinear`` of ``stored`` (its scales ``scale_name`` along ``axis``)
+        into ``restored``, put before the first of ``readers``, each of which then reads
+        ``restored`` where it read ``record``'s value."""
         node = helper.make_node(
-            "DequantizeLinear", [stored, scale_name], [restored], axis=0,
+            "DequantizeLinear", [stored, scale_name], [restored], axis=axis,
             name=self._name(f"{record.tensor}/DequantizeLinear"),
         )  # fmt: skip
-        self._insert(adds, [node])
-        for add, slot in adds:
-            add.input[slot] = restored
+        self._insert(readers, [node])
+        for reader, slot in readers:
+            reader.input[slot] = restored
 
     def _drop_unread(self) -> None:
         """Initializers no node reads any more (a weight's low copy all of whose readers now
