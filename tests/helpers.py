@@ -4,9 +4,11 @@ docs' code blocks, and scripts run under torchrun."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import NamedTuple
 
 import numpy as np
@@ -300,3 +302,14 @@ def each_rank(ranks: list[tuple[str, str]], launcher: str = "") -> str:
     if launcher:
         parts.append(f"--- launcher stderr (end) ---\n{launcher[-2000:]}")
     return "\n".join(parts)
+
+
+def load_tool(path: str) -> ModuleType:
+    """The benchmark script at ``path`` (under the repository) as a module, with
+    ``tools/bench`` and ``tools/gpu`` on ``sys.path`` for the modules it imports beside it."""
+    sys.path[:0] = [str(ROOT / "tools" / "bench"), str(ROOT / "tools" / "gpu")]
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -28,6 +28,7 @@ from graphamp.plans.plan import Plan
 from graphamp.plans.report import explain
 from graphamp.policy.policy import Policy
 from tests.helpers import model, weight
+from tests.onnx.test_float8_tables import converted_again_and_from_the_plan
 from tests.onnx.test_float8_tune import batches as planted_batches
 from tests.onnx.test_float8_tune import planted
 
@@ -258,39 +259,21 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
     return source, data
 
 
-def test_the_flag_without_fp8_is_one_line_and_writes_nothing(files, capsys):
-    source, data = files
-    out = source.with_name("out.onnx")
-    argv = ["convert", str(source), "-o", str(out), "--fp8-kept-int8", "--calibrate", str(data)]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.strip() == "graphamp: error: --fp8-kept-int8 is only used with --fp8"
-    assert not out.exists()
-
-
 def test_converting_again_or_from_the_plan_keeps_the_int8_weights(files, capsys):
     source, data = files
-    once, plan = source.with_name("once.onnx"), source.with_name("once.plan.json")
-    argv = ["convert", str(source), "-o", str(once), "--plan", str(plan)]
+    # the int8 weights and their DequantizeLinears stay, converted again or from the plan
     fp8 = ["--fp8", "--fp8-kept-int8", "--fp8-deny-names", *DENY, "--calibrate", str(data)]
-    assert main([*argv, *fp8]) == 0
+    _, plan = converted_again_and_from_the_plan(source, fp8)
     written = json.loads(plan.read_text())
     assert "stored int8" in written["fp8"]["head"]["reason"]
     assert {r["tensor"] for r in written["scales"] if r["format"] == "int8"} == {
         "w_odd", "w_gemm", "w_head",
     }  # fmt: skip
-    # the output converted again is byte for byte the same (the int8 weights and DQs stay)
-    twice = source.with_name("twice.onnx")
-    assert main(["convert", str(once), "-o", str(twice)]) == 0
-    assert twice.read_bytes() == once.read_bytes()
-    # the reviewed plan applied to the source with no data gives the same model
-    reviewed = source.with_name("reviewed.onnx")
-    assert main(["convert", str(source), "-o", str(reviewed), "--from-plan", str(plan)]) == 0
-    assert reviewed.read_bytes() == once.read_bytes()
     # --verify passes against the float32 model (the faithful evaluator runs the int8 DQs)
     verified = source.with_name("verified.onnx")
     capsys.readouterr()
-    assert main([*argv[:3], str(verified), *fp8, "--verify", "--rtol", "0.1"]) == 0
+    argv = ["convert", str(source), "-o", str(verified), *fp8, "--verify", "--rtol", "0.1"]
+    assert main(argv) == 0
     # check without the flag: the int8 records are a drift; with it, none
     check = ["check", str(source), "--baseline", str(plan), "--fp8", "--calibrate", str(data)]
     check += ["--fp8-deny-names", *DENY]

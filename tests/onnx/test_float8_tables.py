@@ -232,30 +232,39 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
     return source, data
 
 
-def test_the_flag_without_fp8_is_one_line_and_writes_nothing(files, capsys):
+@pytest.mark.parametrize("flag", ["--fp8-embeddings", "--fp8-kept-int8"])
+def test_the_flag_without_fp8_is_one_line_and_writes_nothing(files, capsys, flag):
     source, data = files
     out = source.with_name("out.onnx")
-    argv = ["convert", str(source), "-o", str(out), "--fp8-embeddings", "--calibrate", str(data)]
+    argv = ["convert", str(source), "-o", str(out), flag, "--calibrate", str(data)]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "graphamp: error: --fp8-embeddings is only used with --fp8"
+    assert err.strip() == f"graphamp: error: {flag} is only used with --fp8"
     assert not out.exists()
+
+
+def converted_again_and_from_the_plan(source: Path, fp8: list[str]) -> tuple[Path, Path]:
+    """``source`` converted with the float8 flags ``fp8`` (its output and plan returned), and
+    checked to stay byte for byte the same when its output is converted again, and when the
+    plan is applied to ``source`` with no data (``--from-plan``)."""
+    once, plan = source.with_name("once.onnx"), source.with_name("once.plan.json")
+    assert main(["convert", str(source), "-o", str(once), "--plan", str(plan), *fp8]) == 0
+    twice = source.with_name("twice.onnx")
+    assert main(["convert", str(once), "-o", str(twice)]) == 0
+    assert twice.read_bytes() == once.read_bytes()
+    reviewed = source.with_name("reviewed.onnx")
+    assert main(["convert", str(source), "-o", str(reviewed), "--from-plan", str(plan)]) == 0
+    assert reviewed.read_bytes() == once.read_bytes()
+    return once, plan
 
 
 def test_converting_again_or_from_the_plan_keeps_the_8_bit_table(files, capsys):
     source, data = files
-    once, plan = source.with_name("once.onnx"), source.with_name("once.plan.json")
-    argv = ["convert", str(source), "-o", str(once), "--plan", str(plan)]
-    assert main([*argv, "--fp8", "--fp8-embeddings", "--calibrate", str(data)]) == 0
+    # the int8 table and its Gathers stay, converted again or from the plan
+    fp8 = ["--fp8", "--fp8-embeddings", "--calibrate", str(data)]
+    _, plan = converted_again_and_from_the_plan(source, fp8)
     assert json.loads(plan.read_text())["fp8"]["embed"]["rule"] == "fp8_table"
-    # the output converted again is byte for byte the same (the int8 table, its Gathers stay)
-    twice = source.with_name("twice.onnx")
-    assert main(["convert", str(once), "-o", str(twice)]) == 0
-    assert twice.read_bytes() == once.read_bytes()
-    # the reviewed plan applied to the source with no data gives the same model
     reviewed = source.with_name("reviewed.onnx")
-    assert main(["convert", str(source), "-o", str(reviewed), "--from-plan", str(plan)]) == 0
-    assert reviewed.read_bytes() == once.read_bytes()
     # a plan whose table decision the model no longer allows is refused, naming the node
     edited = json.loads(plan.read_text())
     edited["fp8_settings"]["deny_names"] = ["embed"]

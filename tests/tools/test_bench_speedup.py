@@ -4,25 +4,17 @@ computed from timings given here."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import load_tool
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path[:0] = [str(ROOT / "tools" / "bench"), str(ROOT / "tools" / "gpu")]
-    path = ROOT / "tools/bench/bench_speedup.py"
-    spec = importlib.util.spec_from_file_location("bench_speedup", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("tools/bench/bench_speedup.py")
 
 
 def rows(text: str) -> list[list[str]]:

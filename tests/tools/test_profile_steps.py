@@ -4,23 +4,14 @@ anything), and the table's order and group sums from tables given here."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import load_tool
 
 
 @pytest.fixture(scope="module")
 def tool():
-    sys.path[:0] = [str(ROOT / "tools" / "bench"), str(ROOT / "tools" / "gpu")]
-    path = ROOT / "tools/bench/profile_steps.py"
-    spec = importlib.util.spec_from_file_location("profile_steps", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("tools/bench/profile_steps.py")
 
 
 def cells(text: str, first: str) -> list[str]:
