@@ -547,9 +547,11 @@ class _Decider:
                 for reader, _ in consumers
             ):
                 continue  # another op reads it as it is: its low copy would stay
-            axes = {_n_axis(node) % len(info.shape or (0, 0)) for node in nodes}
-            if info.shape is None or len(info.shape) < 2 or len(axes) != 1:
-                continue  # no one output-channel axis to scale along
+            if info.shape is None or len(info.shape) < 2:
+                continue  # no output-channel axis to scale along
+            axes = {_n_axis(node) % len(info.shape) for node in nodes}
+            if len(axes) != 1:
+                continue  # its readers disagree on its output-channel axis
             self.scales[weight] = ScaleRecord(
                 weight, "int8", "channel", "weight", {"axis": axes.pop()},
                 [node.name for node in nodes], [],
