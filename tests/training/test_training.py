@@ -455,14 +455,15 @@ def correlation(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (output * target).sum()
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("case", ["sgd", "sgd-momentum", "sgd-nesterov", "adam", "adamw"])
 def test_train_step_on_low_precision_parameters_steps_as_torch_optim(case, dtype):
-    """A model whose parameters are already bfloat16/float16 trains in train_step, its
-    parameters and optimizer state after several steps equal to eager PyTorch's bit for bit
-    (the traced update, made in place and grouped into foreach calls, as an eager step runs
-    it). float16 runs with a static loss scale: the unscaled gradients are exact. (Where
-    eager's update is NaN, the NaN's payload may differ.)"""
+    """A model whose parameters are bfloat16/float16 (or float32, computing in bfloat16)
+    trains in train_step, its parameters and optimizer state after several steps equal to
+    eager PyTorch's bit for bit (the traced update, made in place and grouped into foreach
+    calls, Adam's last formula one ``addcdiv`` on float32, as an eager step runs it). float16
+    runs with a static loss scale: the unscaled gradients are exact. (Where eager's update is
+    NaN, the NaN's payload may differ.)"""
     generator = torch.Generator().manual_seed(5)
     # Positive, so no gradient is zero: float16's Adam would divide zero by its eps, 1e-8,
     # which float16 rounds to zero.
@@ -475,7 +476,7 @@ def test_train_step_on_low_precision_parameters_steps_as_torch_optim(case, dtype
     ]
     reference, model = Parallel(dtype), Parallel(dtype)
     optimizer = OPTIMIZER_CASES[case](reference.parameters())
-    name = "bfloat16" if dtype == torch.bfloat16 else "float16"
+    name = "float16" if dtype == torch.float16 else "bfloat16"
     scaling = StaticLossScaling(8.0) if dtype == torch.float16 else None
     step = train_step(
         model,

@@ -2,12 +2,14 @@
 takes.
 
 The captured graph is functional aten ops. An eager step runs it op by op from Python, so the
-passes here make it cheaper to run without changing a value: elementwise ops and the kept
-parameters' updates write in place (:mod:`graphamp.fx.training.in_place`), the unscale joins the
-fused finite check, on a CPU the optimizer's update runs parameter by parameter, in chunks that
-fit in a cache (:mod:`graphamp.fx.training.locality`), each optimizer formula runs as one
-foreach op over all parameters (of a chunk) (:mod:`graphamp.fx.training.foreach`), and ops are
-called through PyTorch's Python bindings (:mod:`graphamp.fx.training.bindings`).
+passes here make it cheaper to run without changing a value: on a CPU Adam's last formula is
+the one ``addcdiv`` torch.optim calls (:mod:`graphamp.fx.training.step_size`), elementwise
+ops and the kept parameters' updates write in place (:mod:`graphamp.fx.training.in_place`),
+the unscale joins the fused finite check, on a CPU the optimizer's update runs parameter by
+parameter, in chunks that fit in a cache (:mod:`graphamp.fx.training.locality`), each
+optimizer formula runs as one foreach op over all parameters (of a chunk)
+(:mod:`graphamp.fx.training.foreach`), and ops are called through PyTorch's Python bindings
+(:mod:`graphamp.fx.training.bindings`).
 ``torch.compile`` plans its own buffers and fuses better from the functional graph, so
 :func:`for_compile` undoes each of them, in the reverse order, and puts the traced form of the
 guard and the check in. It then writes each new state into the argument it replaces
@@ -24,12 +26,13 @@ from torch import fx
 
 from graphamp.fx.dialect import lowering
 from graphamp.fx.distributed import data_parallel
-from graphamp.fx.training import bindings, foreach, in_place, locality
+from graphamp.fx.training import bindings, foreach, in_place, locality, step_size
 
 
 def for_eager(module: fx.GraphModule) -> fx.GraphModule:
     """``module`` made cheaper to run op by op; after any pass that reorders nodes (they read
     the final order)."""
+    step_size.with_addcdiv(module)
     in_place.guarded_updates(module)
     in_place.in_place(module)
     in_place.unscale_in_check(module)
@@ -52,6 +55,7 @@ def for_compile(
     locality.traced_order(module)
     data_parallel.without_in_place_collectives(module)
     in_place.functional(module)
+    step_size.without_addcdiv(module)
     lowering.with_traced_guards(module)
     return write_back(module, written_back)
 
