@@ -31,9 +31,10 @@ Parts (``--part``, default all):
   ``--curve-seq``). Beside the windows: the last window's loss of each, the NaN/Inf losses,
   the steps graphamp's step guard skipped and each curve's time; a line on stderr every
   tenth of each curve (model, configuration, seed, steps done, seconds so far).
-* ``infer``: the model converted once by ``graphamp.fx.convert`` (bfloat16, dynamic batch),
-  run at each of ``--batches`` eager and under ``torch.compile``, against float32 and
-  autocast run the same way; the error is max |y - y32| / max |y32| against float32 eager.
+* ``infer``: the model converted once by ``graphamp.fx.convert`` (bfloat16, dynamic batch,
+  ``weights="low"``: weights stored in bfloat16, as served), run at each of ``--batches``
+  eager and under ``torch.compile``, against float32 and autocast run the same way; the
+  error is max |y - y32| / max |y32| against float32 eager.
 
 Sizes: ``--batch`` for training (8), ``--batches`` for inference (1,8,32). Results: Markdown
 on stdout and in ``OUT/bench-speedup-<part>.md`` (``--out``, default ``speedup-results``;

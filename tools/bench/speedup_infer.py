@@ -1,6 +1,8 @@
 """Inference for ``tools/bench/bench_speedup.py``: the module ``graphamp.fx.convert`` makes
-(bfloat16, dynamic batch) against float32 and ``torch.autocast``, each eager and under
-``torch.compile``, at several batches; error against float32 eager.
+(bfloat16, dynamic batch, ``weights="low"``: the weights only low-type ops read stored in
+bfloat16, as a model converted for serving keeps them, where the default float32 masters are
+cast at every call as autocast casts them) against float32 and ``torch.autocast``, each eager
+and under ``torch.compile``, at several batches; error against float32 eager.
 
 Models: ResNet-50 (the zoo's ResNet at full size, 224x224) and Hugging Face BERT-base
 (``transformers.BertModel`` with ``BertConfig``'s defaults, sequence 128: its last hidden
@@ -109,7 +111,7 @@ def run(
     for name in models:
         model, make = build(name, scale)
         example = make(max(2, min(batches)))  # a batch of 1 would fix the batch size
-        converted, _ = gfx.convert(model, example_kwargs=example, dtype="bfloat16")
+        converted, _ = gfx.convert(model, example_kwargs=example, dtype="bfloat16", weights="low")
         calls = runners(model, converted, compiled)
         results[name] = {}
         for batch in batches:
