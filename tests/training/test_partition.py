@@ -14,13 +14,15 @@ from graphamp.fx.training import eager, partition, signatures
 
 
 def conv_net() -> nn.Module:
+    """ResNet's stem in small: convolution, batch norm, ReLU, a max pool with padding."""
     torch.manual_seed(0)
     return nn.Sequential(
         nn.Conv2d(3, 8, 3),
         nn.BatchNorm2d(8),
         nn.ReLU(),
+        nn.MaxPool2d(3, 2, 1),
         nn.Flatten(),
-        nn.Linear(8 * 6 * 6, 5),
+        nn.Linear(8 * 3 * 3, 5),
     ).train()
 
 
@@ -81,6 +83,24 @@ def test_the_two_graphs_compute_the_whole_graphs_values(dtype, optimizer):
             assert same_bits(a, b)
             changed += not torch.equal(before, a)
     assert changed >= 10  # parameters, momenta and running statistics were written
+
+
+def test_a_max_pool_saves_its_window_offsets_for_the_rest():
+    """After :func:`partition.max_pool_offsets` the forward passes the rest the max pool's
+    int8 window offsets, not its int64 indices, and the two graphs still compute the whole
+    graph's values bit for bit (the decomposition's ops run eagerly too)."""
+    module, args = step_graph()
+    whole = module(*clones(args))
+    assert partition.max_pool_offsets(module) == 1
+    parts = partition.split(module)
+    assert parts is not None
+    saved = next(n for n in parts.forward.graph.nodes if n.op == "output").args[0]
+    types = [node.meta["val"].dtype for node in saved]
+    assert torch.int8 in types and torch.int64 not in types
+    rest_ops = {str(n.target) for n in parts.rest.graph.nodes}
+    assert "prims._low_memory_max_pool_offsets_to_indices.default" in rest_ops
+    cut = partition.compiled(parts, {}, lambda graph, _: graph)(*clones(args))
+    assert all(same_bits(a, b) for a, b in zip(whole, cut, strict=True))
 
 
 def test_the_forward_graph_holds_no_backward_or_update_node():

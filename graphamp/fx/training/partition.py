@@ -136,6 +136,62 @@ def split(module: fx.GraphModule) -> SplitStep | None:
     )
 
 
+def uses_inductor(options: dict[str, Any]) -> bool:
+    """Whether ``torch.compile(**options)`` compiles with inductor."""
+    return options.get("backend", "inductor") == "inductor"
+
+
+def max_pool_offsets(module: fx.GraphModule) -> int:
+    """Each max pool with indices in ``module`` as inductor's decomposition writes it: the
+    window offsets of the maxima (int8) and the indices computed from them; how many were
+    rewritten. Inductor decomposes it so in either graph, but only after the cut: cut before,
+    the forward would write the int64 indices for the backward (eight times the offsets'
+    bytes); cut after, the forward
+    saves the offsets and the rest computes the indices, as AOTAutograd's partition of the
+    decomposed joint graph has it. The values are the same; a pool inductor would not
+    decompose (a window of more than 25 elements) is left as it is."""
+    import torch._inductor.lowering  # read by the decomposition, not imported there
+    from torch._inductor import decomposition as inductor
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    decompositions = {
+        torch.ops.aten.max_pool2d_with_indices.default: inductor.max_pool2d_with_indices,
+        torch.ops.aten.max_pool3d_with_indices.default: inductor.max_pool3d_with_indices,
+    }
+    graph, count = module.graph, 0
+    for node in list(graph.nodes):
+        decompose = decompositions.get(node.target)
+        if decompose is None or not isinstance(node.args[0], fx.Node):
+            continue
+        value = node.args[0].meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            continue
+        args, kwargs = node.args[1:], node.kwargs
+        if decompose(value, *args, **kwargs) is NotImplemented:
+            continue
+        traced = make_fx(_applied(decompose, args, kwargs))(value)
+        placeholder = next(n for n in traced.graph.nodes if n.op == "placeholder")
+        with graph.inserting_before(node):
+            results = graph.graph_copy(traced.graph, {placeholder: node.args[0]})
+        for user in list(node.users):
+            user.replace_all_uses_with(results[user.args[1]])
+            graph.erase_node(user)
+        graph.erase_node(node)
+        count += 1
+    if count:
+        graph.lint()
+        module.recompile()
+    return count
+
+
+def _applied(
+    decompose: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+) -> Callable[[torch.Tensor], Any]:
+    """``decompose`` applied to its input and the node's other arguments (a function of one
+    tensor, as ``make_fx`` traces)."""
+    return lambda x: decompose(x, *args, **kwargs)
+
+
 def forward_options(options: dict[str, Any]) -> dict[str, Any]:
     """``torch.compile``'s ``options`` for the forward graph: with inductor, the values the
     forward returns to the rest keep the layout inductor gives them (``keep_output_stride``
@@ -143,7 +199,7 @@ def forward_options(options: dict[str, Any]) -> dict[str, Any]:
     with inductor's ``keep_output_stride`` on, each was copied into the strides the traced
     graph had, and copied back by the rest. ``mode`` is given as the inductor options it
     stands for (``torch.compile`` takes one of ``mode`` and ``options``)."""
-    if options.get("backend", "inductor") != "inductor":
+    if not uses_inductor(options):
         return options
     from torch._inductor import list_mode_options
 

@@ -92,6 +92,8 @@ def compiled(graphs: StepGraphs, options: dict[str, Any], write_back: bool) -> S
         pairs = written_back(captured) if write_back else []
         eager.for_compile(captured.module, pairs)
         # forward and the rest as two graphs, as torch.compile's own training path has them
+        if partition.uses_inductor(options):
+            partition.max_pool_offsets(captured.module)
         parts = partition.split(captured.module)
         if parts is None:
             return differentiate.compiled(captured.module, options)
