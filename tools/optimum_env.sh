@@ -15,7 +15,8 @@ VENV=${GRAPHAMP_OPTIMUM_ENV:-.venv-optimum}
 PINS=("torch==2.13.0" "optimum-onnx[onnxruntime]==0.1.0")
 STAMP="$VENV/.graphamp-pins"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "${PINS[*]}" ]; then
-  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" >&2
+  # a run stopped while it made the environment leaves one without pip: make it again
+  "$VENV/bin/python" -m pip --version >/dev/null 2>&1 || python3 -m venv --clear "$VENV" >&2
   PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
   "${PIP[@]}" "${PINS[0]}" >&2
   "${PIP[@]}" "${PINS[@]}" >&2
