@@ -13,8 +13,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphamp.fx import train_step
 from graphamp.fx.dialect.lowering import any_non_finite
-from graphamp.fx.training import eager, locality
+from graphamp.fx.training import locality
 from graphamp.fx.training.in_place import update_unless
+from tests.training.twins import assert_same_state_and_compile_form
 
 WIDE = 512  # a 512 x 512 float32 weight is 1 MiB: its update is a chunk of its own
 
@@ -92,15 +93,9 @@ def test_each_large_parameter_updates_start_to_finish_before_the_next(kind, monk
     for _ in range(3):
         traced_order(x, y)
     step(x, y)
-    for name, value in step.params.items():
-        assert torch.equal(value, traced_order.params[name]), name
-    for key, value in step.opt_state.items():
-        assert torch.equal(value, traced_order.opt_state[key]), key
     # torch.compile's form has the traced order back: the same ops in the same order as the
     # form of the step that never reordered
-    forms = [eager.for_compile(s.graph) for s in (step, traced_order)]  # type: ignore[arg-type]
-    ours, theirs = ([str(n.target) for n in form.graph.nodes] for form in forms)
-    assert ours == theirs
+    assert_same_state_and_compile_form(step, traced_order)
 
 
 def tail_graph(device: str = "cpu") -> fx.GraphModule:
