@@ -22,7 +22,7 @@ from torch import fx
 
 from graphamp.core.graph import OpGraph
 from graphamp.errors import GraphampError, InternalError, RecaptureWarning
-from graphamp.fx.training import differentiate, eager
+from graphamp.fx.training import differentiate, eager, partition
 from graphamp.plans.records import NodeDecision, ScaleRecord
 
 # Past this many signatures a step warns once: each capture takes seconds and holds its own
@@ -83,14 +83,21 @@ class StepGraphs:
 def compiled(graphs: StepGraphs, options: dict[str, Any], write_back: bool) -> StepGraphs:
     """``graphs`` under ``torch.compile(**options)``, handed their functional form
     (:func:`graphamp.fx.training.eager.for_compile`); with ``write_back``, each new state written
-    into the argument it replaces (:func:`written_back`)."""
+    into the argument it replaces (:func:`written_back`). Each graph is compiled as two, its
+    forward and the rest (:mod:`graphamp.fx.training.partition`), where it can be cut."""
 
     def one(key: str) -> Callable[..., Any]:
         # the captured GraphModule: what the step runs until it is compiled
         captured = graphs.captured[key]
         pairs = written_back(captured) if write_back else []
         eager.for_compile(captured.module, pairs)
-        return differentiate.compiled(captured.module, options)
+        # forward and the rest as two graphs, as torch.compile's own training path has them
+        if partition.uses_inductor(options):
+            partition.max_pool_offsets(captured.module)
+        parts = partition.split(captured.module)
+        if parts is None:
+            return differentiate.compiled(captured.module, options)
+        return partition.compiled(parts, options, differentiate.compiled)
 
     update = one("update")
     accumulate = one("accumulate") if "accumulate" in graphs.captured else None
