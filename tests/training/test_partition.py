@@ -235,3 +235,75 @@ def test_the_compiled_step_runs_two_graphs_and_trains_as_the_eager_step():
     assert max((trained[n].float() - before[n].float()).abs().max() for n in before) > 1e-2
     for name, value in compiled.items():
         assert torch.allclose(value.float(), trained[name].float(), rtol=0, atol=1e-3), name
+
+
+class DropoutNet(nn.Module):
+    """An embedding, a layer norm and two dropouts before the head, as a BERT's embeddings
+    and layers have them: the compiled forward made its dropouts' products zero (torch 2.13's
+    inductor, bernoulli.p in a forward compiled alone)."""
+
+    def __init__(self, vocab: int = 100, width: int = 32) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embedding, self.norm = nn.Embedding(vocab, width), nn.LayerNorm(width)
+        self.dropout = nn.Dropout(0.1)
+        self.up, self.head = nn.Linear(width, width), nn.Linear(width, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.dropout(self.norm(self.embedding(ids)))
+        hidden = self.dropout(nn.functional.gelu(self.up(hidden))) + hidden
+        return self.head(hidden).flatten(0, 1)
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits, labels.flatten())
+
+
+def test_a_dropout_mask_is_drawn_by_rand_with_bernoullis_distribution():
+    """random_masks turns each bernoulli.p into rand < p in the mask's type: the two of
+    DropoutNet's captured step go, and a mask of 200,000 elements keeps 0.9 of them (within
+    0.005: five standard deviations) and scales them by 1/0.9, in bfloat16 as traced."""
+    model, ids = DropoutNet().train(), torch.randint(0, 100, (4, 16))
+    step = train_step(model, token_loss, torch.optim.SGD(model.parameters(), lr=0.1))
+    step(ids, ids)
+    captured = step.captured["update"]
+    module = eager.for_compile(captured.module, signatures.written_back(captured))
+    masks = [n for n in module.graph.nodes if n.target is torch.ops.aten.bernoulli.p]
+    assert len(masks) == 2 and partition.random_masks(module) == 2
+    assert not any(n.target is torch.ops.aten.bernoulli.p for n in module.graph.nodes)
+    assert not any(n.target is torch.ops.aten.expand.default for n in module.graph.nodes)
+
+    def dropout(x: torch.Tensor) -> torch.Tensor:
+        shape = torch.ops.aten.expand.default(torch.empty([], dtype=x.dtype), list(x.shape))
+        return x * torch.ops.aten.bernoulli.p(shape, 0.9) / 0.9
+
+    module = make_fx(dropout)(torch.ones(400, 500, dtype=torch.bfloat16))
+    assert partition.random_masks(module) == 1
+    targets = [n.target for n in module.graph.nodes]
+    assert torch.ops.aten.bernoulli.p not in targets and torch.ops.aten.rand.default in targets
+    out = module(torch.ones(400, 500, dtype=torch.bfloat16))
+    kept = out != 0
+    assert out.dtype == torch.bfloat16 and abs(kept.float().mean().item() - 0.9) < 5e-3
+    assert torch.equal(out[kept], torch.full_like(out[kept], 1 / 0.9))
+
+
+@pytest.mark.compile
+def test_the_compiled_step_trains_the_layers_before_a_dropout():
+    """Three compiled steps (two inductor graphs) move the embedding before the dropouts, as
+    the eager step does: with bernoulli.p left to inductor they did not move at all."""
+    ids = torch.randint(0, 100, (4, 16), generator=torch.Generator().manual_seed(0))
+    labels = torch.randint(0, 100, (4, 16), generator=torch.Generator().manual_seed(1))
+    moved = {}
+    for compiled in (False, True):
+        model = DropoutNet().train()
+        before = model.embedding.weight.detach().clone()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        step = train_step(model, token_loss, optimizer, dtype="bfloat16")
+        if compiled:
+            step = step.compile(ids, labels)
+            assert isinstance(step.graph, partition.CompiledSplitStep)
+        for _ in range(3):
+            assert torch.isfinite(step(ids, labels))
+        moved[compiled] = (model.embedding.weight - before).abs().max().item()
+    assert moved[False] > 1e-3
+    assert moved[True] > moved[False] / 2

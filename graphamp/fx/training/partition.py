@@ -173,8 +173,11 @@ def max_pool_offsets(module: fx.GraphModule) -> int:
         placeholder = next(n for n in traced.graph.nodes if n.op == "placeholder")
         with graph.inserting_before(node):
             results = graph.graph_copy(traced.graph, {placeholder: node.args[0]})
+        assert isinstance(results, (tuple, list)), node.format_node()  # (maxima, indices)
         for user in list(node.users):
-            user.replace_all_uses_with(results[user.args[1]])
+            index = user.args[1]
+            assert isinstance(index, int), user.format_node()  # getitem of the pool's pair
+            user.replace_all_uses_with(results[index])
             graph.erase_node(user)
         graph.erase_node(node)
         count += 1
@@ -182,6 +185,58 @@ def max_pool_offsets(module: fx.GraphModule) -> int:
         graph.lint()
         module.recompile()
     return count
+
+
+def random_masks(module: fx.GraphModule) -> int:
+    """Each ``bernoulli.p(x, p)`` in ``module`` (a dropout's mask: ``x`` is only a shape) as
+    ``rand(shape) < p`` in ``x``'s type; how many were rewritten. On a CPU inductor runs
+    ``bernoulli.p`` as an eager kernel writing into a copy of ``x``, and in a forward graph
+    compiled alone (torch 2.13) it fused the mask's users into the kernel that made that copy,
+    ahead of the write: every dropout multiplied by ``x``'s contents (zeros for the traced
+    ``empty([]).expand(shape)``), so no gradient reached the layers before one and a BERT's
+    loss stayed that of uniform logits. ``rand`` is lowered by inductor itself, into the
+    kernels that read the mask, as inductor's own dropout is; the masks keep their
+    distribution (each element kept with probability ``p``), not eager's random stream."""
+    graph, count = module.graph, 0
+    for node in list(graph.nodes):
+        if node.target is not torch.ops.aten.bernoulli.p or node.kwargs.get("generator"):
+            continue
+        value, probability = node.meta.get("val"), node.args[1] if len(node.args) > 1 else 0.5
+        if not isinstance(value, torch.Tensor) or not isinstance(probability, float):
+            continue
+        with graph.inserting_before(node):
+            uniform = graph.call_function(
+                torch.ops.aten.rand.default,
+                (list(value.shape),),
+                {"dtype": torch.float32, "device": value.device, "pin_memory": False},
+            )
+            kept = graph.call_function(torch.ops.aten.lt.Scalar, (uniform, probability))
+            mask = graph.call_function(
+                torch.ops.aten._to_copy.default, (kept,), {"dtype": value.dtype}
+            )
+        uniform.meta["val"] = torch.empty_like(value, dtype=torch.float32)
+        kept.meta["val"] = torch.empty_like(value, dtype=torch.bool)
+        mask.meta["val"] = value
+        node.replace_all_uses_with(mask)
+        _erase_with_unused_inputs(graph, node)
+        count += 1
+    if count:
+        graph.lint()
+        module.recompile()
+    return count
+
+
+def _erase_with_unused_inputs(graph: fx.Graph, node: fx.Node) -> None:
+    """``node`` erased, then each operation it read that nothing else reads (a mask's
+    ``empty([]).expand(shape)``)."""
+    inputs = node.all_input_nodes
+    graph.erase_node(node)
+    for value in inputs:
+        pure = (
+            isinstance(value.target, torch._ops.OpOverload) and not value.target._schema.is_mutable
+        )
+        if pure and not value.users:
+            _erase_with_unused_inputs(graph, value)
 
 
 def _applied(
@@ -262,31 +317,32 @@ def _is_view(node: fx.Node) -> bool:
 
 def _view_of_argument(node: fx.Node) -> bool:
     """Whether ``node`` is a chain of view ops over a step argument (it aliases its memory)."""
-    while _is_view(node):
-        node = node.args[0]
-        if not isinstance(node, fx.Node):
-            return False
-    return node.op == "placeholder"
+    current: object = node
+    while isinstance(current, fx.Node) and _is_view(current):
+        current = current.args[0]
+    return isinstance(current, fx.Node) and current.op == "placeholder"
 
 
 def _aliases_argument(node: fx.Node) -> bool:
     """Whether ``node``'s value may be an argument's memory: it is the result of ops that
     return (a view of) one of their inputs, down to a step argument."""
-    while isinstance(node, fx.Node) and node.op == "call_function":
-        schema = getattr(node.target, "_schema", None)
+    current: object = node
+    while isinstance(current, fx.Node) and current.op == "call_function":
+        schema = getattr(current.target, "_schema", None)
         if schema is None or not any(r.alias_info is not None for r in schema.returns):
             return False
-        node = node.args[0]
-    return isinstance(node, fx.Node) and node.op == "placeholder"
+        current = current.args[0]
+    return isinstance(current, fx.Node) and current.op == "placeholder"
 
 
 def _view_chains(nodes: Sequence[fx.Node]) -> set[fx.Node]:
     """The view nodes from each of ``nodes`` down to its argument."""
     chain: set[fx.Node] = set()
     for node in nodes:
-        while _is_view(node):
-            chain.add(node)
-            node = node.args[0]
+        current: object = node
+        while isinstance(current, fx.Node) and _is_view(current):
+            chain.add(current)
+            current = current.args[0]
     return chain
 
 

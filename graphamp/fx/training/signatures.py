@@ -94,6 +94,7 @@ def compiled(graphs: StepGraphs, options: dict[str, Any], write_back: bool) -> S
         # forward and the rest as two graphs, as torch.compile's own training path has them
         if partition.uses_inductor(options):
             partition.max_pool_offsets(captured.module)
+            partition.random_masks(captured.module)
         parts = partition.split(captured.module)
         if parts is None:
             return differentiate.compiled(captured.module, options)
