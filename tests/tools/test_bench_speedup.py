@@ -107,7 +107,8 @@ def test_curves_report_progress_non_finite_losses_and_skipped_steps(bench, tmp_p
             assert f"curves: resnet50 {key} seed {seed}: 10/10 steps," in err
     assert "curves: resnet50 graphamp seed 1: 1/10 steps," in err  # as it goes, not at the end
     (row,) = [row for row in rows(text) if row[0] == "resnet50"]
-    assert row[4].endswith("/1") and row[7] == "0 / 0" and row[8] == "0"
+    assert row[4].endswith("/1") and row[8] == "0 / 0" and row[9] == "0"
+    assert row[5] == "-"  # two seeds: no held-out band (a band of one run is a line)
     results = json.loads((tmp_path / "bench-speedup-curves-resnet50.json").read_text())["results"]
     curves = results["resnet50"]
     assert [len(c) for c in curves["graphamp"]] == [10, 10] and curves["skipped"] == [0, 0]

@@ -26,7 +26,11 @@ Parts (``--part``, default all):
   the profiler's memory events).
 * ``curves``: the loss over ``--curve-steps`` steps of eager autocast and of graphamp's step
   from ``--seeds`` initialisations, each cycling over 8 batches it can learn; graphamp's
-  curves should lie inside the seed-to-seed spread of autocast's (windows of 10 steps). The
+  curves should lie inside the seed-to-seed spread of autocast's (windows of 10 steps): the
+  windows where every graphamp curve lies inside the band of all autocast's, and, fairer
+  (``gpu_train.held_out_inside``), the share of windows a graphamp run lies inside the band
+  of all but one autocast run beside the same share for each autocast run held out (with 3
+  seeds or more; ``tools/bench/curve_spread.py`` reads a saved result again). The
   real architectures at a smaller batch (``--curve-batch``) and input (``--curve-image``,
   ``--curve-seq``). Beside the windows: the last window's loss of each, the NaN/Inf losses,
   the steps graphamp's step guard skipped and each curve's time; a line on stderr every
@@ -297,10 +301,11 @@ def live_tensor_bytes() -> int:
 
 def curves_part(args: argparse.Namespace) -> tuple[str, dict]:
     lines = [
-        f"| model | batch | input | steps | windows inside autocast's spread | final loss, "
+        f"| model | batch | input | steps | windows inside autocast's spread | a run's windows "
+        "inside the band of the other autocast runs, autocast / graphamp | final loss, "
         f"autocast (min-max over {args.seeds} seeds) | final loss, graphamp | NaN/Inf losses, "
         "autocast / graphamp | steps graphamp skipped | seconds a curve, autocast / graphamp |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     results: dict = {}
     for name in args.models:
@@ -313,6 +318,8 @@ def curves_part(args: argparse.Namespace) -> tuple[str, dict]:
         }
         curves = {key: [run.losses for run in done] for key, done in runs.items()}
         inside, count = gpu_train.within_spread(curves["graphamp"], curves["autocast"])
+        held_out = gpu_train.held_out_inside(curves["graphamp"], curves["autocast"])
+        held_cell = "-" if held_out is None else f"{held_out[1]:.0%} / {held_out[0]:.0%}"
         last = {k: [gpu_train.windows(c, 10)[-1] for c in v] for k, v in curves.items()}
         non_finite = {key: sum(run.non_finite for run in done) for key, done in runs.items()}
         skipped = [run.skipped for run in runs["graphamp"]]
@@ -322,6 +329,7 @@ def curves_part(args: argparse.Namespace) -> tuple[str, dict]:
         shape = f"{sizes['image']} px" if "image" in sizes else f"seq {sizes.get('seq')}"
         lines.append(
             f"| {name} | {work.samples} | {shape} | {args.curve_steps} | {inside}/{count} | "
+            f"{held_cell} | "
             f"{min(last['autocast']):.4f}-{max(last['autocast']):.4f} | "
             f"{min(last['graphamp']):.4f}-{max(last['graphamp']):.4f} | "
             f"{non_finite['autocast']} / {non_finite['graphamp']} | "
@@ -332,6 +340,9 @@ def curves_part(args: argparse.Namespace) -> tuple[str, dict]:
             **curves,
             "inside": inside,
             "windows": count,
+            "held_out": None
+            if held_out is None
+            else {"autocast": held_out[1], "graphamp": held_out[0]},
             "sizes": sizes,
             "non_finite": non_finite,
             "skipped": skipped,
