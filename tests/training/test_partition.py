@@ -287,10 +287,29 @@ def test_a_dropout_mask_is_drawn_by_rand_with_bernoullis_distribution():
     assert torch.equal(out[kept], torch.full_like(out[kept], 1 / 0.9))
 
 
+def test_a_step_is_cut_where_its_forward_has_batch_statistics():
+    """The cut pays for a batch norm's step (ResNet-50 1.15x faster), not for a transformer's
+    (BERT-base 1.16x slower cut): conv_net's step is cut, DropoutNet's is not."""
+    module, _ = step_graph()
+    assert partition.cut_pays(module)
+    model, ids = DropoutNet().train(), torch.randint(0, 100, (4, 16))
+    step = train_step(model, token_loss, torch.optim.SGD(model.parameters(), lr=0.1))
+    step(ids, ids)
+    assert not partition.cut_pays(step.captured["update"].module)
+    assert not partition.cut_pays(step_graph_eval())
+
+
+def step_graph_eval() -> fx.GraphModule:
+    """conv_net's forward in eval mode: its batch norm reads running statistics."""
+    model = conv_net().eval()
+    return make_fx(model)(batch(0)[0])
+
+
 @pytest.mark.compile
-def test_the_compiled_step_trains_the_layers_before_a_dropout():
-    """Three compiled steps (two inductor graphs) move the embedding before the dropouts, as
-    the eager step does: with bernoulli.p left to inductor they did not move at all."""
+def test_the_compiled_step_trains_the_layers_before_a_dropout(monkeypatch):
+    """Three compiled steps, cut in two inductor graphs, move the embedding before the
+    dropouts, as the eager step does: with bernoulli.p left to inductor they did not move."""
+    monkeypatch.setattr(partition, "cut_pays", lambda module: True)
     ids = torch.randint(0, 100, (4, 16), generator=torch.Generator().manual_seed(0))
     labels = torch.randint(0, 100, (4, 16), generator=torch.Generator().manual_seed(1))
     moved = {}

@@ -83,19 +83,21 @@ class StepGraphs:
 def compiled(graphs: StepGraphs, options: dict[str, Any], write_back: bool) -> StepGraphs:
     """``graphs`` under ``torch.compile(**options)``, handed their functional form
     (:func:`graphamp.fx.training.eager.for_compile`); with ``write_back``, each new state written
-    into the argument it replaces (:func:`written_back`). Each graph is compiled as two, its
-    forward and the rest (:mod:`graphamp.fx.training.partition`), where it can be cut."""
+    into the argument it replaces (:func:`written_back`). A graph whose forward normalises
+    with batch statistics is compiled as two, its forward and the rest, where it can be cut
+    (:mod:`graphamp.fx.training.partition`, :func:`~graphamp.fx.training.partition.cut_pays`)."""
 
     def one(key: str) -> Callable[..., Any]:
         # the captured GraphModule: what the step runs until it is compiled
         captured = graphs.captured[key]
         pairs = written_back(captured) if write_back else []
         eager.for_compile(captured.module, pairs)
-        # forward and the rest as two graphs, as torch.compile's own training path has them
         if partition.uses_inductor(options):
             partition.max_pool_offsets(captured.module)
             partition.random_masks(captured.module)
-        parts = partition.split(captured.module)
+        # forward and the rest as two graphs, as torch.compile's own training path has them,
+        # where that runs faster
+        parts = partition.split(captured.module) if partition.cut_pays(captured.module) else None
         if parts is None:
             return differentiate.compiled(captured.module, options)
         return partition.compiled(parts, options, differentiate.compiled)

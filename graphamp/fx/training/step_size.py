@@ -115,9 +115,7 @@ def _adam_descent(
     if not (isinstance(step_size, fx.Node) and isinstance(exp_avg, fx.Node)):
         return None
     scalar = step_size.meta.get("val")
-    if not (
-        isinstance(scalar, torch.Tensor) and scalar.ndim == 0 and scalar.device.type == "cpu"
-    ):
+    if not (isinstance(scalar, torch.Tensor) and scalar.ndim == 0 and scalar.device.type == "cpu"):
         return None
     layouts = {_float32_cpu_layout(n) for n in (param, exp_avg, denom, product, quotient, node)}
     if len(layouts) != 1 or None in layouts:
