@@ -52,3 +52,17 @@ def test_two_configurations_of_a_tiny_resnet_side_by_side(tool, capsys):
     # graphamp's SGD update runs in foreach calls; autocast's torch.optim loop calls none
     foreach = cells(text, "optimizer (foreach)")
     assert foreach[1] == "0" and float(foreach[3]) > 0, text
+
+
+def test_the_cut_and_whole_configurations_force_partitions_choice(tool):
+    """graphamp-compiled-cut / -whole compile the step cut or whole whatever cut_pays says,
+    and leave cut_pays as it was."""
+    from graphamp.fx.training import partition
+
+    chosen = partition.cut_pays
+    for key, cut in (("graphamp-compiled-cut", True), ("graphamp-compiled-whole", False)):
+        with tool.forced_cut(tool.FORCED_CUT[key]):
+            assert partition.cut_pays(None) is cut
+        assert partition.cut_pays is chosen
+    with tool.forced_cut(None):
+        assert partition.cut_pays is chosen

@@ -6,9 +6,13 @@ is slower, a profile names the ops that make the difference").
         --configs autocast graphamp --threads 1
     python tools/bench/profile_steps.py --model resnet50 --batch 4 \\
         --configs compile+autocast graphamp-compiled --threads 1
+    python tools/bench/profile_steps.py --model bert-base --batch 8 --configs compile+autocast \\
+        graphamp-compiled-cut graphamp-compiled-whole --threads 1
 
 The configurations are ``tools/bench/bench_speedup.py``'s (its ``CONFIGS``), built from one
-model's deep copies and warmed up (``--warmup``: capture and compilation happen there). Then
+model's deep copies and warmed up (``--warmup``: capture and compilation happen there);
+``graphamp-compiled-cut`` and ``-whole`` are graphamp's compiled step cut in forward and rest
+or handed to inductor whole, whichever ``partition.cut_pays`` would choose. Then
 ``--rounds`` rounds each time one step of every configuration in turn (wall clock; a neighbour's
 load falls on all alike: the ratio to the first configuration is the median of the per-round
 ratios; beside it this thread's CPU time, which with ``--threads 1`` leaves out what a loaded
@@ -28,7 +32,8 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +45,8 @@ import gpu_train  # noqa: E402
 import torch  # noqa: E402
 import torch._inductor.config  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from graphamp.fx.training import partition  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -68,6 +75,24 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("optimizer (foreach)", ("aten::_foreach_", "aten::_fused_")),
     ("inductor kernels", ("cpp_fused", "graph_", "kernel_cpp", "cpp_")),
 )
+
+
+# graphamp's compiled step cut in two graphs, or whole, whatever partition.cut_pays says
+FORCED_CUT = {"graphamp-compiled-cut": True, "graphamp-compiled-whole": False}
+
+
+@contextmanager
+def forced_cut(cut: bool | None) -> Iterator[None]:
+    """With ``cut`` true or false, ``partition.cut_pays`` answers it while the block runs."""
+    if cut is None:
+        yield
+        return
+    chosen = partition.cut_pays
+    partition.cut_pays = lambda module: cut
+    try:
+        yield
+    finally:
+        partition.cut_pays = chosen
 
 
 def group_of(name: str) -> str:
@@ -165,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", choices=gpu_train.WORKLOADS, default="bert-base")
-    parser.add_argument("--configs", nargs="+", choices=tuple(bench_speedup.CONFIGS), required=True)
+    parser.add_argument(
+        "--configs", nargs="+", choices=(*bench_speedup.CONFIGS, *FORCED_CUT), required=True
+    )
     parser.add_argument("--batch", type=int, help="training batch (default: the bench's, 8)")
     parser.add_argument("--image", type=int, help="ResNet-50's input side (default 224)")
     parser.add_argument("--seq", type=int, help="BERT-base's sequence (default 128)")
@@ -192,9 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     steps = []
     for key in args.configs:
         model = copy.deepcopy(base).train()
-        run = gpu_train.step_function(bench_speedup.CONFIGS[key], work, model, CPU)
-        for _ in range(args.warmup):
-            run(*batch)
+        mode = bench_speedup.CONFIGS[key.removesuffix("-cut").removesuffix("-whole")]
+        with forced_cut(FORCED_CUT.get(key)):  # the step is compiled at its first call
+            run = gpu_train.step_function(mode, work, model, CPU)
+            for _ in range(args.warmup):
+                run(*batch)
         steps.append(run)
         print(f"{key} warmed up", file=sys.stderr, flush=True)
     wall, cpu = timed_rounds(steps, batch, args.rounds)
