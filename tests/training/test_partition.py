@@ -289,7 +289,7 @@ def test_a_dropout_mask_is_drawn_by_rand_with_bernoullis_distribution():
 
 def test_a_step_is_cut_where_its_forward_has_batch_statistics():
     """The cut pays for a batch norm's step (ResNet-50 1.15x faster), not for a transformer's
-    (BERT-base 1.16x slower cut): conv_net's step is cut, DropoutNet's is not."""
+    (BERT-base 1.15x slower cut): conv_net's step is cut, DropoutNet's is not."""
     module, _ = step_graph()
     assert partition.cut_pays(module)
     model, ids = DropoutNet().train(), torch.randint(0, 100, (4, 16))
