@@ -244,25 +244,13 @@ def random_masks(module: fx.GraphModule) -> int:
         kept.meta["val"] = torch.empty_like(value, dtype=torch.bool)
         mask.meta["val"] = value
         node.replace_all_uses_with(mask)
-        _erase_with_unused_inputs(graph, node)
+        graph.erase_node(node)  # random: dead-code elimination would keep it
         count += 1
     if count:
+        graph.eliminate_dead_code()  # the masks' empty([]).expand(shape)
         graph.lint()
         module.recompile()
     return count
-
-
-def _erase_with_unused_inputs(graph: fx.Graph, node: fx.Node) -> None:
-    """``node`` erased, then each operation it read that nothing else reads (a mask's
-    ``empty([]).expand(shape)``)."""
-    inputs = node.all_input_nodes
-    graph.erase_node(node)
-    for value in inputs:
-        pure = (
-            isinstance(value.target, torch._ops.OpOverload) and not value.target._schema.is_mutable
-        )
-        if pure and not value.users:
-            _erase_with_unused_inputs(graph, value)
 
 
 def _applied(
