@@ -377,22 +377,26 @@ def windows(curve: list[float], width: int) -> list[float]:
     return [statistics.fmean(curve[i : i + width]) for i in range(0, len(curve), width)]
 
 
+def _bands(curves: list[list[float]]) -> list[tuple[float, float]]:
+    """Each window's min-max band over ``curves`` (their windows), widened by the float
+    rounding of the baseline's own values: at least 1e-3 of the larger magnitude."""
+    bands = []
+    for values in zip(*curves, strict=True):
+        low, high = min(values), max(values)
+        slack = 1e-3 * max(abs(low), abs(high))
+        bands.append((low - slack, high + slack))
+    return bands
+
+
 def within_spread(
     ours: list[list[float]], theirs: list[list[float]], width: int = 10
 ) -> tuple[int, int]:
     """(windows where every curve of ``ours`` lies inside the min-max band of ``theirs``,
     windows in all): the seed-to-seed spread of the baseline is the tolerance."""
     ours_w = [windows(c, width) for c in ours]
-    theirs_w = [windows(c, width) for c in theirs]
-    inside = 0
-    count = len(theirs_w[0])
-    for i in range(count):
-        low = min(c[i] for c in theirs_w)
-        high = max(c[i] for c in theirs_w)
-        # the band is at least the float rounding of the baseline's own values
-        slack = 1e-3 * max(abs(low), abs(high))
-        inside += all(low - slack <= c[i] <= high + slack for c in ours_w)
-    return inside, count
+    bands = _bands([windows(c, width) for c in theirs])
+    inside = sum(all(low <= c[i] <= high for c in ours_w) for i, (low, high) in enumerate(bands))
+    return inside, len(bands)
 
 
 def held_out_inside(
@@ -412,19 +416,15 @@ def held_out_inside(
         return None
     ours_w = [windows(c, width) for c in ours]
     theirs_w = [windows(c, width) for c in theirs]
-    count = len(theirs_w[0])
+    # the bands of all of theirs but the j-th, for each j
+    held_out = [_bands(theirs_w[:j] + theirs_w[j + 1 :]) for j in range(len(theirs_w))]
 
-    def inside(curve: list[float], band: list[list[float]]) -> int:
-        hits = 0
-        for i in range(count):
-            low, high = min(c[i] for c in band), max(c[i] for c in band)
-            slack = 1e-3 * max(abs(low), abs(high))  # as within_spread's
-            hits += low - slack <= curve[i] <= high + slack
-        return hits
+    def inside(curve: list[float], bands: list[tuple[float, float]]) -> int:
+        return sum(low <= value <= high for value, (low, high) in zip(curve, bands, strict=True))
 
-    others = [theirs_w[:j] + theirs_w[j + 1 :] for j in range(len(theirs_w))]
-    theirs_share = statistics.fmean(inside(c, others[j]) for j, c in enumerate(theirs_w))
-    ours_share = statistics.fmean(inside(c, band) for c in ours_w for band in others)
+    count = len(held_out[0])
+    theirs_share = statistics.fmean(inside(c, held_out[j]) for j, c in enumerate(theirs_w))
+    ours_share = statistics.fmean(inside(c, bands) for c in ours_w for bands in held_out)
     return ours_share / count, theirs_share / count, count
 
 
