@@ -64,3 +64,67 @@ def test_the_eager_graph_trains_as_the_functional_graph(name, kind):
     aten = [n for n in nodes if isinstance(bindings.overload(n), torch._ops.OpOverload)]
     bound = [n for n in aten if bindings.overload(n) is not n.target]
     assert len(bound) > len(aten) / 2, (len(bound), len(aten))
+
+
+def test_a_masked_language_model_step_holds_less_and_trains_the_same_bits():
+    """BERT with its masked-language-model head, bfloat16, AdamW, dropout on, the loss over
+    the whole vocabulary: the eager graph holds its dropout masks as booleans, computes the
+    dropout products again in the backward, and writes the
+    log-softmax's backward into its incoming gradient; parameters stay bit for bit those of
+    the functional graph."""
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=32,
+    )
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM(config).train()
+    twin = copy.deepcopy(model)
+
+    def mlm_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(output[0].float().flatten(0, 1), labels.flatten())
+
+    steps = [
+        train_step(m, mlm_loss, optimizer("AdamW", m), dtype="bfloat16") for m in (model, twin)
+    ]
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, VOCAB, (2, 12), generator=generator)
+    labels = torch.randint(1, VOCAB, (2, 12), generator=generator)
+    for seed in range(3):
+        losses = []
+        for step in steps:
+            torch.manual_seed(seed)
+            losses.append(step(ids, labels))
+        if seed == 0:
+            eager.for_compile(steps[1].graph)  # type: ignore[arg-type]
+        assert torch.equal(*losses), seed
+    ours, functional = steps
+    for parameter, value in ours.params.items():
+        assert torch.equal(value, functional.params[parameter]), parameter
+    nodes = list(ours.graph.graph.nodes)  # type: ignore[union-attr]
+    draws = [n for n in nodes if bindings.overload(n) is torch.ops.aten.bernoulli.p]
+    assert draws and all(n.meta["val"].dtype == torch.bool for n in draws)
+    recomputed = [n for n in nodes if "graphamp_recomputed" in n.meta]
+    kinds = {str(bindings.overload(n)) for n in recomputed}
+    assert "aten.mul.Tensor" in kinds, kinds  # the attention's dropout products
+    # a weight's cast stays held (read by the backward from the forward)
+    assert not any(
+        set(n.meta["graphamp_recomputed"].all_input_nodes)
+        <= {p for p in nodes if p.op == "placeholder"}
+        for n in recomputed
+    )
+    into = torch.ops.aten._log_softmax_backward_data.out
+    assert any(bindings.overload(n) is into for n in nodes)
+    # the functional graph has none of it
+    functional_nodes = list(functional.graph.graph.nodes)  # type: ignore[union-attr]
+    assert not any("graphamp_recomputed" in n.meta for n in functional_nodes)
+    assert all(
+        n.meta["val"].dtype != torch.bool
+        for n in functional_nodes
+        if n.target is torch.ops.aten.bernoulli.p
+    )

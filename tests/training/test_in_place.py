@@ -352,3 +352,51 @@ def test_write_back_copies_each_new_state_into_the_argument_it_replaces():
     loss, new_p, same_q, summed = module(p, q, g)
     assert new_p is p and torch.equal(p, torch.full((2, 3), 3.0)) and float(loss) == 18.0
     assert same_q is q and torch.equal(summed, torch.full((3,), 4.0))
+
+
+def test_a_softmax_backward_written_into_its_dead_gradient_computes_the_same_bits():
+    """The row-wise backward ops in_place writes into their incoming gradient (or could write
+    into the saved output): on this torch's CPU kernels, bit for bit the values written into a
+    new tensor, along any dimension, with and without a vector tail, float32 and bfloat16."""
+    aten = torch.ops.aten
+    generator = torch.Generator().manual_seed(0)
+    cases = [((64, 30522), 1), ((7, 33), 1), ((3, 5, 17), -1), ((3, 5, 17), 1), ((3, 5, 17), 0)]
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape, dim in cases:
+            x = (torch.randn(shape, generator=generator) * 3).to(dtype)
+            gradient = torch.randn(shape, generator=generator).to(dtype)
+            for op, forward, out in (
+                (aten._log_softmax_backward_data, torch.log_softmax, "out"),
+                (aten._softmax_backward_data, torch.softmax, "grad_input"),
+            ):
+                output = forward(x, dim)
+                want = op.default(gradient, output, dim, dtype)
+                for into_gradient in (True, False):
+                    g, o = gradient.clone(), output.clone()
+                    target = g if into_gradient else o
+                    have = op.out(g, o, dim, dtype, **{out: target})
+                    assert have.data_ptr() == target.data_ptr()
+                    bits = torch.int32 if dtype == torch.float32 else torch.int16
+                    assert torch.equal(have.view(bits), want.view(bits)), (op, shape, dim, dtype)
+
+
+def test_a_log_softmax_backward_writes_into_a_gradient_nothing_reads_later():
+    def step(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        def loss(x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(x, target)
+
+        return torch.func.grad(loss)(logits), logits * 2.0
+
+    logits, target = torch.randn(6, 40), torch.randint(0, 40, (6,))
+    module = traced(step, logits, target)
+    expected = module(logits.clone(), target)
+    changed = made_in_place(module)
+    assert any(name.startswith("_log_softmax_backward_data") for name in changed), changed
+    backward = torch.ops.aten._log_softmax_backward_data.default
+    node = next(n for n in module.graph.nodes if n.meta.get("graphamp_functional") is backward)
+    assert node.kwargs["out"] is node.args[0]  # written into its incoming gradient
+    got = module(logits, target)
+    for want, have in zip(expected, got, strict=True):
+        assert torch.equal(want, have)
+    eager.for_compile(module)  # the functional form again: a new tensor
+    assert "out" not in node.kwargs and node.target is backward

@@ -2,7 +2,10 @@
 takes.
 
 The captured graph is functional aten ops. An eager step runs it op by op from Python, so the
-passes here make it cheaper to run without changing a value: on a CPU Adam's last formula is
+passes here make it cheaper to run without changing a value: dropout masks are held as
+booleans (:mod:`graphamp.fx.training.masks`), forward values one cheap op away from values
+the backward reads anyway are computed again there instead of held
+(:mod:`graphamp.fx.training.recompute`), on a CPU Adam's last formula is
 the one ``addcdiv`` torch.optim calls (:mod:`graphamp.fx.training.step_size`), elementwise
 ops and the kept parameters' updates write in place (:mod:`graphamp.fx.training.in_place`),
 the unscale joins the fused finite check, on a CPU the optimizer's update runs parameter by
@@ -26,12 +29,22 @@ from torch import fx
 
 from graphamp.fx.dialect import lowering
 from graphamp.fx.distributed import data_parallel
-from graphamp.fx.training import bindings, foreach, in_place, locality, step_size
+from graphamp.fx.training import (
+    bindings,
+    foreach,
+    in_place,
+    locality,
+    masks,
+    recompute,
+    step_size,
+)
 
 
 def for_eager(module: fx.GraphModule) -> fx.GraphModule:
     """``module`` made cheaper to run op by op; after any pass that reorders nodes (they read
     the final order)."""
+    masks.as_bool(module)
+    recompute.saved_less(module)
     step_size.with_addcdiv(module)
     in_place.guarded_updates(module)
     in_place.in_place(module)
@@ -56,6 +69,8 @@ def for_compile(
     data_parallel.without_in_place_collectives(module)
     in_place.functional(module)
     step_size.without_addcdiv(module)
+    recompute.as_traced(module)
+    masks.as_scaled(module)
     lowering.with_traced_guards(module)
     return write_back(module, written_back)
 

@@ -47,6 +47,20 @@ _IN_PLACE = {
     )
 }
 IN_PLACE_OPS = frozenset(_IN_PLACE.values())
+# Row-wise backward ops whose ``out=`` form, given their first operand (the incoming gradient)
+# as ``out``, computes the same values (torch 2.13's CPU kernels read each element of a row
+# before writing it: tests/training/test_in_place.py checks it bit for bit). A CPU-only
+# table: the values were checked on no other device's kernels.
+_INTO_FIRST_ON_CPU = {
+    torch.ops.aten._log_softmax_backward_data.default: (
+        torch.ops.aten._log_softmax_backward_data.out,
+        "out",
+    ),
+    torch.ops.aten._softmax_backward_data.default: (
+        torch.ops.aten._softmax_backward_data.out,
+        "grad_input",
+    ),
+}
 _FUNCTIONAL_META = "graphamp_functional"  # on a node made in place: its original target
 # Ops whose schema declares a new tensor but which return a view of their input.
 _ALIASING_DESPITE_SCHEMA = frozenset(
@@ -87,6 +101,8 @@ def in_place(module: fx.GraphModule) -> int:
         if any(order[user] > order[node] or not _reads_only(user) for user in others):
             continue
         node.meta[_FUNCTIONAL_META] = node.target
+        if target in _INTO_OUT_OPS:  # the out= form, into the operand
+            node.kwargs = {**node.kwargs, _OUT_NAME[target]: operand}
         node.target = target
         owned.discard(operand)
         owned.add(node)  # the buffer passes on to this node's value
@@ -173,7 +189,9 @@ def _update_chain(old: fx.Node, new: fx.Node) -> list[fx.Node] | None:
     chain: list[fx.Node] = []
     link = new
     while True:
-        if _in_place_target(link) is None or not link.args or not _same_layout(old, link):
+        if _in_place_target(link) not in IN_PLACE_OPS or not link.args:
+            return None
+        if not _same_layout(old, link):
             return None
         chain.append(link)
         head = link.args[0]
@@ -262,6 +280,8 @@ def functional(module: fx.GraphModule) -> fx.GraphModule:
             continue
         original = node.meta.pop(_FUNCTIONAL_META, None)
         if original is not None:
+            if node.target in _INTO_OUT_OPS:
+                node.kwargs = {k: v for k, v in node.kwargs.items() if k != _OUT_NAME[node.target]}
             node.target = original
             changed = True
     if changed:
@@ -284,10 +304,18 @@ def _aten_op(node: fx.Node) -> torch._ops.OpOverload | None:
     return node.target
 
 
+_INTO_OUT_OPS = frozenset(out for out, _ in _INTO_FIRST_ON_CPU.values())
+_OUT_NAME = {out: name for out, name in _INTO_FIRST_ON_CPU.values()}
+
+
 def _in_place_target(node: fx.Node) -> torch._ops.OpOverload | None:
     op = _aten_op(node)
     if op is None:
         return None
+    if op in _INTO_FIRST_ON_CPU:
+        value = node.meta.get("val")
+        on_cpu = isinstance(value, torch.Tensor) and value.device.type == "cpu"
+        return _INTO_FIRST_ON_CPU[op][0] if on_cpu else None
     variant = _IN_PLACE.get(op.overloadpacket)
     if variant is None or op._overloadname != variant._overloadname:
         return None

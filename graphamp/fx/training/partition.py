@@ -65,12 +65,9 @@ def split(module: fx.GraphModule) -> SplitStep | None:
     output = nodes[-1]
     results = list(output.args[0])
     loss = results[0]
-    if not isinstance(loss, fx.Node) or loss.op == "placeholder":
+    forward = forward_nodes(module)
+    if forward is None:
         return None
-    forward = _ancestors(loss)
-    for node in nodes:  # each item of a multi-output forward node goes with it
-        if node.target is operator.getitem and node.args[0] in forward:
-            forward.add(node)
     if not _order_kept(nodes, forward):
         return None
     placeholders = [node for node in nodes if node.op == "placeholder"]
@@ -136,6 +133,22 @@ def split(module: fx.GraphModule) -> SplitStep | None:
         forward_args,
         rest_args,
     )
+
+
+def forward_nodes(module: fx.GraphModule) -> set[fx.Node] | None:
+    """The forward of the step in ``module`` (output 0 the loss): every ancestor of the loss,
+    and each ``getitem`` of a multi-output node among them; None where the loss is not
+    computed in the graph."""
+    nodes = list(module.graph.nodes)
+    results = nodes[-1].args[0] if nodes and nodes[-1].op == "output" else None
+    loss = results[0] if isinstance(results, (list, tuple)) and results else None
+    if not isinstance(loss, fx.Node) or loss.op == "placeholder":
+        return None
+    forward = _ancestors(loss)
+    for node in nodes:  # each item of a multi-output forward node goes with it
+        if node.target is operator.getitem and node.args[0] in forward:
+            forward.add(node)
+    return forward
 
 
 # batch norms, and the position of their ``training`` argument (true: the batch's statistics)

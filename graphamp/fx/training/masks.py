@@ -1,0 +1,133 @@
+"""Dropout masks an eager step holds as booleans, not as scaled copies in the value's type.
+
+Traced on a CPU, ``nn.functional.dropout`` is its composite form: a mask drawn by
+``bernoulli.p`` in the type of the value it drops from (float32 for attention probabilities),
+divided by the keep probability, and multiplied into the value; its backward multiplies the
+gradient by the same scaled mask. The step's forward holds every such mask until the backward
+reads it: on BERT-base at batch 32 (sequence 128), 37 masks, 444 MiB of the step's peak
+(BENCHMARKS.md, History, issue 42). PyTorch's own fused dropout keeps a boolean mask (one byte
+an element) and multiplies by the scale after.
+
+:func:`as_bool` rewrites each such mask into that form with the same values: the mask drawn
+by ``bernoulli.p`` into a boolean tensor (torch's CPU kernel draws the same numbers for any
+type of the same shape and layout, and leaves the generator where it leaves it), and each
+``mul(x, mask / p)`` as ``mul(mul(x, mask), s)``, ``s`` the scaled mask's one non-zero value
+as the division computed it in the mask's type: ``x * 1 = x`` and ``x * 0 = x * 0.0`` are
+exact, so each product rounds once, at the same place, as before (signed zeros, inf * 0 = NaN
+included). ``torch.compile`` gets the traced form back (:func:`as_scaled`): inductor draws its
+own masks (``partition.random_masks``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from graphamp.fx.training.in_place import recompiled
+
+_MASK_META = "graphamp_scaled_mask"  # on a boolean mask: (its type, the divisor) as traced
+_PRODUCT_META = "graphamp_masked"  # on a product by the scale: whether the mask came first
+
+aten = torch.ops.aten
+
+
+def as_bool(module: fx.GraphModule) -> int:
+    """Each dropout mask of ``module`` drawn as booleans (see the module docstring); how
+    many. A mask is rewritten when ``bernoulli.p`` draws it contiguous, one ``div`` by a
+    number reads it, and every reader of that quotient multiplies it with a tensor of its own
+    type (so the product's type is the value's either way)."""
+    graph, made = module.graph, 0
+    for draw in list(graph.nodes):
+        scaled = _scaled_mask(draw)
+        if scaled is None:
+            continue
+        mask_type, divisor = draw.meta["val"].dtype, scaled.args[1]
+        assert isinstance(divisor, (int, float))  # (_scaled_mask checked it)
+        scale = torch.div(torch.ones((), dtype=mask_type), divisor).item()
+        with graph.inserting_before(draw):
+            empty = graph.call_function(
+                aten.empty_like.default,
+                (draw.args[0],),
+                {"dtype": torch.bool, "memory_format": torch.contiguous_format},
+            )
+            mask = graph.call_function(aten.bernoulli.p, (empty, *draw.args[1:]), draw.kwargs)
+        empty.meta["val"] = mask.meta["val"] = torch.empty_like(draw.meta["val"], dtype=torch.bool)
+        mask.meta[_MASK_META] = (mask_type, divisor)
+        for product in list(scaled.users):
+            first = product.args[0] is scaled
+            value = product.args[1] if first else product.args[0]
+            with graph.inserting_before(product):
+                kept = graph.call_function(aten.mul.Tensor, (value, mask))
+                scaled_product = graph.call_function(aten.mul.Tensor, (kept, scale))
+            kept.meta["val"] = scaled_product.meta["val"] = product.meta["val"]
+            scaled_product.meta[_PRODUCT_META] = first
+            product.replace_all_uses_with(scaled_product)
+            graph.erase_node(product)
+        graph.erase_node(scaled)
+        graph.erase_node(draw)
+        made += 1
+    return recompiled(module, made)
+
+
+def as_scaled(module: fx.GraphModule) -> fx.GraphModule:
+    """``module`` with each mask :func:`as_bool` rewrote drawn and scaled as traced again."""
+    graph, changed = module.graph, False
+    for mask in list(graph.nodes):
+        if _MASK_META not in mask.meta:
+            continue
+        mask_type, divisor = mask.meta.pop(_MASK_META)
+        empty = mask.args[0]
+        with graph.inserting_before(mask):
+            draw = graph.call_function(
+                aten.bernoulli.p, (empty.args[0], *mask.args[1:]), mask.kwargs
+            )
+            scaled = graph.call_function(aten.div.Scalar, (draw, divisor))
+        draw.meta["val"] = scaled.meta["val"] = torch.empty_like(mask.meta["val"], dtype=mask_type)
+        for node in list(graph.nodes):
+            # value * mask * scale; (the value as it is now: a pass may have replaced it)
+            kept = node.args[0] if _PRODUCT_META in node.meta else None
+            if not isinstance(kept, fx.Node) or kept.args[1] is not mask:
+                continue
+            first, value = node.meta.pop(_PRODUCT_META), kept.args[0]
+            with graph.inserting_before(node):
+                operands = (scaled, value) if first else (value, scaled)
+                product = graph.call_function(aten.mul.Tensor, operands)
+            product.meta["val"] = node.meta["val"]
+            node.replace_all_uses_with(product)
+            graph.erase_node(node)
+            graph.erase_node(kept)
+        graph.erase_node(mask)
+        graph.erase_node(empty)
+        changed = True
+    recompiled(module, int(changed))
+    return module
+
+
+def _scaled_mask(draw: fx.Node) -> fx.Node | None:
+    """The ``div`` scaling the dropout mask ``draw`` draws, when :func:`as_bool` can rewrite
+    it (see there); None otherwise."""
+    if draw.target is not aten.bernoulli.p or draw.kwargs.get("generator") is not None:
+        return None
+    value = draw.meta.get("val")
+    if not isinstance(value, torch.Tensor) or not value.is_contiguous():
+        return None
+    if not isinstance(draw.args[0], fx.Node) or len(draw.users) != 1:
+        return None
+    (scaled,) = draw.users
+    if scaled.target is not aten.div.Scalar or scaled.args[0] is not draw:
+        return None
+    if not isinstance(scaled.args[1], (int, float)) or scaled.kwargs:
+        return None
+    for product in scaled.users:
+        if product.target is not aten.mul.Tensor or product.kwargs:
+            return None
+        first, second = product.args
+        other = second if first is scaled else first
+        if other is scaled or not isinstance(other, fx.Node):
+            return None
+        other_value, result = other.meta.get("val"), product.meta.get("val")
+        if not isinstance(other_value, torch.Tensor) or not isinstance(result, torch.Tensor):
+            return None
+        if other_value.dtype != value.dtype or result.dtype != value.dtype:
+            return None
+    return scaled if scaled.users else None

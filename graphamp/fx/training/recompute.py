@@ -1,0 +1,154 @@
+"""Forward values an eager step computes again in its backward instead of holding them.
+
+A traced step's backward reads forward values (what autograd saves); run op by op, each is
+held from where the forward makes it until the backward's last read, across the whole peak of
+the step. Some are one elementwise op, or a view, away from values the backward reads anyway:
+a dropout's product (the probabilities times the mask, read again by the attention's second
+matrix product), both of whose operands the backward reads too. :func:`saved_less` computes
+such a value again right before the backward first reads it, from those operands, so the
+forward's copy is freed after its last forward reader: BERT-base's attention at batch 32
+(sequence 128) held 288 MiB of float32 products through the step's peak (BENCHMARKS.md,
+History, issue 42). The ops are deterministic and read the same operands, so the values are
+the same; the price is one elementwise pass per value, which AOTAutograd's partitioner pays
+for the same values (it recomputes cheap ops rather than saving them). A value computed from
+the step's arguments alone (a weight's cast to the low type) stays held: computing those
+again cost more time than the memory was worth. ``torch.compile``
+gets the graph back as traced (:func:`as_traced`): inductor plans its own buffers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from graphamp.fx.training.in_place import recompiled
+from graphamp.fx.training.partition import forward_nodes
+
+_RECOMPUTED_META = "graphamp_recomputed"  # on a copy made in the backward: the forward's node
+
+aten = torch.ops.aten
+# Ops cheap to run again: elementwise arithmetic, casts and copies, and views.
+_CHEAP = frozenset(
+    {
+        aten.mul.Tensor,
+        aten.mul.Scalar,
+        aten.div.Tensor,
+        aten.div.Scalar,
+        aten.add.Tensor,
+        aten.sub.Tensor,
+        aten.neg.default,
+        aten._to_copy.default,
+        aten.clone.default,
+        aten.view.default,
+        aten._unsafe_view.default,
+        aten.expand.default,
+        aten.t.default,
+        aten.transpose.int,
+        aten.permute.default,
+        aten.unsqueeze.default,
+        aten.squeeze.dim,
+    }
+)
+
+
+def saved_less(module: fx.GraphModule) -> int:
+    """Compute again in the backward each forward value it reads that :data:`_CHEAP` ops make
+    from values the backward reads anyway (see the module docstring); how many values."""
+    graph = module.graph
+    forward = forward_nodes(module)
+    if forward is None:
+        return 0
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    loss = max(forward, key=order.__getitem__)
+
+    def backward_readers(node: fx.Node) -> list[fx.Node]:
+        """``node``'s readers after the loss (a node the loss does not need that runs before
+        it, a cast nothing reads, is the forward's)."""
+        return [u for u in node.users if order[u] > order[loss] and u.op != "output"]
+
+    held = {node for node in forward if backward_readers(node)}
+    cheap: set[fx.Node] = set()
+    arguments = {n for n in graph.nodes if n.op in ("placeholder", "get_attr")}
+    for node in graph.nodes:  # in order: a node's inputs are judged before it
+        if node in forward and node.target in _CHEAP and not node.kwargs.get("out"):
+            inputs = node.all_input_nodes
+            # a value of the arguments alone (a weight's cast) is held, as autograd holds it:
+            # casting BERT-base's 110 M weights again cost 1.5% of its step for 210 MiB
+            if set(inputs) <= arguments:
+                continue
+            if all(i in cheap or i in held or i in arguments for i in inputs):
+                cheap.add(node)
+
+    def first_read(node: fx.Node) -> int:
+        return min(order[u] for u in backward_readers(node))
+
+    def held_inputs(node: fx.Node) -> set[fx.Node]:
+        """The values held anyway that ``node`` is computed from, through cheap ops."""
+        found: set[fx.Node] = set()
+        for value in node.all_input_nodes:
+            if value in held:
+                found.add(value)
+            elif value in cheap:
+                found |= held_inputs(value)
+        return found
+
+    # a value is computed again only where every value it is made from is still held (read
+    # there or later), so that no value is held longer than before
+    recomputed = sorted(
+        (
+            node
+            for node in held & cheap
+            if not _view_of_held(node, held)
+            and all(
+                max(order[u] for u in backward_readers(value)) >= first_read(node)
+                for value in held_inputs(node)
+            )
+        ),
+        key=first_read,
+    )
+    copies: dict[fx.Node, fx.Node] = {}
+
+    def copy(node: fx.Node, before: fx.Node) -> fx.Node:
+        if node not in cheap or (node in held and node not in recomputed):
+            return node  # held anyway (or an argument): read as it is
+        if node not in copies:
+            args = [copy(i, before) for i in node.all_input_nodes]
+            mapping = dict(zip(node.all_input_nodes, args, strict=True))
+            with graph.inserting_before(before):
+                made = graph.node_copy(node, mapping.__getitem__)
+            made.meta = {"val": node.meta.get("val"), _RECOMPUTED_META: node}
+            copies[node] = made
+        return copies[node]
+
+    for node in recomputed:
+        readers = backward_readers(node)
+        first = min(readers, key=order.__getitem__)
+        made = copy(node, first)
+        for reader in readers:
+            reader.replace_input_with(node, made)
+    return recompiled(module, len(recomputed))
+
+
+def as_traced(module: fx.GraphModule) -> fx.GraphModule:
+    """``module`` with each value :func:`saved_less` computed again read from the forward."""
+    graph, changed = module.graph, False
+    for node in reversed(list(graph.nodes)):
+        original = node.meta.get(_RECOMPUTED_META)
+        if original is not None:
+            node.replace_all_uses_with(original)
+            graph.erase_node(node)
+            changed = True
+    recompiled(module, int(changed))
+    return module
+
+
+def _view_of_held(node: fx.Node, held: set[fx.Node]) -> bool:
+    """Whether ``node`` is a view of a value held anyway: its memory is held either way."""
+    while isinstance(node.target, torch._ops.OpOverload) and node.target.is_view:
+        base = node.args[0]
+        if not isinstance(base, fx.Node):
+            return False
+        if base in held or base.op in ("placeholder", "get_attr"):
+            return True
+        node = base
+    return False

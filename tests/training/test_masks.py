@@ -1,0 +1,85 @@
+"""graphamp.fx.training.masks: dropout masks held as booleans compute the traced values bit
+for bit, and ``torch.compile`` gets the traced form back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from graphamp.fx.training import masks
+
+
+def dropout_step(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A forward with two dropouts and its gradient: each mask is read by the forward's
+    product and by the backward's."""
+
+    def loss(weight: torch.Tensor) -> torch.Tensor:
+        hidden = torch.nn.functional.dropout(x * weight, 0.25, training=True)
+        return (torch.nn.functional.dropout(hidden, 0.1, training=True) ** 2).sum()
+
+    value = loss(w)
+    return torch.func.grad(loss)(w), value
+
+
+def traced(fn, *examples: torch.Tensor) -> torch.fx.GraphModule:  # type: ignore[no-untyped-def]
+    """``fn`` traced as a step is: functional ops only (dropout's ``bernoulli.p``)."""
+    return make_fx(torch.func.functionalize(fn, remove="mutations"))(*examples)
+
+
+def ops(module: torch.fx.GraphModule) -> list[str]:
+    return [str(n.target) for n in module.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_boolean_masks_compute_the_traced_values_and_draw_the_same_numbers(dtype):
+    x = torch.randn(64, 33).to(dtype)
+    x[0, :4] = torch.tensor([-1.0, float("inf"), float("-inf"), float("nan")]).to(dtype)
+    w = torch.randn(64, 33).to(dtype)
+    module = traced(dropout_step, x, w)
+    torch.manual_seed(5)
+    want = module(x, w)
+    after_want = torch.rand(3)
+    assert masks.as_bool(module) == 4  # two dropouts, in the value's forward and in grad's
+    bools = [n for n in module.graph.nodes if n.target is torch.ops.aten.bernoulli.p]
+    assert all(n.meta["val"].dtype == torch.bool for n in bools) and bools
+    assert "aten.div.Scalar" not in ops(module)
+    torch.manual_seed(5)
+    have = module(x, w)
+    assert torch.equal(torch.rand(3), after_want)  # the generator left where it was
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    for a, b in zip(want, have, strict=True):
+        assert torch.equal(a.view(bits), b.view(bits))  # -0.0 and NaN included
+
+    masks.as_scaled(module)
+    assert "aten.div.Scalar" in ops(module)
+    assert all(
+        n.meta["val"].dtype == dtype
+        for n in module.graph.nodes
+        if n.target is torch.ops.aten.bernoulli.p
+    )
+    torch.manual_seed(5)
+    again = module(x, w)
+    for a, b in zip(want, again, strict=True):
+        assert torch.equal(a.view(bits), b.view(bits))
+
+
+def scaled_mask(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten.div.Scalar(torch.bernoulli(torch.empty_like(x), 0.9), 0.9)
+
+
+def test_a_mask_read_other_than_by_a_product_of_its_type_is_left_as_traced():
+    def plain(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return y * scaled_mask(x)
+
+    def summed(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = scaled_mask(x)
+        return x * mask, mask + y  # a sum reads the scaled mask: its values are needed
+
+    def promoted(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return y * scaled_mask(x)  # y is bfloat16: the product is float32, the mask's type
+
+    x = torch.randn(4, 8)
+    assert masks.as_bool(traced(plain, x, x)) == 1
+    assert masks.as_bool(traced(summed, x, x)) == 0
+    assert masks.as_bool(traced(promoted, x, x.bfloat16())) == 0

@@ -1,0 +1,87 @@
+"""graphamp.fx.training.recompute: which forward values an eager step computes again in its
+backward, that nothing is held longer for it, and that the values stay the traced ones."""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from graphamp.fx.training import recompute
+
+
+def traced(fn, *examples: torch.Tensor) -> fx.GraphModule:  # type: ignore[no-untyped-def]
+    return make_fx(torch.func.functionalize(fn, remove="mutations"))(*examples)
+
+
+def recomputed(module: fx.GraphModule) -> dict[str, str]:
+    """Each copy saved_less made: its op, by the forward node it copies."""
+    return {
+        n.meta["graphamp_recomputed"].name: str(n.target)
+        for n in module.graph.nodes
+        if "graphamp_recomputed" in n.meta
+    }
+
+
+def attention_like(x: torch.Tensor, w: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """probabilities * mask (held by nothing but the product's readers), then a matrix
+    product whose backward reads that product; the loss first, as a step graph's output 0."""
+
+    def loss(weight: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probabilities = torch.softmax(x @ weight, dim=-1)
+        dropped = probabilities * (x > 0).to(x.dtype)  # the mask: read by the backward too
+        value = (dropped @ values).square().sum()
+        return value, value.detach()
+
+    grads, value = torch.func.grad(loss, argnums=(0, 1), has_aux=True)(w, v)
+    return value, *grads
+
+
+def test_a_product_of_held_values_is_computed_again_where_the_backward_reads_it():
+    x, w, v = torch.randn(6, 8), torch.randn(8, 8), torch.randn(8, 5)
+    module = traced(attention_like, x, w, v)
+    want = module(x, w, v)
+    assert recompute.saved_less(module) >= 1
+    copies = recomputed(module)
+    assert "aten.mul.Tensor" in copies.values(), copies
+    order = {node: index for index, node in enumerate(module.graph.nodes)}
+    loss = module.graph.output_node().args[0][0]
+    for node in module.graph.nodes:
+        original = node.meta.get("graphamp_recomputed")
+        if original is not None:
+            assert order[node] > order[loss]  # in the backward
+            assert all(order[u] <= order[loss] for u in original.users)  # forward reads only
+    have = module(x, w, v)
+    for a, b in zip(want, have, strict=True):
+        assert torch.equal(a, b)
+    recompute.as_traced(module)
+    assert not recomputed(module)
+    for a, b in zip(want, module(x, w, v), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_nothing_is_held_longer_and_a_weights_cast_is_held():
+    def step(x: torch.Tensor, w: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        def loss(weight: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            q = (x @ weight.to(torch.bfloat16)).float()  # the cast: of the arguments alone
+            doubled = q * 2.0  # read by the backward; q's last backward read comes before
+            value = (doubled @ values).sum() + q.sin().sum()
+            return value, value.detach()
+
+        grads, value = torch.func.grad(loss, argnums=(0, 1), has_aux=True)(w, v)
+        return value, *grads
+
+    x, w, v = torch.randn(4, 6).bfloat16(), torch.randn(6, 6), torch.randn(6, 3)
+    module = traced(step, x, w, v)
+    want = module(x, w, v)
+    order = {node: index for index, node in enumerate(module.graph.nodes)}
+    loss = module.graph.output_node().args[0][0]
+    doubled = next(n for n in module.graph.nodes if n.target is torch.ops.aten.mul.Tensor)
+    q = doubled.args[0]
+    assert max(order[u] for u in q.users) < min(
+        order[u] for u in doubled.users if order[u] > order[loss]
+    )  # the case the test is about: q is read last before the backward reads doubled
+    recompute.saved_less(module)
+    assert recomputed(module) == {}  # neither doubled (q would be held longer) nor the cast
+    for a, b in zip(want, module(x, w, v), strict=True):
+        assert torch.equal(a, b)
