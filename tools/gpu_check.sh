@@ -26,6 +26,11 @@
 # 290 s and the curves about 100 s: all of them do not fit one 480 s budget, so a 15-minute lease
 # takes two calls, e.g. PARTS="resnet50 curves" then PARTS=bert-base.
 #
+# PROFILE=1 adds torch.profiler tables wherever graphamp's step is slower than the baseline of
+# its kind (eager autocast, compile + autocast): OUT_DIR/profile-<model>-<mode>.txt, the ops by
+# self CUDA time for both (issue 42: a shortfall is explained by a profile). It costs each such
+# pair six more steps; give the part more of the budget (PARTS=bert-base alone).
+#
 # On a machine without a GPU, GPU_CHECK_DRY_RUN=1 runs the same commands at tiny sizes on the CPU
 # without torch.compile, and GPU_CHECK_DRY_RUN=parse gives each part a deadline already past, so
 # it starts nothing: both check the script, not the speed (tests/tools/test_gpu_check.py).
@@ -40,6 +45,15 @@ out=${1:-gpu-results}
 mkdir -p "$out"
 budget=${BUDGET_S:-480}
 dtypes=${DTYPES:-float16}
+profile=()
+case ${PROFILE:-0} in
+    0) ;;
+    1) profile=(--profile) ;;
+    *)
+        echo "gpu_check: PROFILE=${PROFILE}: expected 0 or 1" >&2
+        exit 2
+        ;;
+esac
 parts=${PARTS:-resnet50 bert-base curves infer}
 for name in $parts; do
     case $name in
@@ -115,7 +129,8 @@ echo "## Issue 42: training speed-up over float32 and compile + autocast, loss c
 for model in resnet50 bert-base; do
     if chosen $model; then
         share $model
-        part $until --part train --models $model --dtypes $dtypes --steps 10 --warmup 3
+        part $until --part train --models $model --dtypes $dtypes --steps 10 --warmup 3 \
+            "${profile[@]}"
     fi
 done
 if chosen curves; then

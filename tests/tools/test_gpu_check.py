@@ -66,3 +66,15 @@ def test_a_misspelled_part_is_refused_naming_it(tmp_path):
     assert done.returncode == 2
     assert "PARTS names 'bert'" in done.stderr
     assert not list(tmp_path.glob("*.md"))
+
+
+def test_profile_passes_its_flag_and_a_bad_value_is_refused(tmp_path):
+    done = gpu_check(
+        tmp_path / "on", 900, GPU_CHECK_DRY_RUN="parse", PARTS="bert-base", PROFILE="1"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "stopped" not in done.stdout, done.stdout  # bench_gpu.py took --profile
+    assert (tmp_path / "on" / "bench-gpu-train-bert-base.md").exists()
+    refused = gpu_check(tmp_path / "bad", 600, GPU_CHECK_DRY_RUN="parse", PROFILE="yes")
+    assert refused.returncode == 2
+    assert "PROFILE=yes" in refused.stderr
