@@ -113,10 +113,10 @@ def test_a_masked_language_model_step_holds_less_and_trains_the_same_bits():
     kinds = {str(bindings.overload(n)) for n in recomputed}
     assert "aten.mul.Tensor" in kinds, kinds  # the attention's dropout products
     # a weight's cast stays held (read by the backward from the forward)
+    arguments = {p for p in nodes if p.op == "placeholder"}
+    by_name = {n.name: n for n in nodes}
     assert not any(
-        set(n.meta["graphamp_recomputed"].all_input_nodes)
-        <= {p for p in nodes if p.op == "placeholder"}
-        for n in recomputed
+        set(by_name[n.meta["graphamp_recomputed"]].all_input_nodes) <= arguments for n in recomputed
     )
     into = torch.ops.aten._log_softmax_backward_data.out
     assert any(bindings.overload(n) is into for n in nodes)

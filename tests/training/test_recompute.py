@@ -17,7 +17,7 @@ def traced(fn, *examples: torch.Tensor) -> fx.GraphModule:  # type: ignore[no-un
 def recomputed(module: fx.GraphModule) -> dict[str, str]:
     """Each copy saved_less made: its op, by the forward node it copies."""
     return {
-        n.meta["graphamp_recomputed"].name: str(n.target)
+        n.meta["graphamp_recomputed"]: str(n.target)
         for n in module.graph.nodes
         if "graphamp_recomputed" in n.meta
     }
@@ -45,10 +45,12 @@ def test_a_product_of_held_values_is_computed_again_where_the_backward_reads_it(
     copies = recomputed(module)
     assert "aten.mul.Tensor" in copies.values(), copies
     order = {node: index for index, node in enumerate(module.graph.nodes)}
+    by_name = {node.name: node for node in module.graph.nodes}
     loss = module.graph.output_node().args[0][0]
     for node in module.graph.nodes:
-        original = node.meta.get("graphamp_recomputed")
-        if original is not None:
+        name = node.meta.get("graphamp_recomputed")
+        if name is not None:
+            original = by_name[name]
             assert order[node] > order[loss]  # in the backward
             assert all(order[u] <= order[loss] for u in original.users)  # forward reads only
     have = module(x, w, v)

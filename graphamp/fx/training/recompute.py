@@ -24,7 +24,7 @@ from torch import fx
 from graphamp.fx.training.in_place import recompiled
 from graphamp.fx.training.partition import forward_nodes
 
-_RECOMPUTED_META = "graphamp_recomputed"  # on a copy made in the backward: the forward's node
+_RECOMPUTED_META = "graphamp_recomputed"  # on a copy made in the backward: the forward node's name
 
 aten = torch.ops.aten
 # Ops cheap to run again: elementwise arithmetic, casts and copies, and views.
@@ -116,7 +116,7 @@ def saved_less(module: fx.GraphModule) -> int:
             mapping = dict(zip(node.all_input_nodes, args, strict=True))
             with graph.inserting_before(before):
                 made = graph.node_copy(node, mapping.__getitem__)
-            made.meta = {"val": node.meta.get("val"), _RECOMPUTED_META: node}
+            made.meta = {"val": node.meta.get("val"), _RECOMPUTED_META: node.name}
             copies[node] = made
         return copies[node]
 
@@ -132,10 +132,11 @@ def saved_less(module: fx.GraphModule) -> int:
 def as_traced(module: fx.GraphModule) -> fx.GraphModule:
     """``module`` with each value :func:`saved_less` computed again read from the forward."""
     graph, changed = module.graph, False
+    by_name = {node.name: node for node in graph.nodes}
     for node in reversed(list(graph.nodes)):
         original = node.meta.get(_RECOMPUTED_META)
         if original is not None:
-            node.replace_all_uses_with(original)
+            node.replace_all_uses_with(by_name[original])
             graph.erase_node(node)
             changed = True
     recompiled(module, int(changed))
