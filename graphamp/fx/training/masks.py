@@ -6,7 +6,7 @@ divided by the keep probability, and multiplied into the value; its backward mul
 gradient by the same scaled mask. The step's forward holds every such mask until the backward
 reads it: on BERT-base at batch 32 (sequence 128), 37 masks, 444 MiB of the step's peak
 (BENCHMARKS.md, History, issue 42). PyTorch's own fused dropout keeps a boolean mask (one byte
-an element) and multiplies by the scale after.
+an element) and multiplies by the scale after (traced on a GPU, dropout is that op already).
 
 :func:`as_bool` rewrites each such mask into that form with the same values: the mask drawn
 by ``bernoulli.p`` into a boolean tensor (torch's CPU kernel draws the same numbers for any
@@ -33,7 +33,8 @@ aten = torch.ops.aten
 
 def as_bool(module: fx.GraphModule) -> int:
     """Each dropout mask of ``module`` drawn as booleans (see the module docstring); how
-    many. A mask is rewritten when ``bernoulli.p`` draws it contiguous, one ``div`` by a
+    many. A mask is rewritten when ``bernoulli.p`` draws it contiguous on a CPU (the device
+    whose kernel was checked to draw the same numbers for a boolean tensor), one ``div`` by a
     number reads it, and every reader of that quotient multiplies it with a tensor of its own
     type (so the product's type is the value's either way)."""
     graph, made = module.graph, 0
@@ -110,6 +111,8 @@ def _scaled_mask(draw: fx.Node) -> fx.Node | None:
         return None
     value = draw.meta.get("val")
     if not isinstance(value, torch.Tensor) or not value.is_contiguous():
+        return None
+    if value.device.type != "cpu":  # the same numbers for any type: checked on a CPU only
         return None
     if not isinstance(draw.args[0], fx.Node) or len(draw.users) != 1:
         return None
