@@ -61,6 +61,8 @@ _INTO_FIRST_ON_CPU = {
         "grad_input",
     ),
 }
+_OUT_NAME = {out: name for out, name in _INTO_FIRST_ON_CPU.values()}  # out= op: its out name
+_INTO_OUT_OPS = frozenset(_OUT_NAME)
 _FUNCTIONAL_META = "graphamp_functional"  # on a node made in place: its original target
 # Ops whose schema declares a new tensor but which return a view of their input.
 _ALIASING_DESPITE_SCHEMA = frozenset(
@@ -189,9 +191,8 @@ def _update_chain(old: fx.Node, new: fx.Node) -> list[fx.Node] | None:
     chain: list[fx.Node] = []
     link = new
     while True:
-        if _in_place_target(link) not in IN_PLACE_OPS or not link.args:
-            return None
-        if not _same_layout(old, link):
+        target = _in_place_target(link)
+        if target not in IN_PLACE_OPS or not link.args or not _same_layout(old, link):
             return None
         chain.append(link)
         head = link.args[0]
@@ -302,10 +303,6 @@ def _aten_op(node: fx.Node) -> torch._ops.OpOverload | None:
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return None
     return node.target
-
-
-_INTO_OUT_OPS = frozenset(out for out, _ in _INTO_FIRST_ON_CPU.values())
-_OUT_NAME = {out: name for out, name in _INTO_FIRST_ON_CPU.values()}
 
 
 def _in_place_target(node: fx.Node) -> torch._ops.OpOverload | None:

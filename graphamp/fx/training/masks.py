@@ -72,10 +72,16 @@ def as_bool(module: fx.GraphModule) -> int:
 
 def as_scaled(module: fx.GraphModule) -> fx.GraphModule:
     """``module`` with each mask :func:`as_bool` rewrote drawn and scaled as traced again."""
-    graph, changed = module.graph, False
-    for mask in list(graph.nodes):
-        if _MASK_META not in mask.meta:
-            continue
+    graph = module.graph
+    # each product by a scale, by its mask: value * mask * scale (the value as it is now: a
+    # pass may have replaced it)
+    products: dict[fx.Node, list[tuple[fx.Node, fx.Node]]] = {}
+    for node in graph.nodes:
+        kept = node.args[0] if _PRODUCT_META in node.meta else None
+        if isinstance(kept, fx.Node) and isinstance(kept.args[1], fx.Node):
+            products.setdefault(kept.args[1], []).append((node, kept))
+    masks = [node for node in graph.nodes if _MASK_META in node.meta]
+    for mask in masks:
         mask_type, divisor = mask.meta.pop(_MASK_META)
         empty = mask.args[0]
         with graph.inserting_before(mask):
@@ -84,11 +90,7 @@ def as_scaled(module: fx.GraphModule) -> fx.GraphModule:
             )
             scaled = graph.call_function(aten.div.Scalar, (draw, divisor))
         draw.meta["val"] = scaled.meta["val"] = torch.empty_like(mask.meta["val"], dtype=mask_type)
-        for node in list(graph.nodes):
-            # value * mask * scale; (the value as it is now: a pass may have replaced it)
-            kept = node.args[0] if _PRODUCT_META in node.meta else None
-            if not isinstance(kept, fx.Node) or kept.args[1] is not mask:
-                continue
+        for node, kept in products.get(mask, []):
             first, value = node.meta.pop(_PRODUCT_META), kept.args[0]
             with graph.inserting_before(node):
                 operands = (scaled, value) if first else (value, scaled)
@@ -99,8 +101,7 @@ def as_scaled(module: fx.GraphModule) -> fx.GraphModule:
             graph.erase_node(kept)
         graph.erase_node(mask)
         graph.erase_node(empty)
-        changed = True
-    recompiled(module, int(changed))
+    recompiled(module, len(masks))
     return module
 
 

@@ -79,8 +79,8 @@ def saved_less(module: fx.GraphModule) -> int:
             if all(i in cheap or i in held or i in arguments for i in inputs):
                 cheap.add(node)
 
-    def first_read(node: fx.Node) -> int:
-        return min(order[u] for u in backward_readers(node))
+    def first_reader(node: fx.Node) -> fx.Node:
+        return min(backward_readers(node), key=order.__getitem__)
 
     def held_inputs(node: fx.Node) -> set[fx.Node]:
         """The values held anyway that ``node`` is computed from, through cheap ops."""
@@ -94,18 +94,15 @@ def saved_less(module: fx.GraphModule) -> int:
 
     # a value is computed again only where every value it is made from is still held (read
     # there or later), so that no value is held longer than before
-    recomputed = sorted(
-        (
-            node
-            for node in held & cheap
-            if not _view_of_held(node, held)
-            and all(
-                max(order[u] for u in backward_readers(value)) >= first_read(node)
-                for value in held_inputs(node)
-            )
-        ),
-        key=first_read,
-    )
+    recomputed = {
+        node
+        for node in held & cheap
+        if not _view_of_held(node, held)
+        and all(
+            max(order[u] for u in backward_readers(value)) >= order[first_reader(node)]
+            for value in held_inputs(node)
+        )
+    }
     copies: dict[fx.Node, fx.Node] = {}
 
     def copy(node: fx.Node, before: fx.Node) -> fx.Node:
@@ -120,11 +117,9 @@ def saved_less(module: fx.GraphModule) -> int:
             copies[node] = made
         return copies[node]
 
-    for node in recomputed:
-        readers = backward_readers(node)
-        first = min(readers, key=order.__getitem__)
-        made = copy(node, first)
-        for reader in readers:
+    for node in sorted(recomputed, key=lambda node: order[first_reader(node)]):
+        made = copy(node, first_reader(node))
+        for reader in backward_readers(node):
             reader.replace_input_with(node, made)
     return recompiled(module, len(recomputed))
 
