@@ -30,6 +30,23 @@ def optimizer(kind: str, model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
+def train_alike(steps: list[Any], batch: tuple[torch.Tensor, ...], count: int) -> None:
+    """``count`` steps of the eager step ``steps[0]`` and of ``steps[1]`` made functional
+    after its first (the form ``torch.compile`` is handed, run eagerly), each pair from one
+    seed (dropout draws alike): losses and parameters equal bit for bit."""
+    for seed in range(count):
+        losses = []
+        for step in steps:
+            torch.manual_seed(seed)
+            losses.append(step(*batch))
+        if seed == 0:
+            eager.for_compile(steps[1].graph)
+        assert torch.equal(*losses), seed
+    ours, functional = steps
+    for parameter, value in ours.params.items():
+        assert torch.equal(value, functional.params[parameter]), parameter
+
+
 @pytest.mark.parametrize(("name", "kind"), [("bert", "SGD"), ("gpt2", "AdamW")])
 def test_the_eager_graph_trains_as_the_functional_graph(name, kind):
     model = hf_model(name).train()  # dropout on: the same seed before each step draws alike
@@ -43,17 +60,8 @@ def test_the_eager_graph_trains_as_the_functional_graph(name, kind):
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(1, VOCAB, (2, 12), generator=generator)
     target = torch.randn(2, 64, generator=generator)
-    for seed in range(4):
-        losses = []
-        for step in steps:
-            torch.manual_seed(seed)
-            losses.append(step(ids, target))
-        if seed == 0:
-            eager.for_compile(steps[1].graph)  # type: ignore[arg-type]
-        assert torch.equal(*losses), seed
+    train_alike(steps, (ids, target), 4)
     ours, functional = steps
-    for parameter, value in ours.params.items():
-        assert torch.equal(value, functional.params[parameter]), parameter
     assert int(ours.skipped_steps) == int(functional.skipped_steps)
     # the eager graph did take the eager forms
     nodes = list(ours.graph.graph.nodes)  # type: ignore[union-attr]
@@ -95,17 +103,8 @@ def test_a_masked_language_model_step_holds_less_and_trains_the_same_bits():
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(1, VOCAB, (2, 12), generator=generator)
     labels = torch.randint(1, VOCAB, (2, 12), generator=generator)
-    for seed in range(3):
-        losses = []
-        for step in steps:
-            torch.manual_seed(seed)
-            losses.append(step(ids, labels))
-        if seed == 0:
-            eager.for_compile(steps[1].graph)  # type: ignore[arg-type]
-        assert torch.equal(*losses), seed
+    train_alike(steps, (ids, labels), 3)
     ours, functional = steps
-    for parameter, value in ours.params.items():
-        assert torch.equal(value, functional.params[parameter]), parameter
     nodes = list(ours.graph.graph.nodes)  # type: ignore[union-attr]
     draws = [n for n in nodes if bindings.overload(n) is torch.ops.aten.bernoulli.p]
     assert draws and all(n.meta["val"].dtype == torch.bool for n in draws)
