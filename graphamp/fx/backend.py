@@ -7,7 +7,9 @@ For each graph Dynamo captures (parameters and buffers are its inputs), the back
 
 1. traces it into the aten ops of torch.export's training IR (``make_fx`` before autograd,
    on fake inputs of Dynamo's shapes, symbolic ones included), keeping each node's module
-   path so name rules and plan names work as with :func:`graphamp.fx.convert`;
+   path so name rules and plan names work as with :func:`graphamp.fx.convert`, and attention
+   masks that mask nothing dropped as a capture drops them
+   (:mod:`graphamp.fx.dialect.attention`);
 2. runs the same passes as ``convert`` on it (float32 parameters cast at use, as autocast and
    ``weights="master"`` do) and applies the plan: explicit ``aten._to_copy`` casts, those of
    parameters and inputs just before their first reader, as autocast casts;
@@ -31,6 +33,7 @@ from torch import fx
 from graphamp import engine
 from graphamp.errors import GraphampError
 from graphamp.fx.conversion import fx_policy
+from graphamp.fx.dialect.attention import drop_all_true_masks
 from graphamp.fx.dialect.plugin import FxDialect
 from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
@@ -143,6 +146,7 @@ def trace(graph: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModul
                 key: (module_path(path), kind) for key, (path, kind) in stack.items()
             }
     traced.recompile()
+    drop_all_true_masks(traced)
     return traced
 
 

@@ -29,6 +29,7 @@ import torch
 from torch import fx, nn
 
 from graphamp.errors import GraphampError
+from graphamp.fx.dialect.attention import drop_all_true_masks
 
 STATIC = "static"
 _TORCH = str(Path(torch.__file__).parent)
@@ -84,6 +85,7 @@ def capture(
             f"expected an nn.Module, GraphModule or ExportedProgram, got {type(model).__name__}"
         )
     module = program.module()
+    drop_all_true_masks(module)
     args, kwargs = program.example_inputs or ((), {})
     batches: list[str] = []
     if isinstance(model, nn.Module):

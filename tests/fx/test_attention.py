@@ -1,0 +1,114 @@
+"""Attention masks that mask nothing are dropped from captured graphs, and only those."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import graphamp.fx as gfx
+from graphamp.fx.dialect.attention import drop_all_true_masks
+from graphamp.fx.dialect.capture import capture
+from tests.hf_models import VOCAB, hf_model
+
+SDPA = torch.ops.aten.scaled_dot_product_attention.default
+
+
+class Attention(nn.Module):
+    """Self-attention whose mask ``make_mask(x)`` builds; ``x`` is [batch, heads, n, 16]."""
+
+    def __init__(self, make_mask):
+        super().__init__()
+        self.make_mask = make_mask
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.proj(x)
+        return F.scaled_dot_product_attention(q, x, x, attn_mask=self.make_mask(x))
+
+
+def padding_style(x: torch.Tensor) -> torch.Tensor:
+    """As transformers builds a mask with no padding while traced: positions >= 0."""
+    n = x.shape[2]
+    return (torch.arange(n) + 0 >= 0)[None, None, None, :].expand(x.shape[0], 1, n, n)
+
+
+def masks_read(module: torch.fx.GraphModule) -> list[object]:
+    nodes = [n for n in module.graph.nodes if n.target is SDPA]
+    assert nodes, "the graph holds no attention"
+    return [n.kwargs.get("attn_mask", n.args[3] if len(n.args) > 3 else None) for n in nodes]
+
+
+def x_of(batch: int = 2, n: int = 8) -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randn(batch, 2, n, 16)
+
+
+@pytest.mark.parametrize(
+    "make_mask",
+    [
+        padding_style,
+        lambda x: torch.ones(x.shape[2], x.shape[2], dtype=torch.bool),
+        lambda x: torch.zeros(1, 1, x.shape[2], x.shape[2]),  # an additive mask of zeros
+        lambda x: torch.full((x.shape[2],), True).unsqueeze(0).transpose(0, 1),
+    ],
+    ids=["arange", "ones", "float-zeros", "transposed"],
+)
+def test_a_constant_mask_that_masks_nothing_is_dropped_and_the_output_kept(make_mask):
+    model, x = Attention(make_mask).eval(), x_of()
+    module = capture(model, (x,))
+    assert masks_read(module) == [None]
+    assert not [n for n in module.graph.nodes if n.target is torch.ops.aten.arange.default]
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), model(x), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(module(x_of(batch=5)), model(x_of(batch=5)))  # any batch
+
+
+@pytest.mark.parametrize(
+    "make_mask",
+    [
+        lambda x: torch.ones(x.shape[2], x.shape[2], dtype=torch.bool).tril(),  # causal
+        lambda x: (torch.arange(x.shape[2]) < x.shape[2] - 1).expand(x.shape[2], -1),  # one masked
+        lambda x: torch.full((x.shape[2], x.shape[2]), -1.0),  # adds to every score: not nothing
+        lambda x: x[:, :1, :, :1] > -100.0,  # from the input: values unknown when traced
+        lambda x: torch.rand(x.shape[2], x.shape[2]) >= 0.0,  # all true, but drawn: not a constant
+    ],
+    ids=["causal", "one-masked", "float-nonzero", "from-input", "random"],
+)
+def test_a_mask_that_masks_something_or_is_not_constant_is_kept(make_mask):
+    module = capture(Attention(make_mask).eval(), (x_of(),))
+    assert all(isinstance(mask, torch.fx.Node) for mask in masks_read(module))
+    assert drop_all_true_masks(module) == []
+
+
+def test_hugging_face_bert_without_padding_attends_without_a_mask_with_padding_with_one():
+    model = hf_model("bert")
+    torch.manual_seed(0)
+    ids = torch.randint(0, VOCAB, (2, 12))
+    unpadded, _ = gfx.convert(model, (ids,), dtype="bfloat16")
+    assert masks_read(unpadded) == [None, None]
+    padding = torch.ones(2, 12, dtype=torch.long)
+    padding[1, 9:] = 0
+    padded, _ = gfx.convert(
+        model, (ids,), example_kwargs={"attention_mask": padding}, dtype="bfloat16"
+    )
+    assert all(isinstance(mask, torch.fx.Node) for mask in masks_read(padded))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = model(ids).last_hidden_state
+    ours = unpadded(ids).last_hidden_state
+    assert (ours - reference).abs().max() <= 2e-2 * reference.abs().max()
+
+
+def test_the_compile_backend_drops_such_masks_too():
+    model = Attention(padding_style)
+    backend = gfx.backend(dtype="bfloat16", inner="aot_eager")
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    x = x_of()
+    output = compiled(x)
+    (plan,) = backend.plans
+    assert not [name for name in plan.nodes if "arange" in name or name.endswith("/ge")]
+    assert any(name.endswith("scaled_dot_product_attention") for name in plan.nodes)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = model(x)
+    torch.testing.assert_close(output, reference, rtol=2e-2, atol=2e-2)
