@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from graphamp.fx import DynamicLossScaling, train_step
-from graphamp.fx.training import bindings, eager
+from graphamp.fx.training import bindings, eager, masks, recompute
 from graphamp.fx.training.foreach import each_in_place, updates_unless
 from tests.hf_models import VOCAB, hf_model
 
@@ -74,12 +74,13 @@ def test_the_eager_graph_trains_as_the_functional_graph(name, kind):
     assert len(bound) > len(aten) / 2, (len(bound), len(aten))
 
 
-def test_a_masked_language_model_step_holds_less_and_trains_the_same_bits():
+def test_a_masked_language_model_step_holds_less_and_trains_the_same_bits(monkeypatch):
     """BERT with its masked-language-model head, bfloat16, AdamW, dropout on, the loss over
     the whole vocabulary: the eager graph holds its dropout masks as booleans, computes the
     dropout products again in the backward, and writes the
     log-softmax's backward into its incoming gradient; parameters stay bit for bit those of
-    the functional graph."""
+    the graph as traced (the twin is captured without the masks' and the recomputation's
+    passes, which the form ``torch.compile`` is handed keeps)."""
     import transformers
 
     config = transformers.BertConfig(
@@ -103,6 +104,15 @@ def test_a_masked_language_model_step_holds_less_and_trains_the_same_bits():
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(1, VOCAB, (2, 12), generator=generator)
     labels = torch.randint(1, VOCAB, (2, 12), generator=generator)
+    torch.manual_seed(7)
+    first = steps[0](ids, labels)
+    with monkeypatch.context() as passes:
+        passes.setattr(masks, "as_bool", lambda module: 0)
+        passes.setattr(recompute, "saved_less", lambda module: 0)
+        torch.manual_seed(7)
+        assert torch.equal(steps[1](ids, labels), first)  # the twin captured as traced
+    twin_nodes = list(steps[1].graph.graph.nodes)
+    assert not any("graphamp_recomputed" in n.meta for n in twin_nodes)
     train_alike(steps, (ids, labels), 3)
     ours, functional = steps
     nodes = list(ours.graph.graph.nodes)  # type: ignore[union-attr]

@@ -1,5 +1,5 @@
 """graphamp.fx.training.masks: dropout masks held as booleans compute the traced values bit
-for bit, and ``torch.compile`` gets the traced form back."""
+for bit, and a compiled step draws them with ``rand`` and holds them as booleans."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from graphamp.fx.training import masks
+from graphamp.fx.training import masks, partition
 
 
 def dropout_step(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,17 +51,21 @@ def test_boolean_masks_compute_the_traced_values_and_draw_the_same_numbers(dtype
     for a, b in zip(want, have, strict=True):
         assert torch.equal(a.view(bits), b.view(bits))  # -0.0 and NaN included
 
-    masks.as_scaled(module)
-    assert "aten.div.Scalar" in ops(module)
-    assert all(
-        n.meta["val"].dtype == dtype
-        for n in module.graph.nodes
-        if n.target is torch.ops.aten.bernoulli.p
-    )
-    torch.manual_seed(5)
-    again = module(x, w)
-    for a, b in zip(want, again, strict=True):
-        assert torch.equal(a.view(bits), b.view(bits))
+
+def test_a_compiled_step_draws_the_boolean_masks_with_rand_and_holds_them_as_they_are():
+    x, w = torch.randn(64, 33), torch.randn(64, 33)
+    module = traced(dropout_step, x, w)
+    masks.as_bool(module)
+    assert partition.random_masks(module) == 4
+    compared = [n for n in module.graph.nodes if n.target is torch.ops.aten.lt.Scalar]
+    assert len(compared) == 4 and all(n.meta["val"].dtype == torch.bool for n in compared)
+    # each boolean mask read as it is (one byte an element held), not copied into a type
+    assert "aten._to_copy.default" not in ops(module)
+    assert all(u.target is torch.ops.aten.mul.Tensor for n in compared for u in n.users)
+    torch.manual_seed(0)
+    grad, value = module(x, w)
+    kept = (grad != 0).float().mean()  # kept by both masks: 0.75 * 0.9 of the elements
+    assert 0.6 < float(kept) < 0.75 and torch.isfinite(value).all()
 
 
 def scaled_mask(x: torch.Tensor) -> torch.Tensor:

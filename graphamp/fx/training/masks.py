@@ -14,8 +14,8 @@ type of the same shape and layout, and leaves the generator where it leaves it),
 ``mul(x, mask / p)`` as ``mul(mul(x, mask), s)``, ``s`` the scaled mask's one non-zero value
 as the division computed it in the mask's type: ``x * 1 = x`` and ``x * 0 = x * 0.0`` are
 exact, so each product rounds once, at the same place, as before (signed zeros, inf * 0 = NaN
-included). ``torch.compile`` gets the traced form back (:func:`as_scaled`): inductor draws its
-own masks (``partition.random_masks``).
+included). A compiled step keeps this form: inductor draws each boolean mask itself
+(``partition.random_masks``) and holds it, not a scaled copy, for the backward.
 """
 
 from __future__ import annotations
@@ -24,9 +24,6 @@ import torch
 from torch import fx
 
 from graphamp.fx.training.in_place import recompiled
-
-_MASK_META = "graphamp_scaled_mask"  # on a boolean mask: (its type, the divisor) as traced
-_PRODUCT_META = "graphamp_masked"  # on a product by the scale: whether the mask came first
 
 aten = torch.ops.aten
 
@@ -42,9 +39,9 @@ def as_bool(module: fx.GraphModule) -> int:
         scaled = _scaled_mask(draw)
         if scaled is None:
             continue
-        mask_type, divisor = draw.meta["val"].dtype, scaled.args[1]
+        divisor = scaled.args[1]
         assert isinstance(divisor, (int, float))  # (_scaled_mask checked it)
-        scale = torch.div(torch.ones((), dtype=mask_type), divisor).item()
+        scale = torch.div(torch.ones((), dtype=draw.meta["val"].dtype), divisor).item()
         with graph.inserting_before(draw):
             empty = graph.call_function(
                 aten.empty_like.default,
@@ -53,56 +50,18 @@ def as_bool(module: fx.GraphModule) -> int:
             )
             mask = graph.call_function(aten.bernoulli.p, (empty, *draw.args[1:]), draw.kwargs)
         empty.meta["val"] = mask.meta["val"] = torch.empty_like(draw.meta["val"], dtype=torch.bool)
-        mask.meta[_MASK_META] = (mask_type, divisor)
         for product in list(scaled.users):
-            first = product.args[0] is scaled
-            value = product.args[1] if first else product.args[0]
+            value = product.args[1] if product.args[0] is scaled else product.args[0]
             with graph.inserting_before(product):
                 kept = graph.call_function(aten.mul.Tensor, (value, mask))
                 scaled_product = graph.call_function(aten.mul.Tensor, (kept, scale))
             kept.meta["val"] = scaled_product.meta["val"] = product.meta["val"]
-            scaled_product.meta[_PRODUCT_META] = first
             product.replace_all_uses_with(scaled_product)
             graph.erase_node(product)
         graph.erase_node(scaled)
         graph.erase_node(draw)
         made += 1
     return recompiled(module, made)
-
-
-def as_scaled(module: fx.GraphModule) -> fx.GraphModule:
-    """``module`` with each mask :func:`as_bool` rewrote drawn and scaled as traced again."""
-    graph = module.graph
-    # each product by a scale, by its mask: value * mask * scale (the value as it is now: a
-    # pass may have replaced it)
-    products: dict[fx.Node, list[tuple[fx.Node, fx.Node]]] = {}
-    for node in graph.nodes:
-        kept = node.args[0] if _PRODUCT_META in node.meta else None
-        if isinstance(kept, fx.Node) and isinstance(kept.args[1], fx.Node):
-            products.setdefault(kept.args[1], []).append((node, kept))
-    masks = [node for node in graph.nodes if _MASK_META in node.meta]
-    for mask in masks:
-        mask_type, divisor = mask.meta.pop(_MASK_META)
-        empty = mask.args[0]
-        with graph.inserting_before(mask):
-            draw = graph.call_function(
-                aten.bernoulli.p, (empty.args[0], *mask.args[1:]), mask.kwargs
-            )
-            scaled = graph.call_function(aten.div.Scalar, (draw, divisor))
-        draw.meta["val"] = scaled.meta["val"] = torch.empty_like(mask.meta["val"], dtype=mask_type)
-        for node, kept in products.get(mask, []):
-            first, value = node.meta.pop(_PRODUCT_META), kept.args[0]
-            with graph.inserting_before(node):
-                operands = (scaled, value) if first else (value, scaled)
-                product = graph.call_function(aten.mul.Tensor, operands)
-            product.meta["val"] = node.meta["val"]
-            node.replace_all_uses_with(product)
-            graph.erase_node(node)
-            graph.erase_node(kept)
-        graph.erase_node(mask)
-        graph.erase_node(empty)
-    recompiled(module, len(masks))
-    return module
 
 
 def _scaled_mask(draw: fx.Node) -> fx.Node | None:

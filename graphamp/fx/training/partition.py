@@ -228,7 +228,8 @@ def max_pool_offsets(module: fx.GraphModule) -> int:
 
 def random_masks(module: fx.GraphModule) -> int:
     """Each ``bernoulli.p(x, p)`` in ``module`` (a dropout's mask: ``x`` is only a shape) as
-    ``rand(shape) < p`` in ``x``'s type; how many were rewritten. On a CPU inductor runs
+    ``rand(shape) < p`` in ``x``'s type (boolean: :mod:`graphamp.fx.training.masks`); how
+    many were rewritten. On a CPU inductor runs
     ``bernoulli.p`` as an eager kernel writing into a copy of ``x``, and in a forward graph
     compiled alone (torch 2.13) it fused the mask's users into the kernel that made that copy,
     ahead of the write: every dropout multiplied by ``x``'s contents (zeros for the traced
@@ -250,9 +251,11 @@ def random_masks(module: fx.GraphModule) -> int:
                 {"dtype": torch.float32, "device": value.device, "pin_memory": False},
             )
             kept = graph.call_function(torch.ops.aten.lt.Scalar, (uniform, probability))
-            mask = graph.call_function(
-                torch.ops.aten._to_copy.default, (kept,), {"dtype": value.dtype}
-            )
+            mask = kept
+            if value.dtype != torch.bool:  # a mask in its value's type (not masks.as_bool's)
+                mask = graph.call_function(
+                    torch.ops.aten._to_copy.default, (kept,), {"dtype": value.dtype}
+                )
         uniform.meta["val"] = torch.empty_like(value, dtype=torch.float32)
         kept.meta["val"] = torch.empty_like(value, dtype=torch.bool)
         mask.meta["val"] = value

@@ -12,8 +12,9 @@ History, issue 42). The ops are deterministic and read the same operands, so the
 the same; the price is one elementwise pass per value, which AOTAutograd's partitioner pays
 for the same values (it recomputes cheap ops rather than saving them). A value computed from
 the step's arguments alone (a weight's cast to the low type) stays held: computing those
-again cost more time than the memory was worth. ``torch.compile``
-gets the graph back as traced (:func:`as_traced`): inductor plans its own buffers.
+again cost more time than the memory was worth. A compiled step keeps the copies: inductor,
+given the step as one graph, holds what the graph holds (it recomputes only in a graph it
+differentiates itself), and fuses each copy into the backward kernel that reads it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from graphamp.fx.training.in_place import recompiled
 from graphamp.fx.training.partition import forward_nodes
 
 _RECOMPUTED_META = "graphamp_recomputed"  # on a copy made in the backward: the forward node's name
+# (read by no pass: it says where a node of the graph comes from)
 
 aten = torch.ops.aten
 # Ops cheap to run again: elementwise arithmetic, casts and copies, and views.
@@ -122,20 +124,6 @@ def saved_less(module: fx.GraphModule) -> int:
         for reader in backward_readers(node):
             reader.replace_input_with(node, made)
     return recompiled(module, len(recomputed))
-
-
-def as_traced(module: fx.GraphModule) -> fx.GraphModule:
-    """``module`` with each value :func:`saved_less` computed again read from the forward."""
-    graph, changed = module.graph, False
-    by_name = {node.name: node for node in graph.nodes}
-    for node in reversed(list(graph.nodes)):
-        original = node.meta.get(_RECOMPUTED_META)
-        if original is not None:
-            node.replace_all_uses_with(by_name[original])
-            graph.erase_node(node)
-            changed = True
-    recompiled(module, int(changed))
-    return module
 
 
 def _view_of_held(node: fx.Node, held: set[fx.Node]) -> bool:
