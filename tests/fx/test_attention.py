@@ -40,6 +40,13 @@ def masks_read(module: torch.fx.GraphModule) -> list[object]:
     return [n.kwargs.get("attn_mask", n.args[3] if len(n.args) > 3 else None) for n in nodes]
 
 
+def written_after(x: torch.Tensor) -> torch.Tensor:
+    """All true as built, then one row written in place (a ``fill_`` of a slice)."""
+    mask = torch.ones(x.shape[2], x.shape[2], dtype=torch.bool)
+    mask[0, 1:] = False
+    return mask
+
+
 def x_of(batch: int = 2, n: int = 8) -> torch.Tensor:
     torch.manual_seed(0)
     return torch.randn(batch, 2, n, 16)
@@ -73,13 +80,17 @@ def test_a_constant_mask_that_masks_nothing_is_dropped_and_the_output_kept(make_
         lambda x: torch.full((x.shape[2], x.shape[2]), -1.0),  # adds to every score: not nothing
         lambda x: x[:, :1, :, :1] > -100.0,  # from the input: values unknown when traced
         lambda x: torch.rand(x.shape[2], x.shape[2]) >= 0.0,  # all true, but drawn: not a constant
+        written_after,
     ],
-    ids=["causal", "one-masked", "float-nonzero", "from-input", "random"],
+    ids=["causal", "one-masked", "float-nonzero", "from-input", "random", "written-after"],
 )
 def test_a_mask_that_masks_something_or_is_not_constant_is_kept(make_mask):
-    module = capture(Attention(make_mask).eval(), (x_of(),))
+    model, x = Attention(make_mask).eval(), x_of()
+    module = capture(model, (x,))
     assert all(isinstance(mask, torch.fx.Node) for mask in masks_read(module))
     assert drop_all_true_masks(module) == []
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), model(x))
 
 
 def test_hugging_face_bert_without_padding_attends_without_a_mask_with_padding_with_one():

@@ -8,10 +8,10 @@ the dispatcher pass over the kernels that take none: on a GPU, flash attention, 
 autocast runs for the same model; on a CPU the masked kernel adds it to every score.
 
 :func:`drop_all_true_masks` finds each attention mask computed from constants alone (no input,
-parameter or buffer, no random op, no symbolic size), evaluates it, and where it masks nothing
-(a boolean mask all true, a float mask all zero: each score is kept, or has 0.0 added) passes
-``None`` instead and erases the nodes only the mask read. Attention then computes what it
-computed with the mask, as the eager model does.
+parameter or buffer, no random op, no symbolic size, nothing written in place), evaluates it,
+and where it masks nothing (a boolean mask all true, a float mask all zero: each score is kept,
+or has 0.0 added) passes ``None`` instead and erases the nodes only the mask read. Attention
+then computes what it computed with the mask, as the eager model does.
 """
 
 from __future__ import annotations
@@ -84,9 +84,12 @@ def _set_mask(node: fx.Node, mask: fx.Node | None) -> None:
 def _masks_nothing(mask: fx.Node) -> bool:
     """Whether ``mask`` is computed from constants alone and is all true (boolean) or all
     zero (float)."""
-    source = mask
+    source, layout = mask, [mask]
     while _op_name(source) in _LAYOUT_OPS and isinstance(source.args[0], fx.Node):
         source = source.args[0]
+        layout.append(source)
+    if any(_written(node) for node in layout):
+        return False
     value = _constant(source)
     if value is None:
         return False
@@ -134,7 +137,7 @@ def _ancestors(node: fx.Node) -> list[fx.Node] | None:
             continue
         if each.op != "call_function" or not isinstance(each.target, torch._ops.OpOverload):
             return None
-        if torch.Tag.nondeterministic_seeded in each.target.tags:
+        if torch.Tag.nondeterministic_seeded in each.target.tags or _written(each):
             return None
         known = each.meta.get("val")
         if isinstance(known, torch.Tensor) and not _static(known):
@@ -144,6 +147,33 @@ def _ancestors(node: fx.Node) -> list[fx.Node] | None:
         seen.add(each)
         stack.extend(each.all_input_nodes)
     return [n for n in node.graph.nodes if n in seen]
+
+
+def _written(node: fx.Node) -> bool:
+    """Whether an op writes ``node``'s value in place, itself or through a view of it (the
+    training IR keeps in-place ops: ``mask[0, 1:] = False`` is a ``fill_`` of a slice, after
+    which the mask is not what its own node computes). A reader that is not an aten op counts
+    as a writer: what it does is not known."""
+    stack = [node]
+    while stack:
+        each = stack.pop()
+        if _mutates(each):
+            return True
+        for reader in each.users:
+            if reader.target is _ATTENTION:
+                continue
+            if reader.op != "call_function" or not isinstance(reader.target, torch._ops.OpOverload):
+                return True
+            if _mutates(reader):
+                return True
+            if any(r.alias_info is not None for r in reader.target._schema.returns):
+                stack.append(reader)  # a view: a write into it writes the value
+    return False
+
+
+def _mutates(node: fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
 
 
 def _flat_args(node: fx.Node) -> list[object]:
