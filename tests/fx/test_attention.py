@@ -93,6 +93,18 @@ def test_a_mask_that_masks_something_or_is_not_constant_is_kept(make_mask):
         torch.testing.assert_close(module(x), model(x))
 
 
+def test_a_mask_this_check_cannot_evaluate_is_kept_and_the_capture_goes_on():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    eye = graph.call_function(torch.ops.aten.eye.default, (4,), {"dtype": torch.bool})
+    failing = graph.call_function(torch.ops.aten.cholesky.default, (eye,))  # not for booleans
+    eye.meta["val"] = failing.meta["val"] = torch.ones(4, 4, dtype=torch.bool)
+    graph.output(graph.call_function(SDPA, (x, x, x, failing)))
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert drop_all_true_masks(module) == []
+    assert masks_read(module) == [failing]
+
+
 def test_hugging_face_bert_without_padding_attends_without_a_mask_with_padding_with_one():
     model = hf_model("bert")
     torch.manual_seed(0)

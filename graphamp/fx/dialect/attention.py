@@ -45,7 +45,8 @@ _LAYOUT_OPS = frozenset(
         "view",
     }
 )
-# The largest constant mask evaluated to check it (elements): a sequence of 4096 squared.
+# The largest constant mask (or value it is made from) evaluated to check it, in elements: a
+# sequence of 4096 squared.
 _MAX_ELEMENTS = 1 << 24
 
 
@@ -117,7 +118,10 @@ def _constant(node: fx.Node) -> torch.Tensor | None:
         kwargs = dict(fx.node.map_aggregate(each.kwargs, lambda a: _value(a, values)))
         if "device" in kwargs:  # evaluated where it costs nothing to (a trace's may be fake)
             kwargs["device"] = "cpu"
-        values[each] = op(*args, **kwargs)
+        try:
+            values[each] = op(*args, **kwargs)
+        except Exception:  # an op this evaluation cannot run (a device's own): not proven
+            return None
     value = values[node]
     return value if isinstance(value, torch.Tensor) else None
 
@@ -140,7 +144,9 @@ def _ancestors(node: fx.Node) -> list[fx.Node] | None:
         if torch.Tag.nondeterministic_seeded in each.target.tags or _written(each):
             return None
         known = each.meta.get("val")
-        if isinstance(known, torch.Tensor) and not _static(known):
+        if isinstance(known, torch.Tensor) and (
+            not _static(known) or known.numel() > _MAX_ELEMENTS
+        ):
             return None
         if any(isinstance(a, torch.SymInt) for a in _flat_args(each)):
             return None
