@@ -132,7 +132,8 @@ def _value(arg: Any, values: dict[fx.Node, Any]) -> Any:
 
 def _ancestors(node: fx.Node) -> list[fx.Node] | None:
     """``node`` and the nodes it is computed from, in graph order; None where one of them
-    reads an input, a parameter or buffer, draws random numbers or has a symbolic size."""
+    reads an input, a parameter or buffer, draws random numbers, is written in place, or has
+    a symbolic size or more elements than this check evaluates."""
     seen: set[fx.Node] = set()
     stack = [node]
     while stack:
