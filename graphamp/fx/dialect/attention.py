@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from graphamp.fx.dialect.ops import op_name
+
 log = logging.getLogger("graphamp")
 
 _ATTENTION = torch.ops.aten.scaled_dot_product_attention.default
@@ -54,11 +56,16 @@ def drop_all_true_masks(module: fx.GraphModule) -> list[str]:
     """Pass no mask to each ``scaled_dot_product_attention`` in ``module`` whose mask is a
     constant that masks nothing (see the module docstring); the attention nodes changed."""
     changed = []
+    verdicts: dict[fx.Node, bool] = {}  # one mask is often read by every layer's attention
     for node in list(module.graph.nodes):
         if node.op != "call_function" or node.target is not _ATTENTION:
             continue
         mask = _mask_of(node)
-        if isinstance(mask, fx.Node) and _masks_nothing(mask):
+        if not isinstance(mask, fx.Node):
+            continue
+        if mask not in verdicts:
+            verdicts[mask] = _masks_nothing(mask)
+        if verdicts[mask]:
             _set_mask(node, None)
             _erase_unread(mask)
             changed.append(node.name)
@@ -86,7 +93,11 @@ def _masks_nothing(mask: fx.Node) -> bool:
     """Whether ``mask`` is computed from constants alone and is all true (boolean) or all
     zero (float)."""
     source, layout = mask, [mask]
-    while _op_name(source) in _LAYOUT_OPS and isinstance(source.args[0], fx.Node):
+    while (
+        source.op == "call_function"
+        and op_name(source) in _LAYOUT_OPS
+        and isinstance(source.args[0], fx.Node)
+    ):
         source = source.args[0]
         layout.append(source)
     if any(_written(node) for node in layout):
@@ -191,13 +202,6 @@ def _flat_args(node: fx.Node) -> list[object]:
 
 def _static(value: torch.Tensor) -> bool:
     return all(isinstance(size, int) for size in value.shape)
-
-
-def _op_name(node: fx.Node) -> str:
-    target = node.target
-    if node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
-        return target.overloadpacket.__name__
-    return ""
 
 
 def _erase_unread(node: fx.Node) -> None:
