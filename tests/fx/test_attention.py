@@ -135,3 +135,81 @@ def test_the_compile_backend_drops_such_masks_too():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         reference = model(x)
     torch.testing.assert_close(output, reference, rtol=2e-2, atol=2e-2)
+
+
+class AddedMask(nn.Module):
+    """Attention as transformers' "eager" implementation computes it: scores, ``make_mask(x)``
+    added, softmax (then ``reader`` of the sum, the softmax by default)."""
+
+    def __init__(self, make_mask, reader=None):
+        super().__init__()
+        self.make_mask, self.reader = make_mask, reader
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.proj(x) @ x.transpose(-1, -2) * 0.25
+        total = scores + self.make_mask(x)
+        if self.reader is not None:
+            return self.reader(total)
+        return torch.softmax(total, dim=-1) @ x
+
+
+def adds(module: torch.fx.GraphModule) -> int:
+    return sum(n.target is torch.ops.aten.add.Tensor for n in module.graph.nodes)
+
+
+def test_a_zero_mask_added_to_scores_only_a_softmax_reads_is_dropped_with_the_same_values():
+    def float_padding(x: torch.Tensor) -> torch.Tensor:  # as transformers builds it, traced
+        keep = padding_style(x)  # expanded to the (symbolic) batch
+        return torch.where(keep, torch.zeros(()), torch.full((), torch.finfo(x.dtype).min))
+
+    model, x = AddedMask(float_padding).eval(), x_of()
+    x[0, 0, 0, :] = 0.0  # scores of -0.0 and +0.0, which the add would make +0.0
+    x[0, 0, 1, :] = -0.0
+    module = capture(model, (x,))
+    assert adds(module) == 0  # the linear's bias is in addmm; the mask's add is gone
+    assert not [n for n in module.graph.nodes if n.target is torch.ops.aten.where.self]
+    with torch.no_grad():
+        assert torch.equal(module(x), model(x))
+        assert torch.equal(module(x_of(batch=5)), model(x_of(batch=5)))
+
+
+@pytest.mark.parametrize(
+    "make_mask, reader",
+    [
+        (lambda x: torch.zeros(1, 1, x.shape[2], x.shape[2]), lambda total: total.sign()),
+        (lambda x: torch.full((x.shape[2], x.shape[2]), -1.0), None),  # adds: not nothing
+        (lambda x: torch.zeros(3, 1, 1, x.shape[2], x.shape[2]), None),  # widens the scores
+        (
+            lambda x: torch.where(
+                torch.ones(x.shape[2], x.shape[2], dtype=torch.bool).tril(),
+                torch.zeros(()),
+                torch.full((), -1e9),
+            ),
+            None,
+        ),  # causal, as transformers writes a float mask
+    ],
+    ids=["read-by-sign", "float-nonzero", "broadcast-wider", "float-causal"],
+)
+def test_an_added_mask_that_changes_something_or_is_read_otherwise_is_kept(make_mask, reader):
+    model, x = AddedMask(make_mask, reader).eval(), x_of()
+    module = capture(model, (x,))
+    assert adds(module) == 1
+    with torch.no_grad():
+        assert torch.equal(module(x), model(x))
+
+
+def test_hugging_face_bert_eager_attention_adds_no_mask_of_zeros():
+    model = hf_model("bert")
+    model.config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    ids = torch.randint(0, VOCAB, (2, 12))
+    module = capture(model, (ids,))
+    softmaxes = [n for n in module.graph.nodes if n.target is torch.ops.aten.softmax.int]
+    assert len(softmaxes) == 2 and all(
+        s.args[0].target is not torch.ops.aten.add.Tensor for s in softmaxes
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(
+            module(ids).last_hidden_state, model(ids).last_hidden_state, rtol=1e-5, atol=1e-5
+        )
