@@ -87,3 +87,48 @@ def test_a_mask_read_other_than_by_a_product_of_its_type_is_left_as_traced():
     assert masks.as_bool(traced(plain, x, x)) == 1
     assert masks.as_bool(traced(summed, x, x)) == 0
     assert masks.as_bool(traced(promoted, x, x.bfloat16())) == 0
+
+
+def fused_dropout_step(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """As :func:`dropout_step` with dropout as a GPU traces it: ``native_dropout``, whose
+    traced backward widens, scales and multiplies the mask."""
+
+    def loss(weight: torch.Tensor) -> torch.Tensor:
+        hidden = torch.native_dropout(x * weight, 0.25, True)[0]
+        return (torch.native_dropout(hidden, 0.1, True)[0] ** 2).sum()
+
+    value = loss(w)
+    return torch.func.grad(loss)(w), value
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_dropout_backward_runs_as_one_kernel_with_the_traced_values(dtype):
+    x = torch.randn(64, 33).to(dtype)
+    x[0, :4] = torch.tensor([-1.0, float("inf"), float("-inf"), float("nan")]).to(dtype)
+    x[1, :2] = torch.tensor([0.0, -0.0]).to(dtype)
+    w = torch.randn(64, 33).to(dtype)
+    module = traced(fused_dropout_step, x, w)
+    assert "aten.native_dropout_backward.default" not in ops(module)
+    scalings = ops(module).count("aten.mul.Scalar")
+    torch.manual_seed(5)
+    want = module(x, w)
+    assert masks.fused_backward(module) == 2  # one product per dropout's backward
+    assert ops(module).count("aten.native_dropout_backward.default") == 2
+    casts = [n for n in module.graph.nodes if n.target is torch.ops.aten._to_copy.default]
+    assert not [n for n in casts if n.args[0].meta["val"].dtype == torch.bool]  # none widened
+    assert ops(module).count("aten.mul.Scalar") == scalings - 2  # nor scaled
+    torch.manual_seed(5)
+    have = module(x, w)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    for a, b in zip(want, have, strict=True):
+        assert torch.equal(a.view(bits), b.view(bits))  # -0.0 and NaN included
+
+
+def test_a_widened_mask_read_by_a_broadcasting_product_is_left_as_traced():
+    def step(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return x * (mask.to(x.dtype) * 2.0)  # x is wider than the mask: not a dropout's
+
+    module = traced(step, torch.randn(4, 8), torch.rand(8) < 0.5)
+    before = ops(module)
+    assert masks.fused_backward(module) == 0
+    assert ops(module) == before

@@ -3,7 +3,9 @@ takes.
 
 The captured graph is functional aten ops. An eager step runs it op by op from Python, so the
 passes here make it cheaper to run without changing a value: dropout masks are held as
-booleans (:mod:`graphamp.fx.training.masks`), forward values one cheap op away from values
+booleans and a dropout's backward is one kernel (:mod:`graphamp.fx.training.masks`), on CUDA
+a float16 softmax in float32 is one kernel each way (:mod:`graphamp.fx.training.softmax_casts`),
+forward values one cheap op away from values
 the backward reads anyway are computed again there instead of held
 (:mod:`graphamp.fx.training.recompute`), on a CPU Adam's last formula is
 the one ``addcdiv`` torch.optim calls (:mod:`graphamp.fx.training.step_size`), elementwise
@@ -15,7 +17,8 @@ optimizer formula runs as one foreach op over all parameters (of a chunk)
 (:mod:`graphamp.fx.training.bindings`).
 ``torch.compile`` fuses better from the functional graph, so :func:`for_compile` undoes the
 passes that write in place, group or reorder, in the reverse order, and puts the traced form
-of the guard and the check in. The boolean masks and the values computed again stay: inductor,
+of the guard and the check in. The boolean masks, the dropout backward as one op (inductor
+decomposes it into the kernel that reads it) and the values computed again stay: inductor,
 given the step as one graph (not a graph it differentiates itself), holds between forward and
 backward exactly what the graph holds, and with them BERT-base's compiled step peaked 230 MiB
 lower at batch 32 in the same time (BENCHMARKS.md, History, issue 42). It then writes each new
@@ -39,6 +42,7 @@ from graphamp.fx.training import (
     locality,
     masks,
     recompute,
+    softmax_casts,
     step_size,
 )
 
@@ -47,6 +51,9 @@ def for_eager(module: fx.GraphModule) -> fx.GraphModule:
     """``module`` made cheaper to run op by op; after any pass that reorders nodes (they read
     the final order)."""
     masks.as_bool(module)
+    masks.fused_backward(module)
+    if softmax_casts.on_cuda(module):
+        softmax_casts.fused(module)
     recompute.saved_less(module)
     step_size.with_addcdiv(module)
     in_place.guarded_updates(module)
@@ -73,6 +80,7 @@ def for_compile(
     data_parallel.without_in_place_collectives(module)
     in_place.functional(module)
     step_size.without_addcdiv(module)
+    softmax_casts.unfused(module)
     lowering.with_traced_guards(module)
     return write_back(module, written_back)
 
