@@ -52,9 +52,9 @@ def test_cuda_kernels_dropout_is_one_fused_op_and_softmax_to_float_one_kernel(to
     assert "native_dropout" in names and "native_dropout_backward" in names
     assert "bernoulli_" not in names
     scores = torch.randn(4, 8).half()
-    with tool.Recorder() as recorder, torch.autocast("cpu", dtype=torch.float16):
-        with tool.cuda_autocast_lists():
-            probabilities = torch.softmax(scores, dim=-1)
+    autocast = torch.autocast("cpu", dtype=torch.float16)
+    with tool.Recorder() as recorder, autocast, tool.cuda_autocast_lists():
+        probabilities = torch.softmax(scores, dim=-1)
     assert probabilities.dtype == torch.float32
     (softmax,) = recorder.ops
     assert softmax.name == "_softmax" and (softmax.read, softmax.written) == (64, 128)

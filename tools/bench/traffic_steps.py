@@ -17,8 +17,8 @@ overlap and no host time (this session measured graphamp's host time at 0.90x ea
 autocast's): read its ratios and its op-by-op differences, not its milliseconds.
 
 The configurations run the GPU workload (``tools/gpu/gpu_train.py``'s full sizes: HF BERT-base,
-its eager attention, sequence 512, AdamW; or ResNet-50 at 224 px, SGD) in float16 with CUDA's
-op lists on CPU tensors:
+its eager attention, sequence 512, AdamW, batch 32; or ResNet-50 at 224 px, SGD, batch 128)
+in float16 with CUDA's op lists on CPU tensors:
 - ``autocast``: eager ``torch.autocast`` + ``GradScaler`` + the optimizer with ``foreach``
   (CUDA's default). The CPU's autocast lists differ from CUDA's where this workload meets
   them; the CUDA behaviour is put in their place for the run (:func:`cuda_autocast_lists`):
@@ -52,7 +52,7 @@ import gpu_train  # noqa: E402
 import torch  # noqa: E402
 from torch.fx.experimental.proxy_tensor import get_proxy_mode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_flatten  # noqa: E402
+from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
 from torch.utils.flop_counter import flop_registry  # noqa: E402
 
 aten = torch.ops.aten
@@ -63,7 +63,14 @@ aten = torch.ops.aten
 GPUS: dict[str, tuple[float, float]] = {"h200": (3.6, 600.0), "h100": (2.5, 500.0)}
 
 # matrix products whose float16 form the CPU emulates slowly: run in float32, rounded
-_MATRIX = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+_MATRIX = {
+    aten.mm.default,
+    aten.addmm.default,
+    aten.bmm.default,
+    aten.baddbmm.default,
+    aten.convolution.default,
+    aten.convolution_backward.default,
+}
 # allocation without a write: no traffic
 _ALLOCATIONS = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default}
 
@@ -154,14 +161,16 @@ def _short(dtype: torch.dtype) -> str:
 
 
 def _run(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-    """``func`` on its arguments; a float16 matrix product computed in float32 and rounded,
-    and CUDA's float16 -> float32 softmax kernels (``half_to_float``, and the backward's
-    ``input_dtype=float16``), which a CPU lacks, as the two ops they fuse."""
+    """``func`` on its arguments; a float16 matrix product or convolution computed in float32
+    and rounded, and CUDA's float16 -> float32 softmax kernels (``half_to_float``, and the
+    backward's ``input_dtype=float16``), which a CPU lacks, as the two ops they fuse."""
     if func in _MATRIX and any(
         isinstance(a, torch.Tensor) and a.dtype == torch.float16 for a in args
     ):
         wide = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
-        return func(*wide, **kwargs).half()
+        return tree_map(
+            lambda t: t.half() if isinstance(t, torch.Tensor) else t, func(*wide, **kwargs)
+        )
     if func is aten._softmax.default and args[2] and args[0].dtype == torch.float16:
         return torch._softmax(args[0].float(), args[1], False)
     if (
