@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from graphamp.fx.dialect.ops import op_name
+from graphamp.fx.dialect.ops import op_name, written_arguments
 
 log = logging.getLogger("graphamp")
 
@@ -254,8 +254,7 @@ def _written(node: fx.Node) -> bool:
 
 
 def _mutates(node: fx.Node) -> bool:
-    target = node.target
-    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+    return isinstance(node.target, torch._ops.OpOverload) and bool(written_arguments(node))
 
 
 def _flat_args(node: fx.Node) -> list[object]:

@@ -171,6 +171,27 @@ def _schema_tensor_args(node: fx.Node) -> set[str] | None:
     return names
 
 
+def written_arguments(node: fx.Node) -> list[fx.Node]:
+    """The nodes ``node`` writes in place, per its op's schema (``Tensor(a!)``; each node of
+    a written list too); none where its target has no schema (a Python function, a binding)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return []
+    written: list[fx.Node] = []
+    for position, argument in enumerate(schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
+        written += [v for v in flat(value) if isinstance(v, fx.Node)]
+    return written
+
+
+def returns_alias(node: fx.Node) -> bool:
+    """Whether ``node``'s op may return (a view of) an input's memory, per its schema."""
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and any(r.alias_info is not None for r in schema.returns)
+
+
 def _written_args(node: fx.Node) -> set[str]:
     """Names of the fx nodes the op writes in place, per its schema (``Tensor(a!)``)."""
     schema = getattr(node.target, "_schema", None)

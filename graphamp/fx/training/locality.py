@@ -43,6 +43,7 @@ from torch import fx
 
 from graphamp.errors import InternalError
 from graphamp.fx.dialect.lowering import any_non_finite, unscale_and_check
+from graphamp.fx.dialect.ops import returns_alias, written_arguments
 from graphamp.fx.training.in_place import recompiled, update_unless
 
 # A chunk's bytes (the tensors its nodes write and read): about a core's L2 cache, so a small
@@ -170,14 +171,7 @@ def _written(node: fx.Node) -> list[fx.Node]:
         return [node.args[3]] if isinstance(node.args[3], fx.Node) else []
     if not isinstance(node.target, torch._ops.OpOverload):
         return []
-    schema = node.target._schema
-    written = []
-    for position, argument in enumerate(schema.arguments):
-        if argument.alias_info is None or not argument.alias_info.is_write:
-            continue
-        value = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
-        written += [v for v in (value if isinstance(value, list | tuple) else [value])]
-    return [v for v in written if isinstance(v, fx.Node)]
+    return written_arguments(node)
 
 
 def _memory(node: fx.Node) -> fx.Node:
@@ -198,7 +192,7 @@ def _aliases_input(node: fx.Node) -> bool:
         return True  # (returns its target, written in place)
     if not isinstance(node.target, torch._ops.OpOverload):
         return False
-    return any(returned.alias_info is not None for returned in node.target._schema.returns)
+    return returns_alias(node)
 
 
 def _dependencies(tail: list[fx.Node], order: dict[fx.Node, int]) -> dict[fx.Node, set[fx.Node]]:

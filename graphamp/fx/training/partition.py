@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from graphamp.fx.dialect.ops import returns_alias, written_arguments
+
 
 @dataclass
 class SplitStep:
@@ -358,8 +360,7 @@ def _aliases_argument(node: fx.Node) -> bool:
     return (a view of) one of their inputs, down to a step argument."""
     current: object = node
     while isinstance(current, fx.Node) and current.op == "call_function":
-        schema = getattr(current.target, "_schema", None)
-        if schema is None or not any(r.alias_info is not None for r in schema.returns):
+        if not returns_alias(current):
             return False
         current = current.args[0]
     return isinstance(current, fx.Node) and current.op == "placeholder"
@@ -376,27 +377,12 @@ def _view_chains(nodes: Sequence[fx.Node]) -> set[fx.Node]:
     return chain
 
 
-def _writes(node: fx.Node) -> list[fx.Node]:
-    """The arguments of ``node`` it writes in place (its schema's mutable arguments)."""
-    schema = getattr(node.target, "_schema", None)
-    if schema is None:
-        return []
-    written = []
-    for position, argument in enumerate(schema.arguments):
-        if argument.alias_info is None or not argument.alias_info.is_write:
-            continue
-        value = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
-        if isinstance(value, fx.Node):
-            written.append(value)
-    return written
-
-
 def _order_kept(nodes: list[fx.Node], forward: set[fx.Node]) -> bool:
     """Whether running the forward nodes before the rest keeps every write into a value
     where it was against the value's other readers and writers: each node of the forward
     that touches a written value comes before each node of the rest that touches it."""
     position = {node: index for index, node in enumerate(nodes)}
-    for written in {value for node in nodes for value in _writes(node)}:
+    for written in {value for node in nodes for value in written_arguments(node)}:
         touching, pending = [written], [written]
         while pending:  # its readers and writers, through views of it
             for user in pending.pop().users:
