@@ -50,6 +50,7 @@ from graphamp.fx.training import (
 def for_eager(module: fx.GraphModule) -> fx.GraphModule:
     """``module`` made cheaper to run op by op; after any pass that reorders nodes (they read
     the final order)."""
+    without_unread(module)
     masks.as_bool(module)
     masks.fused_backward(module)
     if softmax_casts.on_cuda(module):
@@ -63,6 +64,30 @@ def for_eager(module: fx.GraphModule) -> fx.GraphModule:
     foreach.grouped(module)
     bindings.with_bindings(module)
     return module
+
+
+def without_unread(module: fx.GraphModule) -> int:
+    """Erase the aten ops of ``module`` whose values nothing reads and that do nothing else:
+    no argument written, nothing drawn from a generator (erasing a draw would move every
+    later one); how many. The traced step keeps some (BERT's SDPA traced on a CPU casts each
+    layer's dropped probabilities to bfloat16 and reads the cast nowhere), and an eager step
+    runs every node it has; ``torch.compile`` drops them itself."""
+    erased = 0
+    for node in reversed(list(module.graph.nodes)):
+        op = node.target
+        if node.op != "call_function" or node.users or not isinstance(op, torch._ops.OpOverload):
+            continue
+        # an op returning nothing is there for what it does (an assertion)
+        if op.namespace != "aten" or op._schema.is_mutable or not op._schema.returns:
+            continue
+        if torch.Tag.nondeterministic_seeded in op.tags:
+            continue
+        module.graph.erase_node(node)
+        erased += 1
+    if erased:
+        module.graph.lint()
+        module.recompile()
+    return erased
 
 
 def for_compile(
