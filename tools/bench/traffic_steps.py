@@ -403,7 +403,12 @@ def record_batch(
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=("bert-base", "resnet50"), default="bert-base")
+    parser.add_argument(
+        "--model",
+        choices=("bert-base", "resnet50"),
+        default="bert-base",
+        help="the workload (default bert-base: HF BERT-base with its eager attention)",
+    )
     parser.add_argument(
         "--scale",
         choices=tuple(gpu_train.SIZES),
@@ -424,12 +429,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the batch the estimate is for (default: the workload's)",
     )
     parser.add_argument("--seq", type=int, default=None, help="BERT's sequence length")
-    parser.add_argument("--gpu", choices=tuple(GPUS), default="h200")
+    parser.add_argument(
+        "--gpu",
+        choices=tuple(GPUS),
+        default="h200",
+        help="the GPU priced: its sustained bandwidth and float16 throughput (default h200)",
+    )
     parser.add_argument("--bandwidth", type=float, default=None, help="TB/s (default: the GPU's)")
     parser.add_argument("--tflops", type=float, default=None, help="TFLOP/s (default: the GPU's)")
-    parser.add_argument("--min-us", type=float, default=2.0, help="per kernel (default 2)")
+    parser.add_argument(
+        "--min-us",
+        type=float,
+        default=2.0,
+        help="the least time a kernel takes, microseconds (default 2)",
+    )
     parser.add_argument("--top", type=int, default=30, help="ops listed (default 30)")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads for the recording runs"
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
