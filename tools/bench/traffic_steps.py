@@ -218,7 +218,9 @@ def cuda_kernels() -> Iterator[None]:
     as one ``native_dropout`` kernel writing the output and a boolean mask
     (``is_fused_kernel_acceptable``; the CPU's is ``bernoulli_``, ``div_`` and ``mul``, and
     so is a step graph traced on a CPU), and graphamp's eager step built as for a CUDA device
-    (its fused softmax kernels, its update as foreach ops over all parameters)."""
+    (its fused softmax kernels, its update as foreach ops over all parameters, out of place,
+    and the step guard as ``torch.where``: the finite check is not read on the host)."""
+    from graphamp.fx.dialect import lowering
     from graphamp.fx.training import locality, softmax_casts, step_size
 
     library = torch.library.Library("aten", "IMPL")
@@ -255,6 +257,8 @@ def cuda_kernels() -> Iterator[None]:
         (softmax_casts, "on_cuda", lambda module: True),  # the fused softmax kernels
         (locality, "_on_cpu", lambda node: False),  # the update as foreach ops, not by parameter
         (step_size, "_adam_descent", lambda node: None),  # Adam's last formula as traced
+        # the finite check read on the device: updates out of place, the guard a torch.where
+        (lowering, "reads_on_host", lambda flag: False),
     ]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, patched in patches:

@@ -57,6 +57,14 @@ def non_finite(*gradients: torch.Tensor) -> torch.Tensor:
 _ONE = torch.ones(())
 
 
+def reads_on_host(flag: torch.Tensor) -> bool:
+    """Whether an eager step reads ``flag`` (the finite check's result, the loss scale's
+    inverse) on the host to decide: on a CPU, where the value already is; elsewhere reading it
+    would wait for the device's queue, so the step decides on the device (``torch.where``,
+    updates out of place)."""
+    return flag.device.type == "cpu"
+
+
 def unscale_and_check(inverse: torch.Tensor, *gradients: torch.Tensor) -> torch.Tensor:
     """The unscale and the finite check as an eager step runs them when it may write into
     the gradients (:func:`graphamp.fx.training.in_place.unscale_in_check`): each gradient multiplied
@@ -67,8 +75,7 @@ def unscale_and_check(inverse: torch.Tensor, *gradients: torch.Tensor) -> torch.
     gradient could overflow as it is unscaled: on a CPU the step then checks the unscaled
     values as the traced graph does; elsewhere, where reading the scale would wait for the
     device, it decides as GradScaler does."""
-    on_host = inverse.device.type == "cpu"
-    if not _fusable(gradients) or (on_host and bool(inverse > 1)):
+    if not _fusable(gradients) or (reads_on_host(inverse) and bool(inverse > 1)):
         for gradient in gradients:
             gradient.mul_(inverse)
         return non_finite(*gradients)
@@ -115,7 +122,7 @@ def select_on_host(found_inf: torch.Tensor, *old_and_new: torch.Tensor) -> list[
     exactly the ones kept or computed. ``TrainStep.compile`` swaps it for the traced
     ``torch.where`` (:func:`with_traced_guards`), which inductor fuses."""
     pairs = list(zip(old_and_new[0::2], old_and_new[1::2], strict=True))
-    if found_inf.device.type != "cpu":
+    if not reads_on_host(found_inf):
         return [torch.where(found_inf, old, new) for old, new in pairs]
     skipped = bool(found_inf)
     return [old if skipped else new for old, new in pairs]

@@ -27,6 +27,7 @@ import torch
 from torch import fx
 
 from graphamp.errors import InternalError
+from graphamp.fx.dialect import lowering
 from graphamp.fx.dialect.ops import value_arg
 from graphamp.fx.training.in_place import IN_PLACE_OPS, recompiled, update_unless
 
@@ -68,7 +69,7 @@ def updates_unless(
     """:func:`~graphamp.fx.training.in_place.update_unless` over lists: the in-place foreach op into
     ``targets`` on a CPU (``targets`` as they are when ``found_inf``), the functional one
     elsewhere, where reading ``found_inf`` on the host would wait for the device."""
-    if found_inf.device.type != "cpu":
+    if not lowering.reads_on_host(found_inf):
         return list(op(targets, *args, **kwargs))
     if not bool(found_inf):
         in_place_op(targets, *args, **kwargs)

@@ -30,6 +30,7 @@ import torch
 from torch import fx
 
 from graphamp.errors import InternalError
+from graphamp.fx.dialect import lowering
 from graphamp.fx.dialect.lowering import any_non_finite, select_on_host, unscale_and_check
 from graphamp.fx.dialect.ops import value_arg
 
@@ -123,7 +124,7 @@ def update_unless(
     """``op(target, *args)``, written into ``target`` on a CPU (``target`` left as it is
     when ``found_inf``: the step guard keeps it); out of place elsewhere, where reading
     ``found_inf`` on the host would wait for the device."""
-    if found_inf.device.type != "cpu":
+    if not lowering.reads_on_host(found_inf):
         return op(target, *args, **kwargs)
     if bool(found_inf):
         return target
