@@ -257,8 +257,9 @@ def cuda_kernels() -> Iterator[None]:
         (softmax_casts, "on_cuda", lambda module: True),  # the fused softmax kernels
         (locality, "_on_cpu", lambda node: False),  # the update as foreach ops, not by parameter
         (step_size, "_adam_descent", lambda node: None),  # Adam's last formula as traced
-        # the finite check read on the device: updates out of place, the guard a torch.where
-        (lowering, "reads_on_host", lambda flag: False),
+        # a flag is read on the host where the step reads it there (a Python bool), else on
+        # the device: updates out of place, the guard a torch.where
+        (lowering, "reads_on_host", lambda flag: isinstance(flag, bool)),
     ]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, patched in patches:

@@ -57,12 +57,21 @@ def non_finite(*gradients: torch.Tensor) -> torch.Tensor:
 _ONE = torch.ones(())
 
 
-def reads_on_host(flag: torch.Tensor) -> bool:
+def reads_on_host(flag: torch.Tensor | bool) -> bool:
     """Whether an eager step reads ``flag`` (the finite check's result, the loss scale's
-    inverse) on the host to decide: on a CPU, where the value already is; elsewhere reading it
-    would wait for the device's queue, so the step decides on the device (``torch.where``,
-    updates out of place)."""
-    return flag.device.type == "cpu"
+    inverse) on the host to decide: on a CPU, where the value already is, or once read there
+    (:func:`read_on_host`, a Python bool); else the step decides on the device
+    (``torch.where``, updates out of place)."""
+    return isinstance(flag, bool) or flag.device.type == "cpu"
+
+
+def read_on_host(found_inf: torch.Tensor) -> bool:
+    """The finite check's result read on the host, once, for the step guards that follow: on
+    a GPU one wait for the device's queue, as ``GradScaler.step`` waits (``found_inf.item()``),
+    after which the guards update in place and pick the kept or the new values on the host,
+    where deciding on the device costs a ``torch.where`` over every parameter and optimizer
+    state and a copy back (:mod:`graphamp.fx.training.in_place`, ``guards_read_once``)."""
+    return bool(found_inf)
 
 
 def unscale_and_check(inverse: torch.Tensor, *gradients: torch.Tensor) -> torch.Tensor:
@@ -114,7 +123,9 @@ def _fused_check(gradients: Sequence[torch.Tensor], inverse: torch.Tensor) -> to
     return flag > 0
 
 
-def select_on_host(found_inf: torch.Tensor, *old_and_new: torch.Tensor) -> list[torch.Tensor]:
+def select_on_host(
+    found_inf: torch.Tensor | bool, *old_and_new: torch.Tensor
+) -> list[torch.Tensor]:
     """The step guard as an eager step runs it: on a CPU, the old values or the new ones,
     chosen on the host (a CPU has no queue to wait for), not a ``torch.where`` over every
     parameter and optimizer state (a third of a small CPU step's time); elsewhere
@@ -122,7 +133,7 @@ def select_on_host(found_inf: torch.Tensor, *old_and_new: torch.Tensor) -> list[
     exactly the ones kept or computed. ``TrainStep.compile`` swaps it for the traced
     ``torch.where`` (:func:`with_traced_guards`), which inductor fuses."""
     pairs = list(zip(old_and_new[0::2], old_and_new[1::2], strict=True))
-    if not reads_on_host(found_inf):
+    if not isinstance(found_inf, bool) and not reads_on_host(found_inf):
         return [torch.where(found_inf, old, new) for old, new in pairs]
     skipped = bool(found_inf)
     return [old if skipped else new for old, new in pairs]

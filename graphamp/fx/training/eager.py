@@ -9,7 +9,8 @@ forward values one cheap op away from values
 the backward reads anyway are computed again there instead of held
 (:mod:`graphamp.fx.training.recompute`), on a CPU Adam's last formula is
 the one ``addcdiv`` torch.optim calls (:mod:`graphamp.fx.training.step_size`), elementwise
-ops and the kept parameters' updates write in place (:mod:`graphamp.fx.training.in_place`),
+ops and the kept parameters' updates write in place, on CUDA after one read of the finite
+check on the host (:mod:`graphamp.fx.training.in_place`),
 the unscale joins the fused finite check, on a CPU the optimizer's update runs parameter by
 parameter, in chunks that fit in a cache (:mod:`graphamp.fx.training.locality`), each
 optimizer formula runs as one foreach op over all parameters (of a chunk)
@@ -60,6 +61,8 @@ def for_eager(module: fx.GraphModule) -> fx.GraphModule:
     in_place.guarded_updates(module)
     in_place.in_place(module)
     in_place.unscale_in_check(module)
+    if softmax_casts.on_cuda(module):
+        in_place.guards_read_once(module)
     locality.by_parameter(module)
     foreach.grouped(module)
     bindings.with_bindings(module)
@@ -106,6 +109,7 @@ def for_compile(
     in_place.functional(module)
     step_size.without_addcdiv(module)
     softmax_casts.unfused(module)
+    in_place.guards_read_on_device(module)
     lowering.with_traced_guards(module)
     return write_back(module, written_back)
 

@@ -59,7 +59,7 @@ def each_result(op: Any, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
 
 
 def updates_unless(
-    found_inf: torch.Tensor,
+    found_inf: torch.Tensor | bool,
     in_place_op: Any,
     op: Any,
     targets: list[torch.Tensor],

@@ -14,7 +14,11 @@ only past the guard's decision (:func:`guarded_updates`): each op of its update 
 (``mul(buffer, 0.9)`` then ``add(that, grad)``; ``addcmul(param, ...)``) becomes
 :func:`update_unless`, which on a CPU writes into the state unless the step is skipped (the
 guard then picks the state either way, and what the chain fed is read by nothing else) and
-elsewhere computes out of place as before. Where the unscale writes into the gradients, it
+elsewhere computes out of place as before. On a GPU the guards first get the finite check read
+on the host once (:func:`guards_read_once`), and then do as on a CPU: deciding on the device
+instead costs a ``torch.where`` per parameter and state and a copy back (about 3 ms of an
+H200's BERT-base step, ``tools/bench/traffic_steps.py``), where one read waits for the device
+once, as ``GradScaler.step`` does. Where the unscale writes into the gradients, it
 moves into the fused finite check after it (:func:`unscale_in_check`: GradScaler's kernel
 unscales as it checks). The values
 computed are the same; only where they live changes. ``torch.compile`` gets the functional
@@ -114,7 +118,7 @@ def in_place(module: fx.GraphModule) -> int:
 
 
 def update_unless(
-    found_inf: torch.Tensor,
+    found_inf: torch.Tensor | bool,
     in_place_op: Any,
     op: Any,
     target: torch.Tensor,
@@ -218,6 +222,45 @@ def _discarded_when_skipped(graph: fx.Graph, guard: fx.Node) -> set[fx.Node]:
         ):
             discarded.add(node)
     return discarded
+
+
+def guards_read_once(module: fx.GraphModule) -> int:
+    """Give the step guards of ``module`` (:func:`select_on_host`, :func:`update_unless`; run
+    before :mod:`~graphamp.fx.training.foreach` groups the latter, which keeps what they
+    read) the finite check's result read on the host once
+    (:func:`~graphamp.fx.dialect.lowering.read_on_host`), right where the check makes it, in
+    place of the tensor: then they update in place and choose on the host. For a step on a
+    GPU (on a CPU the guards read the tensor there already); the other readers of the check
+    (the loss scale's update, the skip count) keep the tensor. Returns how many guards."""
+    graph = module.graph
+    read: dict[fx.Node, fx.Node] = {}
+    made = 0
+    for guard in list(graph.nodes):
+        if guard.op != "call_function" or guard.target not in (select_on_host, update_unless):
+            continue
+        flag = guard.args[0]
+        if not isinstance(flag, fx.Node) or flag.target is lowering.read_on_host:
+            continue
+        if flag not in read:
+            with graph.inserting_after(flag):
+                read[flag] = graph.call_function(lowering.read_on_host, (flag,))
+            read[flag].meta["val"] = False
+        guard.update_arg(0, read[flag])
+        made += 1
+    return recompiled(module, made)
+
+
+def guards_read_on_device(module: fx.GraphModule) -> fx.GraphModule:
+    """:func:`guards_read_once` undone: for ``torch.compile``, whose guards are traced
+    ``torch.where`` ops over the tensor."""
+    graph = module.graph
+    made = 0
+    for node in [n for n in graph.nodes if n.target is lowering.read_on_host]:
+        node.replace_all_uses_with(node.args[0])
+        graph.erase_node(node)
+        made += 1
+    recompiled(module, made)
+    return module
 
 
 def unscale_in_check(module: fx.GraphModule) -> int:
