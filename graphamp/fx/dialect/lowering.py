@@ -126,11 +126,12 @@ def _fused_check(gradients: Sequence[torch.Tensor], inverse: torch.Tensor) -> to
 def select_on_host(
     found_inf: torch.Tensor | bool, *old_and_new: torch.Tensor
 ) -> list[torch.Tensor]:
-    """The step guard as an eager step runs it: on a CPU, the old values or the new ones,
-    chosen on the host (a CPU has no queue to wait for), not a ``torch.where`` over every
-    parameter and optimizer state (a third of a small CPU step's time); elsewhere
-    ``torch.where``, which never synchronises with the device. Either way the values are
-    exactly the ones kept or computed. ``TrainStep.compile`` swaps it for the traced
+    """The step guard as an eager step runs it: where the finite check is read on the host (a
+    CPU's tensor; on a GPU the Python bool :func:`read_on_host` made, once a step), the old
+    values or the new ones chosen there, not a ``torch.where`` over every parameter and
+    optimizer state (a third of a small CPU step's time); given a device's tensor,
+    ``torch.where``, which never waits for the device. Either way the values are exactly the
+    ones kept or computed. ``TrainStep.compile`` swaps it for the traced
     ``torch.where`` (:func:`with_traced_guards`), which inductor fuses."""
     pairs = list(zip(old_and_new[0::2], old_and_new[1::2], strict=True))
     if not isinstance(found_inf, bool) and not reads_on_host(found_inf):
