@@ -218,8 +218,9 @@ def cuda_kernels() -> Iterator[None]:
     as one ``native_dropout`` kernel writing the output and a boolean mask
     (``is_fused_kernel_acceptable``; the CPU's is ``bernoulli_``, ``div_`` and ``mul``, and
     so is a step graph traced on a CPU), and graphamp's eager step built as for a CUDA device
-    (its fused softmax kernels, its update as foreach ops over all parameters, out of place,
-    and the step guard as ``torch.where``: the finite check is not read on the host)."""
+    (its fused softmax kernels, its update as foreach ops over all parameters, the finite
+    check read on the host once; a flag not read there is decided on the device, as a GPU
+    would: updates out of place, the step guard a ``torch.where``)."""
     from graphamp.fx.dialect import lowering
     from graphamp.fx.training import locality, softmax_casts, step_size
 
