@@ -88,18 +88,8 @@ def _scaled_mask(draw: fx.Node) -> fx.Node | None:
         return None
     if not isinstance(scaled.args[1], (int, float)) or scaled.kwargs:
         return None
-    for product in scaled.users:
-        if product.target is not aten.mul.Tensor or product.kwargs:
-            return None
-        first, second = product.args
-        other = second if first is scaled else first
-        if other is scaled or not isinstance(other, fx.Node):
-            return None
-        other_value, result = other.meta.get("val"), product.meta.get("val")
-        if not isinstance(other_value, torch.Tensor) or not isinstance(result, torch.Tensor):
-            return None
-        if other_value.dtype != value.dtype or result.dtype != value.dtype:
-            return None
+    if not _multiplied_into(scaled, value.dtype):
+        return None
     return scaled if scaled.users else None
 
 
@@ -157,18 +147,26 @@ def _widened_mask(scaled: fx.Node) -> tuple[fx.Node, fx.Node, torch.dtype] | Non
         return None
     if widened.kwargs.get("device", value.device) != value.device:
         return None
+    if not _multiplied_into(scaled, dtype, value.shape):
+        return None
+    return widened, mask, dtype
+
+
+def _multiplied_into(scaled: fx.Node, dtype: torch.dtype, shape: torch.Size | None = None) -> bool:
+    """Whether every reader of ``scaled`` is ``mul(x, scaled)`` (either order) with ``x`` and
+    the product of type ``dtype`` (and, given ``shape``, of that shape: no broadcast)."""
     for product in scaled.users:
         if product.target is not aten.mul.Tensor or product.kwargs:
-            return None
+            return False
         first, second = product.args
-        grad = second if first is scaled else first
-        if grad is scaled or not isinstance(grad, fx.Node):
-            return None
-        grad_value, result = grad.meta.get("val"), product.meta.get("val")
-        if not isinstance(grad_value, torch.Tensor) or not isinstance(result, torch.Tensor):
-            return None
-        if grad_value.dtype != dtype or result.dtype != dtype:
-            return None
-        if grad_value.shape != value.shape or result.shape != value.shape:
-            return None
-    return widened, mask, dtype
+        other = second if first is scaled else first
+        if other is scaled or not isinstance(other, fx.Node):
+            return False
+        other_value, result = other.meta.get("val"), product.meta.get("val")
+        if not isinstance(other_value, torch.Tensor) or not isinstance(result, torch.Tensor):
+            return False
+        if other_value.dtype != dtype or result.dtype != dtype:
+            return False
+        if shape is not None and (other_value.shape != shape or result.shape != shape):
+            return False
+    return True
