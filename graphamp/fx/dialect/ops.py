@@ -186,6 +186,22 @@ def written_arguments(node: fx.Node) -> list[fx.Node]:
     return written
 
 
+def cast_type(node: object) -> torch.dtype | None:
+    """The type ``node`` casts to where it is a ``_to_copy`` that changes nothing else (no
+    memory format, a strided layout, its source's device); else None."""
+    if not isinstance(node, fx.Node) or node.target is not torch.ops.aten._to_copy.default:
+        return None
+    dtype, source = node.kwargs.get("dtype"), node.args[0]
+    if not isinstance(dtype, torch.dtype) or set(node.kwargs) - {"dtype", "layout", "device"}:
+        return None
+    if node.kwargs.get("layout", torch.strided) != torch.strided:
+        return None
+    value = source.meta.get("val") if isinstance(source, fx.Node) else None
+    if not isinstance(value, torch.Tensor):
+        return None
+    return dtype if node.kwargs.get("device", value.device) == value.device else None
+
+
 def returns_alias(node: fx.Node) -> bool:
     """Whether ``node``'s op may return (a view of) an input's memory, per its schema."""
     schema = getattr(node.target, "_schema", None)

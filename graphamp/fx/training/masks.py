@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from graphamp.fx.dialect.ops import cast_type
 from graphamp.fx.training.in_place import recompiled
 
 aten = torch.ops.aten
@@ -132,20 +133,12 @@ def _widened_mask(scaled: fx.Node) -> tuple[fx.Node, fx.Node, torch.dtype] | Non
     widened, scale = scaled.args
     if not isinstance(widened, fx.Node) or not isinstance(scale, (int, float)):
         return None
-    if widened.target is not aten._to_copy.default or "dtype" not in widened.kwargs:
-        return None
-    mask, dtype = widened.args[0], widened.kwargs["dtype"]
-    if not isinstance(mask, fx.Node) or not isinstance(dtype, torch.dtype):
+    dtype = cast_type(widened)  # the type changes, nothing else (layout, device, format)
+    mask = widened.args[0]
+    if dtype is None or not isinstance(mask, fx.Node):
         return None
     value = mask.meta.get("val")
     if not isinstance(value, torch.Tensor) or value.dtype != torch.bool:
-        return None
-    # a cast in place: the type changes, nothing else (layout, device, memory format)
-    if set(widened.kwargs) - {"dtype", "layout", "device"}:
-        return None
-    if widened.kwargs.get("layout", torch.strided) != torch.strided:
-        return None
-    if widened.kwargs.get("device", value.device) != value.device:
         return None
     if not _multiplied_into(scaled, dtype, value.shape):
         return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from graphamp.fx.dialect.ops import cast_type
 from graphamp.fx.training.in_place import recompiled
 
 aten = torch.ops.aten
@@ -99,17 +100,13 @@ def on_cuda(module: fx.GraphModule) -> bool:
 def _cast(node: object, dtype: torch.dtype, only_reader: fx.Node | None = None) -> bool:
     """Whether ``node`` is a plain cast to ``dtype`` (nothing but the type changes), read by
     ``only_reader`` alone when one is given."""
-    if not isinstance(node, fx.Node) or node.target is not aten._to_copy.default:
-        return False
-    if node.kwargs.get("dtype") != dtype or set(node.kwargs) - {"dtype", "layout", "device"}:
-        return False
-    if node.kwargs.get("layout", torch.strided) != torch.strided:
+    if not isinstance(node, fx.Node) or cast_type(node) != dtype:
         return False
     value, source = node.meta.get("val"), node.args[0]
     source_value = source.meta.get("val") if isinstance(source, fx.Node) else None
     if not isinstance(value, torch.Tensor) or not isinstance(source_value, torch.Tensor):
         return False
-    if value.device != source_value.device or value.stride() != source_value.stride():
+    if value.stride() != source_value.stride():
         return False
     return only_reader is None or list(node.users) == [only_reader]
 
