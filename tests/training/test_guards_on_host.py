@@ -14,7 +14,7 @@ from torch import nn
 import graphamp
 from graphamp.fx import train_step
 from graphamp.fx.dialect import lowering
-from graphamp.fx.training import in_place, softmax_casts
+from graphamp.fx.training import eager, in_place
 
 
 def model() -> nn.Module:
@@ -40,7 +40,7 @@ def trained(monkeypatch: pytest.MonkeyPatch, read_once: bool) -> tuple[object, l
         loss_scaling=graphamp.DynamicLossScaling.torch_defaults(),
     )
     with monkeypatch.context() as patch:
-        patch.setattr(softmax_casts, "on_cuda", lambda module: read_once)  # as on a GPU
+        patch.setattr(eager, "on_cuda", lambda module: read_once)  # as on a GPU
         losses = [float(step(*batch)) for batch in batches()]
     return step, losses
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from graphamp.fx.training import softmax_casts
+from graphamp.fx.training import eager, softmax_casts
 
 aten = torch.ops.aten
 
@@ -71,4 +71,4 @@ def test_a_cast_with_another_reader_or_a_bfloat16_softmax_is_left_and_a_cpu_step
 
     module = make_fx(shared)(scores)
     assert softmax_casts.fused(module) == 0
-    assert not softmax_casts.on_cuda(module)
+    assert not eager.on_cuda(module)

@@ -222,7 +222,7 @@ def cuda_kernels() -> Iterator[None]:
     check read on the host once; a flag not read there is decided on the device, as a GPU
     would: updates out of place, the step guard a ``torch.where``)."""
     from graphamp.fx.dialect import lowering
-    from graphamp.fx.training import locality, softmax_casts, step_size
+    from graphamp.fx.training import eager, locality, step_size
 
     library = torch.library.Library("aten", "IMPL")
 
@@ -255,7 +255,7 @@ def cuda_kernels() -> Iterator[None]:
     TrainStep._converted = converted_as_on_cuda  # type: ignore[method-assign]
     # graphamp's eager passes that look at the device: as for CUDA tensors
     patches = [
-        (softmax_casts, "on_cuda", lambda module: True),  # the fused softmax kernels
+        (eager, "on_cuda", lambda module: True),  # the fused softmax kernels, one host read
         (locality, "_on_cpu", lambda node: False),  # the update as foreach ops, not by parameter
         (step_size, "_adam_descent", lambda node: None),  # Adam's last formula as traced
         # a flag is read on the host where the step reads it there (a Python bool), else on

@@ -51,22 +51,33 @@ from graphamp.fx.training import (
 def for_eager(module: fx.GraphModule) -> fx.GraphModule:
     """``module`` made cheaper to run op by op; after any pass that reorders nodes (they read
     the final order)."""
+    cuda = on_cuda(module)
     without_unread(module)
     masks.as_bool(module)
     masks.fused_backward(module)
-    if softmax_casts.on_cuda(module):
+    if cuda:
         softmax_casts.fused(module)
     recompute.saved_less(module)
     step_size.with_addcdiv(module)
     in_place.guarded_updates(module)
     in_place.in_place(module)
     in_place.unscale_in_check(module)
-    if softmax_casts.on_cuda(module):
+    if cuda:
         in_place.guards_read_once(module)
     locality.by_parameter(module)
     foreach.grouped(module)
     bindings.with_bindings(module)
     return module
+
+
+def on_cuda(module: fx.GraphModule) -> bool:
+    """Whether ``module``'s inputs live on a CUDA device (the step runs there): the passes
+    for CUDA's kernels and its queue run then."""
+    for node in module.graph.nodes:
+        value = node.meta.get("val") if node.op == "placeholder" else None
+        if isinstance(value, torch.Tensor):
+            return value.device.type == "cuda"
+    return False
 
 
 def without_unread(module: fx.GraphModule) -> int:

@@ -8,7 +8,8 @@ the gradient back: two more passes over the attention's largest tensors (on BERT
 sequence 512, batch 32: about 4 ms of an H200's step, ``tools/bench/traffic_steps.py``).
 :func:`fused` calls the fused kernels instead; the values are the same (each computes in
 float32 and rounds once, where the cast rounded). CUDA has these kernels for float16 only,
-and a CPU has none, so the pass runs on CUDA steps alone.
+and a CPU has none, so the pass runs on CUDA steps alone
+(:func:`graphamp.fx.training.eager.on_cuda`).
 """
 
 from __future__ import annotations
@@ -86,15 +87,6 @@ def unfused(module: fx.GraphModule) -> int:
                 node.meta["val"] = narrow.to(torch.float32)
             made += 1
     return recompiled(module, made)
-
-
-def on_cuda(module: fx.GraphModule) -> bool:
-    """Whether ``module``'s inputs live on a CUDA device (the step runs there)."""
-    for node in module.graph.nodes:
-        value = node.meta.get("val") if node.op == "placeholder" else None
-        if isinstance(value, torch.Tensor):
-            return value.device.type == "cuda"
-    return False
 
 
 def _cast(node: object, dtype: torch.dtype, only_reader: fx.Node | None = None) -> bool:
