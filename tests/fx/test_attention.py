@@ -13,6 +13,7 @@ from graphamp.fx.dialect.capture import capture
 from tests.hf_models import VOCAB, hf_model
 
 SDPA = torch.ops.aten.scaled_dot_product_attention.default
+WHERES = (torch.ops.aten.where.self, torch.ops.aten.where.ScalarOther)
 
 
 class Attention(nn.Module):
@@ -158,17 +159,46 @@ def adds(module: torch.fx.GraphModule) -> int:
     return sum(n.target is torch.ops.aten.add.Tensor for n in module.graph.nodes)
 
 
-def test_a_zero_mask_added_to_scores_only_a_softmax_reads_is_dropped_with_the_same_values():
-    def float_padding(x: torch.Tensor) -> torch.Tensor:  # as transformers builds it, traced
-        keep = padding_style(x)  # expanded to the (symbolic) batch
-        return torch.where(keep, torch.zeros(()), torch.full((), torch.finfo(x.dtype).min))
+def float_padding(x: torch.Tensor) -> torch.Tensor:
+    """transformers' float mask, traced (5.24): where(keep, zeros(()), min)."""
+    keep = padding_style(x)  # expanded to the (symbolic) batch
+    return torch.where(keep, torch.zeros(()), torch.full((), torch.finfo(x.dtype).min))
 
-    model, x = AddedMask(float_padding).eval(), x_of()
+
+def literal_padding(x: torch.Tensor, zero: float = 0.0) -> torch.Tensor:
+    """transformers 5.17's: where(keep, torch.tensor(0.0), min), a tensor literal, which the
+    trace keeps as an attribute copied by ``lift_fresh_copy`` (and ``detach_``-ed)."""
+    return torch.where(padding_style(x), torch.tensor(zero), torch.finfo(x.dtype).min)
+
+
+class Wrapped(nn.Module):
+    """``inner`` as a submodule: its literals are traced as ``inner.lifted_tensor_0``."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        lambda: AddedMask(float_padding),
+        lambda: AddedMask(literal_padding),
+        lambda: Wrapped(AddedMask(literal_padding)),
+    ],
+    ids=["zeros", "tensor-literal", "literal-in-submodule"],
+)
+def test_a_zero_mask_added_to_scores_only_a_softmax_reads_is_dropped_with_the_same_values(model):
+    model, x = model().eval(), x_of()
     x[0, 0, 0, :] = 0.0  # scores of -0.0 and +0.0, which the add would make +0.0
     x[0, 0, 1, :] = -0.0
     module = capture(model, (x,))
     assert adds(module) == 0  # the linear's bias is in addmm; the mask's add is gone
-    assert not [n for n in module.graph.nodes if n.target is torch.ops.aten.where.self]
+    assert not [n for n in module.graph.nodes if n.target in WHERES]
+    assert not [n for n in module.graph.nodes if "lifted_tensor" in str(n.target)]  # its 0.0
     with torch.no_grad():
         assert torch.equal(module(x), model(x))
         assert torch.equal(module(x_of(batch=5)), model(x_of(batch=5)))
@@ -188,13 +218,28 @@ def test_a_zero_mask_added_to_scores_only_a_softmax_reads_is_dropped_with_the_sa
             ),
             None,
         ),  # causal, as transformers writes a float mask
+        (lambda x: literal_padding(x, zero=-1.0), None),  # a literal that is not zero
+        (lambda x: torch.where(padding_style(x), torch.tensor(0.0).add_(1.0), -1e9), None),
     ],
-    ids=["read-by-sign", "float-nonzero", "broadcast-wider", "float-causal"],
+    ids=[
+        "read-by-sign",
+        "float-nonzero",
+        "broadcast-wider",
+        "float-causal",
+        "literal-nonzero",
+        "literal-written",
+    ],
 )
 def test_an_added_mask_that_changes_something_or_is_read_otherwise_is_kept(make_mask, reader):
     model, x = AddedMask(make_mask, reader).eval(), x_of()
     module = capture(model, (x,))
-    assert adds(module) == 1
+    # the mask's add to the scores (padding_style's arange + 0 is an add too)
+    score_adds = [
+        n
+        for n in module.graph.nodes
+        if n.target is torch.ops.aten.add.Tensor and n.meta["val"].shape[-3:] == (2, 8, 8)
+    ]
+    assert len(score_adds) == 1
     with torch.no_grad():
         assert torch.equal(module(x), model(x))
 
@@ -213,3 +258,18 @@ def test_hugging_face_bert_eager_attention_adds_no_mask_of_zeros():
         torch.testing.assert_close(
             module(ids).last_hidden_state, model(ids).last_hidden_state, rtol=1e-5, atol=1e-5
         )
+
+
+def test_a_mask_of_zeros_read_from_a_buffer_is_kept():
+    """A buffer is state (a loaded checkpoint may change it), not a literal of the code."""
+
+    class BufferMask(AddedMask):
+        def __init__(self):
+            super().__init__(lambda x: torch.where(padding_style(x), self.zero, -1e9))
+            self.register_buffer("zero", torch.zeros(()))
+
+    model, x = BufferMask().eval(), x_of()
+    module = capture(model, (x,))
+    assert [n for n in module.graph.nodes if n.target in WHERES]
+    with torch.no_grad():
+        assert torch.equal(module(x), model(x))

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch._subclasses.fake_tensor import is_fake
 
 from graphamp.fx.dialect.ops import op_name, written_arguments
 
@@ -44,6 +45,7 @@ _WHERES = frozenset(
     }
 )
 _ADDS = frozenset({torch.ops.aten.add.Tensor})
+_LIFT_FRESH_COPY = torch.ops.aten.lift_fresh_copy.default
 _SOFTMAXES = frozenset({torch.ops.aten.softmax.int, torch.ops.aten._softmax.default})
 # Ops that only lay out, repeat or select their first operand's values: the mask masks
 # nothing after them if it masked nothing before.
@@ -53,6 +55,7 @@ _LAYOUT_OPS = frozenset(
         "clone",
         "contiguous",
         "detach",
+        "detach_",
         "expand",
         "permute",
         "reshape",
@@ -187,6 +190,10 @@ def _constant(node: fx.Node) -> torch.Tensor | None:
         return None
     values: dict[fx.Node, Any] = {}
     for each in order:
+        literal = _literal(each)
+        if literal is not None:
+            values[each] = literal
+            continue
         op = each.target
         assert isinstance(op, torch._ops.OpOverload)  # (_ancestors checked it)
         args = fx.node.map_aggregate(each.args, lambda a: _value(a, values))
@@ -215,6 +222,9 @@ def _ancestors(node: fx.Node) -> list[fx.Node] | None:
         each = stack.pop()
         if each in seen:
             continue
+        if _literal(each) is not None:
+            seen.add(each)
+            continue
         if each.op != "call_function" or not isinstance(each.target, torch._ops.OpOverload):
             return None
         if torch.Tag.nondeterministic_seeded in each.target.tags or _written(each):
@@ -229,6 +239,25 @@ def _ancestors(node: fx.Node) -> list[fx.Node] | None:
         seen.add(each)
         stack.extend(each.all_input_nodes)
     return [n for n in node.graph.nodes if n in seen]
+
+
+def _literal(node: fx.Node) -> torch.Tensor | None:
+    """The value of ``node`` where it is a tensor literal of the traced code: a
+    ``torch.tensor(0.0)`` is kept as an attribute (``lifted_tensor_0``, ``_tensor_constant0``)
+    that only ``lift_fresh_copy`` reads, a copy each call, so its value is the one traced (a
+    parameter or buffer is read directly); else None. transformers 5.17 writes its float mask's
+    zero so: ``where(keep, torch.tensor(0.0), min)``."""
+    if node.op != "get_attr" or not node.users:
+        return None
+    if any(reader.target is not _LIFT_FRESH_COPY for reader in node.users):
+        return None
+    value: object = node.graph.owning_module
+    for name in str(node.target).split("."):  # a submodule's literal: "bert.lifted_tensor_0"
+        value = getattr(value, name, None)
+    if not isinstance(value, torch.Tensor) or is_fake(value):
+        return None
+    # evaluated on the CPU, as the check evaluates everything (the literal may be on a GPU)
+    return value.detach().cpu()
 
 
 def _written(node: fx.Node) -> bool:
@@ -254,6 +283,10 @@ def _written(node: fx.Node) -> bool:
 
 
 def _mutates(node: fx.Node) -> bool:
+    """Whether ``node`` writes values in place; ``detach_`` changes what autograd records of
+    its argument, not the values (a traced ``torch.tensor(0.0)`` is detached so)."""
+    if node.target is torch.ops.aten.detach_.default:
+        return False
     return isinstance(node.target, torch._ops.OpOverload) and bool(written_arguments(node))
 
 
@@ -272,7 +305,7 @@ def _erase_unread(node: fx.Node) -> None:
     stack = [node]
     while stack:
         each = stack.pop()
-        if each.op != "call_function" or each.users:
+        if each.op not in ("call_function", "get_attr") or each.users:
             continue
         inputs = each.all_input_nodes
         each.graph.erase_node(each)
