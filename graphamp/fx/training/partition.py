@@ -153,12 +153,19 @@ def forward_nodes(module: fx.GraphModule) -> set[fx.Node] | None:
     return forward
 
 
-# batch norms, and the position of their ``training`` argument (true: the batch's statistics)
-_BATCH_NORMS = {
+# batch norms, and the position of their ``training`` argument (true: the batch's statistics;
+# None: always the batch's). A step traced on a CPU holds the native ones; on a CUDA device
+# the trace takes the kernel ``batch_norm`` dispatches to there, ``cudnn_batch_norm`` (on ROCm
+# ``miopen_batch_norm``), and a newer trace may keep ``_batch_norm_with_update``.
+_BATCH_NORMS: dict[Any, int | None] = {
     torch.ops.aten._native_batch_norm_legit_functional.default: 5,
     torch.ops.aten._native_batch_norm_legit.default: 5,
     torch.ops.aten._native_batch_norm_legit.no_stats: 3,
     torch.ops.aten.native_batch_norm.default: 5,
+    torch.ops.aten.cudnn_batch_norm.default: 5,
+    torch.ops.aten.miopen_batch_norm.default: 5,
+    torch.ops.aten._batch_norm_with_update.default: None,
+    torch.ops.aten._batch_norm_with_update_functional.default: None,
 }
 
 
@@ -171,8 +178,10 @@ def cut_pays(module: fx.GraphModule) -> bool:
     whole 0.86x, and whole it also peaks 280 MiB lower (the cut holds every value the rest
     reads until the rest returns, where inductor frees each after its last reader)."""
     for node in module.graph.nodes:
-        position = _BATCH_NORMS.get(node.target)
-        if position is not None and len(node.args) > position and node.args[position] is True:
+        if node.target not in _BATCH_NORMS:
+            continue
+        position = _BATCH_NORMS[node.target]
+        if position is None or (len(node.args) > position and node.args[position] is True):
             return True
     return False
 
@@ -377,12 +386,22 @@ def _view_chains(nodes: Sequence[fx.Node]) -> set[fx.Node]:
     return chain
 
 
+def _writes(node: fx.Node) -> list[fx.Node]:
+    """The values ``node`` writes in place: per its schema, and a batch norm's running
+    statistics, which ``cudnn_batch_norm``'s and ``miopen_batch_norm``'s schemas do not mark."""
+    written = written_arguments(node)
+    if node.target in _BATCH_NORMS:
+        stats = node.args[3:5]  # running_mean, running_var in every batch norm's schema
+        written += [value for value in stats if isinstance(value, fx.Node)]
+    return written
+
+
 def _order_kept(nodes: list[fx.Node], forward: set[fx.Node]) -> bool:
     """Whether running the forward nodes before the rest keeps every write into a value
     where it was against the value's other readers and writers: each node of the forward
     that touches a written value comes before each node of the rest that touches it."""
     position = {node: index for index, node in enumerate(nodes)}
-    for written in {value for node in nodes for value in written_arguments(node)}:
+    for written in {value for node in nodes for value in _writes(node)}:
         touching, pending = [written], [written]
         while pending:  # its readers and writers, through views of it
             for user in pending.pop().users:
