@@ -10,6 +10,10 @@
 # is missing, when torch sees no GPU. onnxruntime without its CUDA provider (the onnxruntime-gpu
 # package) skips only the onnxruntime latency parts, and says so.
 #
+# First, tools/gpu/cuda_paths.py (about 20 s, outside the budget): the eager step's CUDA-only
+# passes (the fused float16 softmax, the finite check read on the host once) on a small BERT,
+# against the same step without them.
+#
 # Issue 42's figures, each part under a deadline of its own so that every part gets its share
 # of the budget (a configuration not started by its deadline is named as not measured); PARTS
 # picks some of them (default "resnet50 bert-base curves infer"), the budget shared among those:
@@ -125,6 +129,12 @@ until=0
 share() { until=$((until + budget * weight[$1] / total)); }
 chosen() { [[ " $parts " == *" $1 "* ]]; }
 
+if [ "$dry" = "0" ]; then
+    # the eager step's CUDA-only passes against the same step without them (20 s on an H200)
+    echo "## The eager step's CUDA-only passes, run (tools/gpu/cuda_paths.py)"
+    timeout 120 "$py" tools/gpu/cuda_paths.py ||
+        echo "gpu_check: cuda_paths.py: a CUDA pass did not run, or the values differ (above)"
+fi
 echo "## Issue 42: training speed-up over float32 and compile + autocast, loss curves"
 for model in resnet50 bert-base; do
     if chosen $model; then

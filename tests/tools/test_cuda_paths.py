@@ -1,0 +1,32 @@
+"""tools/gpu/cuda_paths.py: the CUDA-only eager passes checked on a GPU. Without one it says so
+(exit 2); its pieces run on the CPU: the small BERT's step (one skipped step, no host read: the
+passes are for CUDA steps) and the softmax's inputs as the capture leaves them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "gpu"))
+
+import cuda_paths
+
+
+def test_without_a_gpu_it_says_so_with_exit_status_2(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cuda_paths.main([]) == 2
+    assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_the_small_bert_step_skips_its_first_step_and_reads_nothing_on_a_cpu_host():
+    run = cuda_paths.trained(torch.device("cpu"), steps=2, cuda_passes=False)
+    assert run["skipped"] == 1 and run["scale"] == 2.0**16  # 2**30 overflowed, then 2**16
+    assert run["host reads"] == 0 and run["fused softmaxes"] == 0
+    assert all(torch.isfinite(torch.tensor(run["losses"])))
+
+
+def test_the_softmax_reads_the_scaled_scores_once_the_mask_of_zeros_is_dropped():
+    lines = cuda_paths.softmax_inputs(torch.device("cpu"), depth=1)
+    assert "softmax" in lines[0] and "mul" in lines[1]  # no add of a mask in between

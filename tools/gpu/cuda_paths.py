@@ -1,0 +1,158 @@
+"""The eager step's CUDA-only passes, run on a GPU against the same step without them.
+
+    python tools/gpu/cuda_paths.py [--steps 6]
+
+An eager ``graphamp.fx.train_step`` on a CUDA device takes two passes a CPU never runs
+(:func:`graphamp.fx.training.eager.for_eager`): ``softmax_casts.fused`` (CUDA's float16 ->
+float32 softmax kernels, ``_softmax(half_to_float=True)`` and its backward writing float16)
+and ``in_place.guards_read_once`` (the finite check read on the host once, the guards then
+in place). Tests cannot run them (no GPU); this script trains a small Hugging Face BERT
+(HF's eager attention, dropout on, AdamW, float16 with dynamic loss scaling whose first
+step overflows and is skipped) for ``--steps`` steps twice from the same seed, with the
+passes and with ``eager.on_cuda`` answering False (the step as before them), and prints what
+each graph holds and how far the losses, the weights, the loss scale and the skipped steps
+differ; where no softmax was fused, what the captured model's softmax reads. Exit status 1
+when a pass did not run or the two runs differ by more than 1e-3 (the fused kernels and the
+casts compute the same float32 values: bit for bit is expected, and said).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from torch import nn
+
+
+def bert() -> nn.Module:
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=512,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        max_position_embeddings=128,
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    return transformers.BertForMaskedLM(config)
+
+
+def loss_fn(output: object, labels: torch.Tensor) -> torch.Tensor:
+    logits = output[0].float()  # type: ignore[index]
+    return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def trained(device: torch.device, steps: int, cuda_passes: bool) -> dict:
+    """``steps`` steps of the small BERT; its losses, weights, scale, skips and graph."""
+    import graphamp
+    from graphamp.fx import train_step
+    from graphamp.fx.dialect import lowering
+    from graphamp.fx.training import eager
+
+    model = bert().to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = train_step(
+        model,
+        loss_fn,
+        optimizer,
+        dtype="float16",
+        # the first step overflows (2**30 times the loss), is skipped, and the scale drops
+        # to 2**16, GradScaler's start
+        loss_scaling=graphamp.DynamicLossScaling(
+            init_loss_scaling=2.0**30,
+            incr_every_n_steps=2000,
+            decr_every_n_nan_or_inf=1,
+            decr_ratio=2.0**-14,
+            min_loss_scaling=0.0,
+        ),
+    )
+    generator = torch.Generator().manual_seed(1)
+    batches = [(torch.randint(1, 512, (8, 64), generator=generator),) * 2 for _ in range(steps)]
+    saved = eager.on_cuda
+    if not cuda_passes:
+        eager.on_cuda = lambda module: False
+    try:
+        torch.manual_seed(2)  # the same dropout masks in both runs
+        losses = [float(step(ids.to(device), labels.to(device))) for ids, labels in batches]
+    finally:
+        eager.on_cuda = saved
+    captured = step._graphs[step._signature].captured["update"]
+    nodes = list(captured.module.graph.nodes)
+    return {
+        "losses": losses,
+        "weights": [p.detach().clone() for p in step.model.parameters()],
+        "scale": float(step.loss_scale),
+        "skipped": int(step.skipped_steps),
+        "host reads": sum(n.target is lowering.read_on_host for n in nodes),
+        "fused softmaxes": sum(
+            n.target is torch.ops.aten._softmax.default and n.args[2] is True for n in nodes
+        ),
+    }
+
+
+def softmax_inputs(device: torch.device, depth: int = 4) -> list[str]:
+    """The small BERT captured on ``device`` (:func:`graphamp.fx.dialect.capture.capture`,
+    where masks that mask nothing are dropped) and what each softmax reads, ``depth`` nodes
+    up: where the softmax pass finds nothing to fuse, this shows what stands between (a mask
+    added to the scores that the capture could not prove all zero, say)."""
+    from graphamp.fx.dialect.capture import capture
+
+    model = bert().to(device).eval()
+    ids = torch.randint(1, 512, (2, 16), device=device)
+    module = capture(model, (ids,))
+    lines: list[str] = []
+
+    def show(node: object, level: int) -> None:
+        if not isinstance(node, torch.fx.Node) or level > depth:
+            return
+        lines.append("  " * level + node.format_node())
+        for parent in node.all_input_nodes:
+            show(parent, level + 1)
+
+    for node in module.graph.nodes:
+        if node.target in (torch.ops.aten.softmax.int, torch.ops.aten._softmax.default):
+            show(node, 0)
+            break  # every layer's is alike
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=6, help="training steps per run")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("cuda_paths: torch sees no CUDA device; these passes run on CUDA steps only")
+        return 2
+    device = torch.device("cuda")
+    print(f"# {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
+    new = trained(device, args.steps, cuda_passes=True)
+    old = trained(device, args.steps, cuda_passes=False)
+    for key in ("host reads", "fused softmaxes", "skipped", "scale"):
+        print(f"{key}: with the CUDA passes {new[key]}, without {old[key]}")
+    print("losses with:   ", " ".join(f"{x:.6f}" for x in new["losses"]))
+    print("losses without:", " ".join(f"{x:.6f}" for x in old["losses"]))
+    loss_diff = max(abs(a - b) for a, b in zip(new["losses"], old["losses"], strict=True))
+    weight_diff = max(
+        float((a.float() - b.float()).abs().max())
+        for a, b in zip(new["weights"], old["weights"], strict=True)
+    )
+    identical = loss_diff == 0 and weight_diff == 0
+    print(f"max loss difference {loss_diff:.3e}; max weight difference {weight_diff:.3e}")
+    print("bit for bit" if identical else "NOT bit for bit (see the differences above)")
+    ran = new["host reads"] == 1 and new["fused softmaxes"] > 0 and old["host reads"] == 0
+    print("the passes ran" if ran else "a CUDA pass did not run")
+    if not new["fused softmaxes"]:
+        print("no softmax fused; the first softmax of the captured model reads:")
+        print("\n".join(softmax_inputs(device)))
+    same = new["skipped"] == old["skipped"] and new["scale"] == old["scale"]
+    return 0 if ran and same and loss_diff < 1e-3 and weight_diff < 1e-3 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
