@@ -19,6 +19,7 @@ casts compute the same float32 values: bit for bit is expected, and said).
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 import torch
@@ -96,15 +97,38 @@ def trained(device: torch.device, steps: int, cuda_passes: bool) -> dict:
 
 def softmax_inputs(device: torch.device, depth: int = 4) -> list[str]:
     """The small BERT captured on ``device`` (:func:`graphamp.fx.dialect.capture.capture`,
-    where masks that mask nothing are dropped) and what each softmax reads, ``depth`` nodes
-    up: where the softmax pass finds nothing to fuse, this shows what stands between (a mask
-    added to the scores that the capture could not prove all zero, say)."""
+    where masks that mask nothing are dropped): each mask the check judged and its verdict,
+    its debug lines (an op it could not evaluate), then what the first softmax reads,
+    ``depth`` nodes up. Where the softmax pass finds nothing to fuse, this shows what stands
+    between (a mask added to the scores that the capture could not prove all zero, say)."""
+    from graphamp.fx.dialect import attention
     from graphamp.fx.dialect.capture import capture
 
     model = bert().to(device).eval()
     ids = torch.randint(1, 512, (2, 16), device=device)
-    module = capture(model, (ids,))
     lines: list[str] = []
+    verdicts = attention._masks_nothing
+
+    def traced_verdict(mask: torch.fx.Node) -> bool:  # each mask the check judges, and how
+        verdict = verdicts(mask)
+        lines.append(f"mask check: {mask.format_node()} -> masks nothing: {verdict}")
+        return verdict
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger, handler = logging.getLogger("graphamp"), Lines()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    attention._masks_nothing = traced_verdict
+    try:
+        module = capture(model, (ids,))
+    finally:
+        attention._masks_nothing = verdicts
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
     def show(node: object, level: int) -> None:
         if not isinstance(node, torch.fx.Node) or level > depth:

@@ -202,7 +202,8 @@ def _constant(node: fx.Node) -> torch.Tensor | None:
             kwargs["device"] = "cpu"
         try:
             values[each] = op(*args, **kwargs)
-        except Exception:  # an op this evaluation cannot run (a device's own): not proven
+        except Exception as error:  # an op this evaluation cannot run (a device's own)
+            log.debug("mask check: %s not evaluated (%s): kept", each.name, error)
             return None
     value = values[node]
     return value if isinstance(value, torch.Tensor) else None
