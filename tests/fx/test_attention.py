@@ -277,3 +277,23 @@ def test_a_mask_of_zeros_read_from_a_buffer_is_kept():
     assert [n for n in module.graph.nodes if n.target in WHERES]
     with torch.no_grad():
         assert torch.equal(module(x), model(x))
+
+
+def test_a_literal_traced_as_a_fake_tensor_is_read_from_its_constant():
+    """Traced under a fake mode, ``torch.tensor(0.0)`` is a fake tensor that keeps its real
+    value as ``constant``: that value is the literal's; a fake without one is not known."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from graphamp.fx.dialect.attention import _literal
+
+    with FakeTensorMode():
+        literal, unknown = torch.tensor(0.0), torch.empty(())
+    for value, expected in ((literal, torch.tensor(0.0)), (unknown, None)):
+        root, graph = torch.nn.Module(), torch.fx.Graph()
+        root.lit = value
+        node = graph.get_attr("lit")
+        copied = graph.call_function(torch.ops.aten.lift_fresh_copy.default, (node,))
+        graph.output(copied)
+        torch.fx.GraphModule(root, graph)  # the graph's owning module
+        found = _literal(node)
+        assert found is None if expected is None else torch.equal(found, expected)

@@ -255,6 +255,8 @@ def _literal(node: fx.Node) -> torch.Tensor | None:
     value: object = node.graph.owning_module
     for name in str(node.target).split("."):  # a submodule's literal: "bert.lifted_tensor_0"
         value = getattr(value, name, None)
+    if isinstance(value, torch.Tensor) and is_fake(value):
+        value = getattr(value, "constant", None)  # a fake literal keeps its real value there
     if not isinstance(value, torch.Tensor) or is_fake(value):
         return None
     # evaluated on the CPU, as the check evaluates everything (the literal may be on a GPU)
