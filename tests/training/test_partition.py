@@ -355,3 +355,79 @@ def test_the_compiled_step_trains_the_layers_before_a_dropout(monkeypatch):
         moved[compiled] = (model.embedding.weight - before).abs().max().item()
     assert moved[False] > 1e-3
     assert moved[True] > moved[False] / 2
+
+
+class CudnnBatchNorm(nn.BatchNorm2d):
+    """A batch norm calling ``cudnn_batch_norm`` itself, as a step traced on a CUDA device
+    holds it (``nn.BatchNorm2d`` dispatches there on a GPU)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        args = (self.weight, self.bias, self.running_mean, self.running_var, self.training)
+        return torch.ops.aten.cudnn_batch_norm(x, *args, self.momentum, self.eps)[0]
+
+
+@pytest.fixture
+def cudnn_on_cpu():
+    """``cudnn_batch_norm`` and its backward given CPU kernels for the test: the native batch
+    norm's, which cuDNN's compute (the running statistics updated in place, as cuDNN does)."""
+    library = torch.library.Library("aten", "IMPL")
+
+    def forward(x, weight, bias, mean, var, training, momentum, eps):  # type: ignore[no-untyped-def]
+        out, saved_mean, saved_invstd = torch.ops.aten.native_batch_norm(
+            x, weight, bias, mean, var, training, momentum, eps
+        )
+        return out, saved_mean, saved_invstd, x.new_empty((0,), dtype=torch.uint8)
+
+    def backward(x, grad, weight, mean, var, saved_mean, saved_invstd, eps, reserve):  # type: ignore[no-untyped-def]
+        return torch.ops.aten.native_batch_norm_backward(
+            grad, x, weight, mean, var, saved_mean, saved_invstd, True, eps, [True] * 3
+        )
+
+    library.impl("cudnn_batch_norm", forward, "CPU")
+    library.impl("cudnn_batch_norm_backward", backward, "CPU")
+    yield
+    library._destroy()
+
+
+@pytest.mark.compile
+@pytest.mark.usefixtures("cudnn_on_cpu")
+def test_a_step_holding_cudnn_batch_norm_is_cut_and_trains_as_its_eager_step():
+    """A CUDA trace's batch norm (the H200's ResNet-50 step was compiled whole, 0.74x compile
+    + autocast): the compiled step is cut, and three steps give the eager step's losses and
+    running statistics."""
+    results = {}
+    for compiled in (False, True):
+        model = conv_net()
+        model[1] = CudnnBatchNorm(8)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        step = train_step(model, nn.functional.cross_entropy, optimizer)
+        if compiled:
+            step.compile(*batch(0))
+            assert isinstance(step._graphs[step._signature].update, partition.CompiledSplitStep)
+        losses = [float(step(*batch(seed))) for seed in range(3)]
+        results[compiled] = losses, model[1].running_mean.clone()
+    graph = step.captured["update"].module.graph
+    assert any(n.target is torch.ops.aten.cudnn_batch_norm.default for n in graph.nodes)
+    (eager_losses, eager_mean), (losses, mean) = results[False], results[True]
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(mean, eager_mean, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(mean, torch.zeros(8))  # the statistics moved
+
+
+@pytest.mark.usefixtures("cudnn_on_cpu")
+def test_a_rest_reading_running_statistics_before_cudnn_batch_norm_writes_them_is_not_cut():
+    """``cudnn_batch_norm`` writes its running statistics without its schema saying so: a
+    node of the rest that reads them before it (the old values) would read the new ones once
+    the forward ran first, so such a step is not cut; read after it, it is."""
+
+    def step(before: bool):  # type: ignore[no-untyped-def]
+        def f(x, weight, bias, mean, var):  # type: ignore[no-untyped-def]
+            old = mean * 2.0 if before else None  # not the loss's ancestor: the rest's
+            out = torch.ops.aten.cudnn_batch_norm(x, weight, bias, mean, var, True, 0.1, 1e-5)
+            return out[0].sum(), mean * 2.0 if old is None else old
+
+        args = (torch.randn(4, 3, 5, 5), torch.ones(3), torch.zeros(3), torch.zeros(3))
+        return make_fx(f)(*args, torch.ones(3))
+
+    assert partition.split(step(before=True)) is None
+    assert partition.split(step(before=False)) is not None

@@ -162,6 +162,8 @@ _BATCH_NORMS: dict[Any, int | None] = {
     torch.ops.aten._native_batch_norm_legit.default: 5,
     torch.ops.aten._native_batch_norm_legit.no_stats: 3,
     torch.ops.aten.native_batch_norm.default: 5,
+    torch.ops.aten.batch_norm.default: 5,  # composite: kept whole by some traces
+    torch.ops.aten._batch_norm_impl_index.default: 5,
     torch.ops.aten.cudnn_batch_norm.default: 5,
     torch.ops.aten.miopen_batch_norm.default: 5,
     torch.ops.aten._batch_norm_with_update.default: None,
