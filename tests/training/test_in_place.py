@@ -400,3 +400,70 @@ def test_a_log_softmax_backward_writes_into_a_gradient_nothing_reads_later():
         assert torch.equal(want, have)
     eager.for_compile(module)  # the functional form again: a new tensor
     assert "out" not in node.kwargs and node.target is backward
+
+
+def counter_step(reader_between: bool = False, update_read: bool = False):  # type: ignore[no-untyped-def]
+    """A traced state update as functionalisation writes a batch norm's counter: an add, then
+    a copy back into the state (with another reader of the state between the two, or of the
+    new value besides the copy)."""
+
+    def f(state: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        new = torch.add(state, 1)
+        seen = state * 3 if reader_between else x * 3
+        state.copy_(new)
+        return (seen, new * 2) if update_read else (seen,)
+
+    return traced(f, torch.zeros(4, dtype=torch.int64), torch.ones(4, dtype=torch.int64))
+
+
+def run_counter(module: fx.GraphModule) -> tuple[torch.Tensor, ...]:
+    state = torch.arange(4)
+    outputs = module(state, torch.ones(4, dtype=torch.int64))
+    return (state, *outputs)
+
+
+def test_a_copy_back_of_an_update_becomes_the_update_in_place_and_functional_undoes_it():
+    expected = run_counter(counter_step())
+    module = counter_step()
+    assert in_place.copied_back_in_place(module) == 1
+    targets = [n.target for n in module.graph.nodes]
+    assert torch.ops.aten.copy_.default not in targets and torch.ops.aten.add_.Tensor in targets
+    assert all(torch.equal(a, b) for a, b in zip(run_counter(module), expected, strict=True))
+    in_place.functional(module)  # for torch.compile: the add and its copy back again
+    targets = [n.target for n in module.graph.nodes]
+    assert torch.ops.aten.copy_.default in targets and torch.ops.aten.add.Tensor in targets
+    assert all(torch.equal(a, b) for a, b in zip(run_counter(module), expected, strict=True))
+
+
+def test_a_copy_back_with_a_reader_between_or_an_update_read_elsewhere_stays():
+    for module in (counter_step(reader_between=True), counter_step(update_read=True)):
+        expected = run_counter(module)
+        assert in_place.copied_back_in_place(module) == 0
+        assert all(torch.equal(a, b) for a, b in zip(run_counter(module), expected, strict=True))
+
+
+def test_a_batch_norm_step_counts_its_batches_in_place_with_the_same_values(monkeypatch):
+    """The eager step of a network with a batch norm: ``num_batches_tracked`` is added to in
+    place (no copy back), and three steps give the weights and statistics of the step
+    without this pass, bit for bit."""
+    from graphamp.fx import train_step
+    from tests.training.test_partition import batch, conv_net
+
+    def trained(with_pass: bool) -> tuple[torch.nn.Module, fx.Graph]:
+        if not with_pass:
+            monkeypatch.setattr(in_place, "copied_back_in_place", lambda module: 0)
+        model = conv_net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        step = train_step(model, torch.nn.functional.cross_entropy, optimizer, dtype="bfloat16")
+        for seed in range(3):
+            step(*batch(seed))
+        monkeypatch.undo()
+        return model, step.captured["update"].module.graph
+
+    model, graph = trained(with_pass=True)
+    plain, plain_graph = trained(with_pass=False)
+    copies = [n for n in graph.nodes if n.target is torch.Tensor.copy_]
+    assert not copies and [n for n in plain_graph.nodes if n.target is torch.Tensor.copy_]
+    assert int(model[1].num_batches_tracked) == 3
+    for a, b in zip(model.state_dict().values(), plain.state_dict().values(), strict=True):
+        assert torch.equal(a, b)

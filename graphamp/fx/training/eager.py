@@ -61,6 +61,7 @@ def for_eager(module: fx.GraphModule) -> fx.GraphModule:
     step_size.with_addcdiv(module)
     in_place.guarded_updates(module)
     in_place.in_place(module)
+    in_place.copied_back_in_place(module)
     in_place.unscale_in_check(module)
     if cuda:
         in_place.guards_read_once(module)
