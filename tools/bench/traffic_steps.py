@@ -1,7 +1,8 @@
 """Where a GPU's step time goes, estimated on a CPU: every kernel-level op one training step
 dispatches, with the bytes it reads and writes and the floating-point operations it does,
 and a roofline estimate of each op's time on a named GPU (issue 42: the H200's BERT-base eager
-step ran 0.79x eager autocast's, and no GPU has been lent since to profile it).
+step ran 0.79x eager autocast's, and for a while no GPU was lent to profile it; it still
+answers between the loans a session gets).
 
     python tools/bench/traffic_steps.py --model bert-base --batches 2 4 --at 32 \\
         --configs autocast graphamp --gpu h200
