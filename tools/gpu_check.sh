@@ -26,9 +26,10 @@
 #      ResNet-50 converted by graphamp and by onnxruntime's float16 tool (onnxruntime-gpu only).
 # Results: Markdown on stdout and in OUT_DIR (default gpu-results/), JSON beside it, each table
 # headed by the GPU, driver, CUDA, torch and onnxruntime versions; they go to BENCHMARKS.md by
-# hand. On an H200 the ResNet-50 part takes about 260 s (its compilations), BERT-base more than
-# 290 s and the curves about 100 s: all of them do not fit one 480 s budget, so a 15-minute lease
-# takes two calls, e.g. PARTS="resnet50 curves" then PARTS=bert-base.
+# hand. On an H200 (2026-11-28, PROFILE=1) the ResNet-50 part took 196 s (its compilations),
+# BERT-base 239 s, cuda_paths.py 20 s, and the curves take about 100 s: the two models fit one
+# call (PROFILE=1 PARTS="resnet50 bert-base" BUDGET_S=480, about 8 minutes with a machine's
+# start), the curves a second.
 #
 # PROFILE=1 adds torch.profiler tables wherever graphamp's step is slower than the baseline of
 # its kind (eager autocast, compile + autocast): OUT_DIR/profile-<model>-<mode>.txt, the ops by
