@@ -96,16 +96,17 @@ def trained(device: torch.device, steps: int, cuda_passes: bool) -> dict:
 
 
 def softmax_inputs(device: torch.device, depth: int = 4) -> list[str]:
-    """The small BERT captured on ``device`` (:func:`graphamp.fx.dialect.capture.capture`,
-    where masks that mask nothing are dropped): each mask the check judged and its verdict,
-    its debug lines (an op it could not evaluate), then what the first softmax reads,
-    ``depth`` nodes up. Where the softmax pass finds nothing to fuse, this shows what stands
-    between (a mask added to the scores that the capture could not prove all zero, say)."""
+    """The small BERT captured on ``device`` as its training step captures it (static shapes;
+    :func:`graphamp.fx.dialect.capture.capture`, where masks that mask nothing are dropped):
+    each mask the check judged and its verdict, its debug lines (an op it could not
+    evaluate), then what the first softmax reads, ``depth`` nodes up. Where the softmax pass
+    finds nothing to fuse, this shows what stands between (a mask added to the scores that
+    the capture could not prove all zero, say)."""
     from graphamp.fx.dialect import attention
     from graphamp.fx.dialect.capture import capture
 
     model = bert().to(device).eval()
-    ids = torch.randint(1, 512, (2, 16), device=device)
+    ids = torch.randint(1, 512, (8, 64), device=device)  # the step's batch, static as it is
     lines: list[str] = []
     verdicts = attention._masks_nothing
 
@@ -124,7 +125,7 @@ def softmax_inputs(device: torch.device, depth: int = 4) -> list[str]:
     logger.setLevel(logging.DEBUG)
     attention._masks_nothing = traced_verdict
     try:
-        module = capture(model, (ids,))
+        module = capture(model, (ids,), dynamic_shapes="static")
     finally:
         attention._masks_nothing = verdicts
         logger.removeHandler(handler)
