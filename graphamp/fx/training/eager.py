@@ -4,8 +4,9 @@ takes.
 The captured graph is functional aten ops. An eager step runs it op by op from Python, so the
 passes here make it cheaper to run without changing a value: dropout masks are held as
 booleans and a dropout's backward is one kernel (:mod:`graphamp.fx.training.masks`), on CUDA
-a float16 softmax in float32 is one kernel each way (:mod:`graphamp.fx.training.softmax_casts`),
-forward values one cheap op away from values
+a float16 softmax in float32 is one kernel each way (:mod:`graphamp.fx.training.softmax_casts`)
+and a cast to float32 read by one elementwise op with a float32 operand is left to the op's
+type promotion (:mod:`graphamp.fx.training.promotion`), forward values one cheap op away from values
 the backward reads anyway are computed again there instead of held
 (:mod:`graphamp.fx.training.recompute`), on a CPU Adam's last formula is
 the one ``addcdiv`` torch.optim calls (:mod:`graphamp.fx.training.step_size`), elementwise
@@ -42,6 +43,7 @@ from graphamp.fx.training import (
     in_place,
     locality,
     masks,
+    promotion,
     recompute,
     softmax_casts,
     step_size,
@@ -57,6 +59,7 @@ def for_eager(module: fx.GraphModule) -> fx.GraphModule:
     masks.fused_backward(module)
     if cuda:
         softmax_casts.fused(module)
+        promotion.promoted(module)
     recompute.saved_less(module)
     step_size.with_addcdiv(module)
     in_place.guarded_updates(module)
@@ -121,6 +124,7 @@ def for_compile(
     in_place.functional(module)
     step_size.without_addcdiv(module)
     softmax_casts.unfused(module)
+    promotion.widened(module)
     in_place.guards_read_on_device(module)
     lowering.with_traced_guards(module)
     return write_back(module, written_back)
