@@ -8,10 +8,10 @@ cast's buffer), two passes over the layer's largest tensor where eager code make
 LLaMA-shaped layer at sequence 2048, a [batch, heads, 2048, 2048] float16 read and float32
 write more, every layer, every step). :func:`promoted` hands the op the narrow value, so that
 PyTorch's type promotion widens it as the cast did: the values are the same (the float16 or
-bfloat16 value widened exactly, then the op in float32). CUDA's elementwise kernels cast as they
-load; the CPU's mixed-type loops do not vectorise, so the pass runs on CUDA steps only
-(:func:`graphamp.fx.training.eager.on_cuda`); :func:`widened` writes the casts back for
-``torch.compile``.
+bfloat16 value widened exactly, then the op in float32). CUDA's elementwise kernels cast as
+they load; the pass runs on CUDA steps only (:func:`graphamp.fx.training.eager.on_cuda`), as
+the CPU's mixed-type loops were not timed against a cast and a same-type op;
+:func:`widened` writes the casts back for ``torch.compile``.
 """
 
 from __future__ import annotations
