@@ -6,8 +6,8 @@ An eager ``graphamp.fx.train_step`` on a CUDA device takes two passes a CPU neve
 (:func:`graphamp.fx.training.eager.for_eager`): ``softmax_casts.fused`` (CUDA's float16 ->
 float32 softmax kernels, ``_softmax(half_to_float=True)`` and its backward writing float16)
 and ``in_place.guards_read_once`` (the finite check read on the host once, the guards then
-in place). Tests cannot run them (no GPU); this script trains a small Hugging Face BERT
-(HF's eager attention, dropout on, AdamW, float16 with dynamic loss scaling whose first
+in place). Tests cannot run them (no GPU); this script trains gpu_train.py's tiny Hugging Face
+BERT (HF's eager attention, dropout on, AdamW, float16 with dynamic loss scaling whose first
 step overflows and is skipped) for ``--steps`` steps twice from the same seed, with the
 passes and with ``eager.on_cuda`` answering False (the step as before them), and prints what
 each graph holds and how far the losses, the weights, the loss scale and the skipped steps
@@ -22,29 +22,14 @@ import argparse
 import logging
 import sys
 
+import gpu_train  # tools/gpu, beside this script
 import torch
-from torch import nn
 
 
-def bert() -> nn.Module:
-    import transformers
-
-    config = transformers.BertConfig(
-        vocab_size=512,
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=256,
-        max_position_embeddings=128,
-        attn_implementation="eager",
-    )
-    torch.manual_seed(0)
-    return transformers.BertForMaskedLM(config)
-
-
-def loss_fn(output: object, labels: torch.Tensor) -> torch.Tensor:
-    logits = output[0].float()  # type: ignore[index]
-    return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+def small_bert() -> gpu_train.Workload:
+    """gpu_train.py's tiny BERT (HF's eager attention, dropout, AdamW), at the batch and
+    sequence this check runs: 8 x 64."""
+    return gpu_train.workload("bert-base", "tiny", batch=8, seq=64)
 
 
 def trained(device: torch.device, steps: int, cuda_passes: bool) -> dict:
@@ -54,12 +39,12 @@ def trained(device: torch.device, steps: int, cuda_passes: bool) -> dict:
     from graphamp.fx.dialect import lowering
     from graphamp.fx.training import eager
 
-    model = bert().to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    work = small_bert()
+    model = work.build(0).to(device).train()
     step = train_step(
         model,
-        loss_fn,
-        optimizer,
+        work.loss_fn,
+        work.optimizer(model),
         dtype="float16",
         # the first step overflows (2**30 times the loss), is skipped, and the scale drops
         # to 2**16, GradScaler's start
@@ -71,14 +56,13 @@ def trained(device: torch.device, steps: int, cuda_passes: bool) -> dict:
             min_loss_scaling=0.0,
         ),
     )
-    generator = torch.Generator().manual_seed(1)
-    batches = [(torch.randint(1, 512, (8, 64), generator=generator),) * 2 for _ in range(steps)]
+    batches = [work.batch(seed, device) for seed in range(steps)]
     saved = eager.on_cuda
     if not cuda_passes:
         eager.on_cuda = lambda module: False
     try:
         torch.manual_seed(2)  # the same dropout masks in both runs
-        losses = [float(step(ids.to(device), labels.to(device))) for ids, labels in batches]
+        losses = [float(step(*batch)) for batch in batches]
     finally:
         eager.on_cuda = saved
     captured = step._graphs[step._signature].captured["update"]
@@ -105,8 +89,9 @@ def softmax_inputs(device: torch.device, depth: int = 4) -> list[str]:
     from graphamp.fx.dialect import attention
     from graphamp.fx.dialect.capture import capture
 
-    model = bert().to(device).eval()
-    ids = torch.randint(1, 512, (8, 64), device=device)  # the step's batch, static as it is
+    work = small_bert()
+    model = work.build(0).to(device).eval()
+    ids = work.batch(0, device)[0]  # the step's batch, static as the step captures it
     lines: list[str] = []
     verdicts = attention._masks_nothing
 
