@@ -202,6 +202,21 @@ def cast_type(node: object) -> torch.dtype | None:
     return dtype if node.kwargs.get("device", value.device) == value.device else None
 
 
+def plain_cast(node: object, dtype: torch.dtype, only_reader: fx.Node | None = None) -> bool:
+    """Whether ``node`` casts to ``dtype`` and changes nothing else (:func:`cast_type`), its
+    value in its source's strides (a reader given the source reads the same layout), read by
+    ``only_reader`` alone when one is given."""
+    if not isinstance(node, fx.Node) or cast_type(node) != dtype:
+        return False
+    value, source = node.meta.get("val"), node.args[0]
+    source_value = source.meta.get("val") if isinstance(source, fx.Node) else None
+    if not isinstance(value, torch.Tensor) or not isinstance(source_value, torch.Tensor):
+        return False
+    if value.stride() != source_value.stride():
+        return False
+    return only_reader is None or list(node.users) == [only_reader]
+
+
 def returns_alias(node: fx.Node) -> bool:
     """Whether ``node``'s op may return (a view of) an input's memory, per its schema."""
     schema = getattr(node.target, "_schema", None)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from graphamp.fx.dialect.ops import cast_type
+from graphamp.fx.dialect.ops import plain_cast
 from graphamp.fx.training.in_place import recompiled
 
 aten = torch.ops.aten
@@ -74,17 +74,15 @@ def _foldable(cast: object, other: object, reader: fx.Node) -> bool:
     """Whether ``cast`` widens a float16 or bfloat16 value to float32 for ``reader`` alone,
     and ``reader`` computes in float32 without it (``other``: a float32 tensor of one
     dimension or more)."""
-    if not isinstance(cast, fx.Node) or cast_type(cast) != torch.float32:
+    # the op reads the value in the cast's layout (its result's layout follows its operands')
+    if not plain_cast(cast, torch.float32, only_reader=reader) or not isinstance(other, fx.Node):
         return False
-    if list(cast.users) != [reader] or not isinstance(other, fx.Node):
-        return False
-    source, widened_value, wide, result = (_value(n) for n in (cast.args[0], cast, other, reader))
-    if source is None or widened_value is None or wide is None or result is None:
+    assert isinstance(cast, fx.Node)  # (plain_cast checked it)
+    source, wide, result = (_value(n) for n in (cast.args[0], other, reader))
+    if source is None or wide is None or result is None:
         return False
     return (
-        # the op reads the value in its layout (its result's layout follows its operands')
-        source.stride() == widened_value.stride()
-        and source.dtype in _NARROW
+        source.dtype in _NARROW
         and wide.dtype == torch.float32
         and wide.dim() > 0
         and result.dtype == torch.float32

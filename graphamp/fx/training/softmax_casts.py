@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from graphamp.fx.dialect.ops import cast_type
+from graphamp.fx.dialect.ops import plain_cast
 from graphamp.fx.training.in_place import recompiled
 
 aten = torch.ops.aten
@@ -33,13 +33,13 @@ def fused(module: fx.GraphModule) -> int:
         if node.target is aten._softmax.default and node.args[2] is False:
             widened = node.args[0]
             if (
-                _cast(widened, torch.float32, only_reader=node)
+                plain_cast(widened, torch.float32, only_reader=node)
                 and _dtype(widened.args[0]) == torch.float16
             ):
                 node.args = (widened.args[0], node.args[1], True)
                 graph.erase_node(widened)
                 made += 1
-        elif _cast(node, torch.float16):
+        elif plain_cast(node, torch.float16):
             backward = node.args[0]
             if (
                 isinstance(backward, fx.Node)
@@ -87,20 +87,6 @@ def unfused(module: fx.GraphModule) -> int:
                 node.meta["val"] = narrow.to(torch.float32)
             made += 1
     return recompiled(module, made)
-
-
-def _cast(node: object, dtype: torch.dtype, only_reader: fx.Node | None = None) -> bool:
-    """Whether ``node`` is a plain cast to ``dtype`` (nothing but the type changes), read by
-    ``only_reader`` alone when one is given."""
-    if not isinstance(node, fx.Node) or cast_type(node) != dtype:
-        return False
-    value, source = node.meta.get("val"), node.args[0]
-    source_value = source.meta.get("val") if isinstance(source, fx.Node) else None
-    if not isinstance(value, torch.Tensor) or not isinstance(source_value, torch.Tensor):
-        return False
-    if value.stride() != source_value.stride():
-        return False
-    return only_reader is None or list(node.users) == [only_reader]
 
 
 def _dtype(node: object) -> torch.dtype | None:
