@@ -30,7 +30,7 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import is_fake
 
-from graphamp.fx.dialect.ops import op_name, written_arguments
+from graphamp.fx.dialect.ops import attribute_of, op_name, written_arguments
 
 log = logging.getLogger("graphamp")
 
@@ -248,13 +248,15 @@ def _literal(node: fx.Node) -> torch.Tensor | None:
     that only ``lift_fresh_copy`` reads, a copy each call, so its value is the one traced (a
     parameter or buffer is read directly); else None. transformers 5.17 writes its float mask's
     zero so: ``where(keep, torch.tensor(0.0), min)``."""
-    if node.op != "get_attr" or not node.users:
+    owner = node.graph.owning_module
+    if node.op != "get_attr" or not node.users or owner is None:
         return None
     if any(reader.target is not _LIFT_FRESH_COPY for reader in node.users):
         return None
-    value: object = node.graph.owning_module
-    for name in str(node.target).split("."):  # a submodule's literal: "bert.lifted_tensor_0"
-        value = getattr(value, name, None)
+    try:  # a submodule's literal: "bert.lifted_tensor_0"
+        value = attribute_of(owner, node)
+    except AttributeError:
+        return None
     if isinstance(value, torch.Tensor) and is_fake(value):
         value = getattr(value, "constant", None)  # a fake literal keeps its real value there
     if not isinstance(value, torch.Tensor) or is_fake(value):
