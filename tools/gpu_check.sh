@@ -8,7 +8,20 @@
 # of torch). Where that Python cannot import graphamp, the package is staged in a temporary
 # folder on PYTHONPATH: nothing is installed, nothing downloaded. It stops at once, saying what
 # is missing, when torch sees no GPU. onnxruntime without its CUDA provider (the onnxruntime-gpu
-# package) skips only the onnxruntime latency parts, and says so.
+# package) skips only the onnxruntime latency parts, and says so; a CUDA provider listed but not
+# loaded (a CUDA or cuDNN library not found) is said too, and its latencies are refused rather
+# than measured on the CPU provider onnxruntime falls back to.
+#
+# onnxruntime-gpu where the GPU machine's image lacks it and takes less than its wheel a transfer
+# (the lent H200s: onnxruntime 1.30 without CUDA, 64 MiB a call; onnxruntime-gpu 1.31.1 is built
+# for CUDA 13, as their torch 2.11+cu130 is, and its wheel is 255 MB): pack it here once,
+#     python tools/gpu/wheel_parts.py pack onnxruntime_gpu-1.31.1-cp312-*.whl --into .ort-gpu \
+#         --drop 'onnxruntime/capi/libonnxruntime_providers_tensorrt.so' \
+#         --drop 'onnxruntime/capi/libonnxruntime.so*'
+# (186 MiB in 4 parts of at most 56; .ort-gpu ignored by git), carry .ort-gpu/part-1, then
+# part-2... one a call while the machine is warm (it keeps what earlier calls left), and in the
+# last call run this script with ORT_GPU_PARTS=.ort-gpu: the parts are checked and unpacked into
+# a temporary folder put first on PYTHONPATH (a missing or damaged part stops it, named, exit 2).
 #
 # First, tools/gpu/cuda_paths.py (about 20 s, outside the budget): the eager step's CUDA-only
 # passes (the fused float16 softmax, the finite check read on the host once) on a small BERT,
@@ -86,18 +99,38 @@ if ! "$py" -P -c "import graphamp.passes, graphamp.models" 2>/dev/null; then
     export PYTHONPATH="$stage${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
+# onnxruntime-gpu carried in parts (tools/gpu/wheel_parts.py: a GPU image whose onnxruntime has
+# no CUDA provider, a wheel larger than one transfer): ORT_GPU_PARTS names the folder of parts
+if [ -n "${ORT_GPU_PARTS:-}" ]; then
+    site=$(mktemp -d)
+    "$py" -P tools/gpu/wheel_parts.py unpack "$ORT_GPU_PARTS" --into "$site" || exit 2
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 
+# torch first: onnxruntime's CUDA provider then finds the CUDA and cuDNN libraries torch loaded
 ort_cuda=$("$py" - "$dry" <<'PY'
 import sys
-import onnxruntime
 import torch
+import onnx
+import onnxruntime
 if not torch.cuda.is_available() and sys.argv[1] not in ("1", "parse"):
     sys.exit("gpu_check: torch sees no CUDA device (a CUDA build of torch on a GPU machine)")
 device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (dry run)"
 cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+state = "with" if cuda else "without"
+if cuda and torch.cuda.is_available():  # listed is not loaded: run one op on it
+    h = onnx.helper
+    x, y = (h.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [2]) for name in "xy")
+    graph = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CUDAExecutionProvider"]
+    )
+    cuda = session.get_providers()[0] == "CUDAExecutionProvider"
+    state = "with" if cuda else "its CUDA provider listed but not loaded: see above; without"
 print(
     f"# device: {device} | torch {torch.__version__} | onnxruntime {onnxruntime.__version__}"
-    f" ({'with' if cuda else 'without'} its CUDA provider)",
+    f" at {onnxruntime.__file__.rsplit('/', 2)[0]} ({state} its CUDA provider)",
     file=sys.stderr,
 )
 print(int(cuda))

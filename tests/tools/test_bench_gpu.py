@@ -187,3 +187,35 @@ def test_a_training_profile_names_the_ops_of_both_steps(bench):
         text = gpu_train.profile(mode, work, base, cpu, steps=1)
         assert text.startswith(f"{mode.label}: casts (_to_copy/copy_) ")
         assert "Self CPU" in text and "aten::" in text, text[:2000]
+
+
+def test_a_cuda_session_that_fell_back_to_the_cpu_is_refused(bench, tmp_path, monkeypatch):
+    """onnxruntime runs on its CPU provider when the CUDA one fails to load (a library it
+    cannot find); a latency measured so would be reported as the GPU's. Here the CUDA provider
+    cannot load (no GPU), so asking for it must raise, naming the model."""
+    import gpu_infer
+    import onnx
+    import onnxruntime as ort
+
+    h = onnx.helper
+    x, y = (h.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [2]) for name in "xy")
+    model = h.make_model(
+        h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+        opset_imports=[h.make_opsetid("", 17)],
+        ir_version=8,
+    )
+    path = tmp_path / "relu.onnx"
+    onnx.save(model, str(path))
+    real = ort.InferenceSession
+
+    class FellBack:  # what a session whose CUDA provider failed to load reports
+        def __init__(self, *args, **kwargs):
+            self.inner = real(str(path), providers=["CPUExecutionProvider"])
+
+        def get_providers(self):
+            return self.inner.get_providers()
+
+    monkeypatch.setattr(ort, "InferenceSession", FellBack)
+    with pytest.raises(RuntimeError, match=r"relu\.onnx: onnxruntime's CUDA provider did not load"):
+        gpu_infer.session(path, "cuda")
+    assert gpu_infer.session(path, "cpu").get_providers() == ["CPUExecutionProvider"]

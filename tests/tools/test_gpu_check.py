@@ -78,3 +78,40 @@ def test_profile_passes_its_flag_and_a_bad_value_is_refused(tmp_path):
     refused = gpu_check(tmp_path / "bad", 600, GPU_CHECK_DRY_RUN="parse", PROFILE="yes")
     assert refused.returncode == 2
     assert "PROFILE=yes" in refused.stderr
+
+
+def carried_onnxruntime(tmp_path: Path) -> Path:
+    """Parts of a stand-in ``onnxruntime`` wheel (a version no installed one has), packed as
+    onnxruntime-gpu is packed to travel to a GPU machine (tools/gpu/wheel_parts.py)."""
+    import zipfile
+
+    sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+    import wheel_parts
+
+    wheel = tmp_path / "onnxruntime-0.0+carried-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(
+            "onnxruntime/__init__.py",
+            "__version__ = '0.0+carried'\n"
+            "def get_available_providers():\n    return ['CPUExecutionProvider']\n",
+        )
+        archive.writestr("onnxruntime/padding.bin", os.urandom(3000))
+    parts = tmp_path / "parts"
+    wheel_parts.pack([wheel], parts, 2000, preset=1)
+    return parts
+
+
+def test_onnxruntime_carried_in_parts_is_unpacked_and_imported_first(tmp_path):
+    parts = carried_onnxruntime(tmp_path)
+    env = {"GPU_CHECK_DRY_RUN": "parse", "PARTS": "bert-base", "ORT_GPU_PARTS": str(parts)}
+    done = gpu_check(tmp_path / "out", 900, **env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "unpacked 2 files of onnxruntime-0.0+carried" in done.stdout
+    assert "| onnxruntime 0.0+carried at /" in done.stderr  # not the installed one
+    (parts / "part-2" / "data").unlink()
+    missing = gpu_check(
+        tmp_path / "again", 600, GPU_CHECK_DRY_RUN="parse", ORT_GPU_PARTS=str(parts)
+    )
+    assert missing.returncode == 2
+    assert "part-2 missing" in missing.stderr
+    assert not list((tmp_path / "again").glob("*.md"))

@@ -216,7 +216,15 @@ def session(path: Path, device: str, profile_prefix: str | None = None):  # type
     providers: list = ["CPUExecutionProvider"]
     if device == "cuda":
         providers.insert(0, ("CUDAExecutionProvider", {"use_tf32": "0"}))
-    return ort.InferenceSession(str(path), options, providers=providers)
+    sess = ort.InferenceSession(str(path), options, providers=providers)
+    if device == "cuda" and sess.get_providers()[0] != "CUDAExecutionProvider":
+        # onnxruntime falls back to its CPU provider when the CUDA one fails to load (a CUDA
+        # or cuDNN library it cannot find): a latency measured so is no CUDA figure
+        raise RuntimeError(
+            f"{path.name}: onnxruntime's CUDA provider did not load (onnxruntime's log above "
+            f"says why); the session runs on {sess.get_providers()}"
+        )
+    return sess
 
 
 def latency(path: Path, feeds: dict[str, np.ndarray], device: str, runs: int, warmup: int) -> float:
