@@ -33,6 +33,28 @@ def test_an_op_reads_its_inputs_and_writes_its_outputs_views_and_allocations_cou
     assert mm.flops == 2 * 8 * 4 * 2 and mm.read == (32 + 8) * 2 and mm.written == 16 * 2
 
 
+def test_the_memory_recorder_counts_storages_alive_after_each_op_and_their_peak(tool):
+    a = torch.randn(1000)  # read in the step: held from before it
+    with tool.Recorder({}) as recorder:
+        b = a + 1
+        c = b * 2
+        del b  # freed: the next op's count leaves it out
+        e = torch.cat([a, a])
+        del c, e
+        a.sum()
+    # a, c and e (4,000 + 4,000 + 8,000 bytes); 20,000 had b's free been missed
+    assert recorder.peak == 16000
+    assert recorder.at_peak == {"held f32": 4000, "mul f32": 4000, "cat f32": 8000}
+    later = tool.Recorder(recorder.storages)  # what a next step starts with: a alone alive
+    assert later.peak == 4000 and later.at_peak == {"held f32": 4000}
+
+
+def test_peaks_are_fitted_linearly_in_the_batch(tool):
+    runs = {2: tool.Memory(300, {"held": 100, "mm": 200}), 4: tool.Memory(500, {"held": 100})}
+    fitted = tool.extrapolate_memory(runs, 8)
+    assert fitted.peak == 900 and fitted.held == {"held": 100, "mm": 0}
+
+
 def test_ops_are_fitted_linearly_in_the_batch(tool):
     runs = {
         2: [tool.Op("a", 100, 50, 10), tool.Op("b", 7, 7, 0)],
@@ -68,3 +90,9 @@ def test_a_tiny_bert_step_of_each_configuration_is_recorded_and_estimated(tool, 
     assert [row[0] for row in totals] == ["autocast", "graphamp"]
     assert all(float(row[-2]) > 0 for row in totals)  # milliseconds estimated
     assert "estimated speed graphamp / autocast" in text
+    peaks = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.split("estimated peak memory")[1].splitlines()
+        if line.startswith("  ") and "GiB" in line
+    }
+    assert set(peaks) == {"autocast", "graphamp"} and all(v > 0 for v in peaks.values())

@@ -31,6 +31,16 @@ dropout's fused kernel; graphamp's step built as for a CUDA device). Float16 mat
 are computed in float32 and rounded (the CPU emulates float16 ones tens of times slower), and
 CUDA's fused float16 softmax kernels as the two ops they fuse; each is recorded as the op it
 stands for.
+
+The same recording estimates each configuration's peak memory, as CUDA's allocator counts it
+(``torch.cuda.max_memory_allocated``: the bytes of the storages alive, blocks' rounding
+aside): the storages alive at each op's end (its outputs made, what it read not yet freed),
+tracked by weak references, from those the last step left alive (parameters, optimizer state,
+gradients until the step frees them) to those the step makes; its largest sum, fitted linearly
+in the batch like the ops, with what it holds by the op that made each storage. The emulation's
+float32 temporaries (a float16 matrix product computed wide) are not the step's and are not
+counted. ``--configs float32`` adds the float32 step (its peak is the bar's denominator, issue
+42: at most 0.75x).
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ import benchlib  # noqa: E402
 import gpu_train  # noqa: E402
 import torch  # noqa: E402
 from torch.fx.experimental.proxy_tensor import get_proxy_mode  # noqa: E402
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
 from torch.utils.flop_counter import flop_registry  # noqa: E402
@@ -109,14 +120,30 @@ def _returns_view(func: torch._ops.OpOverload) -> bool:
     )
 
 
+class Storage(NamedTuple):
+    """A storage the recorder saw: a weak reference to it, its bytes, the op that made it."""
+
+    ref: StorageWeakRef
+    nbytes: int
+    made_by: str
+
+
 class Recorder(TorchDispatchMode):
     """Records every op below autograd: bytes read (tensor arguments), written (outputs; for
     an op that writes an argument in place, that argument) and FLOPs (torch's flop counter's
-    formulas); views and allocations are left out."""
+    formulas); views and allocations are left out. With ``held`` (the storages a last step's
+    recorder saw), also the bytes alive after each op and their peak (:class:`Memory`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: dict[int, Storage] | None = None) -> None:
         super().__init__()
         self.ops: list[Op] = []
+        self.memory = held is not None
+        # every storage seen, by its C++ address; the alive ones are the step's memory
+        self.storages: dict[int, Storage] = {
+            key: each for key, each in (held or {}).items() if not each.ref.expired()
+        }
+        self.peak = sum(each.nbytes for each in self.storages.values())
+        self.at_peak = _by_maker(self.storages)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -126,6 +153,8 @@ class Recorder(TorchDispatchMode):
             # of the step, and what it calls becomes the step's graph, so it is left as it is
             return func(*args, **kwargs)
         out = _run(func, args, kwargs)
+        if self.memory:
+            self._count(func, inputs, _tensors(out))
         if func in _ALLOCATIONS or _returns_view(func):
             return out
         written_args = [
@@ -145,6 +174,36 @@ class Recorder(TorchDispatchMode):
             name += f" {_short(inputs[0].dtype)}->{_short(_tensors(out)[0].dtype)}"
         self.ops.append(Op(name, sum(map(_nbytes, inputs)), sum(map(_nbytes, outputs)), flops))
         return out
+
+    def _count(
+        self, func: torch._ops.OpOverload, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+    ) -> None:
+        """Track the storages ``func`` read (first seen: held from before the step) and made;
+        drop the freed; keep the peak and what it held."""
+        name = str(func.overloadpacket).removeprefix("aten.")
+        for tensors, made_by in ((inputs, "held"), (outputs, name)):
+            for t in tensors:
+                if t.device.type == "meta":
+                    continue
+                storage = t.untyped_storage()
+                if storage._cdata not in self.storages:
+                    label = f"{made_by} {_short(t.dtype)}"
+                    self.storages[storage._cdata] = Storage(
+                        StorageWeakRef(storage), storage.nbytes(), label
+                    )
+        alive = {k: each for k, each in self.storages.items() if not each.ref.expired()}
+        self.storages = alive
+        total = sum(each.nbytes for each in alive.values())
+        if total > self.peak:
+            self.peak, self.at_peak = total, _by_maker(alive)
+
+
+def _by_maker(storages: dict[int, Storage]) -> dict[str, int]:
+    """Bytes by the op that made them."""
+    held: dict[str, int] = collections.Counter()
+    for each in storages.values():
+        held[each.made_by] += each.nbytes
+    return dict(held)
 
 
 def _real(t: torch.Tensor) -> bool:
@@ -284,11 +343,31 @@ def _quiet_override() -> Iterator[None]:
         yield
 
 
-def steps(work: gpu_train.Workload, base: torch.nn.Module) -> dict[str, Callable[..., Any]]:
-    """The configurations' step functions, each on its own copy of ``base``."""
+CONFIGS = ("float32", "autocast", "graphamp")
+
+
+def steps(
+    work: gpu_train.Workload, base: torch.nn.Module, configs: Sequence[str] = CONFIGS[1:]
+) -> dict[str, Callable[..., Any]]:
+    """``configs``' step functions, in that order, each on its own copy of ``base``."""
     import graphamp
     from graphamp.fx import train_step
     from graphamp.policy.policy import Policy
+
+    def float32() -> Callable[..., Any]:
+        model = copy.deepcopy(base).train()
+        optimizer = work.optimizer(model)
+        for group in optimizer.param_groups:
+            group["foreach"] = True  # CUDA's default; the CPU's is a loop per parameter
+
+        def step(*batch: torch.Tensor) -> torch.Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            loss = work.loss_fn(model(*batch[:-1]), batch[-1])
+            loss.backward()
+            optimizer.step()
+            return loss.detach()
+
+        return step
 
     def autocast() -> Callable[..., Any]:
         model = copy.deepcopy(base).train()
@@ -319,16 +398,70 @@ def steps(work: gpu_train.Workload, base: torch.nn.Module) -> dict[str, Callable
             loss_scaling=graphamp.DynamicLossScaling.torch_defaults(),
         )
 
-    return {"autocast": autocast(), "graphamp": graphamp_step()}
+    builders = {"float32": float32, "autocast": autocast, "graphamp": graphamp_step}
+    return {config: builders[config]() for config in configs}
 
 
-def record(step: Callable[..., Any], batch: Sequence[torch.Tensor]) -> list[Op]:
-    """The ops of one step on ``batch``, after one step not kept (capture, lazy state), under
-    the recorder too for its float32 matrix products."""
+class Memory(NamedTuple):
+    """A step's peak bytes alive and what they were, by the op that made each storage."""
+
+    peak: int
+    held: dict[str, int]
+
+
+def record(step: Callable[..., Any], batch: Sequence[torch.Tensor]) -> tuple[list[Op], Memory]:
+    """The ops of one step on ``batch`` and its peak memory, after one step not kept (capture,
+    lazy state) under a recorder too: for its float32 matrix products, and for the storages
+    the kept step starts with (what the first left alive)."""
+    held: dict[int, Storage] = {}
     for _ in range(2):
-        with Recorder() as recorder:
+        with Recorder(held) as recorder:
             step(*batch)
-    return recorder.ops
+        held = recorder.storages
+    return recorder.ops, Memory(recorder.peak, recorder.at_peak)
+
+
+def extrapolate_memory(runs: dict[int, Memory], at: int) -> Memory:
+    """The peak and what it holds at batch ``at``, each fitted linearly from the recorded
+    batches (a label missing at one batch holds nothing there)."""
+    (b0, first), (b1, second) = sorted(runs.items())[:2]
+
+    def fit(u: int, v: int) -> int:
+        return max(0, round(u + (v - u) * (at - b0) / (b1 - b0)))
+
+    labels = {*first.held, *second.held}
+    held = {k: fit(first.held.get(k, 0), second.held.get(k, 0)) for k in labels}
+    return Memory(fit(first.peak, second.peak), held)
+
+
+def memory_report(memory: dict[str, Memory], top: int) -> None:
+    """Each configuration's estimated peak, against float32's and autocast's where recorded,
+    and what the last configuration's peak holds beside autocast's (else the first's)."""
+    mib, gib = 2.0**20, 2.0**30
+    print("\nestimated peak memory (storages alive, as torch.cuda.max_memory_allocated counts)")
+    for config, figures in memory.items():
+        ratios = [
+            f"{figures.peak / memory[base].peak:.3f}x {base}"
+            for base in ("float32", "autocast")
+            if base in memory and base != config and memory[base].peak
+        ]
+        print(
+            f"  {config:<10} {figures.peak / mib:10.1f} MiB ({figures.peak / gib:.2f} GiB)  "
+            f"{', '.join(ratios)}"
+        )
+    names = list(memory)
+    if len(names) < 2:
+        return
+    last = names[-1]
+    first = "autocast" if "autocast" in names[:-1] else names[0]
+    labels = {*memory[first].held, *memory[last].held}
+    order = sorted(
+        labels, key=lambda k: -max(memory[first].held.get(k, 0), memory[last].held.get(k, 0))
+    )
+    print(f"\nheld at the peak, by the op that made it (MiB): {first} | {last}")
+    for label in order[:top]:
+        a, b = memory[first].held.get(label, 0) / mib, memory[last].held.get(label, 0) / mib
+        print(f"  {label:<34} {a:10.1f} | {b:10.1f}")
 
 
 def extrapolate(runs: dict[int, list[Op]], at: int) -> list[Op]:
@@ -395,13 +528,16 @@ def record_batch(
     batch_size: int,
     overrides: dict[str, Any],
     recorded: dict[str, dict[int, list[Op]]],
+    memory: dict[str, dict[int, Memory]],
+    configs: Sequence[str] = CONFIGS[1:],
 ) -> None:
-    """Each configuration's ops at ``batch_size``, into ``recorded``."""
+    """Each configuration's ops and peak memory at ``batch_size``, into ``recorded`` and
+    ``memory``."""
     work = gpu_train.workload(model, scale, batch=batch_size, **overrides)
     base = work.build(0)
     batch = work.batch(0, torch.device("cpu"))
-    for config, step in steps(work, base).items():
-        recorded[config][batch_size] = record(step, batch)
+    for config, step in steps(work, base, configs).items():
+        recorded[config][batch_size], memory[config][batch_size] = record(step, batch)
         print(
             f"recorded {config} at batch {batch_size}: {len(recorded[config][batch_size])} ops",
             flush=True,
@@ -450,6 +586,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=2.0,
         help="the least time a kernel takes, microseconds (default 2)",
     )
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        choices=CONFIGS,
+        default=list(CONFIGS[1:]),
+        help="the configurations, in the order the tables compare them: the last against the "
+        "first (default autocast graphamp; float32 adds the float32 step, the memory bar's "
+        "denominator)",
+    )
     parser.add_argument("--top", type=int, default=30, help="ops listed (default 30)")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads for the recording runs"
@@ -461,10 +606,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     overrides = {"seq": args.seq} if args.seq else {}
     at = args.at or gpu_train.SIZES[args.scale][args.model]["batch"]
     recorded: dict[str, dict[int, list[Op]]] = collections.defaultdict(dict)
+    memory: dict[str, dict[int, Memory]] = collections.defaultdict(dict)
     with contextlib.ExitStack() as stack:
         stack.enter_context(cuda_kernels())
         for batch_size in args.batches:
-            record_batch(args.model, args.scale, batch_size, overrides, recorded)
+            record_batch(
+                args.model, args.scale, batch_size, overrides, recorded, memory, args.configs
+            )
     bandwidth, tflops = GPUS[args.gpu]
     print(
         f"\n{args.model} ({args.scale} sizes{', seq ' + str(args.seq) if args.seq else ''}), "
@@ -477,6 +625,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.min_us,
         args.top,
     )
+    memory_report({c: extrapolate_memory(runs, at) for c, runs in memory.items()}, args.top)
 
 
 if __name__ == "__main__":
