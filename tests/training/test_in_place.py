@@ -402,6 +402,36 @@ def test_a_log_softmax_backward_writes_into_a_gradient_nothing_reads_later():
     assert "out" not in node.kwargs and node.target is backward
 
 
+def test_a_row_wise_backward_is_written_into_its_gradient_only_on_the_devices_named(
+    monkeypatch,
+):
+    """The backward's out= form is an opt-in by device type (its kernels' order of reads and
+    writes checked there); an eager step on a CUDA device names CUDA too, and cuda_paths.py's
+    run without the CUDA-only passes (on_cuda answering False) does not."""
+
+    def step(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.func.grad(lambda x: torch.nn.functional.cross_entropy(x, target))(logits)
+
+    logits, target = torch.randn(6, 40), torch.randint(0, 40, (6,))
+    backward = torch.ops.aten._log_softmax_backward_data.default
+
+    def written_into_gradient(into_first_on: tuple[str, ...]) -> bool:
+        module = traced(step, logits, target)
+        in_place.in_place(module, into_first_on=into_first_on)
+        return any(n.meta.get("graphamp_functional") is backward for n in module.graph.nodes)
+
+    assert written_into_gradient(("cpu",)) and written_into_gradient(("cpu", "cuda"))
+    assert not written_into_gradient(("cuda",)) and not written_into_gradient(())
+    named = []
+    monkeypatch.setattr(
+        in_place, "in_place", lambda module, into_first_on: named.append(into_first_on)
+    )
+    for cuda in (True, False):
+        monkeypatch.setattr(eager, "on_cuda", lambda module, cuda=cuda: cuda)
+        eager.for_eager(traced(step, logits, target))
+    assert named == [("cpu", "cuda"), ("cpu",)]
+
+
 def counter_step(reader_between: bool = False, update_read: bool = False):  # type: ignore[no-untyped-def]
     """A traced state update as functionalisation writes a batch norm's counter: an add, then
     a copy back into the state (with another reader of the state between the two, or of the

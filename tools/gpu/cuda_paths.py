@@ -2,18 +2,21 @@
 
     python tools/gpu/cuda_paths.py [--steps 6]
 
-An eager ``graphamp.fx.train_step`` on a CUDA device takes two passes a CPU never runs
-(:func:`graphamp.fx.training.eager.for_eager`): ``softmax_casts.fused`` (CUDA's float16 ->
-float32 softmax kernels, ``_softmax(half_to_float=True)`` and its backward writing float16)
-and ``in_place.guards_read_once`` (the finite check read on the host once, the guards then
-in place). Tests cannot run them (no GPU); this script trains gpu_train.py's tiny Hugging Face
-BERT (HF's eager attention, dropout on, AdamW, float16 with dynamic loss scaling whose first
-step overflows and is skipped) for ``--steps`` steps twice from the same seed, with the
-passes and with ``eager.on_cuda`` answering False (the step as before them), and prints what
-each graph holds and how far the losses, the weights, the loss scale and the skipped steps
-differ; where no softmax was fused, what the captured model's softmax reads. Exit status 1
-when a pass did not run or the two runs differ by more than 1e-3 (the fused kernels and the
-casts compute the same float32 values: bit for bit is expected, and said).
+An eager ``graphamp.fx.train_step`` on a CUDA device takes passes a CPU never runs, or runs
+only on its own kernels (:func:`graphamp.fx.training.eager.for_eager`): ``softmax_casts.fused``
+(CUDA's float16 -> float32 softmax kernels, ``_softmax(half_to_float=True)`` and its backward
+writing float16), ``in_place.guards_read_once`` (the finite check read on the host once, the
+guards then in place) and the row-wise backwards written into their incoming gradient
+(``in_place.in_place``'s ``into_first_on``: the masked-LM loss's log-softmax backward).
+Tests cannot run them (no GPU); this script trains gpu_train.py's tiny Hugging Face BERT
+(HF's eager attention, dropout on, AdamW, float16 with dynamic loss scaling whose first step
+overflows and is skipped) for ``--steps`` steps twice from the same seed, with the passes and
+with ``eager.on_cuda`` answering False (the step as before them), and prints what each graph
+holds and how far the losses, the weights, the loss scale and the skipped steps differ; where
+no softmax was fused, what the captured model's softmax reads. Exit status 1 when a pass did
+not run or the two runs differ by more than 1e-3 (the fused kernels and the casts compute the
+same float32 values, and a backward writes the same values into its gradient as into a new
+tensor: bit for bit is expected, and said).
 """
 
 from __future__ import annotations
@@ -24,6 +27,14 @@ import sys
 
 import gpu_train  # tools/gpu, beside this script
 import torch
+
+# the row-wise backward ops an eager step writes into their incoming gradient (out=; on CUDA
+# a CUDA-only pass of graphamp.fx.training.in_place), by the op they were traced as, and the
+# name of their out argument
+_INTO_GRADIENT = {
+    torch.ops.aten._log_softmax_backward_data.default: "out",
+    torch.ops.aten._softmax_backward_data.default: "grad_input",
+}
 
 
 def small_bert() -> gpu_train.Workload:
@@ -76,7 +87,15 @@ def trained(device: torch.device, steps: int, cuda_passes: bool) -> dict:
         "fused softmaxes": sum(
             n.target is torch.ops.aten._softmax.default and n.args[2] is True for n in nodes
         ),
+        "backwards into their gradient": sum(_written_into_gradient(n) for n in nodes),
     }
+
+
+def _written_into_gradient(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a row-wise backward writing into its incoming gradient (in the eager
+    graph its target is the op's Python binding; what it was traced as is in its meta)."""
+    out = _INTO_GRADIENT.get(node.meta.get("graphamp_functional"))  # type: ignore[arg-type]
+    return out is not None and node.kwargs.get(out) is node.args[0]
 
 
 def softmax_inputs(device: torch.device, depth: int = 4) -> list[str]:
@@ -143,7 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
     new = trained(device, args.steps, cuda_passes=True)
     old = trained(device, args.steps, cuda_passes=False)
-    for key in ("host reads", "fused softmaxes", "skipped", "scale"):
+    for key in (
+        "host reads",
+        "fused softmaxes",
+        "backwards into their gradient",
+        "skipped",
+        "scale",
+    ):
         print(f"{key}: with the CUDA passes {new[key]}, without {old[key]}")
     print("losses with:   ", " ".join(f"{x:.6f}" for x in new["losses"]))
     print("losses without:", " ".join(f"{x:.6f}" for x in old["losses"]))
@@ -155,7 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     identical = loss_diff == 0 and weight_diff == 0
     print(f"max loss difference {loss_diff:.3e}; max weight difference {weight_diff:.3e}")
     print("bit for bit" if identical else "NOT bit for bit (see the differences above)")
-    ran = new["host reads"] == 1 and new["fused softmaxes"] > 0 and old["host reads"] == 0
+    ran = (
+        new["host reads"] == 1
+        and new["fused softmaxes"] > 0
+        and new["backwards into their gradient"] > 0  # the masked-LM loss's log-softmax
+        and old["host reads"] == 0
+        and old["backwards into their gradient"] == 0
+    )
     print("the passes ran" if ran else "a CUDA pass did not run")
     if not new["fused softmaxes"]:
         print("no softmax fused; the first softmax of the captured model reads:")

@@ -63,7 +63,8 @@ def for_eager(module: fx.GraphModule) -> fx.GraphModule:
     recompute.saved_less(module)
     step_size.with_addcdiv(module)
     in_place.guarded_updates(module)
-    in_place.in_place(module)
+    # CUDA's row-wise backward kernels into their gradient: checked by tools/gpu/cuda_paths.py
+    in_place.in_place(module, into_first_on=("cpu", "cuda") if cuda else ("cpu",))
     in_place.copied_back_in_place(module)
     in_place.unscale_in_check(module)
     if cuda:
