@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -219,3 +220,30 @@ def test_a_cuda_session_that_fell_back_to_the_cpu_is_refused(bench, tmp_path, mo
     with pytest.raises(RuntimeError, match=r"relu\.onnx: onnxruntime's CUDA provider did not load"):
         gpu_infer.session(path, "cuda")
     assert gpu_infer.session(path, "cpu").get_providers() == ["CPUExecutionProvider"]
+
+
+def test_the_graphamp_conversion_is_not_shadowed_by_a_package_in_the_current_folder(
+    bench, tmp_path, monkeypatch
+):
+    """On a GPU machine the command runs in the checkout, whose graphamp/ is not the importable
+    package (gpu_check.sh stages that elsewhere): ``python -m`` would import the checkout's."""
+    import gpu_infer
+    import onnx
+
+    h = onnx.helper
+    x, y = (h.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [2, 4]) for name in "xy")
+    weight = onnx.numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    model = h.make_model(
+        h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [weight]),
+        opset_imports=[h.make_opsetid("", 17)],
+        ir_version=8,
+    )
+    source = tmp_path / "mm.onnx"
+    onnx.save(model, str(source))
+    checkout = tmp_path / "checkout"
+    (checkout / "graphamp").mkdir(parents=True)
+    (checkout / "graphamp" / "__init__.py").write_text("raise ImportError('the checkout')\n")
+    monkeypatch.chdir(checkout)
+    gpu_infer.convert_graphamp(source, tmp_path / "converted.onnx")
+    converted = onnx.load(str(tmp_path / "converted.onnx"))
+    assert any(n.op_type == "Cast" for n in converted.graph.node)  # converted, by graphamp

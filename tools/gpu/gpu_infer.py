@@ -173,9 +173,13 @@ def build(name: str, scale: str, folder: Path) -> tuple[Path, dict[str, np.ndarr
 
 
 def convert_graphamp(source: Path, target: Path) -> None:
-    """As a user converts: the command line (external data kept beside a large model)."""
+    """As a user converts: the command line (external data kept beside a large model). ``-P``:
+    the current folder is not put first on the module path; on a GPU machine it is this
+    checkout, whose ``graphamp/`` lacks ``passes/`` and ``models/`` (gpu_check.sh stages the
+    package elsewhere), and would shadow the staged one."""
     command = [
         sys.executable,
+        "-P",
         "-m",
         "graphamp.cli",
         "convert",
