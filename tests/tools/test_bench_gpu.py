@@ -247,3 +247,19 @@ def test_the_graphamp_conversion_is_not_shadowed_by_a_package_in_the_current_fol
     gpu_infer.convert_graphamp(source, tmp_path / "converted.onnx")
     converted = onnx.load(str(tmp_path / "converted.onnx"))
     assert any(n.op_type == "Cast" for n in converted.graph.node)  # converted, by graphamp
+
+
+def test_the_weights_bytes_are_read_from_shapes_not_a_serialisation(bench):
+    """convert_ort decides on external data from them: protobuf cannot measure a model past
+    2 GB (the LLaMA-shaped decoder at the GPU's sizes), so ByteSize() is not used."""
+    import gpu_infer
+    import onnx
+
+    h = onnx.helper
+    weights = [
+        onnx.numpy_helper.from_array(np.ones((4, 4), np.float32), "w"),
+        onnx.numpy_helper.from_array(np.arange(3, dtype=np.int64), "i"),
+        onnx.numpy_helper.from_array(np.ones((5,), np.float16), "h"),
+    ]
+    graph = h.make_graph([], "g", [], [], weights)
+    assert gpu_infer._weight_bytes(graph) == 16 * 4 + 3 * 8 + 5 * 2

@@ -199,8 +199,18 @@ def convert_ort(source: Path, target: Path) -> None:
 
     model = OnnxModel(onnx.load(str(source)))
     model.convert_float_to_float16(keep_io_types=True)
-    large = model.model.ByteSize() > LARGE
+    # the weights' bytes, not ByteSize(): protobuf cannot measure a model past 2 GB (the
+    # LLaMA-shaped decoder's float32 source at the GPU's sizes)
+    large = _weight_bytes(model.model.graph) > LARGE
     model.save_model_to_file(str(target), use_external_data_format=large)
+
+
+def _weight_bytes(graph: onnx.GraphProto) -> int:
+    """The bytes of ``graph``'s initializers, from their shapes and types."""
+    return sum(
+        int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        for t in graph.initializer
+    )
 
 
 def casts(path: Path) -> int:
