@@ -24,8 +24,8 @@
 # a temporary folder put first on PYTHONPATH (a missing or damaged part stops it, named, exit 2).
 #
 # First, tools/gpu/cuda_paths.py (about 20 s, outside the budget): the eager step's CUDA-only
-# passes (the fused float16 softmax, the finite check read on the host once) on a small BERT,
-# against the same step without them.
+# passes (the fused float16 softmax, the finite check read on the host once, the row-wise
+# backwards written into their gradient) on a small BERT, against the same step without them.
 #
 # Issue 42's figures, each part under a deadline of its own so that every part gets its share
 # of the budget (a configuration not started by its deadline is named as not measured); PARTS
@@ -109,8 +109,10 @@ fi
 
 # torch first: onnxruntime's CUDA provider then finds the CUDA and cuDNN libraries torch loaded
 ort_cuda=$("$py" - "$dry" <<'PY'
+import contextlib
 import sys
 import torch
+import numpy
 import onnx
 import onnxruntime
 if not torch.cuda.is_available() and sys.argv[1] not in ("1", "parse"):
@@ -123,10 +125,17 @@ if cuda and torch.cuda.is_available():  # listed is not loaded: run one op on it
     x, y = (h.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [2]) for name in "xy")
     graph = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
-    session = onnxruntime.InferenceSession(
-        model.SerializeToString(), providers=["CUDAExecutionProvider"]
-    )
-    cuda = session.get_providers()[0] == "CUDAExecutionProvider"
+    # onnxruntime prints why a provider failed on stdout: to stderr, with this script's lines
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            session = onnxruntime.InferenceSession(
+                model.SerializeToString(), providers=["CUDAExecutionProvider"]
+            )
+            session.run(None, {"x": numpy.array([-1.0, 2.0], dtype=numpy.float32)})
+            cuda = session.get_providers()[0] == "CUDAExecutionProvider"
+        except Exception as error:  # any failure of the provider: the latency parts are skipped
+            print(f"gpu_check: onnxruntime's CUDA provider failed: {error}")
+            cuda = False
     state = "with" if cuda else "its CUDA provider listed but not loaded: see above; without"
 print(
     f"# device: {device} | torch {torch.__version__} | onnxruntime {onnxruntime.__version__}"

@@ -85,7 +85,8 @@ def carried_onnxruntime(tmp_path: Path) -> Path:
     onnxruntime-gpu is packed to travel to a GPU machine (tools/gpu/wheel_parts.py)."""
     import zipfile
 
-    sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+    if str(ROOT / "tools" / "gpu") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tools" / "gpu"))
     import wheel_parts
 
     wheel = tmp_path / "onnxruntime-0.0+carried-py3-none-any.whl"
@@ -95,9 +96,9 @@ def carried_onnxruntime(tmp_path: Path) -> Path:
             "__version__ = '0.0+carried'\n"
             "def get_available_providers():\n    return ['CPUExecutionProvider']\n",
         )
-        archive.writestr("onnxruntime/padding.bin", os.urandom(3000))
+        archive.writestr("onnxruntime/padding.bin", os.urandom(100 * 1024))
     parts = tmp_path / "parts"
-    wheel_parts.pack([wheel], parts, 2000, preset=1)
+    wheel_parts.pack([wheel], parts, 64 * 1024, preset=1)
     return parts
 
 

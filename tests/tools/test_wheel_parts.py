@@ -107,17 +107,58 @@ def test_a_damaged_part_is_named_and_nothing_is_unpacked(tmp_path):
 
 def test_a_pack_that_fails_midway_leaves_no_parts(tmp_path, monkeypatch):
     wheel, _ = make_wheel(tmp_path)
+    real = wheel_parts.tarfile.TarFile.addfile
+    written: list[bool] = []
+
+    def breaks_on_the_last_file(self, entry, source=None):  # type: ignore[no-untyped-def]
+        if entry.name.endswith("METADATA"):  # after the blob: parts are on disk by now
+            written.append((tmp_path / "parts" / "part-1" / "data").exists())
+            raise OSError("disk full")
+        return real(self, entry, source)
+
+    monkeypatch.setattr(wheel_parts.tarfile.TarFile, "addfile", breaks_on_the_last_file)
+    with pytest.raises(OSError, match="disk full"):
+        wheel_parts.pack([wheel], tmp_path / "parts", 64 * KIB, preset=1)
+    assert written == [True]  # a part had been written, and is gone
+    assert not (tmp_path / "parts").exists()
+
+
+def test_a_name_that_would_unpack_outside_its_folder_is_refused(tmp_path):
+    wheel = tmp_path / "evil-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("ok/a.py", b"")
+        archive.writestr("../evil.py", b"")
+    with pytest.raises(wheel_parts.PartsError, match="would unpack outside its folder"):
+        wheel_parts.pack([wheel], tmp_path / "parts", 64 * KIB, preset=1)
+    assert not (tmp_path / "parts").exists()
+
+
+def test_an_unpack_that_fails_leaves_no_folder(tmp_path, monkeypatch):
+    into, _ = packed(tmp_path)
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(wheel_parts.tarfile.TarFile, "addfile", broken)
-    with pytest.raises(OSError, match="disk full"):
-        wheel_parts.pack([wheel], tmp_path / "parts", 100 * KIB, preset=1)
-    assert not (tmp_path / "parts").exists()
+    monkeypatch.setattr(wheel_parts.tarfile.TarFile, "extractall", broken)
+    with pytest.raises(wheel_parts.PartsError, match="did not unpack"):
+        wheel_parts.unpack(into, tmp_path / "site")
+    assert not (tmp_path / "site").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".site")] == []
 
 
-@pytest.mark.parametrize("what", ["not-a-wheel", "non-empty", "no-parts"])
+@pytest.mark.parametrize(
+    "what",
+    [
+        "not-a-wheel",
+        "non-empty",
+        "no-parts",
+        "drop-nothing",
+        "tiny-parts",
+        "nan",
+        "bad-manifest",
+        "site-not-empty",
+    ],
+)
 def test_a_bad_input_is_one_line_with_exit_status_2(tmp_path, what):
     wheel, _ = make_wheel(tmp_path)
     if what == "not-a-wheel":
@@ -131,9 +172,28 @@ def test_a_bad_input_is_one_line_with_exit_status_2(tmp_path, what):
         (tmp_path / "parts" / "left").write_text("x")
         done = run_tool("pack", str(wheel), "--into", str(tmp_path / "parts"))
         expected = "not empty"
-    else:
+    elif what == "no-parts":
         done = run_tool("unpack", str(tmp_path), "--into", str(tmp_path / "site"))
         expected = "not packed parts"
+    elif what == "drop-nothing":  # a misspelt glob: what it meant to leave out would travel
+        done = run_tool("pack", str(wheel), "--into", str(tmp_path / "parts"), "--drop", "*.sO")
+        expected = "--drop '*.sO': matches no file"
+        assert not (tmp_path / "parts").exists()
+    elif what in ("tiny-parts", "nan"):
+        size = "0.00001" if what == "tiny-parts" else "nan"
+        done = run_tool("pack", str(wheel), "--into", str(tmp_path / "parts"), "--part-mib", size)
+        expected = "--part-mib"
+    elif what == "bad-manifest":
+        (tmp_path / "parts").mkdir()
+        (tmp_path / "parts" / wheel_parts.MANIFEST).write_text("[]")
+        done = run_tool("unpack", str(tmp_path / "parts"), "--into", str(tmp_path / "site"))
+        expected = "not a manifest of parts"
+    else:
+        into, _ = packed(tmp_path)
+        (tmp_path / "site").mkdir()
+        (tmp_path / "site" / "kept").write_text("x")
+        done = run_tool("unpack", str(into), "--into", str(tmp_path / "site"))
+        expected = "not an empty folder"
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and expected in done.stderr
     assert "Traceback" not in done.stderr

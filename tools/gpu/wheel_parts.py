@@ -6,17 +6,19 @@ one at a time and are unpacked there into a folder to put on ``PYTHONPATH``.
     python tools/gpu/wheel_parts.py unpack DIR --into SITE
 
 Why: the GPU machines lent to this project take at most 64 MiB of files a call, and their image
-holds onnxruntime without its CUDA provider; ``onnxruntime-gpu`` (1.31.1, built for CUDA 13, the
-image's torch's CUDA) is a 255 MB wheel, and issue 42's onnxruntime CUDA latency needs it.
+holds onnxruntime without its CUDA provider; ``onnxruntime-gpu`` (1.31.1, built for CUDA 13,
+the image's torch's CUDA) is a 255 MB wheel, and issue 42's onnxruntime CUDA latency needs it.
 Installed files compress better than the wheel (a zip of each file on its own): ``pack`` writes
 the wheels' files, less those ``--drop`` names (say TensorRT's provider, which is not used), as
 one xz-compressed tar stream cut into ``DIR/part-1/data``, ``DIR/part-2/data``... of at most
-``--part-mib`` MiB each, with ``manifest.json`` (each part's size and SHA-256) in ``DIR`` and in
-every part folder, so that any part carries it. Each part folder travels alone, in calls made
-while the machine is still warm (it keeps what earlier calls left); ``unpack`` checks that every
-part is there and whole, then extracts the files into ``SITE`` as ``pip install --target``
-would, and says what it unpacked. ``tools/gpu_check.sh`` runs it where ``ORT_GPU_PARTS`` names
-``DIR``. A missing or damaged part is one line naming it, exit status 2.
+``--part-mib`` MiB each, with ``manifest.json`` (each part's size and SHA-256) in ``DIR`` and
+in every part folder, so that any part carries it. Each part folder travels alone, in calls
+made while the machine is still warm (it keeps what earlier calls left); ``unpack`` checks that
+every part is there and whole, then extracts the files into ``SITE`` (the wheels' files as they
+are, which is what Python imports: no ``.data`` folder is moved, no RECORD written) and says
+what it unpacked. ``tools/gpu_check.sh`` runs it where ``ORT_GPU_PARTS`` names ``DIR``. A
+mistake (a missing or damaged part, a ``--drop`` glob matching nothing, a file that is no
+wheel) is one line naming it, exit status 2, and leaves no partial pack or unpacked folder.
 """
 
 from __future__ import annotations
@@ -27,16 +29,19 @@ import hashlib
 import io
 import json
 import lzma
+import math
 import shutil
 import sys
 import tarfile
+import tempfile
 import zipfile
 from collections.abc import Iterator, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 MANIFEST = "manifest.json"
 MIB = 1 << 20
+SMALLEST_PART = 64 << 10  # bytes: smaller parts only multiply the folders to carry
 
 
 class PartsError(Exception):
@@ -93,14 +98,23 @@ class _PartWriter(io.RawIOBase):
         super().close()
 
 
-def _members(wheel: Path, drop: Sequence[str]) -> Iterator[tuple[zipfile.ZipInfo, zipfile.ZipFile]]:
+def _members(
+    wheel: Path, drop: Sequence[str], matched: set[str]
+) -> Iterator[tuple[zipfile.ZipInfo, zipfile.ZipFile]]:
+    """``wheel``'s files less those a ``drop`` glob matches (the globs that matched added to
+    ``matched``); a name that would land outside the folder it is unpacked into is refused."""
     try:
         archive = zipfile.ZipFile(wheel)
     except (OSError, zipfile.BadZipFile) as error:
         raise PartsError(f"{wheel}: not a wheel ({error})") from None
     with archive:
         for info in archive.infolist():
-            if info.is_dir() or any(fnmatch.fnmatch(info.filename, glob) for glob in drop):
+            name = PurePosixPath(info.filename)
+            if name.is_absolute() or ".." in name.parts:
+                raise PartsError(f"{wheel}: {info.filename!r} would unpack outside its folder")
+            hits = {glob for glob in drop if fnmatch.fnmatch(info.filename, glob)}
+            matched |= hits
+            if info.is_dir() or hits:
                 continue
             yield info, archive
 
@@ -108,13 +122,13 @@ def _members(wheel: Path, drop: Sequence[str]) -> Iterator[tuple[zipfile.ZipInfo
 def _write(wheels: Sequence[Path], writer: _PartWriter, drop: Sequence[str], preset: int) -> int:
     """The wheels' files, less ``drop``'s, written as an xz-compressed tar stream to ``writer``
     (closed at the end); how many."""
-    files = 0
+    files, matched = 0, set[str]()
     with (
         lzma.open(writer, "wb", preset=preset) as stream,
         tarfile.open(fileobj=stream, mode="w|") as tar,
     ):
         for wheel in wheels:
-            for info, archive in _members(wheel, drop):
+            for info, archive in _members(wheel, drop, matched):
                 entry = tarfile.TarInfo(info.filename)
                 entry.size = info.file_size
                 # the mode the wheel recorded, else a plain file's
@@ -123,6 +137,9 @@ def _write(wheels: Sequence[Path], writer: _PartWriter, drop: Sequence[str], pre
                     tar.addfile(entry, source)
                 files += 1
     writer.close()
+    unmatched = [glob for glob in drop if glob not in matched]
+    if unmatched:  # a misspelt glob would keep what it meant to leave out
+        raise PartsError(f"--drop {unmatched[0]!r}: matches no file of the wheels")
     return files
 
 
@@ -131,8 +148,10 @@ def pack(
 ) -> dict[str, object]:
     """Pack ``wheels``' files, less those matching ``drop``, into parts under ``into`` (a new
     or empty folder); the manifest written."""
-    if part_bytes <= 0:
-        raise PartsError(f"--part-mib: {part_bytes / MIB:g}: expected a size above 0")
+    if not part_bytes >= SMALLEST_PART:  # (a NaN too)
+        raise PartsError(
+            f"--part-mib: {part_bytes / MIB:g}: expected at least {SMALLEST_PART / MIB:g}"
+        )
     for wheel in wheels:
         if not wheel.name.endswith(".whl"):
             raise PartsError(f"{wheel}: not a wheel (a .whl file)")
@@ -140,6 +159,8 @@ def pack(
             raise PartsError(f"{wheel}: no such file")
         if not zipfile.is_zipfile(wheel):
             raise PartsError(f"{wheel}: not a wheel (not a zip archive)")
+    if into.exists() and not into.is_dir():
+        raise PartsError(f"{into}: not a folder")
     if into.exists() and any(into.iterdir()):
         raise PartsError(f"{into}: not empty (parts of another pack would mix with these)")
     into.mkdir(parents=True, exist_ok=True)
@@ -171,9 +192,19 @@ def _manifest(folder: Path) -> dict:
     for candidate in [folder / MANIFEST, *sorted(folder.glob(f"part-*/{MANIFEST}"))]:
         if candidate.is_file():
             try:
-                return json.loads(candidate.read_text())
-            except ValueError as error:
+                manifest = json.loads(candidate.read_text())
+                valid = isinstance(manifest, dict) and all(
+                    isinstance(part["name"], str)
+                    and "/" not in part["name"]
+                    and isinstance(part["bytes"], int)
+                    and isinstance(part["sha256"], str)
+                    for part in manifest["parts"]
+                )
+            except (ValueError, KeyError, TypeError) as error:
                 raise PartsError(f"{candidate}: not a manifest of parts ({error})") from None
+            if not valid:
+                raise PartsError(f"{candidate}: not a manifest of parts")
+            return manifest
     raise PartsError(f"{folder}: no {MANIFEST} (in it or in any part-K folder): not packed parts")
 
 
@@ -231,16 +262,27 @@ class _Joined(io.RawIOBase):
 
 
 def unpack(folder: Path, site: Path) -> dict:
-    """Extract the parts under ``folder`` into ``site``; the manifest."""
+    """Extract the parts under ``folder`` into ``site`` (new, or an empty folder); the
+    manifest. The files are extracted beside it first and moved in once all are there."""
     manifest = check(folder)
-    site.mkdir(parents=True, exist_ok=True)
+    if site.exists() and (not site.is_dir() or any(site.iterdir())):
+        raise PartsError(f"{site}: not an empty folder")
+    site.parent.mkdir(parents=True, exist_ok=True)
     files = [folder / p["name"] / "data" for p in manifest["parts"]]
-    with (
-        _Joined(files) as joined,
-        lzma.open(io.BufferedReader(joined)) as stream,
-        tarfile.open(fileobj=stream, mode="r|") as tar,
-    ):
-        tar.extractall(site, filter="data")
+    staging = Path(tempfile.mkdtemp(prefix=f".{site.name}-", dir=site.parent))
+    try:
+        with (
+            _Joined(files) as joined,
+            lzma.open(io.BufferedReader(joined)) as stream,
+            tarfile.open(fileobj=stream, mode="r|") as tar,
+        ):
+            tar.extractall(staging, filter="data")
+    except (OSError, EOFError, lzma.LZMAError, tarfile.TarError) as error:
+        shutil.rmtree(staging)
+        raise PartsError(f"{folder}: its parts did not unpack ({error})") from None
+    if site.exists():
+        site.rmdir()  # (empty, checked above)
+    staging.rename(site)
     return manifest
 
 
@@ -272,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.verb == "pack":
+            if not math.isfinite(args.part_mib):
+                raise PartsError(f"--part-mib: {args.part_mib}: expected a number of MiB")
             manifest = pack(args.wheels, args.into, int(args.part_mib * MIB), args.drop)
             sizes = ", ".join(f"{p['name']} {p['bytes'] / MIB:.1f} MiB" for p in manifest["parts"])
             print(f"packed {manifest['files']} files of {', '.join(manifest['wheels'])}: {sizes}")
@@ -281,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"unpacked {manifest['files']} files of {', '.join(manifest['wheels'])} "
                 f"({len(manifest['parts'])} parts) into {args.into}"
             )
-    except PartsError as error:
+    except (PartsError, OSError) as error:  # an OSError names its file: one line too
         print(f"wheel_parts: {error}", file=sys.stderr)
         return 2
     return 0
