@@ -47,6 +47,12 @@ def test_the_memory_recorder_counts_storages_alive_after_each_op_and_their_peak(
     assert recorder.at_peak == {"held f32": 4000, "mul f32": 4000, "cat f32": 8000}
     later = tool.Recorder(recorder.storages)  # what a next step starts with: a alone alive
     assert later.peak == 4000 and later.at_peak == {"held f32": 4000}
+    with tool.Recorder({}) as resized:
+        out = torch.empty(0)
+        torch.add(a, 1, out=out)  # the storage grows after the recorder first saw it
+        del out
+        a.sum()
+    assert resized.peak == 8000  # a and out's 4,000 bytes, not out's first 0
 
 
 def test_peaks_are_fitted_linearly_in_the_batch(tool):

@@ -186,11 +186,14 @@ class Recorder(TorchDispatchMode):
                 if t.device.type == "meta":
                     continue
                 storage = t.untyped_storage()
-                if storage._cdata not in self.storages:
+                seen = self.storages.get(storage._cdata)
+                if seen is None:
                     label = f"{made_by} {_short(t.dtype)}"
                     self.storages[storage._cdata] = Storage(
                         StorageWeakRef(storage), storage.nbytes(), label
                     )
+                elif seen.nbytes != storage.nbytes():  # resized since (an out= into empty(0))
+                    self.storages[storage._cdata] = seen._replace(nbytes=storage.nbytes())
         alive = {k: each for k, each in self.storages.items() if not each.ref.expired()}
         self.storages = alive
         total = sum(each.nbytes for each in alive.values())
@@ -616,7 +619,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     bandwidth, tflops = GPUS[args.gpu]
     print(
         f"\n{args.model} ({args.scale} sizes{', seq ' + str(args.seq) if args.seq else ''}), "
-        f"batch {at}, float16, GPU model {args.gpu}"
+        f"batch {at}, {', '.join(args.configs)} (float16 where mixed), GPU model {args.gpu}"
     )
     report(
         {c: extrapolate(runs, at) for c, runs in recorded.items()},
