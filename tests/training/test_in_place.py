@@ -395,11 +395,14 @@ def test_a_log_softmax_backward_writes_into_a_gradient_nothing_reads_later():
     backward = torch.ops.aten._log_softmax_backward_data.default
     node = next(n for n in module.graph.nodes if n.meta.get("graphamp_functional") is backward)
     assert node.kwargs["out"] is node.args[0]  # written into its incoming gradient
+    assert in_place.written_into_first(node)  # what cuda_paths.py counts on a GPU
+    assert not any(in_place.written_into_first(n) for n in module.graph.nodes if n is not node)
     got = module(logits, target)
     for want, have in zip(expected, got, strict=True):
         assert torch.equal(want, have)
     eager.for_compile(module)  # the functional form again: a new tensor
     assert "out" not in node.kwargs and node.target is backward
+    assert not in_place.written_into_first(node)
 
 
 def test_a_row_wise_backward_is_written_into_its_gradient_only_on_the_devices_named(

@@ -28,14 +28,6 @@ import sys
 import gpu_train  # tools/gpu, beside this script
 import torch
 
-# the row-wise backward ops an eager step writes into their incoming gradient (out=; on CUDA
-# a CUDA-only pass of graphamp.fx.training.in_place), by the op they were traced as, and the
-# name of their out argument
-_INTO_GRADIENT = {
-    torch.ops.aten._log_softmax_backward_data.default: "out",
-    torch.ops.aten._softmax_backward_data.default: "grad_input",
-}
-
 
 def small_bert() -> gpu_train.Workload:
     """gpu_train.py's tiny BERT (HF's eager attention, dropout, AdamW), at the batch and
@@ -48,7 +40,7 @@ def trained(device: torch.device, steps: int, cuda_passes: bool) -> dict:
     import graphamp
     from graphamp.fx import train_step
     from graphamp.fx.dialect import lowering
-    from graphamp.fx.training import eager
+    from graphamp.fx.training import eager, in_place
 
     work = small_bert()
     model = work.build(0).to(device).train()
@@ -87,15 +79,8 @@ def trained(device: torch.device, steps: int, cuda_passes: bool) -> dict:
         "fused softmaxes": sum(
             n.target is torch.ops.aten._softmax.default and n.args[2] is True for n in nodes
         ),
-        "backwards into their gradient": sum(_written_into_gradient(n) for n in nodes),
+        "backwards into their gradient": sum(in_place.written_into_first(n) for n in nodes),
     }
-
-
-def _written_into_gradient(node: torch.fx.Node) -> bool:
-    """Whether ``node`` is a row-wise backward writing into its incoming gradient (in the eager
-    graph its target is the op's Python binding; what it was traced as is in its meta)."""
-    out = _INTO_GRADIENT.get(node.meta.get("graphamp_functional"))  # type: ignore[arg-type]
-    return out is not None and node.kwargs.get(out) is node.args[0]
 
 
 def softmax_inputs(device: torch.device, depth: int = 4) -> list[str]:

@@ -125,6 +125,15 @@ def in_place(module: fx.GraphModule, into_first_on: Collection[str] = ("cpu",)) 
     return recompiled(module, made)
 
 
+def written_into_first(node: fx.Node) -> bool:
+    """Whether :func:`in_place` made ``node`` a row-wise backward writing into its incoming
+    gradient (``_INTO_FIRST``; in an eager graph its target may be the op's Python binding)."""
+    traced = node.meta.get(_FUNCTIONAL_META)
+    if traced not in _INTO_FIRST:
+        return False
+    return node.kwargs.get(_OUT_NAME[_INTO_FIRST[traced][0]]) is node.args[0]
+
+
 def copied_back_in_place(module: fx.GraphModule) -> int:
     """Each ``copy_(state, op(state, ...))`` whose ``op`` has an in-place variant and no other
     reader, with no reader of ``state`` between the two, as ``op_(state, ...)``: one kernel
@@ -139,8 +148,9 @@ def copied_back_in_place(module: fx.GraphModule) -> int:
         if copy.target is not torch.ops.aten.copy_.default or len(copy.args) != 2:
             continue
         state, update = copy.args
+        # (no device named: a row-wise backward's out= form is not an in-place op here)
         target = _in_place_target(update) if isinstance(update, fx.Node) else None
-        if target is None or target in _INTO_OUT_OPS or update.args[0] is not state:
+        if target is None or update.args[0] is not state:
             continue
         if list(update.users) != [copy] or not _same_layout(state, update):
             continue
