@@ -35,3 +35,18 @@ def test_the_softmax_reads_the_scaled_scores_once_the_mask_of_zeros_is_dropped()
     assert any("masks that mask nothing dropped" in line for line in lines)  # its debug line
     first = next(i for i, line in enumerate(lines) if line.startswith("%softmax"))
     assert "mul" in lines[first + 1]  # the scaled scores, no add of a mask in between
+
+
+def test_each_literal_left_in_the_graph_is_described_as_the_mask_check_reads_it():
+    """Where a GPU's capture keeps a mask, the next run says what its literal held there (the
+    H200's kept transformers 5.17's mask of zeros, cause not found on a CPU)."""
+    from graphamp.fx.dialect.capture import capture
+
+    class Shifted(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.tensor(2.0)  # a literal no mask check drops
+
+    module = capture(Shifted(), (torch.randn(3),), dynamic_shapes="static")
+    (line,) = cuda_paths.literals(module)
+    assert line.startswith("literal lifted_tensor_0: Tensor torch.float32 () on cpu, fake False")
+    assert "the check reads tensor(2.)" in line and "lift_fresh_copy" in line

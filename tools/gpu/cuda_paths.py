@@ -131,6 +131,41 @@ def softmax_inputs(device: torch.device, depth: int = 4) -> list[str]:
         if node.target in (torch.ops.aten.softmax.int, torch.ops.aten._softmax.default):
             show(node, 0)
             break  # every layer's is alike
+    return lines + literals(module)
+
+
+def literals(module: torch.fx.GraphModule) -> list[str]:
+    """Each tensor literal the captured graph still holds (a ``get_attr`` that
+    ``lift_fresh_copy`` reads: transformers 5.17 writes its mask's zero so) as the mask check
+    reads it: the attribute's type, device and constant, and the value the check gets, or
+    None where it refuses it (the check logs nothing then)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    from graphamp.fx.dialect import attention
+    from graphamp.fx.dialect.ops import attribute_of
+
+    lines = []
+    for node in module.graph.nodes:
+        if node.op != "get_attr" or not any(
+            reader.target is torch.ops.aten.lift_fresh_copy.default for reader in node.users
+        ):
+            continue
+        try:
+            value = attribute_of(module, node)
+        except AttributeError as error:
+            lines.append(f"literal {node.target}: no attribute ({error})")
+            continue
+        held = (
+            f"{type(value).__name__} {value.dtype} {tuple(value.shape)} on {value.device}, "
+            f"fake {is_fake(value)}, constant {getattr(value, 'constant', None)!r}"
+            if isinstance(value, torch.Tensor)
+            else type(value).__name__
+        )
+        readers = ", ".join(reader.format_node() for reader in node.users)
+        lines.append(
+            f"literal {node.target}: {held}; the check reads {attention._literal(node)!r}; "
+            f"read by {readers}"
+        )
     return lines
 
 
