@@ -153,8 +153,9 @@ class Recorder(TorchDispatchMode):
             # of the step, and what it calls becomes the step's graph, so it is left as it is
             return func(*args, **kwargs)
         out = _run(func, args, kwargs)
+        name = str(func.overloadpacket).removeprefix("aten.")
         if self.memory:
-            self._count(func, inputs, _tensors(out))
+            self._count(name, inputs, _tensors(out))
         if func in _ALLOCATIONS or _returns_view(func):
             return out
         written_args = [
@@ -169,18 +170,14 @@ class Recorder(TorchDispatchMode):
         formula = flop_registry.get(func.overloadpacket)
         if formula is not None:
             flops = int(formula(*args, **kwargs, out_val=out))
-        name = str(func.overloadpacket).removeprefix("aten.")
         if func is aten._to_copy.default and inputs:
             name += f" {_short(inputs[0].dtype)}->{_short(_tensors(out)[0].dtype)}"
         self.ops.append(Op(name, sum(map(_nbytes, inputs)), sum(map(_nbytes, outputs)), flops))
         return out
 
-    def _count(
-        self, func: torch._ops.OpOverload, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
-    ) -> None:
-        """Track the storages ``func`` read (first seen: held from before the step) and made;
-        drop the freed; keep the peak and what it held."""
-        name = str(func.overloadpacket).removeprefix("aten.")
+    def _count(self, name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        """Track the storages the op ``name`` read (first seen: held from before the step) and
+        made; drop the freed; keep the peak and what it held."""
         for tensors, made_by in ((inputs, "held"), (outputs, name)):
             for t in tensors:
                 if t.device.type == "meta":
@@ -357,11 +354,15 @@ def steps(
     from graphamp.fx import train_step
     from graphamp.policy.policy import Policy
 
-    def float32() -> Callable[..., Any]:
+    def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         model = copy.deepcopy(base).train()
         optimizer = work.optimizer(model)
         for group in optimizer.param_groups:
             group["foreach"] = True  # CUDA's default; the CPU's is a loop per parameter
+        return model, optimizer
+
+    def float32() -> Callable[..., Any]:
+        model, optimizer = model_and_optimizer()
 
         def step(*batch: torch.Tensor) -> torch.Tensor:
             optimizer.zero_grad(set_to_none=True)
@@ -373,10 +374,7 @@ def steps(
         return step
 
     def autocast() -> Callable[..., Any]:
-        model = copy.deepcopy(base).train()
-        optimizer = work.optimizer(model)
-        for group in optimizer.param_groups:
-            group["foreach"] = True  # CUDA's default; the CPU's is a loop per parameter
+        model, optimizer = model_and_optimizer()
         scaler = torch.amp.GradScaler("cpu")
 
         def step(*batch: torch.Tensor) -> torch.Tensor:
@@ -424,14 +422,21 @@ def record(step: Callable[..., Any], batch: Sequence[torch.Tensor]) -> tuple[lis
     return recorder.ops, Memory(recorder.peak, recorder.at_peak)
 
 
-def extrapolate_memory(runs: dict[int, Memory], at: int) -> Memory:
-    """The peak and what it holds at batch ``at``, each fitted linearly from the recorded
-    batches (a label missing at one batch holds nothing there)."""
-    (b0, first), (b1, second) = sorted(runs.items())[:2]
+def _linear_fit(b0: int, b1: int, at: int) -> Callable[[int, int], int]:
+    """A count at batch ``at`` from its values at batches ``b0`` and ``b1``, on their line
+    (never below zero)."""
 
     def fit(u: int, v: int) -> int:
         return max(0, round(u + (v - u) * (at - b0) / (b1 - b0)))
 
+    return fit
+
+
+def extrapolate_memory(runs: dict[int, Memory], at: int) -> Memory:
+    """The peak and what it holds at batch ``at``, each fitted linearly from the recorded
+    batches (a label missing at one batch holds nothing there)."""
+    (b0, first), (b1, second) = sorted(runs.items())[:2]
+    fit = _linear_fit(b0, b1, at)
     labels = {*first.held, *second.held}
     held = {k: fit(first.held.get(k, 0), second.held.get(k, 0)) for k in labels}
     return Memory(fit(first.peak, second.peak), held)
@@ -473,10 +478,7 @@ def extrapolate(runs: dict[int, list[Op]], at: int) -> list[Op]:
     (b0, first), (b1, second) = sorted(runs.items())[:2]
     if [o.name for o in first] != [o.name for o in second]:
         raise SystemExit(f"the step dispatched different ops at batch {b0} and {b1}")
-
-    def fit(u: int, v: int) -> int:
-        return max(0, round(u + (v - u) * (at - b0) / (b1 - b0)))
-
+    fit = _linear_fit(b0, b1, at)
     return [
         Op(a.name, fit(a.read, b.read), fit(a.written, b.written), fit(a.flops, b.flops))
         for a, b in zip(first, second, strict=True)

@@ -148,7 +148,7 @@ def pack(
 ) -> dict[str, object]:
     """Pack ``wheels``' files, less those matching ``drop``, into parts under ``into`` (a new
     or empty folder); the manifest written."""
-    if not part_bytes >= SMALLEST_PART:  # (a NaN too)
+    if part_bytes < SMALLEST_PART:
         raise PartsError(
             f"--part-mib: {part_bytes / MIB:g}: expected at least {SMALLEST_PART / MIB:g}"
         )
