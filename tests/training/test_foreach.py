@@ -100,6 +100,53 @@ def test_a_tensor_every_member_reads_is_passed_once():
         assert torch.equal(want, have)
 
 
+def test_a_shared_tensor_that_is_not_0_dim_is_passed_as_a_list():
+    """Two products by one gate (a gated MLP: ``p * s``, ``q * s``): the foreach op's
+    Tensor overload takes only a 0-dim tensor ("scalar tensor expected to be 0 dim"), so
+    the gate is repeated in a list."""
+
+    def gated(gate: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> list[torch.Tensor]:
+        return [p * gate, q * gate]
+
+    generator = torch.Generator().manual_seed(1)
+    arguments = [torch.randn(8, 16, generator=generator) for _ in range(3)]
+    module = make_fx(gated)(*arguments)
+    expected = module(*arguments)
+    assert foreach.grouped(module) == 1
+    assert grouped_targets(module) == ["aten._foreach_mul.List"]
+    for want, have in zip(expected, module(*arguments), strict=True):
+        assert torch.equal(want, have)
+
+
+def test_a_step_through_a_gated_module_runs_as_autocast_computes_it():
+    """End to end (found on Gemma-3's MLP): the eager step groups the forward's two
+    products by one gate and its first call used to fail."""
+
+    class Gated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = nn.Linear(16, 16)
+            self.proj = nn.Linear(16, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            s = torch.sigmoid(self.gate(x))
+            p, q = self.proj(x).chunk(2, -1)
+            return p * s + q * s
+
+    torch.manual_seed(0)
+    model = Gated()
+    reference = Gated()
+    reference.load_state_dict(model.state_dict())
+    x, target = torch.randn(8, 16), torch.randn(8, 16)
+    step = train_step(model, nn.functional.mse_loss, torch.optim.SGD(model.parameters(), lr=0.1),
+                      dtype="bfloat16")  # fmt: skip
+    loss = step(x, target)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = nn.functional.mse_loss(reference(x), target)
+    assert torch.isfinite(loss)
+    assert abs(loss.item() - expected.item()) <= 1e-2 * abs(expected.item())
+
+
 def dependent_graph(hazard: str) -> fx.GraphModule:
     """Two in-place adds in a row on buffers of the graph: independent, or the second
     reading what the first wrote (``"reads-written"``) or writing what the first read

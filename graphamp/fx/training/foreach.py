@@ -197,7 +197,7 @@ def _group(graph: fx.Graph, run: list[fx.Node]) -> bool:
             kinds.append("scalar")
         elif len(set(column)) == 1:
             arguments.append(column[0])
-            kinds.append("shared")
+            kinds.append("shared" if _zero_dim(column[0]) else "shared list")
         else:
             arguments.append(list(column))
             kinds.append("list")
@@ -219,7 +219,7 @@ def _group(graph: fx.Graph, run: list[fx.Node]) -> bool:
         return False
     chosen = [_takes_one(in_place_op, i) for i in range(len(kinds))]
     arguments = [
-        [a] * len(run) if kind == "shared" and not one else a
+        [a] * len(run) if kind.startswith("shared") and not one else a
         for a, kind, one in zip(arguments, kinds, chosen, strict=True)
     ]
     if guarded:
@@ -256,9 +256,10 @@ def _foreach(
     per_tensor: torch._ops.OpOverload, kinds: list[str], kwargs: dict[str, Any], *, in_place: bool
 ) -> torch._ops.OpOverload | None:
     """The foreach overload that takes a run's arguments: a list where each member has its
-    own tensor, a scalar where they share one, one tensor or a list where they share a tensor
-    (one tensor preferred: a GPU's foreach kernel takes a shared scalar tensor on its fast
-    path), and the members' keyword arguments as scalars."""
+    own tensor, a scalar where they share one, one tensor or a list where they share a 0-dim
+    tensor (one tensor preferred: a GPU's foreach kernel takes a shared scalar tensor on its
+    fast path), a list where they share a tensor of another shape, and the members' keyword
+    arguments as scalars."""
     packet = _packet(per_tensor, in_place=in_place)
     best, best_score = None, -1
     for name in packet.overloads() if packet is not None else ():
@@ -282,11 +283,19 @@ def _foreach(
 
 
 def _accepts(type_name: str, kind: str) -> bool:
-    if kind == "list":
+    if kind in ("list", "shared list"):
         return type_name == "List[Tensor]"
     if kind == "shared":
         return type_name in ("Tensor", "List[Tensor]")
     return type_name == "number"
+
+
+def _zero_dim(node: fx.Node) -> bool:
+    """Whether ``node``'s value is a 0-dim tensor: the one tensor a foreach op's ``Tensor``
+    overload takes (``_foreach_mul.Tensor``: "scalar tensor expected to be 0 dim"); a shared
+    tensor of any other shape is passed as a list repeating it."""
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and value.dim() == 0
 
 
 def _takes_one(op: torch._ops.OpOverload, position: int) -> bool:
