@@ -14,7 +14,8 @@ epsilon x4: it normalises x + x = 2x, exact in floating point, and RMSNorm(2x) w
 x / sqrt(mean(x^2) + eps) (LayerNorm: (2x - 2 mean) / sqrt(4 var + 4 eps)). Rules:
 
 1. Only with ``policy.fuse`` (``--no-fuse`` keeps the model's ops) and a fused kernel: the
-   plain one, or the Skip one where a residual Add produces the norm's input.
+   plain one, or the Skip one where a residual Add produces the norm's input; the Skip ones
+   only on inputs of the ranks their kernels take (2 or 3: ``FusedKernel.ranks``).
 2. The pattern must match exactly (:mod:`norm_patterns`); a LayerNorm is tried before an
    RMSNorm (an RMSNorm of x - mean(x) is the LayerNorm's inner part), and with its bias first.
 3. The user's rules on the model's ops win: no node of the pattern is named by ``deny_names``
@@ -81,6 +82,8 @@ class FuseNormsPass(Pass):
         graph, policy = context.graph, context.policy
         kernel = graph.fused_kernels.get(match.kind)
         skip = graph.fused_kernels.get(f"skip_{match.kind}")
+        if skip is not None and not skip.takes(graph.tensors[match.x]):
+            skip = None  # (onnxruntime's Skip norms: inputs of rank 2 or 3)
         if (kernel is None and skip is None) or not _user_allows(graph, policy, match.nodes):
             return False
         body = _one_body(graph, match.nodes)

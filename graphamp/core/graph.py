@@ -207,11 +207,20 @@ class MatrixDims:
 @dataclass(frozen=True)
 class FusedKernel:
     """A fused op the dialect can write in place of a decomposed pattern (an RMSNorm's ops);
-    ``build(name, inputs, outputs)`` gives its node with the slots the dialect's reader fills."""
+    ``build(name, inputs, outputs)`` gives its node with the slots the dialect's reader fills;
+    ``ranks``, where the kernel takes only inputs of those ranks (None: any rank)."""
 
     op: str
     domain: str
     build: Callable[[str, list[str], list[str]], OpNode]
+    ranks: tuple[int, ...] | None = None
+
+    def takes(self, tensor: TensorInfo) -> bool:
+        """Whether the kernel takes ``tensor`` as its main input (its rank, where it must
+        have one of ``ranks``, known and one of them)."""
+        if self.ranks is None:
+            return True
+        return tensor.shape is not None and len(tensor.shape) in self.ranks
 
 
 class OpGraph:

@@ -25,9 +25,11 @@ def rms_model(
     inverse: str = "Reciprocal",
     weight_left: bool = False,
     own_cast: bool = False,
+    lead: tuple[int, ...] = (4,),
 ) -> onnx.ModelProto:
-    """x -> MatMul -> RMSNorm (decomposed as exporters write it) -> MatMul -> y; the hidden
-    values have two channels near +-2000 (a trained LLM's massive activations)."""
+    """x -> MatMul -> RMSNorm (decomposed as exporters write it) -> MatMul -> y, x of shape
+    ``lead`` + [WIDTH]; the hidden values have two channels near +-2000 (a trained LLM's
+    massive activations)."""
     rng = np.random.default_rng(0)
     first = (rng.standard_normal((WIDTH, WIDTH)) * 0.3).astype(np.float32)
     first[:, :2] = 2000.0 / WIDTH * np.sign(first[:, :2])  # x of ones: channels 0-1 at ~2000
@@ -76,8 +78,8 @@ def rms_model(
     graph = helper.make_graph(
         nodes,
         "rms",
-        [helper.make_tensor_value_info("x", F32, [4, WIDTH])],
-        [helper.make_tensor_value_info("y", F32, [4, 8])],
+        [helper.make_tensor_value_info("x", F32, [*lead, WIDTH])],
+        [helper.make_tensor_value_info("y", F32, [*lead, 8])],
         [numpy_helper.from_array(v, k) for k, v in weights.items()],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -85,13 +87,15 @@ def rms_model(
     return model
 
 
-def feeds() -> dict[str, np.ndarray]:
+def feeds(lead: tuple[int, ...] = (4,)) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(1)
-    return {"x": (0.5 + rng.random((4, WIDTH))).astype(np.float32)}
+    return {"x": (0.5 + rng.random((*lead, WIDTH))).astype(np.float32)}
 
 
-def error(original: onnx.ModelProto, converted: onnx.ModelProto) -> float:
-    report = verify.verify(original, converted, feeds(), rtol=1e-2)
+def error(
+    original: onnx.ModelProto, converted: onnx.ModelProto, lead: tuple[int, ...] = (4,)
+) -> float:
+    report = verify.verify(original, converted, feeds(lead), rtol=1e-2)
     assert all(o.nan_inf == 0 for o in report.outputs)
     return max(o.max_rel_error for o in report.outputs)
 
@@ -160,6 +164,31 @@ def test_below_opset_23_a_norm_without_residual_add_is_a_skip_norm_of_x_and_x(op
     assert np.max(np.abs(got - want) / (np.abs(want) + 1e-3)) < 1e-2
     again = gonnx.convert(out, keep_io_types=True, target=target).to_proto()
     assert again.SerializeToString() == out.SerializeToString()
+
+
+@pytest.mark.parametrize("target", ["cuda", "cpu"])
+def test_a_norm_over_a_4d_value_is_no_skip_norm(target):
+    """onnxruntime's Skip norms take inputs of rank 2 or 3 and check it when they run
+    ('input is expected to have 3 or 2 dimensions, got 4'), not when they load: a per-head
+    norm over [batch, sequence, heads, head_dim] (Qwen3's and Gemma-3's q_norm and k_norm)
+    keeps its ops below opset 23, and the converted model runs; at opset 23 it is ONNX's
+    RMSNormalization, which takes any rank."""
+    import onnxruntime as ort
+
+    lead = (2, 3, 4)
+    model = rms_model(18, lead=lead)
+    result = gonnx.convert(model, keep_io_types=True, target=target)
+    out = result.to_proto()
+    onnx.checker.check_model(out, full_check=True)
+    assert not result.plan.rewrites
+    assert "Pow" in [n.op_type for n in out.graph.node]
+    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got, want = (s.run(None, feeds(lead))[0] for s in (session, reference))
+    assert np.max(np.abs(got - want) / (np.abs(want) + 1e-3)) < 1e-2
+    assert error(model, out, lead) < 5e-3
+    at_23 = gonnx.convert(rms_model(23, lead=lead), keep_io_types=True, target=target)
+    assert [r.op for r in at_23.plan.rewrites] == ["RMSNormalization"]
 
 
 def plan_precision(result, node: str) -> str:

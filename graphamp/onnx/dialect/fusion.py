@@ -13,7 +13,8 @@ For ``--target cuda|cpu`` a norm whose input is a residual Add of two values of 
 (a decoder's ``h = h + attention(...)`` before the next norm) becomes onnxruntime's
 ``SkipSimplifiedLayerNormalization`` (RMSNorm) or ``SkipLayerNormalization`` (LayerNorm) in
 ``com.microsoft``, at any opset: one kernel for the Add and the norm, the sum also written as
-its fourth output where others read it.
+its fourth output where others read it. Those kernels take inputs of rank 2 or 3 only (they
+check when they run, not when they load): a norm over a 4-D value keeps its ops there.
 
 No op is written in ONNX's own domain below the opset that defines it: onnxruntime registers
 ``SimplifiedLayerNormalization`` (and ``LayerNormalization`` before 17) there and its
@@ -53,7 +54,9 @@ def fused_kernels(
         )
     if provider in kernels.PROVIDERS:  # the residual Add and the norm in one kernel
         for kind, op in SKIP_NORMS.items():
-            found[kind] = _kernel(op, opset, opsets, target, provider, tensors, RUNTIME_DOMAIN)
+            found[kind] = _kernel(
+                op, opset, opsets, target, provider, tensors, RUNTIME_DOMAIN, SKIP_NORM_RANKS
+            )
     return found
 
 
@@ -62,6 +65,10 @@ SKIP_NORMS = {
     "skip_rms_norm": "SkipSimplifiedLayerNormalization",
     "skip_layer_norm": "SkipLayerNormalization",
 }
+# onnxruntime's Skip norms check their input's rank when they run, not when they load ("input
+# is expected to have 3 or 2 dimensions", CPU and CUDA alike): a per-head norm over
+# [batch, sequence, heads, head_dim] (Qwen3's and Gemma-3's q_norm and k_norm) is not theirs
+SKIP_NORM_RANKS = (2, 3)
 
 
 def _kernel(
@@ -72,6 +79,7 @@ def _kernel(
     provider: str,
     tensors: dict[str, TensorInfo],
     domain: str = "",
+    ranks: tuple[int, ...] | None = None,
 ) -> FusedKernel:
     signatures: dict[tuple[object, ...], slots.Slots] = {}
 
@@ -93,7 +101,7 @@ def _kernel(
         node.no_kernel = kernels.missing_kernel(provider, domain, op, version, target)
         return node
 
-    return FusedKernel(op=op, domain=domain, build=build)
+    return FusedKernel(op=op, domain=domain, build=build, ranks=ranks)
 
 
 def _attribute(name: str) -> object:
