@@ -662,3 +662,60 @@ def test_a_slow_low_precision_type_is_one_warning_at_the_users_line(monkeypatch)
     slow = [w for w in caught if issubclass(w.category, SlowPrecisionWarning)]
     assert len(slow) == 1, [str(w.message) for w in slow]
     assert slow[0].filename == __file__, slow[0].filename
+
+
+@torch.library.custom_op("graphamp_tests::gated_mm", mutates_args=())
+def gated_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A custom op with its own autograd formula, as transformers' MoE experts are
+    (``transformers::grouped_mm_fallback``)."""
+    return x @ w
+
+
+@gated_mm.register_fake
+def _gated_mm_fake(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], w.shape[1])
+
+
+def _gated_mm_setup(ctx, inputs, output):  # type: ignore[no-untyped-def]
+    ctx.save_for_backward(*inputs)
+
+
+def _gated_mm_backward(ctx, grad):  # type: ignore[no-untyped-def]
+    x, w = ctx.saved_tensors
+    return grad @ w.T, x.T @ grad
+
+
+gated_mm.register_autograd(_gated_mm_backward, setup_context=_gated_mm_setup)
+
+
+def test_a_custom_op_with_its_own_backward_trains_as_eagerly():
+    """torch.func's grad cannot enter a torch.library op's autograd formula ('an
+    autograd.Function with functorch transforms ... must override setup_context'): such a
+    step is differentiated by torch.autograd.grad, and its weights move as eager SGD moves
+    them."""
+
+    class Experts(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 4))
+            self.out = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(gated_mm(x, self.w))
+
+    torch.manual_seed(0)
+    model = Experts()
+    reference = copy.deepcopy(model)
+    initial = copy.deepcopy(model.state_dict())
+    x, target = torch.randn(4, 8), torch.randn(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = train_step(model, nn.functional.mse_loss, optimizer, dtype="bfloat16")
+    loss = step(x, target)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    expected = nn.functional.mse_loss(reference(x), target)  # (float32: eager autocast
+    expected.backward()  # hands the op's backward a bfloat16 gradient its formula refuses)
+    optimizer.step()
+    assert abs(loss.item() - expected.item()) <= 1e-2 * expected.item()
+    for (name, mine), theirs in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(mine, theirs, atol=2e-3), name
+        assert not torch.equal(mine, initial[name]), name

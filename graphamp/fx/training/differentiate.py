@@ -24,7 +24,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from graphamp.errors import GraphampError
-from graphamp.fx.dialect import float8, hops
+from graphamp.fx.dialect import hops
 
 Gradients = Callable[..., tuple[dict[str, torch.Tensor], Any]]
 
@@ -43,11 +43,23 @@ def higher_order_ops(module: fx.GraphModule) -> list[str]:
 def through_autograd(module: fx.GraphModule) -> bool:
     """Whether a step through ``module`` is differentiated with ``torch.autograd.grad`` under
     Python functionalization rather than torch.func's transforms: it calls a higher-order op
-    (see the module docstring) or a float8 mark (:mod:`graphamp.fx.dialect.float8`), a custom op
-    whose backward torch.func cannot take."""
+    (see the module docstring) or a custom op (``torch.library``, outside aten and prims:
+    float8's mark, :mod:`graphamp.fx.dialect.float8`; transformers' MoE experts,
+    ``transformers::grouped_mm_fallback``), whose autograd formula torch.func cannot enter
+    ("an autograd.Function with functorch transforms ... must override setup_context")."""
     if higher_order_ops(module):
         return True
-    return any(node.target is float8.FLOAT8_MM for node in module.graph.nodes)
+    return any(_custom_op(node) for node in module.graph.nodes)
+
+
+def _custom_op(node: fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target.namespace not in _TORCHS_OWN
+
+
+# torch's own op namespaces, which torch.func differentiates; any other op was registered
+# through torch.library (graphamp's float8 mark, transformers' experts, a user's own)
+_TORCHS_OWN = frozenset({"aten", "prims", "_c10d_functional", "c10d_functional"})
 
 
 def tracing_mode(module: fx.GraphModule) -> Literal["fake", "symbolic"]:
