@@ -22,6 +22,12 @@ from graphamp.training.float8 import Float8
 Model = nn.Module | torch.export.ExportedProgram
 
 
+def dtype_name(value: Any) -> Any:
+    """A ``torch.dtype`` as the name a policy takes (``torch.bfloat16`` -> ``"bfloat16"``);
+    any other value as it is (a name, or something the policy refuses in one line)."""
+    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
+
+
 def fx_policy(
     model: Model,
     policy: Policy | None,
@@ -36,6 +42,8 @@ def fx_policy(
         device = "cuda" if params and params[0].is_cuda else "cpu"
     if device not in ("cpu", "cuda"):
         raise GraphampError(f"device={device!r}: choose 'cpu' or 'cuda'")
+    if "dtype" in overrides:
+        overrides["dtype"] = dtype_name(overrides["dtype"])
     if policy is None:
         overrides.setdefault("dtype", "bfloat16" if device == "cpu" else "float16")
         policy = Policy.create(dialect=f"fx_{device}", where=where, **overrides)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from graphamp.errors import GraphampError
+from graphamp.fx.conversion import dtype_name
 from graphamp.fx.dialect import float8_step
 from graphamp.fx.distributed import data_parallel, fsdp
 from graphamp.fx.training.sharded import ShardedTrainStep, sharding_of
@@ -30,7 +31,7 @@ def train_step(
     loss_scaling: LossScaling | str | None = "default",
     accumulate: int = 1,
     process_group: Any = None,
-    grad_dtype: str | None = None,
+    grad_dtype: str | torch.dtype | None = None,
     clip_grad_norm: float | None = None,
     bucket_bytes: int | None = None,
     agree_found_inf: bool = False,
@@ -50,10 +51,10 @@ def train_step(
     With ``process_group`` (a torch.distributed ProcessGroup, or ``"world"``) each rank runs
     the step on its share of the batch and the gradients are averaged over the group inside
     the graph, in buckets of ``bucket_bytes`` (DDP's 25 MiB by default, and then a first
-    bucket of 1 MiB, as DDP's), travelling as ``grad_dtype`` ("float16", "bfloat16", or None
-    for float32); the ranks agree on skipping a non-finite step (any rank's inf or NaN is in
-    every rank's average; ``agree_found_inf`` also all-reduces the finite check's flag with
-    MAX, a collective more per step).
+    bucket of 1 MiB, as DDP's), travelling as ``grad_dtype`` ("float16", "bfloat16" or their
+    torch.dtype, or None for float32); the ranks agree on skipping a non-finite step (any
+    rank's inf or NaN is in every rank's average; ``agree_found_inf`` also all-reduces the
+    finite check's flag with MAX, a collective more per step).
     ``clip_grad_norm=max_norm`` clips the unscaled gradients by their global 2-norm, as
     ``GradScaler.unscale_`` then ``clip_grad_norm_``.
 
@@ -70,6 +71,9 @@ def train_step(
     reduce-scatters the gradients as ``grad_dtype`` (None: the type the model's FSDP2
     MixedPrecisionPolicy reduces in, else float32).
     """
+    if "dtype" in policy_overrides:  # torch.float16 as "float16"
+        policy_overrides["dtype"] = dtype_name(policy_overrides["dtype"])
+    grad_type: str | None = dtype_name(grad_dtype)
     if loss_scaling == "default":
         dtype = policy.dtype if policy is not None else policy_overrides.get("dtype", "bfloat16")
         loss_scaling = DynamicLossScaling() if dtype == "float16" else None
@@ -95,7 +99,7 @@ def train_step(
         data_parallel.warn_if_group_pinned(stacklevel=3)
         if mesh is not None and not fsdp.is_sharded(model):
             fsdp.shard(model, mesh, optimizer)
-        sharded = fsdp.inspect(model, optimizer, process_group, mesh, grad_dtype)
+        sharded = fsdp.inspect(model, optimizer, process_group, mesh, grad_type)
         return ShardedTrainStep(
             model,
             loss_fn,
@@ -105,11 +109,11 @@ def train_step(
             accumulate,
             policy_overrides,
             sharded=sharded,
-            sharding=sharding_of(sharded, grad_dtype, bucket_bytes),
+            sharding=sharding_of(sharded, grad_type, bucket_bytes),
             clipping=clipping,
             fp8=fp8,
         )
-    reduce = data_parallel.gradient_reduce(process_group, grad_dtype, bucket_bytes, agree_found_inf)
+    reduce = data_parallel.gradient_reduce(process_group, grad_type, bucket_bytes, agree_found_inf)
     return TrainStep(
         model,
         loss_fn,

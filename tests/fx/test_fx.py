@@ -227,3 +227,21 @@ def test_strict_makes_a_rule_that_matches_nothing_an_error():
         gfx.convert(model, x, deny=["softmaxx"])
     with pytest.raises(GraphampError, match="softmaxx"):
         gfx.convert(model, x, deny=["softmaxx"], strict=True)
+
+
+def test_a_torch_dtype_is_taken_as_its_name():
+    """convert and train_step take dtype=torch.float16 as "float16" (a float16 step then gets
+    its default loss scaling, as by name); a type no policy has is still one line."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(4, 8)
+    _, by_type = gfx.convert(model, (x,), dtype=torch.float16)
+    _, by_name = gfx.convert(model, (x,), dtype="float16")
+    assert by_type.to_json() == by_name.to_json()
+    step = gfx.train_step(
+        model, nn.functional.mse_loss, torch.optim.SGD(model.parameters(), lr=0.1),
+        dtype=torch.float16,
+    )  # fmt: skip
+    assert step.policy is None and step.overrides["dtype"] == "float16"
+    assert torch.isfinite(step(x, torch.randn(4, 4))) and "loss_scale.scale" in step.state
+    with pytest.raises(GraphampError, match="unknown dtype 'float64'"):
+        gfx.convert(model, (x,), dtype=torch.float64)

@@ -381,8 +381,11 @@ class TrainStep:
         graph = self.graph if last else self.accumulate_graph
         assert graph is not None  # _specialise captured both (accumulate > 1: the second)
         state = [self.state[name] for name in captured.state_inputs]
+        # a GraphModule's forward itself: its __call__ prints the generated code's traceback
+        # to stderr before an error leaves it, where a failed first run is one line
+        run = graph.forward if isinstance(graph, fx.GraphModule) else graph
         with first_run:
-            loss, *results = graph(*self._flatten(), *self._learning_rates(), *batch, *state)
+            loss, *results = run(*self._flatten(), *self._learning_rates(), *batch, *state)
         start = 0
         for target in (self.params, self.opt_state, self.grad_acc):
             target.update(zip(target.keys(), results[start : start + len(target)], strict=True))
