@@ -144,8 +144,12 @@ def _per_channel(graph: OpGraph, x: str, weight: str, output: str) -> bool:
 
 
 def _cast_back(graph: OpGraph, value: str, weight: str) -> OpNode | None:
-    """The model's Cast producing ``value`` (read only by the weight's Mul) where it narrows
-    the float32 normalised value to the weight's type (a half-precision export), else None."""
+    """The model's Cast producing ``value`` (read only by the weight's Mul) where it takes the
+    float32 normalised value to the weight's type: a narrowing one (a half-precision export),
+    or one from float32 to float32 (torch.onnx's TorchScript exporter writes LLaMA's
+    ``.to(input_dtype)`` so in a float32 model: unmatched, the first conversion made it a
+    narrowing Cast that a second conversion matched, and converting again was no fixed
+    point); else None."""
     tensor = graph.tensors.get(value)
     if tensor is None or tensor.producer is None or len(graph.consumers(value)) != 1:
         return None
@@ -155,7 +159,7 @@ def _cast_back(graph: OpGraph, value: str, weight: str) -> OpNode | None:
     if cast.cast_to != graph.tensors[weight].dtype or tensor.is_graph_output:
         return None
     source = graph.tensors[cast.inputs[0]]
-    return cast if source.dtype == "float32" and cast.cast_to != "float32" else None
+    return cast if source.dtype == "float32" else None
 
 
 def _through_model_cast(

@@ -177,10 +177,12 @@ def _elements(shape: tuple[int | str | None, ...] | None) -> int | None:
 
 
 def nothing_converted(plan: Plan) -> str | None:
-    """Why no node of ``plan`` was put into its dtype, when none was."""
+    """Why no node of ``plan`` was put into its dtype, when none was and no op was fused (a
+    model already low whose norms fuse is converted: its graph changes)."""
     if (
         any(d.precision == plan.dtype and d.rule != "already_low" for d in plan.nodes.values())
         or plan.weights
+        or plan.rewrites
     ):
         return None
     low = [d for d in plan.nodes.values() if d.rule == "already_low"]
@@ -193,8 +195,10 @@ def nothing_converted(plan: Plan) -> str | None:
             if kept
             else ""
         )
+        casts = len(plan.all_casts()) + len(plan.casts_retargeted) + len(plan.casts_removed)
+        but = f" but for {casts} Casts (inserted, retargeted or removed)" if casts else ""
         return (
             f"nothing converted: {len(low)} nodes already compute in {', '.join(types)}{also};"
-            " the output is the input's graph"
+            f" the output is the input's graph{but}"
         )
     return f"nothing converted: no node runs in {plan.dtype} under this policy"

@@ -25,6 +25,7 @@ def rms_model(
     inverse: str = "Reciprocal",
     weight_left: bool = False,
     own_cast: bool = False,
+    cast_back: bool = False,
     lead: tuple[int, ...] = (4,),
 ) -> onnx.ModelProto:
     """x -> MatMul -> RMSNorm (decomposed as exporters write it) -> MatMul -> y, x of shape
@@ -70,7 +71,10 @@ def rms_model(
         nodes.append(helper.make_node("Mul", [h, "inv"], ["normed"], name="normalise"))
     else:
         nodes.append(helper.make_node("Div", [h, "rms"], ["normed"], name="normalise"))
-    scaled = ["norm.weight", "normed"] if weight_left else ["normed", "norm.weight"]
+    if cast_back:  # LLaMA's .to(input_dtype), float32 to float32 (the TorchScript exporter)
+        nodes.append(helper.make_node("Cast", ["normed"], ["normed32"], to=F32, name="back"))
+    normed = "normed32" if cast_back else "normed"
+    scaled = ["norm.weight", normed] if weight_left else [normed, "norm.weight"]
     nodes += [
         helper.make_node("Mul", scaled, ["n"], name="scale"),
         helper.make_node("MatMul", ["n", "W2"], ["y"], name="down"),
@@ -109,8 +113,17 @@ def error(
         {"inverse": "Div"},
         {"weight_left": True},
         {"own_cast": True},
+        {"own_cast": True, "cast_back": True},
     ],
-    ids=["pow-reciprocal", "mul-square", "div-one", "div-x", "weight-left", "own-cast"],
+    ids=[
+        "pow-reciprocal",
+        "mul-square",
+        "div-one",
+        "div-x",
+        "weight-left",
+        "own-cast",
+        "identity-casts",
+    ],
 )
 def test_rms_norm_fused_for_onnxruntime_with_no_cast(variant):
     model = rms_model(23, **variant)
@@ -551,3 +564,36 @@ def test_a_norm_inside_a_loop_body_is_fused_there():
     assert report.outputs[0].nan_inf == 0 and report.outputs[0].max_rel_error < 5e-3
     again = gonnx.convert(out, keep_io_types=True, target="any").to_proto()
     assert again.SerializeToString() == out.SerializeToString()
+
+
+def test_a_legacy_export_with_identity_casts_is_fused_at_once_and_converts_to_itself():
+    """torch.onnx's TorchScript exporter writes LLaMA's RMSNorm with two Casts from float32
+    to float32 (``hidden.to(float32)``, ``.to(input_dtype)``). The second was no match until a
+    first conversion had made it narrow, so a second conversion fused the norm (Qwen3,
+    Mixtral, Mamba): the first conversion now fuses it, and the second changes no byte."""
+    model = rms_model(18, own_cast=True, cast_back=True)
+    first = gonnx.convert(model, target="cuda")
+    [rewrite] = first.plan.rewrites
+    assert {"to_float", "back"} <= set(rewrite.replaces)
+    out = first.to_proto()
+    assert "Cast" not in [n.op_type for n in out.graph.node if n.name in rewrite.replaces]
+    assert error(model, out) < 5e-3
+    again = gonnx.convert(out, target="cuda").to_proto()
+    assert again.SerializeToString() == out.SerializeToString()
+
+
+def test_nothing_converted_is_not_said_of_a_model_whose_norms_fuse():
+    """A model already low whose norms fuse is converted (its graph changes); one with nothing
+    but Casts changed says so beside 'the output is the input's graph'."""
+    from dataclasses import replace
+
+    from graphamp.cli.summary import nothing_converted
+
+    plan = gonnx.convert(rms_model(18), keep_io_types=True, target="cuda").plan
+    assert plan.rewrites and plan.casts
+    plan.nodes = {k: replace(d, rule="already_low") for k, d in plan.nodes.items()}
+    plan.weights = []  # (as in a model stored low)
+    assert nothing_converted(plan) is None
+    plan.rewrites = []
+    note = nothing_converted(plan)
+    assert note is not None and "the output is the input's graph but for" in note
