@@ -120,6 +120,7 @@ def modelopt_tool(path: Path) -> onnx.ModelProto:
 def before_tool(revision: str, folder: Path) -> Callable[[Path], onnx.ModelProto]:
     """graphamp as it was at ``revision`` (a git worktree in ``folder``), run as users run it:
     ``graphamp convert IN -o OUT --keep-io-types`` in a process of its own."""
+    sys.path.insert(0, str(ROOT / "tools" / "ci"))  # (same_outputs.py lives there)
     from same_outputs import RUNNER, worktree
 
     tree = worktree(revision, folder)
