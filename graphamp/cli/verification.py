@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from graphamp.cli.numerics import DATA_HELP
 from graphamp.cli.parser import non_negative
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, InternalError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -89,6 +89,20 @@ def float32_outputs(
         return verify.run_float32(original, first, provider=args.provider, dialect=dialect)
     except verify.FloatModelFails as exc:
         raise _float32_fails(original, args, exc) from None
+    except GraphampError as exc:  # onnxruntime cannot load it, say
+        raise _naming(original, exc) from None
+
+
+def _naming(original: object, error: Exception) -> Exception:
+    """``error`` (one line) with the model file it is about first, where it does not name it
+    already; errors of a kind of their own (more than a message) as they are."""
+    where = f"{original}: " if isinstance(original, str | Path) else ""
+    if not where or str(error).startswith(where) or type(error) not in _PLAIN:
+        return error
+    return type(error)(f"{where}{error}")
+
+
+_PLAIN = (GraphampError, InternalError)
 
 
 def _float32_fails(original: object, args: argparse.Namespace, cause: Exception) -> GraphampError:
@@ -137,6 +151,8 @@ def report_verification(
         )
     except verify.FloatModelFails as exc:
         raise _float32_fails(original, args, exc) from None
+    except (GraphampError, InternalError) as exc:  # the converted model fails where IN runs
+        raise _naming(original, exc) from None
     table = Table(
         title=f"verification on {report.provider}, rtol {rtol:g}, atol {args.atol:g}",
         title_justify="left",

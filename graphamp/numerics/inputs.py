@@ -4,7 +4,11 @@ zeros, and integer ids that stay inside the table they index.
 Zeros hide unwritten outputs and wrong wiring, so float inputs are drawn from a standard normal
 with exact zeros replaced; integer inputs (token ids, positions) come from ``[1, bound)``, where
 ``bound`` is the size of the embedding the dialect found them indexing (16 otherwise); booleans
-are random. A symbolic dimension takes ``dim_size``.
+are random. An integer input named as a mask (``attention_mask``, ``*mask*``: Hugging Face's
+1 = attend) is ones, every position attended (no padding): random ids are no mask there (OPT
+derives its positions from the mask's cumulative sum, past its position table). A boolean
+mask keeps random values: its sense is the model's (PyTorch's ``key_padding_mask``: True =
+left out). A symbolic dimension takes ``dim_size``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from graphamp.core import dtypes
 from graphamp.errors import GraphampError
 
 DEFAULT_INT_BOUND = 16
+_INTEGERS = ("int64", "int32", "int16", "int8", "uint8")
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,9 @@ def random_inputs(
         if spec.dtype in dtypes.FLOAT_TYPES:
             array = rng.standard_normal(shape).astype(np.float32)
             array[array == 0] = 0.5
-        elif spec.dtype in ("int64", "int32", "int16", "int8", "uint8"):
+        elif spec.dtype in _INTEGERS and "mask" in spec.name.lower():
+            array = np.ones(shape, dtypes.numpy_type(spec.dtype))
+        elif spec.dtype in _INTEGERS:
             high = spec.index_bound or DEFAULT_INT_BOUND
             array = rng.integers(min(1, high - 1), high, size=shape).astype(
                 dtypes.numpy_type(spec.dtype)

@@ -48,6 +48,61 @@ def test_verify_with_inputs_file(small_model, tmp_path):
     )
 
 
+def test_verify_feeds_an_attention_mask_ones(tmp_path):
+    """OPT derives its positions from the mask's cumulative sum: random ids in the mask run
+    past the position table (the float32 model failed, exit 2, 'pass --inputs'); a mask input
+    gets ones, every position attended."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    tables = {
+        "positions": rng.standard_normal((10, 4)).astype(np.float32),
+        "tokens": rng.standard_normal((16, 4)).astype(np.float32),
+        "w": rng.standard_normal((4, 4)).astype(np.float32),
+        "one": np.array(1, np.int64),
+        "axis": np.array(1, np.int64),
+    }
+    nodes = [
+        helper.make_node("CumSum", ["attention_mask", "axis"], ["count"]),
+        helper.make_node("Sub", ["count", "one"], ["position"]),
+        helper.make_node("Gather", ["positions", "position"], ["p"]),
+        helper.make_node("Gather", ["tokens", "input_ids"], ["t"]),
+        helper.make_node("Add", ["p", "t"], ["h"]),
+        helper.make_node("MatMul", ["h", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "opt_positions",
+        [
+            helper.make_tensor_value_info(name, TensorProto.INT64, [1, 8])
+            for name in ("input_ids", "attention_mask")
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4])],
+        [numpy_helper.from_array(v, k) for k, v in tables.items()],
+    )
+    path, out = tmp_path / "opt.onnx", tmp_path / "out.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    assert main(["convert", str(path), "-o", str(out), "--verify"]) == 0
+
+
+def test_a_converted_model_that_fails_is_named_by_its_input(small_model, tmp_path, capsys,
+                                                             monkeypatch):  # fmt: skip
+    from graphamp.errors import InternalError
+    from graphamp.numerics import verify
+
+    def fails(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise InternalError("the converted model fails where the float32 model runs (node n)")
+
+    monkeypatch.setattr(verify, "verify", fails)
+    out = tmp_path / "out.onnx"
+    assert main(["convert", str(small_model), "-o", str(out), "--verify"]) == 3
+    err = capsys.readouterr().err
+    assert f"{small_model}: the converted model fails where the float32 model runs" in err
+
+
 def test_missing_file(tmp_path):
     out = tmp_path / "o.onnx"
     assert_user_error(

@@ -177,4 +177,6 @@ def test_a_model_onnxruntime_cannot_load_is_a_user_error_under_verify(cli, tmp_p
     result = cli("convert", str(path), "-o", str(tmp_path / "o.onnx"), "--verify")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
+    # one line naming the model file first, as every other exit-2 line does
+    assert f"graphamp: error: {path}: onnxruntime cannot load the model" in result.stderr
     assert not (tmp_path / "o.onnx").exists()

@@ -31,7 +31,7 @@ def has_low_values(proto: onnx.ModelProto, types: dict[str, int]) -> bool:
     """Whether ``proto`` holds a float16/bfloat16 value: in ``types`` (its main graph's), or
     anywhere in a body or function (a Cast to a low type, a low weight or parameter)."""
     return any(code in LOW_CODES for code in types.values()) or any(
-        _mentions_low(scope) for scope in scopes(proto) if scope is not proto.graph
+        mentions_low(scope) for scope in scopes(proto) if scope is not proto.graph
     )
 
 
@@ -125,7 +125,9 @@ def _emulate_bodies(
         _emulate_graph(body, body_types, inferred_body, weights, outer)
 
 
-def _mentions_low(graph: onnx.GraphProto | onnx.FunctionProto) -> bool:
+def mentions_low(graph: onnx.GraphProto | onnx.FunctionProto) -> bool:
+    """Whether ``graph`` names a float16/bfloat16 type itself: a weight, a declared value, a
+    Cast to one or a Constant of one (where a low value can start, types inferred or not)."""
     if isinstance(graph, onnx.GraphProto):
         if any(init.data_type in LOW_CODES for init in graph.initializer):
             return True

@@ -17,8 +17,8 @@ from graphamp.core import dtypes
 from graphamp.errors import GraphampError, InternalError, RunFailure
 from graphamp.numerics.inputs import InputSpec
 from graphamp.onnx.io import infile
-from graphamp.onnx.io.files import inferred_types
-from graphamp.onnx.numerics.emulate import LOW_CODES, emulated, has_low_values
+from graphamp.onnx.io.files import inferred_types, without_large_initializers
+from graphamp.onnx.numerics.emulate import LOW_CODES, emulated, has_low_values, mentions_low
 from graphamp.onnx.numerics.session import QDQ_SWITCH, holds_float8, run_message
 
 NotImplementedByOrt = ort.capi.onnxruntime_pybind11_state.NotImplemented
@@ -73,6 +73,45 @@ def run(
 Evaluate = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
+def emulation_types(model: onnx.ModelProto) -> tuple[dict[str, int], int]:
+    """The element type of each value of ``model``'s main graph that the emulation rounds by,
+    and how many node outputs still have none. onnx's inference types no output of an
+    onnxruntime op (``com.microsoft``: fused attention, Skip norms, FastGelu) and so nothing
+    after one, where the model carries no ``value_info`` (another tool's output): those gaps
+    are filled from onnxruntime's symbolic inference, which knows its own ops (onnx's types
+    win where both know one), else counted, and said beside "rounding emulated"."""
+    types = inferred_types(model)
+    missing = _untyped(model, types)
+    if missing and (has_low_values(model, types) or mentions_low(model.graph)):
+        types = {**_runtime_types(model), **types}  # (not for a float32 model: no low value)
+        missing = _untyped(model, types)
+    return types, len(missing)
+
+
+def _untyped(model: onnx.ModelProto, types: dict[str, int]) -> list[str]:
+    return [out for node in model.graph.node for out in node.output if out and out not in types]
+
+
+def _runtime_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element types from onnxruntime's symbolic shape inference; none where it fails (it
+    stops on ops and shapes it does not know)."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(
+            without_large_initializers(model), auto_merge=True
+        )
+    except Exception:  # any failure: the gaps stay, and are counted
+        return {}
+    if inferred is None:
+        return {}
+    return {
+        info.name: info.type.tensor_type.elem_type
+        for info in (*inferred.graph.value_info, *inferred.graph.output)
+        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type
+    }
+
+
 def runner(model: onnx.ModelProto, provider: str = "cpu") -> tuple[Evaluate, str]:
     """A function giving ``model``'s outputs on feeds (each converted to the input's declared
     type), loaded once for any number of runs, and the evaluator that computes them.
@@ -86,10 +125,12 @@ def runner(model: onnx.ModelProto, provider: str = "cpu") -> tuple[Evaluate, str
     """
     emulation = ""
     if provider == "cpu":
-        types = inferred_types(model)
+        types, untyped = emulation_types(model)
         if has_low_values(model, types):
             names = sorted({LOW_CODES[c] for c in types.values() if c in LOW_CODES})
             emulation = f", {'/'.join(names)} rounding emulated"
+            if untyped:
+                emulation += f" ({untyped} values of unknown type not rounded)"
             model = emulated(model, types)
     quantised = provider == "cpu" and _has_quantisers(model)
     if quantised:
