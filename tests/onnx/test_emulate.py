@@ -102,3 +102,22 @@ def test_values_after_an_onnxruntime_op_are_rounded_without_value_info(monkeypat
     monkeypatch.setattr(runtime, "_runtime_types", lambda model: {})
     _, label = run(fused_float16(value_info=False), feeds())
     assert "float16 rounding emulated (2 values of unknown type not rounded)" in label
+
+
+def test_types_onnxruntime_cannot_infer_leave_no_file_behind(tmp_path, monkeypatch):
+    """Where onnxruntime's symbolic inference cannot type everything it saves the model into
+    the current folder (``sym_shape_infer_temp.onnx``, its data beside) and raises: nothing
+    may land in the user's folder, and the untyped values are counted."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    from graphamp.onnx.numerics import runtime
+
+    def incomplete(model, **options):  # type: ignore[no-untyped-def]  # (what it does)
+        onnx.save_model(model, "sym_shape_infer_temp.onnx")
+        raise Exception("Incomplete symbolic shape inference")
+
+    monkeypatch.setattr(SymbolicShapeInference, "infer_shapes", staticmethod(incomplete))
+    monkeypatch.chdir(tmp_path)
+    _, untyped = runtime.emulation_types(fused_float16(value_info=False))
+    assert untyped == 2
+    assert list(tmp_path.iterdir()) == []

@@ -3,6 +3,7 @@ provider has no kernel (most bfloat16 ops), since that evaluator computes in the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -97,12 +98,14 @@ def _runtime_types(model: onnx.ModelProto) -> dict[str, int]:
     stops on ops and shapes it does not know)."""
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    try:
-        inferred = SymbolicShapeInference.infer_shapes(
-            without_large_initializers(model), auto_merge=True
-        )
-    except Exception:  # any failure: the gaps stay, and are counted
-        return {}
+    light = without_large_initializers(model)
+    # where it cannot type everything it saves the model into the current folder before
+    # raising (sym_shape_infer_temp.onnx and its data): a folder of its own takes them
+    with tempfile.TemporaryDirectory(prefix="graphamp-types-") as folder, contextlib.chdir(folder):
+        try:
+            inferred = SymbolicShapeInference.infer_shapes(light, auto_merge=True)
+        except Exception:  # any failure: the gaps stay, and are counted
+            return {}
     if inferred is None:
         return {}
     return {
