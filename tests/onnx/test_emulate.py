@@ -121,3 +121,31 @@ def test_types_onnxruntime_cannot_infer_leave_no_file_behind(tmp_path, monkeypat
     _, untyped = runtime.emulation_types(fused_float16(value_info=False))
     assert untyped == 2
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_large_weight_an_op_reads_does_not_stop_the_types_after_an_onnxruntime_op():
+    """A position table of 1,024 elements added to the input (large weights reach the type
+    inference as shapes without data): onnxruntime's symbolic inference reads the values of
+    what an Add reads, so it is handed large weights as typed inputs, and still types the
+    values after the com.microsoft op."""
+    from graphamp.onnx.numerics import runtime
+
+    F16 = onnx.TensorProto.FLOAT16
+    table = np.random.default_rng(0).standard_normal((1, 16, 64)).astype(np.float16)
+    nodes = [
+        helper.make_node("Add", ["x", "positions"], ["e"], name="add"),
+        helper.make_node("FastGelu", ["e"], ["g"], domain="com.microsoft", name="gelu"),
+        helper.make_node("Mul", ["g", "g"], ["y"], name="square"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "positions",
+        [helper.make_tensor_value_info("x", F16, [1, 16, 64])],
+        [helper.make_tensor_value_info("y", F16, [1, 16, 64])],
+        [numpy_helper.from_array(table, "positions")],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    proto = helper.make_model(graph, opset_imports=opsets)
+    proto.ir_version = 8
+    types, untyped = runtime.emulation_types(proto)
+    assert untyped == 0 and types["g"] == F16

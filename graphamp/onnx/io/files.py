@@ -236,13 +236,16 @@ def inferred_types(proto: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
+TYPE_INFERENCE_STUB = "graphamp-type-inference-stub"  # the stubs' external data location
+
+
 def without_large_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``proto`` whose initializers of over 256 elements are data-less external
     stubs (small ones stay: shape computations read their values). Nothing big is copied."""
     large = {init.name for init in proto.graph.initializer if _elements(init) > 256}
     if not large:
         return proto
-    return with_stubs(proto, large, "graphamp-type-inference-stub")
+    return with_stubs(proto, large, TYPE_INFERENCE_STUB)
 
 
 def with_stubs(proto: onnx.ModelProto, names: set[str], location: str) -> onnx.ModelProto:

@@ -18,7 +18,11 @@ from graphamp.core import dtypes
 from graphamp.errors import GraphampError, InternalError, RunFailure
 from graphamp.numerics.inputs import InputSpec
 from graphamp.onnx.io import infile
-from graphamp.onnx.io.files import inferred_types, without_large_initializers
+from graphamp.onnx.io.files import (
+    TYPE_INFERENCE_STUB,
+    inferred_types,
+    without_large_initializers,
+)
 from graphamp.onnx.numerics.emulate import LOW_CODES, emulated, has_low_values, mentions_low
 from graphamp.onnx.numerics.session import QDQ_SWITCH, holds_float8, run_message
 
@@ -93,12 +97,36 @@ def _untyped(model: onnx.ModelProto, types: dict[str, int]) -> list[str]:
     return [out for node in model.graph.node for out in node.output if out and out not in types]
 
 
+def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its weights of over 256 elements as typed graph inputs of their shape
+    and no data (nothing large copied): the symbolic inference reads an initializer's values
+    wherever an op reads it (a position table added to the embeddings), which a data-less
+    stub cannot give, while an input's shape and type are all it needs there."""
+    light = without_large_initializers(model)
+    if light is model:  # nothing large: nothing stubbed, nothing to move
+        return model
+    stubs = [init for init in light.graph.initializer if _is_stub(init)]
+    for init in stubs:
+        light.graph.initializer.remove(init)
+        light.graph.input.append(
+            onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+        )
+    return light
+
+
+def _is_stub(init: onnx.TensorProto) -> bool:
+    return init.data_location == onnx.TensorProto.EXTERNAL and any(
+        entry.key == "location" and entry.value == TYPE_INFERENCE_STUB
+        for entry in init.external_data
+    )
+
+
 def _runtime_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element types from onnxruntime's symbolic shape inference; none where it fails (it
     stops on ops and shapes it does not know)."""
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    light = without_large_initializers(model)
+    light = _weights_as_inputs(model)
     # where it cannot type everything it saves the model into the current folder before
     # raising (sym_shape_infer_temp.onnx and its data): a folder of its own takes them
     with tempfile.TemporaryDirectory(prefix="graphamp-types-") as folder, contextlib.chdir(folder):
