@@ -23,12 +23,14 @@ DECODERS = {
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
+    # q and k normalised per head: an RMSNorm over [batch, sequence, heads, head_dim]
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
 }
 
 
 def hf_model(name: str, *, lm_head: bool = False) -> torch.nn.Module:
-    """``bert``, ``gpt2``, ``llama``, ``qwen2``, ``mistral``, ``gemma2``, ``phi3`` (grouped-
-    query attention) or ``vit``, 2 layers of width 64, in eval mode; with ``lm_head`` the
+    """``bert``, ``gpt2``, ``llama``, ``qwen2``, ``mistral``, ``gemma2``, ``phi3``, ``qwen3``
+    (grouped-query attention) or ``vit``, 2 layers of width 64, in eval mode; with ``lm_head`` the
     decoders carry their language-model head. ``t5`` is a T5 encoder-decoder with its head
     (it takes ``input_ids`` and ``decoder_input_ids``)."""
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
 """Graphs nobody here wrote: small Hugging Face models (random weights, built from configs)
-(LLaMA and Qwen2 with grouped-query attention, GPT-2, BERT, ViT) exported by torch.onnx's
+(LLaMA, Qwen2 and Qwen3 with grouped-query attention, GPT-2, BERT, ViT) exported by torch.onnx's
 dynamo exporter at opset 18 and 23 (opset 23 brings Attention and
 RMSNormalization). Each converts into a model onnxruntime loads, whose MatMuls read float16,
 within tolerance of float32 under the faithful evaluator, and converting it again changes no
@@ -53,8 +53,11 @@ def exported(tmp_path_factory):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("opset", [18, 23])
-@pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2", "bert", "vit"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "gpt2", "bert", "vit"])
 def test_hf_export_converts_runs_and_is_a_fixed_point(exported, tmp_path, name, opset):
+    """(Qwen3 normalises q and k per head, over a 4-D value: below opset 23 that norm is no
+    Skip norm of onnxruntime's, which takes rank 2 or 3 and checks it when it runs; the
+    faithful evaluator runs the model, so a refusal there fails the test.)"""
     source = exported(name, opset)
     result = gonnx.convert(source)
     target = tmp_path / "out.onnx"
