@@ -104,22 +104,22 @@ def test_values_after_an_onnxruntime_op_are_rounded_without_value_info(monkeypat
     assert "float16 rounding emulated (2 values of unknown type not rounded)" in label
 
 
-def test_types_onnxruntime_cannot_infer_leave_no_file_behind(tmp_path, monkeypatch):
-    """Where onnxruntime's symbolic inference cannot type everything it saves the model into
-    the current folder (``sym_shape_infer_temp.onnx``, its data beside) and raises: nothing
-    may land in the user's folder, and the untyped values are counted."""
+def test_types_from_onnxruntime_leave_no_file_behind(tmp_path, monkeypatch):
+    """onnxruntime's ``infer_shapes`` saves the model into the current folder where it cannot
+    type everything (``sym_shape_infer_temp.onnx``, its data beside) and raises: graphamp
+    runs its steps itself, so nothing lands in the user's folder, and the types found stay."""
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     from graphamp.onnx.numerics import runtime
 
-    def incomplete(model, **options):  # type: ignore[no-untyped-def]  # (what it does)
+    def saves_and_raises(model, **options):  # type: ignore[no-untyped-def]  # (what it does)
         onnx.save_model(model, "sym_shape_infer_temp.onnx")
         raise Exception("Incomplete symbolic shape inference")
 
-    monkeypatch.setattr(SymbolicShapeInference, "infer_shapes", staticmethod(incomplete))
+    monkeypatch.setattr(SymbolicShapeInference, "infer_shapes", staticmethod(saves_and_raises))
     monkeypatch.chdir(tmp_path)
-    _, untyped = runtime.emulation_types(fused_float16(value_info=False))
-    assert untyped == 2
+    types, untyped = runtime.emulation_types(fused_float16(value_info=False))
+    assert untyped == 0 and types["m"] == onnx.TensorProto.FLOAT16
     assert list(tmp_path.iterdir()) == []
 
 

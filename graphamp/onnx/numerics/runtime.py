@@ -3,7 +3,6 @@ provider has no kernel (most bfloat16 ops), since that evaluator computes in the
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -122,23 +121,27 @@ def _is_stub(init: onnx.TensorProto) -> bool:
 
 
 def _runtime_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element types from onnxruntime's symbolic shape inference; none where it fails (it
-    stops on ops and shapes it does not know)."""
+    """Element types from onnxruntime's symbolic shape inference, as far as it gets (it stops
+    on ops and shapes it does not know). Its steps are called one by one rather than through
+    ``SymbolicShapeInference.infer_shapes``, which on an incomplete inference saves the model
+    into the current folder (``sym_shape_infer_temp.onnx`` and its data) and raises, dropping
+    the types it found; a change of those steps in another onnxruntime costs the types, not
+    the check."""
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    light = _weights_as_inputs(model)
-    # where it cannot type everything it saves the model into the current folder before
-    # raising (sym_shape_infer_temp.onnx and its data): a folder of its own takes them
-    with tempfile.TemporaryDirectory(prefix="graphamp-types-") as folder, contextlib.chdir(folder):
-        try:
-            inferred = SymbolicShapeInference.infer_shapes(light, auto_merge=True)
-        except Exception:  # any failure: the gaps stay, and are counted
-            return {}
-    if inferred is None:
-        return {}
+    inference = SymbolicShapeInference(
+        int_max=2**31 - 1, auto_merge=True, guess_output_rank=False, verbose=0
+    )
+    try:
+        inference._preprocess(_weights_as_inputs(model))
+        while inference.run_:  # (another pass where merging symbols changed a shape)
+            inference._infer_impl()
+    except Exception:  # an op or a shape it cannot follow: what it typed before stays
+        pass
+    known = getattr(inference, "known_vi_", {})
     return {
-        info.name: info.type.tensor_type.elem_type
-        for info in (*inferred.graph.value_info, *inferred.graph.output)
+        name: info.type.tensor_type.elem_type
+        for name, info in known.items()
         if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type
     }
 
