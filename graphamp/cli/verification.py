@@ -96,7 +96,7 @@ def float32_outputs(
 def _naming(original: object, error: Exception) -> Exception:
     """``error`` (one line) with the model file it is about first, where it does not name it
     already; errors of a kind of their own (more than a message) as they are."""
-    where = f"{original}: " if isinstance(original, str | Path) else ""
+    where = _where(original)
     if not where or str(error).startswith(where) or type(error) not in _PLAIN:
         return error
     return type(error)(f"{where}{error}")
@@ -105,9 +105,14 @@ def _naming(original: object, error: Exception) -> Exception:
 _PLAIN = (GraphampError, InternalError)
 
 
+def _where(original: object) -> str:
+    """The prefix naming the model file a verification line is about ("" for an object)."""
+    return f"{original}: " if isinstance(original, str | Path) else ""
+
+
 def _float32_fails(original: object, args: argparse.Namespace, cause: Exception) -> GraphampError:
     """The one line for a float32 model that fails on the verification inputs."""
-    where = f"{original}: " if isinstance(original, str | Path) else ""
+    where = _where(original)
     if getattr(args, "inputs", None):
         return GraphampError(f"{where}the float32 model fails on {args.inputs} ({cause})")
     return GraphampError(

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from graphamp.cli import main
-from tests.helpers import assert_user_error, chain, cli_process
+from tests.helpers import assert_user_error, chain, cli_process, model
 
 
 @pytest.fixture()
@@ -71,20 +71,17 @@ def test_verify_feeds_an_attention_mask_ones(tmp_path):
         helper.make_node("Add", ["p", "t"], ["h"]),
         helper.make_node("MatMul", ["h", "w"], ["y"]),
     ]
-    graph = helper.make_graph(
+    ids = ("input_ids", "attention_mask")
+    proto = model(
         nodes,
-        "opt_positions",
-        [
-            helper.make_tensor_value_info(name, TensorProto.INT64, [1, 8])
-            for name in ("input_ids", "attention_mask")
-        ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4])],
-        [numpy_helper.from_array(v, k) for k, v in tables.items()],
+        inputs=ids,
+        initializers=[numpy_helper.from_array(v, k) for k, v in tables.items()],
+        opset=17,
+        shape=(1, 8),
+        input_types=dict.fromkeys(ids, TensorProto.INT64),
     )
     path, out = tmp_path / "opt.onnx", tmp_path / "out.onnx"
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
+    onnx.save(proto, str(path))
     assert main(["convert", str(path), "-o", str(out), "--verify"]) == 0
 
 
