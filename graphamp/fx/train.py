@@ -38,6 +38,7 @@ def train_step(
     mesh: Any = None,
     fp8: Any = None,
     keep_model: bool = False,
+    recompute_casts: bool | None = None,
     **policy_overrides: Any,
 ) -> TrainStep:
     """A training step for ``model`` as one mixed-precision graph (captured on first call,
@@ -62,6 +63,15 @@ def train_step(
     does: they are its float32 master weights, held once. ``keep_model=True`` leaves the model
     as it was: the step trains copies of its own (the parameters' memory twice), written into
     the model by ``step.copy_to()``.
+
+    ``recompute_casts`` holds less between forward and backward, as activation checkpointing
+    does: each weight's low-precision copy, and each float32 copy of a low-precision
+    activation, is computed again where the backward reads it instead of being held from the
+    forward (the low-precision activation is held in its place); the values are the same bit
+    for bit. None (the default) does it on a CPU, where holding less also means fewer fresh
+    pages to fault in, so the step ran faster with it (BERT-base at batch 8: peak 0.73x
+    float32's, against 0.84x without; BENCHMARKS.md), and not on a GPU, where it is one more
+    cast of every weight a step; True or False decides everywhere. torch.autocast holds both.
 
     A model sharded with FSDP2's ``fully_shard`` (its parameters DTensors), or an unsharded
     one with ``mesh`` (a 1-D DeviceMesh: the step calls ``fully_shard(model, mesh=mesh)`` and
@@ -112,6 +122,7 @@ def train_step(
             sharding=sharding_of(sharded, grad_type, bucket_bytes),
             clipping=clipping,
             fp8=fp8,
+            recompute_casts=recompute_casts,
         )
     reduce = data_parallel.gradient_reduce(process_group, grad_type, bucket_bytes, agree_found_inf)
     return TrainStep(
@@ -126,4 +137,5 @@ def train_step(
         clipping=clipping,
         fp8=fp8,
         keep_model=keep_model,
+        recompute_casts=recompute_casts,
     )

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from graphamp.fx import DynamicLossScaling, train_step
-from graphamp.fx.training import bindings, eager, masks, recompute
+from graphamp.fx.training import bindings, eager, loss_head, masks, recompute
 from graphamp.fx.training.foreach import each_in_place, updates_unless
 from tests.hf_models import VOCAB, hf_model
 
@@ -74,13 +74,17 @@ def test_the_eager_graph_trains_as_the_functional_graph(name, kind):
     assert len(bound) > len(aten) / 2, (len(bound), len(aten))
 
 
-def test_a_masked_language_model_step_holds_less_and_trains_the_same_bits(monkeypatch):
+@pytest.mark.parametrize("recompute_casts", [False, True])
+def test_a_masked_language_model_step_holds_less_and_trains_the_same_bits(
+    monkeypatch, recompute_casts
+):
     """BERT with its masked-language-model head, bfloat16, AdamW, dropout on, the loss over
     the whole vocabulary: the eager graph holds its dropout masks as booleans, computes the
-    dropout products again in the backward, and writes the
-    log-softmax's backward into its incoming gradient; parameters stay bit for bit those of
-    the graph as traced (the twin is captured without the masks' and the recomputation's
-    passes, which the form ``torch.compile`` is handed keeps)."""
+    dropout products again in the backward, and computes the cross-entropy head a block of
+    rows at a time; parameters stay bit for bit those of the graph as traced (the twin is
+    captured without the masks', the recomputation's and the head's passes; the form
+    ``torch.compile`` is handed keeps the first two and writes the head's traced ops again).
+    With ``recompute_casts`` the weights' casts are computed again in the backward too."""
     import transformers
 
     config = transformers.BertConfig(
@@ -99,7 +103,8 @@ def test_a_masked_language_model_step_holds_less_and_trains_the_same_bits(monkey
         return nn.functional.cross_entropy(output[0].float().flatten(0, 1), labels.flatten())
 
     steps = [
-        train_step(m, mlm_loss, optimizer("AdamW", m), dtype="bfloat16") for m in (model, twin)
+        train_step(m, mlm_loss, optimizer("AdamW", m), dtype="bfloat16", recompute_casts=casts)
+        for m, casts in ((model, recompute_casts), (twin, False))
     ]
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(1, VOCAB, (2, 12), generator=generator)
@@ -108,7 +113,8 @@ def test_a_masked_language_model_step_holds_less_and_trains_the_same_bits(monkey
     first = steps[0](ids, labels)
     with monkeypatch.context() as passes:
         passes.setattr(masks, "as_bool", lambda module: 0)
-        passes.setattr(recompute, "saved_less", lambda module: 0)
+        passes.setattr(recompute, "saved_less", lambda module, casts=False: 0)
+        passes.setattr(loss_head, "chunked", lambda module: 0)
         torch.manual_seed(7)
         assert torch.equal(steps[1](ids, labels), first)  # the twin captured as traced
     twin_nodes = list(steps[1].graph.graph.nodes)
@@ -121,16 +127,22 @@ def test_a_masked_language_model_step_holds_less_and_trains_the_same_bits(monkey
     recomputed = [n for n in nodes if "graphamp_recomputed" in n.meta]
     kinds = {str(bindings.overload(n)) for n in recomputed}
     assert "aten.mul.Tensor" in kinds, kinds  # the attention's dropout products
-    # a weight's cast stays held (read by the backward from the forward)
+    # a weight's cast stays held (read by the backward from the forward), unless asked
     arguments = {p for p in nodes if p.op == "placeholder"}
     by_name = {n.name: n for n in nodes}
-    assert not any(
-        set(by_name[n.meta["graphamp_recomputed"]].all_input_nodes) <= arguments for n in recomputed
-    )
-    into = torch.ops.aten._log_softmax_backward_data.out
-    assert any(bindings.overload(n) is into for n in nodes)
-    # the functional graph has none of it
+    casts = [
+        n
+        for n in recomputed
+        if set(by_name[n.meta["graphamp_recomputed"]].all_input_nodes) <= arguments
+    ]
+    assert bool(casts) == recompute_casts, casts
+    # the head in blocks of rows, where the traced step has four ops over the whole matrix
+    assert [n.target for n in nodes].count(loss_head.cross_entropy_chunked) == 1
+    assert not any(bindings.overload(n) is torch.ops.aten._log_softmax.default for n in nodes)
+    # the functional graph has none of it, the head's traced ops again
     functional_nodes = list(functional.graph.graph.nodes)  # type: ignore[union-attr]
+    assert not any(n.target is loss_head.cross_entropy_chunked for n in functional_nodes)
+    assert any(n.target is torch.ops.aten._log_softmax.default for n in functional_nodes)
     assert not any("graphamp_recomputed" in n.meta for n in functional_nodes)
     assert all(
         n.meta["val"].dtype != torch.bool

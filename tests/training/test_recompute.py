@@ -83,3 +83,41 @@ def test_nothing_is_held_longer_and_a_weights_cast_is_held():
     assert recomputed(module) == {}  # neither doubled (q would be held longer) nor the cast
     for a, b in zip(want, module(x, w, v), strict=True):
         assert torch.equal(a, b)
+
+
+def widened_step(x: torch.Tensor, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A bfloat16 product widened to float32 for a float32 one (the float32 copy read by the
+    backward, the bfloat16 one not), then a product with a weight's cast that the backward
+    reads (the gradient of its other operand)."""
+
+    def loss(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = x @ w1.to(torch.bfloat16)
+        wide = h.float() * 0.5
+        z = (wide @ w2).to(torch.bfloat16) @ w3.to(torch.bfloat16)
+        value = z.float().sum()
+        return value, value.detach()
+
+    grads, value = torch.func.grad(loss, argnums=(0, 1, 2), has_aux=True)(*weights)
+    return value, *grads
+
+
+def test_with_casts_a_weights_cast_and_a_widened_value_are_computed_again():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 6, generator=generator).bfloat16()
+    weights = [torch.randn(6, 6, generator=generator) for _ in range(3)]
+    module = traced(widened_step, x, *weights)
+    want = module(x, *weights)
+    recompute.saved_less(module)
+    assert recomputed(module) == {}  # as autograd holds them: the cast and the float32 copy
+    module = traced(widened_step, x, *weights)
+    h = next(n for n in module.graph.nodes if n.target is torch.ops.aten.mm.default)
+    loss = module.graph.output_node().args[0][0]
+    order = {node: index for index, node in enumerate(module.graph.nodes)}
+    assert all(order[u] < order[loss] for u in h.users)  # h: read by the forward alone
+    assert recompute.saved_less(module, casts=True) == 2
+    copies = set(recomputed(module).values())
+    assert copies == {"aten.mul.Tensor", "aten._to_copy.default"}, copies  # wide, w3's cast
+    order = {node: index for index, node in enumerate(module.graph.nodes)}
+    assert any(order[u] > order[loss] for u in h.users)  # held in wide's place: half its bytes
+    for a, b in zip(want, module(x, *weights), strict=True):
+        assert torch.equal(a, b)

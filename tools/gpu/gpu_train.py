@@ -158,6 +158,7 @@ class Mode:
     dtype: str | None = None  # float16, bfloat16 (None: float32)
     tf32: bool = False
     compiled: bool = False  # float32's loop or graphamp's step under torch.compile
+    recompute_casts: bool | None = None  # graphamp's train_step(recompute_casts=...)
 
     @property
     def label(self) -> str:
@@ -174,7 +175,11 @@ class Mode:
             return f"torch.compile + autocast {self.dtype}{scaler}"
         if self.kind == "backend":
             return f"graphamp backend {self.dtype}{scaler}"
-        return f"graphamp train_step {self.dtype}" + (", compiled" if self.compiled else "")
+        return (
+            f"graphamp train_step {self.dtype}"
+            + {None: "", True: ", casts recomputed", False: ", casts held"}[self.recompute_casts]
+            + (", compiled" if self.compiled else "")
+        )
 
 
 def modes(dtypes: tuple[str, ...], compile_modes: bool, extra: bool = False) -> list[Mode]:
@@ -218,7 +223,14 @@ def step_function(
         from graphamp.fx import train_step
 
         scaling = graphamp.DynamicLossScaling.torch_defaults() if mode.dtype == "float16" else None
-        step = train_step(model, work.loss_fn, optimizer, dtype=mode.dtype, loss_scaling=scaling)
+        step = train_step(
+            model,
+            work.loss_fn,
+            optimizer,
+            dtype=mode.dtype,
+            loss_scaling=scaling,
+            recompute_casts=mode.recompute_casts,
+        )
         if not mode.compiled:
             return step
         compiled: dict[str, bool] = {}

@@ -8,7 +8,8 @@ a float16 softmax in float32 is one kernel each way (:mod:`graphamp.fx.training.
 and a cast to float32 read by one elementwise op with a float32 operand is left to the op's
 type promotion (:mod:`graphamp.fx.training.promotion`), forward values one cheap op away from values
 the backward reads anyway are computed again there instead of held
-(:mod:`graphamp.fx.training.recompute`), on a CPU Adam's last formula is
+(:mod:`graphamp.fx.training.recompute`), on a CPU a cross-entropy head runs a block of rows
+at a time (:mod:`graphamp.fx.training.loss_head`), on a CPU Adam's last formula is
 the one ``addcdiv`` torch.optim calls (:mod:`graphamp.fx.training.step_size`), elementwise
 ops and the kept parameters' updates write in place, on CUDA after one read of the finite
 check on the host (:mod:`graphamp.fx.training.in_place`),
@@ -18,7 +19,7 @@ optimizer formula runs as one foreach op over all parameters (of a chunk)
 (:mod:`graphamp.fx.training.foreach`), and ops are called through PyTorch's Python bindings
 (:mod:`graphamp.fx.training.bindings`).
 ``torch.compile`` fuses better from the functional graph, so :func:`for_compile` undoes the
-passes that write in place, group or reorder, in the reverse order, and puts the traced form
+passes that write in place, group, block or reorder, in the reverse order, and puts the traced form
 of the guard and the check in. The boolean masks, the dropout backward as one op (inductor
 decomposes it into the kernel that reads it) and the values computed again stay: inductor,
 given the step as one graph (not a graph it differentiates itself), holds between forward and
@@ -42,6 +43,7 @@ from graphamp.fx.training import (
     foreach,
     in_place,
     locality,
+    loss_head,
     masks,
     promotion,
     recompute,
@@ -50,9 +52,12 @@ from graphamp.fx.training import (
 )
 
 
-def for_eager(module: fx.GraphModule) -> fx.GraphModule:
+def for_eager(module: fx.GraphModule, recompute_casts: bool | None = None) -> fx.GraphModule:
     """``module`` made cheaper to run op by op; after any pass that reorders nodes (they read
-    the final order)."""
+    the final order). ``recompute_casts``: the weights' casts and float32 copies of
+    low-precision values computed again in the backward too (:func:`recompute.saved_less`'s
+    ``casts``); None: on a CPU only (there it saved page faults as well as memory, and the
+    step ran faster; on a GPU it is only a cast more of every weight)."""
     cuda = on_cuda(module)
     without_unread(module)
     masks.as_bool(module)
@@ -60,7 +65,10 @@ def for_eager(module: fx.GraphModule) -> fx.GraphModule:
     if cuda:
         softmax_casts.fused(module)
         promotion.promoted(module)
-    recompute.saved_less(module)
+    casts = not cuda if recompute_casts is None else recompute_casts
+    recompute.saved_less(module, casts=casts)
+    if not cuda:  # measured on a CPU only
+        loss_head.chunked(module)
     step_size.with_addcdiv(module)
     in_place.guarded_updates(module)
     # CUDA's row-wise backward kernels into their gradient: checked by tools/gpu/cuda_paths.py
@@ -124,6 +132,7 @@ def for_compile(
     data_parallel.without_in_place_collectives(module)
     in_place.functional(module)
     step_size.without_addcdiv(module)
+    loss_head.unfused(module)
     softmax_casts.unfused(module)
     promotion.widened(module)
     in_place.guards_read_on_device(module)

@@ -11,10 +11,16 @@ forward's copy is freed after its last forward reader: BERT-base's attention at 
 History, issue 42). The ops are deterministic and read the same operands, so the values are
 the same; the price is one elementwise pass per value, which AOTAutograd's partitioner pays
 for the same values (it recomputes cheap ops rather than saving them). A value computed from
-the step's arguments alone (a weight's cast to the low type) stays held: computing those
-again cost more time than the memory was worth. A compiled step keeps the copies: inductor,
-given the step as one graph, holds what the graph holds (it recomputes only in a graph it
-differentiates itself), and fuses each copy into the backward kernel that reads it.
+the step's arguments alone (a weight's cast to the low type) stays held unless ``casts``
+(``train_step``'s ``recompute_casts``, by default on a CPU: there holding less also saves
+page faults, and the step ran faster) asks to compute them again too, and each held value
+cheap ops make from a forward value of fewer bytes that the backward does not read (HF
+BERT's attention on a CPU widens its bfloat16 query, key and value to float32 and holds the
+float32 copies): that smaller value is held instead; together BERT-base's eager step at
+batch 8 peaks 264 MiB lower, 0.73x float32's (BENCHMARKS.md, issue 42). A compiled step
+keeps the copies: inductor, given the step as one graph, holds what the graph holds (it
+recomputes only in a graph it differentiates itself), and fuses each copy into the backward
+kernel that reads it.
 """
 
 from __future__ import annotations
@@ -53,9 +59,12 @@ _CHEAP = frozenset(
 )
 
 
-def saved_less(module: fx.GraphModule) -> int:
+def saved_less(module: fx.GraphModule, casts: bool = False) -> int:
     """Compute again in the backward each forward value it reads that :data:`_CHEAP` ops make
-    from values the backward reads anyway (see the module docstring); how many values."""
+    from values the backward reads anyway (see the module docstring); how many values. With
+    ``casts``, also the weights' casts (values of the step's arguments alone) and each value
+    cheap ops make from forward values smaller than it, which are then held in its place
+    (a float32 copy of a bfloat16 activation: the bfloat16 one is held)."""
     graph = module.graph
     forward = forward_nodes(module)
     if forward is None:
@@ -76,7 +85,7 @@ def saved_less(module: fx.GraphModule) -> int:
             inputs = node.all_input_nodes
             # a value of the arguments alone (a weight's cast) is held, as autograd holds it:
             # casting BERT-base's 110 M weights again cost 1.5% of its step for 210 MiB
-            if set(inputs) <= arguments:
+            if set(inputs) <= arguments and not casts:
                 continue
             if all(i in cheap or i in held or i in arguments for i in inputs):
                 cheap.add(node)
@@ -105,6 +114,8 @@ def saved_less(module: fx.GraphModule) -> int:
             for value in held_inputs(node)
         )
     }
+    if casts:
+        recomputed |= _from_smaller(forward, held, cheap, recomputed, arguments)
     copies: dict[fx.Node, fx.Node] = {}
 
     def copy(node: fx.Node, before: fx.Node) -> fx.Node:
@@ -124,6 +135,66 @@ def saved_less(module: fx.GraphModule) -> int:
         for reader in backward_readers(node):
             reader.replace_input_with(node, made)
     return recompiled(module, len(recomputed))
+
+
+def _from_smaller(
+    forward: set[fx.Node],
+    held: set[fx.Node],
+    cheap: set[fx.Node],
+    recomputed: set[fx.Node],
+    arguments: set[fx.Node],
+) -> set[fx.Node]:
+    """The held values :data:`_CHEAP` ops make from forward values (their sources) that hold
+    fewer bytes than they do and that the backward does not read: each source joins ``held``
+    and the ops between join ``cheap``, so the value is computed again from it."""
+    chosen: set[fx.Node] = set()
+    for value in sorted(held - recomputed, key=lambda node: node.name):
+        if value.target not in _CHEAP or _view_of_held(value, held):
+            continue
+        chain, sources = _cheap_chain(value, forward, held, arguments)
+        if chain is None or not sources:
+            continue
+        new = [source for source in sources if source not in held]
+        if sum(map(_bytes, new)) >= _bytes(value):
+            continue
+        held.update(new)
+        cheap.update(chain)
+        chosen.add(value)
+    return chosen
+
+
+def _cheap_chain(
+    value: fx.Node, forward: set[fx.Node], held: set[fx.Node], arguments: set[fx.Node]
+) -> tuple[set[fx.Node] | None, set[fx.Node]]:
+    """The :data:`_CHEAP` ops ``value`` is made by from held values, arguments and other
+    forward values (its sources, returned second); None first where a forward op on the way
+    writes an argument (an ``out=``)."""
+    chain: set[fx.Node] = set()
+    sources: set[fx.Node] = set()
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if node.kwargs.get("out"):
+            return None, sources
+        chain.add(node)
+        for parent in node.all_input_nodes:
+            if parent in arguments or (parent in held and parent is not value):
+                continue
+            if parent in forward and parent.target in _CHEAP:
+                stack.append(parent)
+            elif parent in forward:
+                sources.add(parent)
+            else:
+                return None, sources
+    return chain, sources
+
+
+def _bytes(node: fx.Node) -> int:
+    """The bytes holding ``node``'s value holds: its storage's (a view holds its base)."""
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        return 1 << 62  # not a tensor of known size: never held in a value's place
+    return value.untyped_storage().nbytes()
 
 
 def _view_of_held(node: fx.Node, held: set[fx.Node]) -> bool:

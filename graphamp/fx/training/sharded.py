@@ -81,6 +81,7 @@ class ShardedTrainStep(TrainStep):
         sharding: Sharding,
         clipping: Any = None,
         fp8: Any = None,
+        recompute_casts: bool | None = None,
     ) -> None:
         if accumulate != 1:
             raise GraphampError(
@@ -98,6 +99,7 @@ class ShardedTrainStep(TrainStep):
             None,
             clipping,
             fp8,
+            recompute_casts=recompute_casts,
         )
         self.sharded, self.sharding = sharded, sharding
         self._skeleton: nn.Module | None = None

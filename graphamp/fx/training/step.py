@@ -61,6 +61,7 @@ class TrainStep:
         clipping: GradientClipping | None = None,
         fp8: Any = None,
         keep_model: bool = False,
+        recompute_casts: bool | None = None,
     ) -> None:
         if accumulate < 1:
             raise GraphampError(f"accumulate must be at least 1, got {accumulate}")
@@ -71,6 +72,7 @@ class TrainStep:
         self.loss_scaling = loss_scaling
         self.reduce, self.clipping, self.fp8 = reduce, clipping, fp8
         self.keep_model = keep_model
+        self.recompute_casts = recompute_casts  # eager.for_eager: memory for time
         # The model's own tensors that hold the trained parameters (none with keep_model):
         # where an update makes a new tensor, __call__ copies it into them.
         self._model_params: dict[str, torch.Tensor] = {}
@@ -233,7 +235,8 @@ class TrainStep:
         module = writer.apply(read, context.script)
         check_lowered(module)
         self._schedule(module)
-        eager.for_eager(module)  # last: its passes read the final order
+        # last: its passes read the final order
+        eager.for_eager(module, recompute_casts=self.recompute_casts)
         script, tensors = context.script, read.graph.tensors
         for name, initial in script.new_inputs.items():
             if name not in self.state:
