@@ -121,3 +121,25 @@ def test_with_casts_a_weights_cast_and_a_widened_value_are_computed_again():
     assert any(order[u] > order[loss] for u in h.users)  # held in wide's place: half its bytes
     for a, b in zip(want, module(x, *weights), strict=True):
         assert torch.equal(a, b)
+
+
+def test_copies_for_casts_are_held_again_for_compile_unless_asked_for_there_too():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 6, generator=generator).bfloat16()
+    weights = [torch.randn(6, 6, generator=generator) for _ in range(3)]
+    want = traced(widened_step, x, *weights)(x, *weights)
+    for compiled_too in (False, True):
+        module = traced(widened_step, x, *weights)
+        before = module.code
+        assert recompute.saved_less(module, casts=True, compiled_too=compiled_too) == 2
+        undone = recompute.held_again(module)
+        if compiled_too:  # asked for everywhere: the compiled form keeps the copies
+            assert undone == 0 and set(recomputed(module).values()) == {
+                "aten.mul.Tensor",
+                "aten._to_copy.default",
+            }
+        else:  # the graph as traced again
+            # three copies: the widening cast and the product of wide, the cast of w3
+            assert undone == 3 and recomputed(module) == {} and module.code == before
+        for a, b in zip(want, module(x, *weights), strict=True):
+            assert torch.equal(a, b)

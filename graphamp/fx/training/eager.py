@@ -24,7 +24,9 @@ of the guard and the check in. The boolean masks, the dropout backward as one op
 decomposes it into the kernel that reads it) and the values computed again stay: inductor,
 given the step as one graph (not a graph it differentiates itself), holds between forward and
 backward exactly what the graph holds, and with them BERT-base's compiled step peaked 230 MiB
-lower at batch 32 in the same time (BENCHMARKS.md, History, issue 42). It then writes each new
+lower at batch 32 in the same time (BENCHMARKS.md, History, issue 42); the weights' casts a
+CPU's eager step computes again by default are held again (``recompute_casts=True`` keeps
+them computed again there too). It then writes each new
 state into the argument it replaces (:func:`write_back`), so the compiled step updates its
 state where it lives, as the eager step and torch.optim do.
 """
@@ -56,8 +58,9 @@ def for_eager(module: fx.GraphModule, recompute_casts: bool | None = None) -> fx
     """``module`` made cheaper to run op by op; after any pass that reorders nodes (they read
     the final order). ``recompute_casts``: the weights' casts and float32 copies of
     low-precision values computed again in the backward too (:func:`recompute.saved_less`'s
-    ``casts``); None: on a CPU only (there it saved page faults as well as memory, and the
-    step ran faster; on a GPU it is only a cast more of every weight)."""
+    ``casts``); None: in the eager step on a CPU only (there it saved page faults as well as
+    memory, and the step ran faster; on a GPU it is only a cast more of every weight), and
+    ``torch.compile`` gets them held (:func:`recompute.held_again`)."""
     cuda = on_cuda(module)
     without_unread(module)
     masks.as_bool(module)
@@ -66,7 +69,7 @@ def for_eager(module: fx.GraphModule, recompute_casts: bool | None = None) -> fx
         softmax_casts.fused(module)
         promotion.promoted(module)
     casts = not cuda if recompute_casts is None else recompute_casts
-    recompute.saved_less(module, casts=casts)
+    recompute.saved_less(module, casts=casts, compiled_too=recompute_casts is True)
     if not cuda:  # measured on a CPU only
         loss_head.chunked(module)
     step_size.with_addcdiv(module)
@@ -131,6 +134,7 @@ def for_compile(
     locality.traced_order(module)
     data_parallel.without_in_place_collectives(module)
     in_place.functional(module)
+    recompute.held_again(module)  # after in_place.functional: the values held are unwritten
     step_size.without_addcdiv(module)
     loss_head.unfused(module)
     softmax_casts.unfused(module)

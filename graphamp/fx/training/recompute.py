@@ -32,7 +32,9 @@ from graphamp.fx.training.in_place import recompiled
 from graphamp.fx.training.partition import forward_nodes
 
 _RECOMPUTED_META = "graphamp_recomputed"  # on a copy made in the backward: the forward node's name
-# (read by no pass: it says where a node of the graph comes from)
+# (read by no pass but held_again: it says where a node of the graph comes from)
+_CAST_META = "graphamp_recomputed_cast"  # on a copy made only for ``casts``, which held_again
+# undoes for torch.compile
 
 aten = torch.ops.aten
 # Ops cheap to run again: elementwise arithmetic, casts and copies, and views.
@@ -59,12 +61,13 @@ _CHEAP = frozenset(
 )
 
 
-def saved_less(module: fx.GraphModule, casts: bool = False) -> int:
+def saved_less(module: fx.GraphModule, casts: bool = False, compiled_too: bool = True) -> int:
     """Compute again in the backward each forward value it reads that :data:`_CHEAP` ops make
     from values the backward reads anyway (see the module docstring); how many values. With
     ``casts``, also the weights' casts (values of the step's arguments alone) and each value
     cheap ops make from forward values smaller than it, which are then held in its place
-    (a float32 copy of a bfloat16 activation: the bfloat16 one is held)."""
+    (a float32 copy of a bfloat16 activation: the bfloat16 one is held); without
+    ``compiled_too``, :func:`held_again` undoes those for ``torch.compile``."""
     graph = module.graph
     forward = forward_nodes(module)
     if forward is None:
@@ -79,6 +82,7 @@ def saved_less(module: fx.GraphModule, casts: bool = False) -> int:
 
     held = {node for node in forward if backward_readers(node)}
     cheap: set[fx.Node] = set()
+    for_casts: set[fx.Node] = set()  # cheap only because of ``casts``
     arguments = {n for n in graph.nodes if n.op in ("placeholder", "get_attr")}
     for node in graph.nodes:  # in order: a node's inputs are judged before it
         if node in forward and node.target in _CHEAP and not node.kwargs.get("out"):
@@ -89,6 +93,8 @@ def saved_less(module: fx.GraphModule, casts: bool = False) -> int:
                 continue
             if all(i in cheap or i in held or i in arguments for i in inputs):
                 cheap.add(node)
+                if set(inputs) <= arguments or for_casts & set(inputs):
+                    for_casts.add(node)
 
     def first_reader(node: fx.Node) -> fx.Node:
         return min(backward_readers(node), key=order.__getitem__)
@@ -115,8 +121,11 @@ def saved_less(module: fx.GraphModule, casts: bool = False) -> int:
         )
     }
     if casts:
-        recomputed |= _from_smaller(forward, held, cheap, recomputed, arguments)
+        smaller = _from_smaller(forward, held, cheap, recomputed, arguments)
+        recomputed |= smaller
+        for_casts |= smaller
     copies: dict[fx.Node, fx.Node] = {}
+    undone = False  # whether the copies being made are held_again's to undo
 
     def copy(node: fx.Node, before: fx.Node) -> fx.Node:
         if node not in cheap or (node in held and node not in recomputed):
@@ -127,14 +136,31 @@ def saved_less(module: fx.GraphModule, casts: bool = False) -> int:
             with graph.inserting_before(before):
                 made = graph.node_copy(node, mapping.__getitem__)
             made.meta = {"val": node.meta.get("val"), _RECOMPUTED_META: node.name}
+            if undone:
+                made.meta[_CAST_META] = True
             copies[node] = made
         return copies[node]
 
     for node in sorted(recomputed, key=lambda node: order[first_reader(node)]):
+        undone = node in for_casts and not compiled_too
         made = copy(node, first_reader(node))
         for reader in backward_readers(node):
             reader.replace_input_with(node, made)
     return recompiled(module, len(recomputed))
+
+
+def held_again(module: fx.GraphModule) -> int:
+    """``module`` with each copy :func:`saved_less` made for ``casts`` without
+    ``compiled_too`` read as the forward value it copies again (held from the forward, as
+    traced); how many copies. After the passes that write in place are undone: the forward
+    value is then the one the copy computed again."""
+    graph = module.graph
+    by_name = {node.name: node for node in graph.nodes}
+    copies = [node for node in graph.nodes if node.meta.get(_CAST_META)]
+    for node in reversed(copies):  # readers first: each copy is read by no other copy left
+        node.replace_all_uses_with(by_name[node.meta[_RECOMPUTED_META]])
+        graph.erase_node(node)
+    return recompiled(module, len(copies))
 
 
 def _from_smaller(
