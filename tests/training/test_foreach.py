@@ -275,3 +275,40 @@ def test_a_training_step_calls_its_optimizer_tail_as_foreach_ops(kind):
         plain(x, y)
     for name, value in step.params.items():
         assert torch.equal(value, plain.params[name]), name
+
+
+def test_a_commutative_run_keeps_each_products_layout():
+    """``grad * scale`` and ``grad * x`` with ``grad`` permuted (a channels-last gradient) and
+    the others contiguous: called as one foreach mul with the list first, each product would
+    be laid out after the contiguous operand and the sum after it would add in another order
+    (ConvNeXt's layer scale: its gradient off by units in the last place). Such a run stays
+    per tensor, and the values are the traced ones bit for bit."""
+
+    def step(base: torch.Tensor, scale: torch.Tensor, x: torch.Tensor) -> list[torch.Tensor]:
+        grad = base.permute(0, 2, 3, 1)
+        products = grad * scale, grad * x  # one run: consecutive, independent
+        return [product.sum([0, 1, 2]) for product in products]
+
+    generator = torch.Generator().manual_seed(0)
+    arguments = [
+        torch.randn(2, 128, 2, 2, generator=generator),
+        torch.randn(128, generator=generator),
+        torch.randn(2, 2, 2, 128, generator=generator),
+    ]
+    module = make_fx(step)(*arguments)
+    expected = module(*arguments)
+    assert foreach.grouped(module) == 0
+    for want, have in zip(expected, module(*arguments), strict=True):
+        assert torch.equal(want, have)
+
+    # the same products of contiguous operands are grouped, their layouts alike either way
+    def contiguous(base: torch.Tensor, scale: torch.Tensor, x: torch.Tensor) -> list[torch.Tensor]:
+        grad = base.view(2, 2, 2, 128)
+        products = grad * scale, grad * x
+        return [product.sum([0, 1, 2]) for product in products]
+
+    module = make_fx(contiguous)(*arguments)
+    expected = module(*arguments)
+    assert foreach.grouped(module) == 1
+    for want, have in zip(expected, module(*arguments), strict=True):
+        assert torch.equal(want, have)

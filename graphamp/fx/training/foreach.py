@@ -182,6 +182,28 @@ def _written(node: fx.Node) -> fx.Node:
     return value_arg(node, 3 if node.target is update_unless else 0)
 
 
+def _swapped_alike(node: fx.Node, offset: int) -> bool:
+    """Whether ``node`` (a commutative op) called with its first two operands swapped makes
+    its value in the same layout: the product is the same number, but an elementwise op lays
+    its result out after its first operand where the operands' layouts differ (a permuted
+    gradient times a contiguous value), and a reduction after it then sums in another order
+    (ConvNeXt's layer scale: its gradient a few units in the last place off)."""
+    first, second = (_val(a) for a in node.args[offset : offset + 2])
+    have = node.meta.get("val")
+    if not isinstance(have, torch.Tensor) or first is None or second is None:
+        return False
+
+    def meta(value: torch.Tensor) -> torch.Tensor:
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+
+    return meta(second).mul(meta(first)).stride() == have.stride()
+
+
+def _val(argument: Any) -> torch.Tensor | None:
+    value = argument.meta.get("val") if isinstance(argument, fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
 def _group(graph: fx.Graph, run: list[fx.Node]) -> bool:
     """Replace ``run`` by one call of its foreach op, when there is one that takes its
     arguments; whether it did."""
@@ -203,6 +225,8 @@ def _group(graph: fx.Graph, run: list[fx.Node]) -> bool:
             kinds.append("list")
     functional = first.target in _FUNCTIONAL
     if first.target in _COMMUTATIVE and kinds[0] != "list" and kinds[1:2] == ["list"]:
+        if not all(_swapped_alike(node, offset) for node in run):
+            return False
         arguments[:2], kinds[:2] = arguments[1::-1], kinds[1::-1]
     per_tensor = first.args[1] if guarded else first.target
     if not isinstance(per_tensor, torch._ops.OpOverload):  # (a run holds aten ops only)
