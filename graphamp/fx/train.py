@@ -68,10 +68,11 @@ def train_step(
     does: each weight's low-precision copy, and each float32 copy of a low-precision
     activation, is computed again where the backward reads it instead of being held from the
     forward (the low-precision activation is held in its place); the values are the same bit
-    for bit. None (the default) does it on a CPU, where holding less also means fewer fresh
-    pages to fault in, so the step ran faster with it (BERT-base at batch 8: peak 0.73x
-    float32's, against 0.84x without; BENCHMARKS.md), and not on a GPU, where it is one more
-    cast of every weight a step; True or False decides everywhere. torch.autocast holds both.
+    for bit. None (the default) does it in the eager step on a CPU, where holding less also
+    means fewer fresh pages to fault in (BERT-base at batch 8: peak 0.73x float32's, against
+    0.84x without; BENCHMARKS.md), and not on a GPU, where it is one more cast of every
+    weight a step, nor in a compiled step; True or False decides everywhere, compiled steps
+    included. torch.autocast holds both.
 
     A model sharded with FSDP2's ``fully_shard`` (its parameters DTensors), or an unsharded
     one with ``mesh`` (a 1-D DeviceMesh: the step calls ``fully_shard(model, mesh=mesh)`` and

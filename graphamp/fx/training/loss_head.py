@@ -65,7 +65,9 @@ def cross_entropy_chunked(
     total_weight = valid.sum().to(dtype=dtype)
     gradient = torch.empty_like(logits)
     gradient_rows = gradient.view(-1, classes)
-    picked = torch.empty(count, 1, dtype=dtype, device=logits.device)
+    # the picked log-probabilities, in the column of a label that is not ignore_index
+    column = 1 if ignore_index == 0 else 0
+    picked = torch.zeros(count, 2, dtype=dtype, device=logits.device)
     block = max(1, _BLOCK_ELEMENTS // max(classes, 1))
     wide, log_probs, nll_gradient, wide_gradient = (
         torch.empty(min(block, count), classes, dtype=dtype, device=logits.device) for _ in range(4)
@@ -77,17 +79,18 @@ def cross_entropy_chunked(
         x.copy_(rows[start:stop])
         aten._log_softmax.out(x, 1, False, out=out)
         labels_here = labels[start:stop]
-        picked[start:stop] = out.gather(1, labels_here.clamp(0, classes - 1).unsqueeze(1))
+        indices = labels_here.clamp(0, classes - 1).unsqueeze(1)
+        picked[start:stop, column] = out.gather(1, indices).squeeze(1)
         aten.nll_loss_backward.grad_input(
             seed, out, labels_here, None, reduction, ignore_index, total_weight, grad_input=g
         )
         aten._log_softmax_backward_data.out(g, out, 1, dtype, out=gx)
         gradient_rows[start:stop].copy_(gx)
-    # one column, each row's label 0 (or ignored): the same rows summed in the same order
+    # each row's label the picked column (or ignored): the same rows summed in the same order
     ignored = torch.full_like(labels, ignore_index)
     loss, total = aten.nll_loss_forward(
         picked,
-        torch.where(valid, torch.zeros_like(labels), ignored),
+        torch.where(valid, torch.full_like(labels, column), ignored),
         None,
         reduction,
         ignore_index,
@@ -110,8 +113,8 @@ def chunked(module: fx.GraphModule) -> int:
 @dataclass
 class _Head:
     """The traced nodes of one head: ``source`` (the logits, in their type) through ``up``
-    (views and a cast) to the log-softmax, the nll forward and its items, the backward pair,
-    then ``down`` (views and a cast) to the gradient of ``source``."""
+    (views and at most one cast) to the log-softmax, the nll forward and its items, the
+    backward pair, then ``down`` (views and at most one cast) to the gradient of ``source``."""
 
     source: fx.Node
     up: list[fx.Node]
@@ -208,26 +211,26 @@ def _chain_up(wide: fx.Node) -> list[fx.Node]:
 
 
 def _chain_down(pair: fx.Node, logits: torch.Tensor | None) -> list[fx.Node] | None:
-    """The views and casts from the log-softmax's gradient down to the last node of the same
-    shape and type as ``logits`` (its gradient), each read by the next alone but that one;
-    None where there is none."""
+    """The views and at most one cast from the log-softmax's gradient down to the first node
+    of the same shape and type as ``logits`` (its gradient: the fused call rounds once, as
+    one cast does), each read by the next alone but that one; None where there is none."""
     if logits is None:
         return None
     chain: list[fx.Node] = []
-    found: list[fx.Node] | None = None
     node = pair
     while True:
         value = _val(node)
         if value is not None and value.shape == logits.shape and value.dtype == logits.dtype:
-            found = list(chain)
+            return chain
         if len(node.users) != 1:
-            break
+            return None
         (user,) = node.users
         if not (user.target in _VIEWS or _is_cast(user)) or user.args[0] is not node:
-            break
+            return None
+        if _is_cast(user) and any(_is_cast(n) for n in chain):
+            return None
         chain.append(user)
         node = user
-    return found
 
 
 def _is_cast(node: fx.Node) -> bool:
@@ -275,8 +278,6 @@ def _seed_before(graph: fx.Graph, head: _Head) -> bool:
         if node.target in _LIKE and _val(node) is not None and _ancestors(node) & loss_values
     )
     if seed in loss_values or (_ancestors(seed, stop=likes) - likes) & loss_values:
-        return False
-    if seed in likes:  # the seed itself: read through its own inputs, which are the loss's
         return False
     for like in likes:
         value = _val(like)

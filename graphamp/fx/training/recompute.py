@@ -18,9 +18,10 @@ cheap ops make from a forward value of fewer bytes that the backward does not re
 BERT's attention on a CPU widens its bfloat16 query, key and value to float32 and holds the
 float32 copies): that smaller value is held instead; together BERT-base's eager step at
 batch 8 peaks 264 MiB lower, 0.73x float32's (BENCHMARKS.md, issue 42). A compiled step
-keeps the copies: inductor, given the step as one graph, holds what the graph holds (it
-recomputes only in a graph it differentiates itself), and fuses each copy into the backward
-kernel that reads it.
+keeps the copies (but those made for ``casts`` without ``compiled_too``, which
+:func:`held_again` undoes): inductor, given the step as one graph, holds what the graph
+holds (it recomputes only in a graph it differentiates itself), and fuses each copy into
+the backward kernel that reads it.
 """
 
 from __future__ import annotations
