@@ -93,6 +93,21 @@ def test_a_traced_head_is_fused_and_written_back_with_the_same_values():
         assert torch.equal(a, b)
 
 
+def test_a_seed_that_is_the_losss_ones_like_is_made_before_it():
+    """``loss.backward()``'s seed, ``ones_like(loss)`` itself (no scale): fused too."""
+
+    def unscaled(logits, labels):  # type: ignore[no-untyped-def]
+        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+    logits, labels, _ = examples()
+    module = traced_step(unscaled, logits, labels)
+    want = module(logits, labels)
+    assert loss_head.chunked(module) == 1
+    assert aten.ones_like.default not in [n.target for n in module.graph.nodes]
+    for a, b in zip(want, module(logits, labels), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_heads_of_another_form_are_left_as_traced():
     def weighted(logits, labels, scale):  # type: ignore[no-untyped-def]
         weight = torch.linspace(0.5, 1.5, logits.shape[-1])

@@ -277,7 +277,9 @@ def _seed_before(graph: fx.Graph, head: _Head) -> bool:
         for node in _ancestors(seed) | {seed}
         if node.target in _LIKE and _val(node) is not None and _ancestors(node) & loss_values
     )
-    if seed in loss_values or (_ancestors(seed, stop=likes) - likes) & loss_values:
+    # what the seed reads past the reads the rewrite removes (none: the seed itself is one)
+    reached = set() if seed in likes else _ancestors(seed, stop=likes) - likes
+    if seed in loss_values or reached & loss_values:
         return False
     for like in likes:
         value = _val(like)
