@@ -68,9 +68,9 @@ def train_step(
     does: each weight's low-precision copy, and each float32 copy of a low-precision
     activation, is computed again where the backward reads it instead of being held from the
     forward (the low-precision activation is held in its place); the values are the same bit
-    for bit. None (the default) does it in the eager step on a CPU, where holding less also
-    means fewer fresh pages to fault in (BERT-base at batch 8: peak 0.73x float32's, against
-    0.84x without; BENCHMARKS.md), and not on a GPU, where it is one more cast of every
+    for bit. None (the default) does it in the eager step on a CPU, where it cost no
+    consistent time (BERT-base at batch 8: peak 0.73x float32's, against 0.84x without;
+    BENCHMARKS.md), and not on a GPU, where it is one more cast of every
     weight a step, nor in a compiled step; True or False decides everywhere, compiled steps
     included. torch.autocast holds both.
 

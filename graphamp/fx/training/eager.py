@@ -58,8 +58,8 @@ def for_eager(module: fx.GraphModule, recompute_casts: bool | None = None) -> fx
     """``module`` made cheaper to run op by op; after any pass that reorders nodes (they read
     the final order). ``recompute_casts``: the weights' casts and float32 copies of
     low-precision values computed again in the backward too (:func:`recompute.saved_less`'s
-    ``casts``); None: in the eager step on a CPU only (there it saved page faults as well as
-    memory, and the step ran faster; on a GPU it is only a cast more of every weight), and
+    ``casts``); None: in the eager step on a CPU only (there it cost no consistent time; on a
+    GPU it is only a cast more of every weight), and
     ``torch.compile`` gets them held (:func:`recompute.held_again`)."""
     cuda = on_cuda(module)
     without_unread(module)

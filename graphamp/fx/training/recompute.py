@@ -12,8 +12,8 @@ History, issue 42). The ops are deterministic and read the same operands, so the
 the same; the price is one elementwise pass per value, which AOTAutograd's partitioner pays
 for the same values (it recomputes cheap ops rather than saving them). A value computed from
 the step's arguments alone (a weight's cast to the low type) stays held unless ``casts``
-(``train_step``'s ``recompute_casts``, by default on a CPU: there holding less also saves
-page faults, and the step ran faster) asks to compute them again too, and each held value
+(``train_step``'s ``recompute_casts``, by default in a CPU's eager step, where it cost no
+consistent time) asks to compute them again too, and each held value
 cheap ops make from a forward value of fewer bytes that the backward does not read (HF
 BERT's attention on a CPU widens its bfloat16 query, key and value to float32 and holds the
 float32 copies): that smaller value is held instead; together BERT-base's eager step at
