@@ -186,6 +186,12 @@ def written_arguments(node: fx.Node) -> list[fx.Node]:
     return written
 
 
+def tensor_value(node: object) -> torch.Tensor | None:
+    """The (fake) tensor a traced node holds in ``meta["val"]``; None for anything else."""
+    value = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
 def cast_type(node: object) -> torch.dtype | None:
     """The type ``node`` casts to where it is a ``_to_copy`` that changes nothing else (no
     memory format, a strided layout, its source's device); else None."""
@@ -196,8 +202,8 @@ def cast_type(node: object) -> torch.dtype | None:
         return None
     if node.kwargs.get("layout", torch.strided) != torch.strided:
         return None
-    value = source.meta.get("val") if isinstance(source, fx.Node) else None
-    if not isinstance(value, torch.Tensor):
+    value = tensor_value(source)
+    if value is None:
         return None
     return dtype if node.kwargs.get("device", value.device) == value.device else None
 

@@ -28,7 +28,7 @@ from torch import fx
 
 from graphamp.errors import InternalError
 from graphamp.fx.dialect import lowering
-from graphamp.fx.dialect.ops import value_arg
+from graphamp.fx.dialect.ops import tensor_value, value_arg
 from graphamp.fx.training.in_place import IN_PLACE_OPS, recompiled, update_unless
 
 _MEMBERS_META = "graphamp_foreach_members"  # on a grouped node: its members, to undo
@@ -188,7 +188,7 @@ def _swapped_alike(node: fx.Node, offset: int) -> bool:
     its result out after its first operand where the operands' layouts differ (a permuted
     gradient times a contiguous value), and a reduction after it then sums in another order
     (ConvNeXt's layer scale: its gradient a few units in the last place off)."""
-    first, second = (_val(a) for a in node.args[offset : offset + 2])
+    first, second = (tensor_value(a) for a in node.args[offset : offset + 2])
     have = node.meta.get("val")
     if not isinstance(have, torch.Tensor) or first is None or second is None:
         return False
@@ -197,11 +197,6 @@ def _swapped_alike(node: fx.Node, offset: int) -> bool:
         return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
 
     return meta(second).mul(meta(first)).stride() == have.stride()
-
-
-def _val(argument: Any) -> torch.Tensor | None:
-    value = argument.meta.get("val") if isinstance(argument, fx.Node) else None
-    return value if isinstance(value, torch.Tensor) else None
 
 
 def _group(graph: fx.Graph, run: list[fx.Node]) -> bool:

@@ -29,7 +29,9 @@ from typing import Any
 import torch
 from torch import fx
 
+from graphamp.fx.dialect.ops import cast_type, tensor_value
 from graphamp.fx.training.in_place import recompiled
+from graphamp.fx.training.partition import ancestors
 
 aten = torch.ops.aten
 _VIEWS = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
@@ -136,7 +138,7 @@ def _match(backward: fx.Node) -> _Head | None:
     if not isinstance(log_softmax, fx.Node) or log_softmax.target is not aten._log_softmax.default:
         return None
     wide, dim, half_to_float = log_softmax.args
-    value = _val(wide)
+    value = tensor_value(wide)
     if (
         not isinstance(wide, fx.Node)
         or half_to_float
@@ -182,7 +184,7 @@ def _match(backward: fx.Node) -> _Head | None:
     source = up[0].args[0] if up else wide
     if not isinstance(source, fx.Node):
         return None
-    down = _chain_down(pair, _val(source))
+    down = _chain_down(pair, tensor_value(source))
     if down is None:
         return None
     return _Head(source, up, log_softmax, forward, items, backward, pair, down)
@@ -202,7 +204,7 @@ def _chain_up(wide: fx.Node) -> list[fx.Node]:
         node = node.args[0]
     # the logits must hold the rows in order: a contiguous tensor, classes last
     source = chain[0].args[0] if chain else wide
-    value, logits = _val(wide), _val(source) if isinstance(source, fx.Node) else None
+    value, logits = tensor_value(wide), tensor_value(source)
     if logits is None or value is None or not logits.is_contiguous():
         return []
     if logits.shape[-1] != value.shape[-1] or logits.numel() != value.numel():
@@ -219,7 +221,7 @@ def _chain_down(pair: fx.Node, logits: torch.Tensor | None) -> list[fx.Node] | N
     chain: list[fx.Node] = []
     node = pair
     while True:
-        value = _val(node)
+        value = tensor_value(node)
         if value is not None and value.shape == logits.shape and value.dtype == logits.dtype:
             return chain
         if len(node.users) != 1:
@@ -227,40 +229,15 @@ def _chain_down(pair: fx.Node, logits: torch.Tensor | None) -> list[fx.Node] | N
         (user,) = node.users
         if not (user.target in _VIEWS or _is_cast(user)) or user.args[0] is not node:
             return None
-        if _is_cast(user) and any(_is_cast(n) for n in chain):
+        if _is_cast(user) and any(map(_is_cast, chain)):
             return None
         chain.append(user)
         node = user
 
 
 def _is_cast(node: fx.Node) -> bool:
-    """A ``_to_copy`` that changes only the type (no device, layout or memory format)."""
-    if node.target is not aten._to_copy.default or len(node.args) != 1:
-        return False
-    want, have = _val(node), _val(node.args[0])
-    if want is None or have is None:
-        return False
-    return set(node.kwargs) <= {"dtype", "layout", "device"} and want.device == have.device
-
-
-def _val(node: Any) -> torch.Tensor | None:
-    value = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return value if isinstance(value, torch.Tensor) else None
-
-
-def _ancestors(node: fx.Node, stop: frozenset[fx.Node] = frozenset()) -> set[fx.Node]:
-    """The nodes ``node`` is computed from, not looking past the nodes of ``stop``."""
-    seen: set[fx.Node] = set()
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if current in stop and current is not node:
-            continue
-        for parent in current.all_input_nodes:
-            if parent not in seen:
-                seen.add(parent)
-                stack.append(parent)
-    return seen
+    """A ``_to_copy`` that changes only the type (:func:`cast_type`)."""
+    return cast_type(node) is not None
 
 
 def _seed_before(graph: fx.Graph, head: _Head) -> bool:
@@ -274,15 +251,15 @@ def _seed_before(graph: fx.Graph, head: _Head) -> bool:
     loss_values = {head.forward, *head.items.values()}
     likes = frozenset(
         node
-        for node in _ancestors(seed) | {seed}
-        if node.target in _LIKE and _val(node) is not None and _ancestors(node) & loss_values
+        for node in ancestors(seed)
+        if node.target in _LIKE and tensor_value(node) is not None and ancestors(node) & loss_values
     )
     # what the seed reads past the reads the rewrite removes (none: the seed itself is one)
-    reached = set() if seed in likes else _ancestors(seed, stop=likes) - likes
+    reached = set() if seed in likes else ancestors(seed, stop=likes) - likes
     if seed in loss_values or reached & loss_values:
         return False
     for like in likes:
-        value = _val(like)
+        value = tensor_value(like)
         assert value is not None
         with graph.inserting_before(like):
             full = graph.call_function(
@@ -301,7 +278,7 @@ def _fuse(graph: fx.Graph, head: _Head) -> None:
     backward was, and move after it what read the loss before it."""
     seed, _, target, _, reduction, ignore_index, _ = head.backward.args
     end = head.down[-1] if head.down else head.log_softmax_backward
-    log_probs = _val(head.log_softmax)
+    log_probs = tensor_value(head.log_softmax)
     assert log_probs is not None
     with graph.inserting_before(head.backward):
         fused = graph.call_function(
@@ -317,7 +294,7 @@ def _fuse(graph: fx.Graph, head: _Head) -> None:
     after = fused
     for node in list(graph.nodes):
         between = order[head.forward] < order[node] < order[fused]
-        if between and node not in loss_values and _ancestors(node) & loss_values:
+        if between and node not in loss_values and ancestors(node) & loss_values:
             after.append(node)
             after = node
     with graph.inserting_after(fused):

@@ -25,7 +25,7 @@ forward, and back at the start of the rest.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,7 +146,7 @@ def forward_nodes(module: fx.GraphModule) -> set[fx.Node] | None:
     loss = results[0] if isinstance(results, (list, tuple)) and results else None
     if not isinstance(loss, fx.Node) or loss.op == "placeholder":
         return None
-    forward = _ancestors(loss)
+    forward = ancestors(loss)
     for node in nodes:  # each item of a multi-output forward node goes with it
         if node.target is operator.getitem and node.args[0] in forward:
             forward.add(node)
@@ -341,8 +341,9 @@ def compiled(
     return CompiledSplitStep(parts, forward, compile_graph(parts.rest, options))
 
 
-def _ancestors(node: fx.Node) -> set[fx.Node]:
-    """``node`` and every node it is computed from, placeholders and attributes aside."""
+def ancestors(node: fx.Node, stop: Collection[fx.Node] = ()) -> set[fx.Node]:
+    """``node`` and every node it is computed from, placeholders and attributes aside, not
+    looking past the nodes of ``stop`` (found, their inputs not followed)."""
     found: set[fx.Node] = set()
     stack = [node]
     while stack:
@@ -350,7 +351,8 @@ def _ancestors(node: fx.Node) -> set[fx.Node]:
         if current in found or current.op in ("placeholder", "get_attr"):
             continue
         found.add(current)
-        stack.extend(current.all_input_nodes)
+        if current is node or current not in stop:
+            stack.extend(current.all_input_nodes)
     return found
 
 

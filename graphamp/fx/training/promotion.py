@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from graphamp.fx.dialect.ops import plain_cast
+from graphamp.fx.dialect.ops import plain_cast, tensor_value
 from graphamp.fx.training.in_place import recompiled
 
 aten = torch.ops.aten
@@ -78,7 +78,7 @@ def _foldable(cast: object, other: object, reader: fx.Node) -> bool:
     if not plain_cast(cast, torch.float32, only_reader=reader) or not isinstance(other, fx.Node):
         return False
     assert isinstance(cast, fx.Node)  # (plain_cast checked it)
-    source, wide, result = (_value(n) for n in (cast.args[0], other, reader))
+    source, wide, result = (tensor_value(n) for n in (cast.args[0], other, reader))
     if source is None or wide is None or result is None:
         return False
     return (
@@ -88,8 +88,3 @@ def _foldable(cast: object, other: object, reader: fx.Node) -> bool:
         and result.dtype == torch.float32
         and source.device == wide.device
     )
-
-
-def _value(node: object) -> torch.Tensor | None:
-    value = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return value if isinstance(value, torch.Tensor) else None
