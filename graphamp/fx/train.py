@@ -92,6 +92,8 @@ def train_step(
         loss_scaling, DynamicLossScaling | StaticLossScaling
     ):
         raise GraphampError("loss_scaling: a DynamicLossScaling, a StaticLossScaling or None")
+    if recompute_casts is not None and not isinstance(recompute_casts, bool):
+        raise GraphampError(f"recompute_casts: True, False or None, got {recompute_casts!r}")
     if fp8 is not None:
         dtype = policy.dtype if policy is not None else policy_overrides.get("dtype", "bfloat16")
         float8_step.check_settings(fp8, dtype, loss_scaling, accumulate)

@@ -234,6 +234,14 @@ def test_train_step_refuses_what_it_cannot_do():
         train_step(
             model, nn.functional.mse_loss, torch.optim.SGD(model.parameters(), lr=0.1), accumulate=0
         )
+    for wrong in ("yes", 1, 0.0):  # 1 == True and 0.0 == False: a type, not a value, decides
+        with pytest.raises(GraphampError, match="recompute_casts: True, False or None"):
+            train_step(
+                model,
+                nn.functional.mse_loss,
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                recompute_casts=wrong,
+            )
 
 
 @pytest.mark.slow
