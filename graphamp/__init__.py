@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from graphamp.errors import (
+    BodyWarning,
     Float8Warning,
     GraphampError,
     InternalError,
@@ -25,6 +26,7 @@ from graphamp.errors import (
     SlowPrecisionWarning,
     StaticShapeWarning,
     TeardownWarning,
+    UnlistedOpWarning,
 )
 
 if TYPE_CHECKING:
@@ -44,6 +46,7 @@ _LAZY = {
     "StaticLossScaling": "graphamp.training.scaling",
 }
 __all__ = [
+    "BodyWarning",
     "DynamicLossScaling",
     "Float8",
     "Float8Warning",
@@ -58,6 +61,7 @@ __all__ = [
     "StaticLossScaling",
     "StaticShapeWarning",
     "TeardownWarning",
+    "UnlistedOpWarning",
     "__version__",
 ]
 

@@ -53,6 +53,12 @@ class BodyWarning(UserWarning):
     run as they are, in float32, and the plan says so (rule ``control_flow``)."""
 
 
+class UnlistedOpWarning(UserWarning):
+    """An op registered outside PyTorch (``torch.library``: a library's own, such as
+    transformers' MoE experts) is in no op list, so it stays float32 (rule ``unlisted``)
+    whatever it computes; naming it in ``allow``, ``infer`` or ``clear`` runs it low."""
+
+
 class RecaptureWarning(UserWarning):
     """A training step was captured for many batch signatures (shapes, types): each new one
     costs a capture; padding batches to a few fixed shapes avoids it."""

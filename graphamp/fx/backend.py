@@ -32,7 +32,7 @@ from torch import fx
 
 from graphamp import engine
 from graphamp.errors import GraphampError
-from graphamp.fx.conversion import fx_policy
+from graphamp.fx.conversion import fx_policy, warn_unlisted_library_ops
 from graphamp.fx.dialect.attention import drop_all_true_masks
 from graphamp.fx.dialect.plugin import FxDialect
 from graphamp.plans.plan import Plan
@@ -82,6 +82,7 @@ class Backend:
                 return graph
             raise
         self.plans.append(analysis.plan)
+        warn_unlisted_library_ops(analysis)
         converted = engine.apply(analysis).model
         cast_at_first_reader(converted)
         if torch.is_grad_enabled() and any(

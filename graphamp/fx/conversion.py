@@ -11,7 +11,14 @@ from torch import fx, nn
 
 from graphamp import engine
 from graphamp.core import collector
-from graphamp.errors import GraphampError, SlowPrecisionWarning, StaticShapeWarning, warn
+from graphamp.core.vocab import Precision, Rule
+from graphamp.errors import (
+    GraphampError,
+    SlowPrecisionWarning,
+    StaticShapeWarning,
+    UnlistedOpWarning,
+    warn,
+)
 from graphamp.fx.dialect import float8_convert, float8_step
 from graphamp.fx.dialect.plugin import FxDialect
 from graphamp.passes.options import Options
@@ -142,6 +149,7 @@ def convert(
             options=Options(ranges=ranges, strict=strict, fp8=fp8),
             label=dialect.label(model),
         )
+        warn_unlisted_library_ops(analysis)
         result = engine.apply(analysis)  # the plan is kept with the module (FxDialect.keep_plan)
     if fp8 is not None:
         if _float8_marks:
@@ -161,6 +169,39 @@ def converted_for_step(
         warnings.simplefilter("ignore", SlowPrecisionWarning)
         return convert(
             model, inputs, dynamic_shapes="static", policy=policy, fp8=fp8, _float8_marks=weights
+        )
+
+
+def warn_unlisted_library_ops(analysis: engine.Analysis) -> None:
+    """One :class:`~graphamp.errors.UnlistedOpWarning` per op registered outside PyTorch that
+    computes on floats and stays float32 only because no list names it: PyTorch's autocast
+    lists cannot know a library's ops, and such an op may be the model's matrix products
+    (transformers' MoE experts call ``transformers::grouped_mm_fallback``)."""
+    callers: dict[str, list[str]] = {}
+    for node in analysis.graph.nodes.values():
+        decision = analysis.plan.nodes.get(node.name)
+        if (
+            decision is None
+            or decision.rule is not Rule.UNLISTED
+            or decision.precision is not Precision.FLOAT32
+            or node.domain in ("", "graphamp")  # graphamp's own ops are placed by its passes
+            or not (node.follow_inputs or node.follow_outputs)
+        ):
+            continue
+        callers.setdefault(f"{node.domain}::{node.op}", []).append(node.name)
+    low = analysis.plan.dtype
+    for op, names in callers.items():
+        who = (
+            f"nodes {names[0]!r} and {len(names) - 1} more call"
+            if names[1:]
+            else (f"node {names[0]!r} calls")
+        )
+        short = op.split("::", 1)[1]
+        warn(
+            f"{who} {op}, an op registered outside PyTorch that no "
+            f"op list names: it stays float32 (rule unlisted). If it computes in its inputs' "
+            f"type, allow=[{short!r}] runs it in {low}",
+            UnlistedOpWarning,
         )
 
 

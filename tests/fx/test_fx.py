@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
 
 import graphamp.fx as gfx
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, UnlistedOpWarning
 from graphamp.models import build
 from tests.fx.recording import DtypeRecorder, matrix_dtypes
 from tests.helpers import ZOO_NAMES
@@ -245,3 +247,43 @@ def test_a_torch_dtype_is_taken_as_its_name():
     assert torch.isfinite(step(x, torch.randn(4, 4))) and "loss_scale.scale" in step.state
     with pytest.raises(GraphampError, match="unknown dtype 'float64'"):
         gfx.convert(model, (x,), dtype=torch.float64)
+
+
+@torch.library.custom_op("graphamp_tests::routed_mm", mutates_args=())
+def routed_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A library's own matrix product, as transformers' MoE experts call
+    ``transformers::grouped_mm_fallback``: computes in its inputs' type."""
+    return x @ w
+
+
+@routed_mm.register_fake
+def _routed_mm_fake(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], w.shape[1])
+
+
+def test_an_op_registered_outside_pytorch_and_in_no_list_is_named_in_a_warning():
+    """autocast's lists cannot know a library's ops, and one may be the model's matrix
+    products: staying float32 as unlisted says so, once per op, naming how to run it low;
+    torch's own unlisted ops (cumsum) warn nothing, and an allowed library op runs low."""
+
+    class Experts(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return routed_mm(x, self.w).cumsum(0) + routed_mm(x * 2, self.w)
+
+    model, x = Experts(), torch.randn(4, 8)
+    with pytest.warns(UnlistedOpWarning) as caught:
+        _, plan = gfx.convert(model, (x,))
+    messages = [str(w.message) for w in caught if issubclass(w.category, UnlistedOpWarning)]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith("nodes 'routed_mm' and 1 more call graphamp_tests::routed_mm")
+    assert "allow=['routed_mm'] runs it in bfloat16" in messages[0]
+    assert {d.rule for d in plan.nodes.values() if d.op == "routed_mm"} == {"unlisted"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnlistedOpWarning)
+        converted, plan = gfx.convert(model, (x,), allow=["routed_mm"])
+    assert {d.precision for d in plan.nodes.values() if d.op == "routed_mm"} == {"bfloat16"}
+    assert torch.allclose(converted(x).float(), model(x), rtol=0.05, atol=0.1)

@@ -29,6 +29,20 @@ def op_name(node: fx.Node) -> str:
     return getattr(target, "__name__", str(target))
 
 
+# torch's own op namespaces; any other op was registered through torch.library (graphamp's
+# float8 mark, transformers' MoE experts, a user's own)
+TORCHS_OWN = frozenset({"aten", "prims", "_c10d_functional", "c10d_functional"})
+
+
+def library_of(node: fx.Node) -> str:
+    """The namespace of an op registered outside torch's own (``"transformers"`` for
+    ``transformers::grouped_mm_fallback``); "" for torch's ops and Python functions."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload) and target.namespace not in TORCHS_OWN:
+        return target.namespace
+    return ""
+
+
 def module_scope(node: fx.Node) -> str:
     stack = node.meta.get("nn_module_stack")
     # torch.export marks nodes a pass added outside any module with a placeholder entry
@@ -85,6 +99,7 @@ def read_op(
         op=op,
         inputs=inputs,
         outputs=outputs,
+        domain=library_of(node),
         scope=module_scope(node),
         schema_source=SCHEMA_SOURCE,
     )

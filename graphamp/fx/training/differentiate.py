@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 
 from graphamp.errors import GraphampError
 from graphamp.fx.dialect import hops
+from graphamp.fx.dialect.ops import library_of
 
 Gradients = Callable[..., tuple[dict[str, torch.Tensor], Any]]
 
@@ -49,17 +50,7 @@ def through_autograd(module: fx.GraphModule) -> bool:
     ("an autograd.Function with functorch transforms ... must override setup_context")."""
     if higher_order_ops(module):
         return True
-    return any(_custom_op(node) for node in module.graph.nodes)
-
-
-def _custom_op(node: fx.Node) -> bool:
-    target = node.target
-    return isinstance(target, torch._ops.OpOverload) and target.namespace not in _TORCHS_OWN
-
-
-# torch's own op namespaces, which torch.func differentiates; any other op was registered
-# through torch.library (graphamp's float8 mark, transformers' experts, a user's own)
-_TORCHS_OWN = frozenset({"aten", "prims", "_c10d_functional", "c10d_functional"})
+    return any(library_of(node) for node in module.graph.nodes)
 
 
 def tracing_mode(module: fx.GraphModule) -> Literal["fake", "symbolic"]:
