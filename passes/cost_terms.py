@@ -126,7 +126,8 @@ def cost_terms(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
                 tensor.type_fixed or policy.keeps_io(tensor.name) or tensor.is_graph_output
             )
             return variable(f"\0input:{tensor.name}") if movable else F32
-        assert tensor.producer is not None  # not an input: a node writes it
+        if tensor.producer is None:  # a master weight (fx): float32, cast at each use
+            return F32
         node = nodes[tensor.producer]
         if node.kind is NodeKind.CAST:  # a Cast of the model to float32: retargetable
             return F32 if tensor.is_graph_output else variable(f"\0cast:{node.name}")

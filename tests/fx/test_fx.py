@@ -287,3 +287,18 @@ def test_an_op_registered_outside_pytorch_and_in_no_list_is_named_in_a_warning()
         converted, plan = gfx.convert(model, (x,), allow=["routed_mm"])
     assert {d.precision for d in plan.nodes.values() if d.op == "routed_mm"} == {"bfloat16"}
     assert torch.allclose(converted(x).float(), model(x), rtol=0.05, atol=0.1)
+
+
+@pytest.mark.parametrize("spread", ["cost", "tensorflow", "all"])
+def test_every_spread_converts_and_trains_a_module(spread):
+    """A master weight is float32 with no producer (cast at each use), which the cost model
+    once asserted could not happen: ``spread="cost"`` crashed on every PyTorch model."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x, target = torch.randn(4, 8), torch.randn(4, 4)
+    converted, plan = gfx.convert(model, (x,), spread=spread)
+    assert {d.precision for d in plan.nodes.values() if d.op == "linear"} == {"bfloat16"}
+    assert torch.allclose(converted(x).float(), model(x), rtol=0.05, atol=0.05)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = gfx.train_step(model, nn.functional.mse_loss, optimizer, spread=spread)
+    losses = [step(x, target).item() for _ in range(3)]
+    assert losses[2] < losses[0]
