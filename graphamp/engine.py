@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from graphamp.core import collector
 from graphamp.core.graph import OpGraph
 from graphamp.dialects.base import Dialect, ReadGraph
 from graphamp.dialects.registry import for_source
-from graphamp.errors import GraphampError, PolicyWarning, WeightOverflow
+from graphamp.errors import GraphampError, PolicyWarning, WeightOverflow, warn
 from graphamp.passes import PassContext, PassManager
 from graphamp.passes.options import Options
 from graphamp.passes.pipeline import MODEL
@@ -119,7 +118,7 @@ def analyse_model(
     plan = context.plan(label)
     _log_decisions(plan)
     for message in context.warnings:
-        warnings.warn(message, PolicyWarning, stacklevel=3)
+        warn(message, PolicyWarning)  # at the caller's line, however deep the call
     return Analysis(dialect, read, plan, context.script, seconds, list(context.warnings))
 
 

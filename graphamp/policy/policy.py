@@ -61,6 +61,17 @@ TARGETS = ("cuda", "cpu", "any")
 OTHER_KEYS = frozenset({"check"})
 
 
+def _check_lists_of_names(where: str, **options: object) -> None:
+    """A string where a list of names belongs is one clear error: iterated, ``"Softmax"``
+    would be the ops S, o, f, ... and ``"/layers.1/*"`` a rule ``*`` matching every node."""
+    for option, value in options.items():
+        if isinstance(value, str | bytes):
+            raise GraphampError(
+                f"{where}: {option}={value!r} is one string, not a list of names: "
+                f"pass {option}=[{value!r}]"
+            )
+
+
 def _canonical_list(name: str) -> str:
     return ALIASES.get(name, name)
 
@@ -170,6 +181,22 @@ class Policy:
         reasons of moved ops; ``later_moves`` are moves from a second source (command-line
         flags over a file), applied after the first and credited to ``later_where``.
         """
+        if dtype not in DTYPES:
+            raise GraphampError(
+                f"{where}: unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}"
+            )
+        _check_lists_of_names(
+            where,
+            allow=allow,
+            infer=infer,
+            clear=clear,
+            deny=deny,
+            deny_names=deny_names,
+            deny_tensors=deny_tensors,
+            allow_names=allow_names,
+            keep_io_types=keep_io_types,
+            **aliases,
+        )
         moves: dict[str, list[str]] = {
             "allow": list(allow),
             "infer": list(infer),

@@ -49,9 +49,24 @@ def test_white_gray_black_are_aliases():
     assert policy.list_of("Sin")[0] == "infer"
 
 
-def test_unknown_dtype_is_an_error():
-    with pytest.raises(GraphampError, match="float8"):
-        Policy.create("float8")
+def test_unknown_dtype_is_an_error_naming_its_source():
+    with pytest.raises(GraphampError, match=r"^amp\.toml: unknown dtype 'float8'"):
+        Policy.create("float8", where="amp.toml")
+
+
+@pytest.mark.parametrize(
+    "option", ["allow", "infer", "clear", "deny", "black", "deny_names", "allow_names",
+               "deny_tensors", "keep_io_types"]
+)  # fmt: skip
+def test_one_string_where_a_list_of_names_belongs_is_an_error(option):
+    """Iterated, "/layers.1/*" would be the rules '/', 'l', ... and '*', which matches every
+    node: the whole model float32, without a word."""
+    with pytest.raises(GraphampError) as caught:
+        Policy.create(**{option: "/layers.1/*"}, where="convert()")
+    assert str(caught.value) == (
+        f"convert(): {option}='/layers.1/*' is one string, not a list of names: "
+        f"pass {option}=['/layers.1/*']"
+    )
 
 
 def test_policy_from_toml_with_command_line_overrides(tmp_path):
