@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from graphamp import __version__
 from graphamp.cli import check, convert, debug, demo, diff, explain, lists, plan, tune
-from graphamp.cli.parser import Parser
+from graphamp.cli.parser import Parser, resolve_format
 from graphamp.errors import GraphampError, PolicyWarning, RepairWarning, SlowPrecisionWarning
 
 if TYPE_CHECKING:
@@ -117,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     console = Console(highlight=False)
     try:
+        resolve_format(args)
         return _run(COMMANDS[args.command], args, console)
     except GraphampError as exc:
         print(f"graphamp: error: {exc}", file=sys.stderr)

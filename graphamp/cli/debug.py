@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from graphamp.cli.common import emit
 from graphamp.cli.files import Files
 from graphamp.cli.numerics import add_inputs_argument, batches, require_onnx
-from graphamp.cli.parser import positive_int
+from graphamp.cli.parser import add_format_argument, positive_int
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -32,9 +32,7 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     parser.add_argument("input", metavar="IN", help="the float32 ONNX model")
     parser.add_argument("converted", metavar="CONVERTED", help="IN converted (graphamp convert)")
     add_inputs_argument(parser, "the data to compare on")
-    parser.add_argument(
-        "--format", choices=("text", "json"), default="text", help="output format (default text)"
-    )
+    add_format_argument(parser, ("text", "json"))
     parser.add_argument(
         "--plan",
         metavar="PLAN.json",

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from graphamp.cli.common import add_policy_arguments, emit, plan_of, policy_flags_given
 from graphamp.cli.files import Files
+from graphamp.cli.parser import add_format_argument
 from graphamp.errors import GraphampError
 
 if TYPE_CHECKING:
@@ -33,12 +34,7 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     )
     parser.add_argument("old", metavar="A", help="model or plan file")
     parser.add_argument("new", metavar="B", help="model or plan file")
-    parser.add_argument(
-        "--format",
-        choices=("text", "json", "html"),
-        default="text",
-        help="output format (default text)",
-    )
+    add_format_argument(parser, ("text", "json", "html"))
     parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     parser.add_argument(
         "--exit-code",

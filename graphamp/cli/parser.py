@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Any, NoReturn
+
+from graphamp.errors import GraphampError
 
 
 class Parser(argparse.ArgumentParser):
@@ -15,9 +19,26 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
         hint = self._abbreviation_hint(message)
-        self.exit(2, f"graphamp: error: {message}{hint} (see '{self.prog} --help')\n")
+        self.exit(
+            2, f"graphamp: error: {message}{hint} (see '{self._help_prog(message)} --help')\n"
+        )
+
+    def _help_prog(self, message: str) -> str:
+        """Whose help to point at: a command's own for a flag it does not know (argparse
+        reports those from the top parser, which the command's parser handed them to)."""
+        if not message.startswith("unrecognized arguments:"):
+            return self.prog
+        command = next((word for word in getattr(self, "_argv", []) if word[:1] != "-"), None)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+                return action.choices[command].prog
+        return self.prog
 
     def _abbreviation_hint(self, message: str) -> str:
         """For an unrecognized ``--flag`` that abbreviates flags of a command: say so."""
@@ -53,3 +74,37 @@ def non_negative(text: str) -> float:
     if not value >= 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
     return value
+
+
+# What an -o FILE's suffix names when --format is left out
+_SUFFIX_FORMATS = {".json": "json", ".html": "html", ".htm": "html"}
+
+
+def add_format_argument(parser: argparse.ArgumentParser, choices: tuple[str, ...]) -> None:
+    """``--format``, left out: what ``-o FILE``'s suffix names (``plan.json`` a JSON plan,
+    not a text table under that name), else text (:func:`resolve_format`)."""
+    parser.add_argument(
+        "--format",
+        choices=choices,
+        default=None,
+        help=f"output format: {', '.join(choices)} (default: what -o FILE's suffix names, "
+        f"{' or '.join(s for s, f in _SUFFIX_FORMATS.items() if f in choices and s != '.htm')}"
+        ", else text)",
+    )
+    parser.set_defaults(format_choices=choices)
+
+
+def resolve_format(args: argparse.Namespace) -> None:
+    """Set a left-out ``--format`` from ``-o``'s suffix; a suffix naming a format the command
+    does not write is one error, not a file of another format under that name."""
+    choices = getattr(args, "format_choices", None)
+    if choices is None or args.format is not None:
+        return
+    output = getattr(args, "output", None)
+    named = _SUFFIX_FORMATS.get(Path(output).suffix.lower(), "text") if output else "text"
+    if named not in choices:
+        raise GraphampError(
+            f"-o {output}: {args.command} writes {', '.join(choices)}, not {named}: pass "
+            "--format or name the file otherwise"
+        )
+    args.format = named

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from graphamp.cli.common import add_policy_arguments, emit, plan_text
 from graphamp.cli.files import Files
 from graphamp.cli.numerics import add_calibrate_argument, add_fp8_arguments
+from graphamp.cli.parser import add_format_argument
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -30,12 +31,7 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     parser.add_argument(
         "model", metavar="MODEL", help="a model file (.onnx, .pt2), or a folder of them"
     )
-    parser.add_argument(
-        "--format",
-        choices=("text", "json", "html"),
-        default="text",
-        help="output format (default text)",
-    )
+    add_format_argument(parser, ("text", "json", "html"))
     parser.add_argument(
         "-o",
         "--output",

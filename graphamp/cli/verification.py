@@ -174,9 +174,10 @@ def report_verification(
         )
     console.print(table)
     if not report.ok:
+        see = " (see --plan)" if hasattr(args, "plan") else ""  # demo has no --plan
         console.print(
             "[red]verification failed[/]: the converted model was written; deny the ops "
-            "or names behind the error (see --plan) and convert again"
+            f"or names behind the error{see} and convert again"
         )
         return 1
     return 0

@@ -151,3 +151,17 @@ def test_the_docs_name_functions_by_paths_that_import():
     assert "graphamp.numerics.verify.verify" in named
     for path in sorted(named):
         assert callable(resolved(path)), path
+
+
+def test_a_flag_a_command_does_not_know_points_at_that_commands_help(capsys, small):
+    """argparse reports a command's unknown flags from the top parser: the hint named
+    'graphamp --help', which lists commands, not the flag the user wanted."""
+    for argv, prog in (
+        (["tune", str(small), "--from-plan", "p.json"], "graphamp tune"),
+        (["-v", "plan", str(small), "--bogus"], "graphamp plan"),
+        (["--bogus"], "graphamp"),
+    ):
+        with pytest.raises(SystemExit) as caught:
+            main(argv)
+        assert caught.value.code == 2
+        assert capsys.readouterr().err.endswith(f" (see '{prog} --help')\n"), argv

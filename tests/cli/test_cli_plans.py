@@ -33,6 +33,28 @@ def test_plan_json_to_file_equals_the_api(bert, tmp_path):
     assert target.read_text() == plan.to_json()
 
 
+def test_a_left_out_format_is_what_the_output_suffix_names(bert, tmp_path, capsys):
+    """plan -o plan.json once wrote the text table under that name, which check --baseline
+    then refused as no JSON plan; a suffix naming a format the command lacks is refused."""
+    starts = {"p.json": '{\n  "format": "graphamp-plan"', "p.html": "<!DOCTYPE html>"}
+    for name, start in starts.items():
+        assert main(["plan", bert, "-o", str(tmp_path / name)]) == 0
+        assert (tmp_path / name).read_text().startswith(start), name
+    assert main(["plan", bert, "-o", str(tmp_path / "p.txt")]) == 0
+    assert (tmp_path / "p.txt").read_text().startswith("plan for ")
+    assert main(["plan", bert, "--format", "text", "-o", str(tmp_path / "t.json")]) == 0
+    assert (tmp_path / "t.json").read_text().startswith("plan for ")
+    capsys.readouterr()
+    debug = ["debug", bert, bert, "--inputs", str(tmp_path / "batch.npz")]
+    assert main([*debug, "-o", str(tmp_path / "d.html")]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"graphamp: error: -o {tmp_path / 'd.html'}: debug writes text, json, not html: pass "
+        "--format or name the file otherwise\n"
+    )
+    assert not (tmp_path / "d.html").exists()
+
+
 def test_explain_follows_the_chain_of_reasons(bert, capsys):
     # LayerNormalization runs low by default (stash_type=1); denied, it spreads to the Adds
     assert main(["explain", bert, "/layers.0/Add_1", "--deny", "LayerNormalization"]) == 0
