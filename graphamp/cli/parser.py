@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any, NoReturn
 
+from graphamp.core.io import REPORT_SUFFIXES, report_format
 from graphamp.errors import GraphampError
 
 
@@ -76,10 +76,6 @@ def non_negative(text: str) -> float:
     return value
 
 
-# What an -o FILE's suffix names when --format is left out
-_SUFFIX_FORMATS = {".json": "json", ".html": "html", ".htm": "html"}
-
-
 def add_format_argument(parser: argparse.ArgumentParser, choices: tuple[str, ...]) -> None:
     """``--format``, left out: what ``-o FILE``'s suffix names (``plan.json`` a JSON plan,
     not a text table under that name), else text (:func:`resolve_format`)."""
@@ -87,9 +83,8 @@ def add_format_argument(parser: argparse.ArgumentParser, choices: tuple[str, ...
         "--format",
         choices=choices,
         default=None,
-        help=f"output format: {', '.join(choices)} (default: what -o FILE's suffix names, "
-        f"{' or '.join(s for s, f in _SUFFIX_FORMATS.items() if f in choices and s != '.htm')}"
-        ", else text)",
+        help=f"output format: {', '.join(choices)} (default: what -o FILE's name says, "
+        f"{' or '.join(REPORT_SUFFIXES[f] for f in choices if f in REPORT_SUFFIXES)}, else text)",
     )
     parser.set_defaults(format_choices=choices)
 
@@ -101,7 +96,7 @@ def resolve_format(args: argparse.Namespace) -> None:
     if choices is None or args.format is not None:
         return
     output = getattr(args, "output", None)
-    named = _SUFFIX_FORMATS.get(Path(output).suffix.lower(), "text") if output else "text"
+    named = report_format(output) if output else "text"
     if named not in choices:
         raise GraphampError(
             f"-o {output}: {args.command} writes {', '.join(choices)}, not {named}: pass "

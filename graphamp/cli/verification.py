@@ -173,6 +173,13 @@ def report_verification(
             "ok" if report.passed(output) else "[red]OVER[/]",
         )
     console.print(table)
+    wide = [(o.name, o.reference_nan_inf) for o in report.outputs if o.reference_nan_inf]
+    if wide:  # those values compare nothing: an input the float32 model cannot take?
+        named = ", ".join(f"{name} ({count})" for name, count in wide)
+        console.print(
+            f"[yellow]warning[/]: the float32 model itself gives NaN/Inf on these inputs in "
+            f"{named}: those values are left out of the errors (NaN/Inf counts only new ones)"
+        )
     if not report.ok:
         see = " (see --plan)" if hasattr(args, "plan") else ""  # demo has no --plan
         console.print(

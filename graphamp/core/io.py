@@ -250,3 +250,16 @@ def staged(target: Path) -> Iterator[Path]:
     with Outputs([("output", Path(target))]) as outputs:
         yield outputs.path(target)
         outputs.commit()
+
+
+# The report formats an output file's name can say (plan, diff, debug -o FILE)
+REPORT_SUFFIXES = {"json": ".json", "html": ".html"}
+
+
+def report_format(path: str | Path) -> str:
+    """The report format ``path``'s suffix names ("json", "html"; ".htm" too), else "text"."""
+    suffix = Path(path).suffix.lower()
+    return next(
+        (f for f, s in REPORT_SUFFIXES.items() if suffix == s),
+        "html" if suffix == ".htm" else "text",
+    )

@@ -113,3 +113,25 @@ def test_demo_describes_the_model_it_builds(name):
         model, _ = build("bert", "small")
         assert "2 layers x 32 wide" in small and "12 layers x 768 wide" in full
         assert sum(1 for _ in model.layers) == 2
+
+
+def test_verify_says_when_the_float32_model_itself_gives_nan(cli, small, tmp_path):
+    """NaN/Inf counts only what the conversion adds, so inputs the float32 model cannot take
+    compared nothing and passed without a word."""
+    x = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    x[1, 2] = np.nan  # one row of y is NaN in float32 already
+    np.savez(tmp_path / "nan.npz", x=x)
+    status, out, _ = cli(
+        "convert", str(small), "-o", str(tmp_path / "o.onnx"), "--verify", "--inputs",
+        str(tmp_path / "nan.npz"),
+    )  # fmt: skip
+    assert status == 0
+    assert "the float32 model itself gives NaN/Inf on these inputs in y (4)" in " ".join(
+        out.split()
+    )
+    np.savez(tmp_path / "finite.npz", x=np.nan_to_num(x, nan=0.5))
+    status, out, _ = cli(
+        "convert", str(small), "-o", str(tmp_path / "p.onnx"), "--verify", "--inputs",
+        str(tmp_path / "finite.npz"),
+    )  # fmt: skip
+    assert status == 0 and "itself gives NaN" not in out
