@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,7 +75,7 @@ def analyse(
     """Load ``source`` (a path or a model object), read it and run the passes."""
     dialect = dialect or for_source(source)
     seconds: dict[str, float] = {}
-    with collector.paused():
+    with collector.paused(), _in_file(source):
         start = time.perf_counter()
         model = dialect.load(source)
         seconds["load"] = time.perf_counter() - start
@@ -86,6 +88,19 @@ def analyse(
             label=label if label is not None else dialect.label(source),
             seconds=seconds,
         )
+
+
+@contextmanager
+def _in_file(source: object) -> Iterator[None]:
+    """An error about one of a model file's nodes ("node 'MatMul_3' (MatMul): ...", found
+    where the dialect reads the graph, which holds no path) names the file, as the checks
+    before it do."""
+    try:
+        yield
+    except GraphampError as exc:
+        if isinstance(source, str | Path) and str(exc).startswith("node "):
+            raise GraphampError(f"{source}: {exc}") from exc.__cause__
+        raise
 
 
 def analyse_model(

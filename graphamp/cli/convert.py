@@ -90,8 +90,9 @@ def files(args: argparse.Namespace) -> Files:
 def run(args: argparse.Namespace, console: Console) -> int:
     from graphamp.core import progress
 
-    if (args.inputs or args.rtol is not None or args.atol) and not args.verify:
-        raise GraphampError("--inputs, --rtol and --atol are only used with --verify")
+    if (args.inputs or args.rtol is not None or args.atol or args.provider) and not args.verify:
+        raise GraphampError("--inputs, --rtol, --atol and --provider are only used with --verify")
+    args.provider = args.provider or "cpu"
     check_fp8_flags(args)
     if args.fp8 and args.from_plan:
         raise GraphampError("--from-plan applies the plan's own float8 settings: drop --fp8")

@@ -35,7 +35,9 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     parser.add_argument(
         "--size", default="small", choices=("small", "full"), help="model size (default: small)"
     )
-    parser.add_argument("--dtype", default="float16", choices=DTYPES, help="target type")
+    parser.add_argument(
+        "--dtype", default="float16", choices=DTYPES, help="target type (default float16)"
+    )
     parser.add_argument(
         "--keep", metavar="DIR", help="keep the float32 and converted models and the plan in DIR"
     )
@@ -73,6 +75,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     if args.model not in ZOO:
         raise GraphampError(f"--model {args.model!r}: choose one of {', '.join(ZOO)}")
+    args.provider = args.provider or "cpu"
     OnnxDialect().check_provider(args.provider)  # before the model is built and converted
     with tempfile.TemporaryDirectory(prefix="graphamp-demo-") as tmp:
         folder = Path(tmp)

@@ -162,7 +162,7 @@ def _check_suffix(what: str, path: Path, model: Path) -> None:
     own = suffixes_of(written)
     rename = f": name it {path.name[: -len(by_suffix[1])]}{own[0]}" if own else ""
     raise GraphampError(
-        f"{path}: {what} ends in {by_suffix[1]}, which names a {by_suffix[0]} file, but "
+        f"{path}: {what} ends in {by_suffix[1]}, which names the {by_suffix[0]} format, but "
         f"{model} converts to {written} (the suffix names the format){rename}"
     )
 

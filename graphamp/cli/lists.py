@@ -18,13 +18,18 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
     parser = commands.add_parser(
         "lists", help=HELP, description="Print the op lists a policy starts from."
     )
-    parser.add_argument("--dtype", default="float16", choices=DTYPES, help="target type")
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="target type (default float16; bfloat16 with --dialect fx_cpu, as "
+        "graphamp.fx.convert defaults on a CPU)",
+    )
     parser.add_argument("--config", metavar="FILE", help="show the lists after this policy file")
     parser.add_argument(
         "--dialect",
         choices=("onnx", "fx_cpu", "fx_cuda"),
         default="onnx",
-        help="ONNX op lists, or PyTorch's (aten) lists for CPU or CUDA targets",
+        help="ONNX op lists (default), or PyTorch's (aten) lists for CPU or CUDA targets",
     )
 
 
@@ -37,11 +42,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     from graphamp.policy.policy import Policy
 
-    policy = (
-        Policy.from_toml(args.config, dtype=args.dtype, dialect=args.dialect)
-        if args.config
-        else Policy.create(args.dtype, dialect=args.dialect, where="defaults")
-    )
+    default = "bfloat16" if args.dialect == "fx_cpu" else "float16"
+    if args.config:  # --dtype over the file's dtype over the default
+        given = {"dtype": args.dtype} if args.dtype else {}
+        policy = Policy.from_toml(args.config, default_dtype=default, dialect=args.dialect, **given)
+    else:
+        policy = Policy.create(args.dtype or default, dialect=args.dialect, where="defaults")
     for name in LISTS:
         table = Table(title=f"{name} ({policy.dtype})", title_justify="left", show_lines=False)
         table.add_column("op", style="bold")

@@ -54,7 +54,7 @@ def add_verify_arguments(parser: argparse.ArgumentParser, *, flag: bool) -> None
     group.add_argument(
         "--provider",
         choices=("cpu", "cuda"),
-        default="cpu",
+        default=None,  # "cpu"; None tells convert that --provider was not given
         help="onnxruntime execution provider (default cpu)",
     )
 

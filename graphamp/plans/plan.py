@@ -268,6 +268,15 @@ class Plan:
         return PlanDiff.between(self, other)
 
 
+def is_json_object(path: str | Path) -> bool:
+    """Whether ``path``'s first bytes open a JSON object (a plan, or some other JSON file)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(256).lstrip().startswith(b"{")
+    except OSError:
+        return False
+
+
 def is_plan_file(path: str | Path) -> bool:
     """Whether ``path`` holds a plan (read from its first bytes, whatever its name)."""
     try:

@@ -165,7 +165,9 @@ class PlanDiff:
         lines += self._fp8_text()
         if self.summary:
             lines.append("@@ summary @@")
-            lines += [f" {key}: {a} -> {b}" for key, (a, b) in self.summary.items()]
+            lines += [
+                f" {key}: {_shown(a)} -> {_shown(b)}" for key, (a, b) in self.summary.items()
+            ]
         return "\n".join(lines) + "\n"
 
     def to_dict(self) -> dict[str, object]:
@@ -226,6 +228,12 @@ class PlanDiff:
                 for a, b in self.scales_changed
             ],
         }
+
+
+def _shown(value: object) -> str:
+    """A summary entry in the text diff; one that plan does not have (a count of 0 is left
+    out, float8's entries exist only in float8 plans) is "absent", not Python's None."""
+    return "absent" if value is None else str(value)
 
 
 def _flat(summary: dict[str, object]) -> dict[str, object]:

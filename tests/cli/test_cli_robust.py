@@ -35,6 +35,7 @@ def test_check_update_creates_the_baseline_folder(small, tmp_path):
         (["--plan", "{tmp}"], "is a folder"),
         (["--rtol", "-1", "--verify"], "expected a number >= 0"),
         (["--rtol", "0.1"], "only used with --verify"),
+        (["--provider", "cuda"], "--provider are only used with --verify"),
     ],
 )
 def test_bad_output_and_tolerance_options(cli, small, tmp_path, args, message):

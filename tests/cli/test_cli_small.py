@@ -135,3 +135,28 @@ def test_verify_says_when_the_float32_model_itself_gives_nan(cli, small, tmp_pat
         str(tmp_path / "finite.npz"),
     )  # fmt: skip
     assert status == 0 and "itself gives NaN" not in out
+
+
+def test_lists_default_to_the_dtype_the_dialect_converts_to(cli, tmp_path):
+    """fx_cpu's lists are bfloat16's, as graphamp.fx.convert on a CPU; a policy file's dtype
+    is shown unless --dtype says otherwise (its default once overrode the file's)."""
+    config = tmp_path / "amp.toml"
+    config.write_text('[graphamp]\ndtype = "bfloat16"\n')
+    for args, dtype in (
+        ((), "float16"),
+        (("--dialect", "fx_cpu"), "bfloat16"),
+        (("--dialect", "fx_cuda"), "float16"),
+        (("--config", str(config)), "bfloat16"),
+        (("--config", str(config), "--dtype", "float16"), "float16"),
+    ):
+        status, out, _ = cli("lists", *args)
+        assert status == 0 and out.startswith(f"allow ({dtype})"), (args, out[:40])
+
+
+def test_a_json_file_that_is_no_plan_is_named_so_in_one_line(cli, small, tmp_path):
+    """Read as ONNX, it was a two-line protobuf error listing ModelProto's fields."""
+    other = tmp_path / "results.json"
+    other.write_text('{"accuracy": 0.9}\n')
+    status, _, err = cli("diff", str(small), str(other))
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{other}: a JSON file but not a graphamp plan" in err

@@ -56,8 +56,18 @@ def structural_cases() -> dict[str, tuple[onnx.ModelProto, str]]:
         input_types={"s": onnx.TensorProto.STRING},
         initializers=[weight("w")],
     )
+    unnamed = chain(["MatMul", "Relu"])
+    unnamed.graph.node[1].input[0] = "nowhere"
+    unnamed.graph.node[1].name = ""
+    int_weight = model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        initializers=[numpy_helper.from_array(np.arange(16, dtype=np.int32).reshape(4, 4), "w")],
+    )
     return {
         "dangling input": (dangling, "node 'relu1' reads 'nowhere', which no node produces"),
+        "unnamed node": (unnamed, "the unnamed Relu node writing 'y' reads 'nowhere'"),
+        # (found where the graph is read, which holds no path: the file is named all the same)
+        "int32 weight": (int_weight, "in.onnx: node 'mm' (MatMul): input 'w' is int32 but 'x'"),
         "two-node cycle": (cycle, "the graph has a cycle: first -> second -> first"),
         "reads its own output": (own, "node 'loop' reads its own output 'y'"),
         "no opset_import": (no_opset, "imports no opset"),
@@ -65,7 +75,7 @@ def structural_cases() -> dict[str, tuple[onnx.ModelProto, str]]:
         "domain not imported": (domain, "domain 'com.example', which the model does not import"),
         "attribute without a type": (untyped, "attribute 'axis' has no type"),
         "raw_data too short": (short, "raw_data holds 10 bytes; dims [4, 4] of FLOAT need 64"),
-        "string into MatMul": (strings, "input 0 's' is string, which MatMul does not take"),
+        "string into MatMul": (strings, "in.onnx: node 'mm' (MatMul): input 0 's' is string"),
     }
 
 

@@ -57,6 +57,15 @@ def test_diff_of_a_one_node_change_names_that_node():
     assert "/encoder/mm1  " not in text
 
 
+def test_a_summary_entry_one_plan_lacks_reads_absent_in_the_text_diff():
+    low = gonnx.convert(chain(["MatMul", "Relu", "MatMul"])).plan
+    kept = gonnx.convert(chain(["MatMul", "Relu", "MatMul"]), deny=["MatMul", "Relu"]).plan
+    difference = low.diff(kept)
+    assert difference.summary["nodes.float16"] == (3, None)  # JSON keeps null
+    assert " nodes.float16: 3 -> absent" in difference.to_text().splitlines()
+    assert "None" not in difference.to_text()
+
+
 def test_identical_plans_have_an_empty_diff():
     plan = gonnx.convert(layer_norm_model(1.0)).plan
     assert plan.diff(gonnx.convert(layer_norm_model(1.0)).plan).empty

@@ -133,7 +133,11 @@ def _parse(path: Path) -> onnx.ModelProto:
     try:
         return onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises several unrelated types for bad bytes
-        raise GraphampError(f"{path}: not an ONNX model ({type(exc).__name__}: {exc})") from None
+        first = (str(exc).strip().splitlines() or [""])[0]  # protobuf lists every field next
+        raise GraphampError(
+            f"{path}: not an ONNX model, or a truncated or damaged one "
+            f"({type(exc).__name__}: {first})"
+        ) from None
 
 
 def read_proto(

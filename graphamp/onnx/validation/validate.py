@@ -239,10 +239,10 @@ class _GraphCheck:
                     continue
                 if output in producer or output in taken:
                     raise GraphampError(
-                        f"{self.where}: value {output!r} is produced twice (by node "
-                        f"{self.scope + node.name!r} too)"
+                        f"{self.where}: value {output!r} is produced twice (by "
+                        f"{self._label(node)} too)"
                     )
-                producer[output] = self.scope + node.name
+                producer[output] = self._label(node)
         return producer
 
     def _check_node(
@@ -296,18 +296,25 @@ class _GraphCheck:
                 check_node(protos[index], self.opsets, where)
                 self.passed.add(signature)
 
+    def _label(self, node: onnx.NodeProto) -> str:
+        """A node as an error names it: by name, or an unnamed one by its op and output."""
+        if node.name:
+            return f"node {self.scope + node.name!r}"
+        output = next((o for o in node.output if o), "")
+        return f"the unnamed {node.op_type} node" + (f" writing {output!r}" if output else "")
+
     def _unavailable(self, node: onnx.NodeProto, name: str, producer: dict[str, str]) -> None:
-        where, label = self.where, self.scope + node.name
+        where, label = self.where, self._label(node)
         in_body = " (nor any enclosing graph's value)" if self.scope else ""
         if name not in producer:
             raise GraphampError(
-                f"{where}: node {label!r} reads {name!r}, which no node produces and which is "
+                f"{where}: {label} reads {name!r}, which no node produces and which is "
                 f"no graph input or initializer{in_body}"
             )
         if producer[name] == label:
-            raise GraphampError(f"{where}: node {label!r} reads its own output {name!r}")
+            raise GraphampError(f"{where}: {label} reads its own output {name!r}")
         raise GraphampError(
-            f"{where}: node {label!r} reads {name!r} before node {producer[name]!r} produces it "
+            f"{where}: {label} reads {name!r} before {producer[name]} produces it "
             "(a cycle, or nodes not in topological order)"
         )
 
