@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
-from graphamp.core.dtypes import cast_bytes
+from graphamp.core.dtypes import LOW_TYPES, cast_bytes
 from graphamp.core.graph import NodeKind, OpGraph, OpNode
 from graphamp.core.names import Names
 from graphamp.core.vocab import Rule
@@ -96,8 +96,13 @@ def plan_casts(
     }
 
     def required(node: OpNode, slot: int, tensor: str) -> str:
-        if slot >= 0 and slot in node.follow_inputs and node.name in lows:
-            return low
+        if slot >= 0 and slot in node.follow_inputs:
+            if node.name in lows:
+                return low
+            if node.compute_type == "float32" and original[tensor] in LOW_TYPES:
+                # a float32 op reading a low value beside float32 ones (fx, where PyTorch
+                # promotes; a low activation into a float32 weight after a graph break)
+                return "float32"
         return original[tensor]
 
     # What every tensor holds after the conversion, and the model's own Casts: the one walk
@@ -179,6 +184,7 @@ def plan_casts(
             continue
         # (the slots' wants and reads_any_type inline: this loop meets every read of the graph)
         node_low = node.name in lows
+        node_float32 = not node_low and node.compute_type == "float32"
         follow, any_type = node.follow_inputs, node.any_type_inputs
         is_cast = node.kind is NodeKind.CAST
         for slot, name in _slots(node) if node.implicit_inputs else enumerate(node.inputs):
@@ -192,6 +198,8 @@ def plan_casts(
                 want = held
             elif slot >= 0 and node_low and slot in follow:  # required
                 want = low
+            elif slot >= 0 and slot in follow and node_float32 and original[name] in LOW_TYPES:
+                want = "float32"  # required: a float32 op reading a low value (fx)
             else:
                 want = original[name]
             if held == want:

@@ -47,7 +47,10 @@ class KeptPass(Pass):
 
     name = "kept"
     requires = frozenset({Fact.CLASSIFIED})
+
     def run(self, context: PassContext) -> PassResult:
+        if not context.options.keep_model_decisions:
+            return PassResult(modified=False, note="off: the graph's low values are no decision")
         kept = keep_model_decisions(context.graph, context.decisions)
         context.decisions.update(kept)
         return PassResult(modified=False, note=f"{len(kept)} float32 ops the model keeps")

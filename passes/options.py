@@ -45,6 +45,10 @@ class Options:
     reviewed_where: str = ""
     # A policy rule that matches nothing is an error rather than a warning (``policy_check``).
     strict: bool = False
+    # A graph with ops already low holds its float32 ops float32 (the ``kept`` pass): a
+    # converted model's decisions. Off for graphs whose low values are no such decision:
+    # torch.compile's graphs after a graph break read the previous graph's low outputs.
+    keep_model_decisions: bool = True
     # Weights on disk are not read by the passes: each is assumed to fit, the writer checks it
     # as it converts it, and ``speculation_check`` measures those no writer converts
     # (graphamp.passes.weights.WeightRanges). Only the engine's convert_and_save sets it,

@@ -35,6 +35,7 @@ from graphamp.errors import GraphampError
 from graphamp.fx.conversion import fx_policy, warn_unlisted_library_ops
 from graphamp.fx.dialect.attention import drop_all_true_masks
 from graphamp.fx.dialect.plugin import FxDialect
+from graphamp.passes.options import Options
 from graphamp.plans.plan import Plan
 from graphamp.policy.policy import Policy
 
@@ -75,7 +76,13 @@ class Backend:
         dialect = FxDialect(weights="master")
         try:
             analysis = engine.analyse_model(
-                dialect, traced, self._policy_for(device), label=f"graph {len(self.plans)}"
+                dialect,
+                traced,
+                self._policy_for(device),
+                # a graph after a graph break reads the last one's low outputs: decided by the
+                # lists, as autocast decides every op, not held float32 as a converted model's
+                options=Options(keep_model_decisions=False),
+                label=f"graph {len(self.plans)}",
             )
         except GraphampError as exc:
             if "no floating-point tensor" in str(exc):

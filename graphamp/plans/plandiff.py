@@ -165,9 +165,7 @@ class PlanDiff:
         lines += self._fp8_text()
         if self.summary:
             lines.append("@@ summary @@")
-            lines += [
-                f" {key}: {_shown(a)} -> {_shown(b)}" for key, (a, b) in self.summary.items()
-            ]
+            lines += [f" {key}: {_shown(a)} -> {_shown(b)}" for key, (a, b) in self.summary.items()]
         return "\n".join(lines) + "\n"
 
     def to_dict(self) -> dict[str, object]:

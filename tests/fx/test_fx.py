@@ -302,3 +302,23 @@ def test_every_spread_converts_and_trains_a_module(spread):
     step = gfx.train_step(model, nn.functional.mse_loss, optimizer, spread=spread)
     losses = [step(x, target).item() for _ in range(3)]
     assert losses[2] < losses[0]
+
+
+def test_a_low_example_input_beside_float32_weights_converts_to_a_module_that_runs():
+    """A bfloat16 input into a float32 linear was read as an op already low: its weight got no
+    cast and the module failed when called. Such an op computes as PyTorch promotes its
+    inputs (float32), so the lists decide it; where it is held float32 (the kept rule, after
+    an op the input made low), its low input is cast to float32."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    x = torch.randn(8, 16).bfloat16()
+    converted, plan = gfx.convert(model, (x,))
+    assert {d.precision for d in plan.nodes.values() if d.op == "linear"} == {"bfloat16"}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(x)
+    assert torch.equal(converted(x), expected)
+
+    relu_first = nn.Sequential(nn.ReLU(), nn.Linear(16, 4))
+    converted, plan = gfx.convert(relu_first, (x,))
+    assert plan.nodes["1/linear"].rule == "kept"
+    assert converted(x).dtype == torch.float32
+    assert torch.allclose(converted(x), relu_first(x.float()), atol=1e-6)

@@ -194,3 +194,32 @@ def test_casts_of_parameters_and_inputs_sit_at_their_first_reader():
         first_reader = min(nodes.index(user) for user in cast.users)
         between = nodes[nodes.index(cast) + 1 : first_reader]
         assert all(casts_a_leaf(node) for node in between), (cast.name, between)
+
+
+def test_a_graph_after_a_graph_break_reads_the_low_output_of_the_one_before():
+    """The second graph's linear read a bfloat16 activation beside its float32 weight: read as
+    already low, its weight got no cast and the kept pass held the rest float32, and the call
+    failed ('mat1 and mat2 must have the same dtype'). Each graph is decided by the lists, as
+    autocast decides every op, and the whole runs as eager autocast does."""
+
+    class Broken(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first, self.second = nn.Linear(16, 32), nn.Linear(32, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.first(x)
+            torch._dynamo.graph_break()
+            return self.second(torch.relu(h))
+
+    torch.manual_seed(0)
+    model, x = Broken(), torch.randn(8, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(x)
+    backend = gfx.backend(dtype="bfloat16", inner="aot_eager")
+    torch._dynamo.reset()
+    actual = torch.compile(model, backend=backend)(x)
+    assert len(backend.plans) == 2
+    assert backend.plans[1].nodes["second/linear"].precision == Precision.BFLOAT16
+    assert actual.dtype == expected.dtype == torch.bfloat16
+    assert torch.equal(actual, expected)

@@ -112,7 +112,7 @@ def read_op(
     op_node.follow_inputs = frozenset(follow_in)
     op_node.follow_outputs = frozenset(follow_out)
     if follow_in:
-        op_node.compute_type = graph.tensors[inputs[follow_in[0]]].dtype
+        op_node.compute_type = _promoted([graph.tensors[inputs[slot]] for slot in follow_in])
     elif follow_out:
         op_node.compute_type = graph.tensors[outputs[follow_out[0]]].dtype
     op_node.allowed_types = FLOAT_TYPES
@@ -154,6 +154,18 @@ def matrix_dims(node: fx.Node, op: str) -> MatrixDims | None:
     k = known(a[-1])
     n = known(b[0] if n_axis == 0 else b[-1])
     return MatrixDims(rows, k, n, a=a_slot, b=b_slot, n_axis=n_axis)
+
+
+def _promoted(tensors: list[TensorInfo]) -> str | None:
+    """The type an op computes in from its computation-type inputs, as PyTorch promotes them:
+    a low activation beside a float32 weight (a graph after a graph break, a bfloat16 example
+    input) computes in float32, an op the model holds in float32, not one it already runs low;
+    a zero-dimensional tensor defers to the others (``x * torch.tensor(0.5)`` stays low)."""
+    shaped = [t.dtype for t in tensors if t.shape != ()] or [t.dtype for t in tensors]
+    types = set(shaped)
+    if len(types) == 1:
+        return shaped[0]
+    return "float64" if "float64" in types else "float32"
 
 
 def _follow_inputs(
