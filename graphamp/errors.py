@@ -59,6 +59,12 @@ class UnlistedOpWarning(UserWarning):
     whatever it computes; naming it in ``allow``, ``infer`` or ``clear`` runs it low."""
 
 
+class KeptWarning(UserWarning):
+    """The module already computes some ops in a low type (a bfloat16 submodule or example
+    input, or a converted module), so its float32 ops that could run low stay float32 (rule
+    ``kept``), as a converted model's decisions are held."""
+
+
 class RecaptureWarning(UserWarning):
     """A training step was captured for many batch signatures (shapes, types): each new one
     costs a capture; padding batches to a few fixed shapes avoids it."""

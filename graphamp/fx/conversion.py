@@ -14,6 +14,7 @@ from graphamp.core import collector
 from graphamp.core.vocab import Precision, Rule
 from graphamp.errors import (
     GraphampError,
+    KeptWarning,
     SlowPrecisionWarning,
     StaticShapeWarning,
     UnlistedOpWarning,
@@ -150,6 +151,7 @@ def convert(
             label=dialect.label(model),
         )
         warn_unlisted_library_ops(analysis)
+        _warn_kept(analysis.plan)
         result = engine.apply(analysis)  # the plan is kept with the module (FxDialect.keep_plan)
     if fp8 is not None:
         if _float8_marks:
@@ -202,6 +204,23 @@ def warn_unlisted_library_ops(analysis: engine.Analysis) -> None:
             f"op list names: it stays float32 (rule unlisted). If it computes in its inputs' "
             f"type, allow=[{short!r}] runs it in {low}",
             UnlistedOpWarning,
+        )
+
+
+def _warn_kept(plan: Plan) -> None:
+    """Say so where ops the lists would lower stay float32 because the module already computes
+    some ops low: silent, a bfloat16 submodule or example input left most of a model float32
+    (the command line says "nothing converted"; the Python API said nothing)."""
+    kept = [d for d in plan.nodes.values() if d.rule is Rule.KEPT]
+    low = next((n for n, d in plan.nodes.items() if d.rule is Rule.ALREADY_LOW), None)
+    if kept and low is not None:
+        warn(
+            f"{len(kept)} ops stay float32 (rule kept): the module already computes ops in "
+            f"{plan.nodes[low].precision} (first: {low!r}), and graphamp holds the float32 ops "
+            "of such a module as a converted model's decisions. To have every op decided, "
+            "convert the float32 module (its parameters and example inputs float32); "
+            "allow_names lowers chosen nodes",
+            KeptWarning,
         )
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import graphamp.fx as gfx
-from graphamp.errors import GraphampError, UnlistedOpWarning
+from graphamp.errors import GraphampError, KeptWarning, UnlistedOpWarning
 from graphamp.models import build
 from tests.fx.recording import DtypeRecorder, matrix_dtypes
 from tests.helpers import ZOO_NAMES
@@ -311,14 +311,17 @@ def test_a_low_example_input_beside_float32_weights_converts_to_a_module_that_ru
     an op the input made low), its low input is cast to float32."""
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     x = torch.randn(8, 16).bfloat16()
-    converted, plan = gfx.convert(model, (x,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KeptWarning)
+        converted, plan = gfx.convert(model, (x,))
     assert {d.precision for d in plan.nodes.values() if d.op == "linear"} == {"bfloat16"}
     with torch.autocast("cpu", dtype=torch.bfloat16):
         expected = model(x)
     assert torch.equal(converted(x), expected)
 
     relu_first = nn.Sequential(nn.ReLU(), nn.Linear(16, 4))
-    converted, plan = gfx.convert(relu_first, (x,))
+    with pytest.warns(KeptWarning, match=r"^1 ops stay float32 \(rule kept\): .*'0/relu'"):
+        converted, plan = gfx.convert(relu_first, (x,))
     assert plan.nodes["1/linear"].rule == "kept"
     assert converted(x).dtype == torch.float32
     assert torch.allclose(converted(x), relu_first(x.float()), atol=1e-6)
