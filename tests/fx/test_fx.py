@@ -325,3 +325,29 @@ def test_a_low_example_input_beside_float32_weights_converts_to_a_module_that_ru
     assert plan.nodes["1/linear"].rule == "kept"
     assert converted(x).dtype == torch.float32
     assert torch.allclose(converted(x), relu_first(x.float()), atol=1e-6)
+
+
+def test_keep_io_types_returns_float32_outputs_of_the_same_values():
+    """An fx node and its value share a name: once a kept output's Cast back took the value's
+    name, the edits that look nodes up by name found the Cast (keep_io_types=True failed
+    with an IndexError in the writer)."""
+
+    class TwoOutputs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc, self.out = nn.Linear(16, 32), nn.Linear(32, 4)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            h = self.fc(x)
+            return h, self.out(torch.relu(h))  # h: an output another op reads too
+
+    model, x = TwoOutputs(), torch.randn(4, 16)
+    low, _ = gfx.convert(model, (x,))
+    expected = [y.float() for y in low(x)]
+    for keep in (True, ["fc/linear", "out/linear"]):
+        kept, _ = gfx.convert(model, (x,), keep_io_types=keep)
+        actual = kept(x)
+        assert [y.dtype for y in actual] == [torch.float32, torch.float32], keep
+        assert all(torch.equal(a, e) for a, e in zip(actual, expected, strict=True)), keep
+    only_h, _ = gfx.convert(model, (x,), keep_io_types=["fc/linear"])
+    assert [y.dtype for y in only_h(x)] == [torch.float32, torch.bfloat16]

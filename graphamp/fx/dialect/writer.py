@@ -76,6 +76,9 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
     # Kept outputs: the low value cast back for the caller, right after it, so that a float32
     # reader of the output (rewired below) reads the same Cast.
     output = next(n for n in graph.nodes if n.op == "output")
+    # An fx node and its value share a name: after the loop below, values[name] of a kept
+    # output is the Cast its readers are rewired to, and the edits after it find nodes here.
+    nodes = dict(values)
     for record in script.output_casts:
         source = values[record.output]
         with after(source):
@@ -91,26 +94,26 @@ def apply(read: ReadGraph, script: EditScript) -> fx.GraphModule:
             continue
         # The slot-th tensor argument as traced (the reader's order): a pass that reroutes
         # (the training passes) has already changed the OpGraph's inputs to the new value.
-        node = values[node_name]
+        node = nodes[node_name]
         traced = [a for a in flat([node.args, node.kwargs]) if isinstance(a, fx.Node)][slot]
         node.replace_input_with(traced, scopes.value(tensor, node.graph))
 
     for node_name in script.hoist_casts:  # right after the producer of its (rewired) input
-        node = values[node_name]
+        node = nodes[node_name]
         producer = value_arg(node)
         if producer.op == "placeholder":
             producer = [n for n in producer.graph.nodes if n.op == "placeholder"][-1]
         producer.append(node)
 
     for node_name, dtype in script.retarget_casts.items():
-        node = values[node_name]
+        node = nodes[node_name]
         node.kwargs = {**node.kwargs, "dtype": torch_dtype(dtype)}
     for node_name in script.remove_nodes:
-        node = values[node_name]
+        node = nodes[node_name]
         node.replace_all_uses_with(value_arg(node))
         node.graph.erase_node(node)
     for name in script.erase_nodes:  # replaced by a node a pass added: nothing reads it now
-        graph.erase_node(values[name])
+        graph.erase_node(nodes[name])
     for name in script.removed_inputs:  # a pass gave every reader another value
         graph.erase_node(values[name])
 
