@@ -63,6 +63,13 @@ class Backend:
         self._policies: dict[str, Policy] = {}
         if policy is None:  # check the overrides now, not at the first call of the model
             self._policy_for(device or "cpu")
+        try:  # and the inner backend: else Dynamo's BackendCompilerFailed at the first call
+            torch._dynamo.lookup_backend(inner)
+        except Exception:
+            raise GraphampError(
+                f"graphamp.fx.backend(): inner={inner!r} is no torch.compile backend (inductor, "
+                "aot_eager, or a name torch._dynamo.list_backends(exclude_tags=()) lists)"
+            ) from None
 
     def __call__(self, graph: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         converted = self.convert(graph, example_inputs)

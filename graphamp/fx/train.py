@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from graphamp.errors import GraphampError
-from graphamp.fx.conversion import dtype_name
+from graphamp.fx.conversion import check_arguments, dtype_name
 from graphamp.fx.dialect import float8_step
 from graphamp.fx.distributed import data_parallel, fsdp
 from graphamp.fx.training.sharded import ShardedTrainStep, sharding_of
@@ -82,6 +82,16 @@ def train_step(
     reduce-scatters the gradients as ``grad_dtype`` (None: the type the model's FSDP2
     MixedPrecisionPolicy reduces in, else float32).
     """
+    where = "train_step()"
+    if not isinstance(model, nn.Module):
+        raise GraphampError(f"{where}: model is an nn.Module, got {type(model).__name__}")
+    if policy is not None and not isinstance(policy, Policy):
+        raise GraphampError(f"{where}: policy is a graphamp.Policy, got {type(policy).__name__}")
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int):
+        raise GraphampError(
+            f"{where}: accumulate is a whole number of micro-batches, got {accumulate!r}"
+        )
+    check_arguments(where, fp8=fp8, keep_model=keep_model)
     if "dtype" in policy_overrides:  # torch.float16 as "float16"
         policy_overrides["dtype"] = dtype_name(policy_overrides["dtype"])
     grad_type: str | None = dtype_name(grad_dtype)

@@ -33,6 +33,11 @@ class DynamicLossScaling:
     min_loss_scaling: float = 1.0
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.init_loss_scaling) and self.init_loss_scaling > 0):
+            raise GraphampError(
+                "DynamicLossScaling: init_loss_scaling must be finite and > 0, got "
+                f"{self.init_loss_scaling} (a scale of 0 makes every gradient 0)"
+            )
         if not self.incr_ratio > 1:
             raise GraphampError(
                 f"DynamicLossScaling: incr_ratio must be > 1, got {self.incr_ratio}"
@@ -106,8 +111,11 @@ class StaticLossScaling:
     scale: float
 
     def __post_init__(self) -> None:
-        if not math.isfinite(float(self.scale)):
-            raise GraphampError("StaticLossScaling: the scale must be finite")
+        if not (math.isfinite(float(self.scale)) and float(self.scale) > 0):
+            raise GraphampError(
+                f"StaticLossScaling: the scale must be finite and > 0, got {self.scale} (at 0 "
+                "every gradient is 0 and its unscaling not finite: each step would be skipped)"
+            )
 
     @property
     def initial_scale(self) -> float:

@@ -351,3 +351,59 @@ def test_keep_io_types_returns_float32_outputs_of_the_same_values():
         assert all(torch.equal(a, e) for a, e in zip(actual, expected, strict=True)), keep
     only_h, _ = gfx.convert(model, (x,), keep_io_types=["fc/linear"])
     assert [y.dtype for y in only_h(x)] == [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"deny_names": [0]}, "deny_names holds 0, not a name"),
+        ({"deny": 5}, "deny is a list of names, got 5"),
+        ({"calibrate": "tensor"}, "calibrate is batches"),  # its rows were taken as batches
+        ({"calibrate": 5}, "calibrate is batches"),
+        ({"policy": "amp.toml"}, "policy is a graphamp.Policy, got str"),
+        ({"fp8": True}, "fp8 is a graphamp.Float8"),
+        ({"example_kwargs": [1]}, "example_kwargs is a dict"),
+        ({"strict": "no"}, "strict is True or False, got 'no'"),  # "no" was true
+    ],
+)
+def test_arguments_of_the_wrong_type_are_one_line_naming_them(option, message):
+    model, x = nn.Sequential(nn.Linear(16, 8)), torch.randn(4, 16)
+    if option.get("calibrate") == "tensor":
+        option = {"calibrate": x}
+    with pytest.raises(GraphampError) as caught:
+        gfx.convert(model, (x,), **option)
+    assert str(caught.value).startswith("graphamp.fx.convert(): ")
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"accumulate": 1.5}, "accumulate is a whole number"),  # its weights never moved
+        ({"accumulate": True}, "accumulate is a whole number"),
+        ({"keep_model": "yes"}, "keep_model is True or False"),
+        ({"policy": "amp.toml"}, "policy is a graphamp.Policy"),
+        ({"loss_scaling": "static"}, "loss_scaling: a DynamicLossScaling"),
+    ],
+)
+def test_train_step_refuses_arguments_of_the_wrong_type_when_made(option, message):
+    model = nn.Sequential(nn.Linear(16, 8))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(GraphampError, match=message):
+        gfx.train_step(model, nn.functional.mse_loss, optimizer, **option)
+    with pytest.raises(GraphampError, match=r"model is an nn\.Module, got function"):
+        gfx.train_step(lambda x: x, nn.functional.mse_loss, optimizer)
+
+
+def test_a_loss_scale_of_zero_or_less_is_refused():
+    """At 0 every gradient is 0 and its unscaling not finite: each step was skipped, the
+    weights never moved, and nothing said so."""
+    import graphamp
+
+    for make in (
+        lambda: graphamp.StaticLossScaling(0),
+        lambda: graphamp.StaticLossScaling(-1.0),
+        lambda: graphamp.DynamicLossScaling(init_loss_scaling=0),
+    ):
+        with pytest.raises(GraphampError, match="must be finite and > 0"):
+            make()

@@ -159,6 +159,8 @@ def test_bad_options_are_refused_when_the_backend_is_made():
         gfx.backend(dtype="int8")
     with pytest.raises(GraphampError, match="either a policy or keyword overrides"):
         gfx.backend(policy=Policy.create(dialect="fx_cpu"), deny_names=["fc"])
+    with pytest.raises(GraphampError, match=r"inner='nope' is no torch.compile backend"):
+        gfx.backend(inner="nope")  # (was Dynamo's BackendCompilerFailed at the first call)
 
 
 def test_module_paths_as_named_modules_names_them():
