@@ -72,10 +72,9 @@ def _check_lists_of_names(where: str, **options: object) -> None:
             )
         if isinstance(value, bool):  # keep_io_types=True: every input and output
             continue
-        try:
-            wrong = next((item for item in value if not isinstance(item, str)), None)
-        except TypeError:  # not iterable
-            raise GraphampError(f"{where}: {option} is a list of names, got {value!r}") from None
+        if not isinstance(value, Iterable):
+            raise GraphampError(f"{where}: {option} is a list of names, got {value!r}")
+        wrong = next((item for item in value if not isinstance(item, str)), None)
         if wrong is not None:
             raise GraphampError(f"{where}: {option} holds {wrong!r}, not a name (a string)")
 
