@@ -21,6 +21,7 @@ from graphamp.errors import (
     warn,
 )
 from graphamp.fx.dialect import float8_convert, float8_step
+from graphamp.fx.dialect.capture import Captured
 from graphamp.fx.dialect.plugin import FxDialect
 from graphamp.passes.options import Options
 from graphamp.plans.plan import Plan
@@ -150,7 +151,7 @@ def convert(
     policy = fx_policy(model, policy, device, policy_overrides)
     with collector.paused():  # one block: no full collection between capturing and applying
         captured = dialect.load(model)
-        _warn_static_batches(captured.meta["graphamp"].static_batches)
+        _warn_static_batches(captured.meta["graphamp"])
         ranges = None  # float8's range rule reads the matrix operands' histograms too
         if calibrate is not None:
             ranges = dialect.calibrate(captured, calibrate, histograms=fp8 is not None)
@@ -259,12 +260,16 @@ def _warn_kept(plan: Plan) -> None:
         )
 
 
-def _warn_static_batches(inputs: list[str]) -> None:
+def _warn_static_batches(captured: Captured) -> None:
+    inputs = captured.static_batches
     if inputs:
+        cause = captured.static_cause or (
+            "torch.export fixes sizes 0 and 1, and the model's code can fix others: give an "
+            "example batch of 2 or more, or pass dynamic_shapes"
+        )
         warn(
             f"the first dimension of input {', '.join(inputs)} stays static: the converted module "
-            "runs only at that size there (torch.export fixes sizes 0 and 1, and the model's "
-            "code can fix others: give an example batch of 2 or more, or pass dynamic_shapes)",
+            f"runs only at that size there ({cause})",
             StaticShapeWarning,
         )
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import graphamp.fx as gfx
-from graphamp.errors import GraphampError, KeptWarning, UnlistedOpWarning
+from graphamp.errors import GraphampError, KeptWarning, StaticShapeWarning, UnlistedOpWarning
 from graphamp.models import build
 from tests.fx.recording import DtypeRecorder, matrix_dtypes
 from tests.helpers import ZOO_NAMES
@@ -407,3 +407,22 @@ def test_a_loss_scale_of_zero_or_less_is_refused():
     ):
         with pytest.raises(GraphampError, match="must be finite and > 0"):
             make()
+
+
+class _Flagged(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, **kwargs: bool) -> torch.Tensor:
+        return self.fc(x) * (2.0 if kwargs.get("double") else 1.0)
+
+
+def test_a_flag_that_goes_to_the_modules_kwargs_is_captured_static_and_said_so():
+    """torch.export refuses every shape specification where a non-tensor keyword lands in
+    **kwargs (Hugging Face's output_hidden_states=True: 'Must provide a tree_name'), so the
+    default batch dimension failed the capture; it is captured static, with the reason."""
+    model, x = _Flagged(), torch.randn(4, 8)
+    with pytest.warns(StaticShapeWarning, match=r"input x \(size 4\) stays static.*\*\*kwargs"):
+        converted, _ = gfx.convert(model, example_kwargs={"x": x, "double": True})
+    assert torch.allclose(converted(x=x, double=True).float(), model(x, double=True), atol=0.05)

@@ -46,6 +46,7 @@ class Captured:
     ranges: dict[str, tuple[int, int | None]]
     plan: Any = None
     static_batches: list[str] = field(default_factory=list)
+    static_cause: str = ""  # why they are static, where torch.export's usual causes are not
 
 
 def example_args(value: object) -> tuple[Any, ...] | None:
@@ -79,7 +80,7 @@ def capture(
         program = model
     elif isinstance(model, nn.Module):
         example_inputs = example_args(example_inputs)
-        program = _export(model, example_inputs, example_kwargs, dynamic_shapes)
+        program, static_cause = _export(model, example_inputs, example_kwargs, dynamic_shapes)
     else:
         raise GraphampError(
             f"expected an nn.Module, GraphModule or ExportedProgram, got {type(model).__name__}"
@@ -88,10 +89,13 @@ def capture(
     drop_all_true_masks(module)
     args, kwargs = program.example_inputs or ((), {})
     batches: list[str] = []
+    static_cause = static_cause if isinstance(model, nn.Module) else ""
     if isinstance(model, nn.Module):
         args, kwargs = tuple(example_inputs or ()), dict(example_kwargs or {})
         batches = static_batches(program) if dynamic_shapes is None else []
-    module.meta["graphamp"] = Captured(args, kwargs, ranges(program), static_batches=batches)
+    module.meta["graphamp"] = Captured(
+        args, kwargs, ranges(program), static_batches=batches, static_cause=static_cause
+    )
     return module
 
 
@@ -100,8 +104,11 @@ def _export(
     args: tuple[Any, ...] | None,
     kwargs: dict[str, Any] | None,
     dynamic_shapes: Any,
-) -> torch.export.ExportedProgram:
+) -> tuple[torch.export.ExportedProgram, str]:
+    """The module exported, and why its batch dimensions are static where the default
+    specification could not be used ("" where it was)."""
     name = type(model).__name__
+    static_cause = ""
     if args is None and not kwargs:
         raise GraphampError(
             f"{name}: example_inputs (or example_kwargs) are needed to capture the module "
@@ -112,7 +119,8 @@ def _export(
 
         register_caches()
     args, kwargs = tuple(args or ()), dict(kwargs or {})
-    if dynamic_shapes is None:
+    defaulted = dynamic_shapes is None
+    if defaulted:
         dynamic_shapes = _batch_dims(model, args, kwargs)
     elif isinstance(dynamic_shapes, str):
         if dynamic_shapes != STATIC:
@@ -126,7 +134,21 @@ def _export(
     printed = io.StringIO()
     try:
         with _quiet(_TORCH_LOGGERS), contextlib.redirect_stderr(printed):
-            program = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+            try:
+                program = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+            except AssertionError as exc:
+                # torch.export refuses any specification where a non-tensor keyword lands in
+                # the module's **kwargs (HF's output_hidden_states=True; torch 2.13: "Must
+                # provide a tree_name"): the default is captured static instead, and the
+                # StaticShapeWarning names the inputs that are
+                if not defaulted or "tree_name" not in str(exc):
+                    raise
+                program = torch.export.export(model, args, kwargs)
+                static_cause = (
+                    "torch.export takes no dynamic dimension where a non-tensor keyword goes "
+                    "to the module's **kwargs: leave it out of example_kwargs (a Hugging Face "
+                    "model reads such flags from its config too)"
+                )
     except Exception as exc:  # torch.export raises many types; say what and where in one line
         # torch prints the graph traced so far before raising: the error says where instead
         _replay(printed.getvalue(), drop=str(getattr(exc, "partial_fx_graph", "")))
@@ -134,7 +156,7 @@ def _export(
             raise
         raise GraphampError(capture_error(name, exc)) from None
     _replay(printed.getvalue())
-    return program
+    return program, static_cause
 
 
 def _replay(text: str, drop: str = "") -> None:
