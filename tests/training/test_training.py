@@ -727,3 +727,21 @@ def test_a_custom_op_with_its_own_backward_trains_as_eagerly():
     for (name, mine), theirs in zip(model.named_parameters(), reference.parameters(), strict=True):
         assert torch.allclose(mine, theirs, atol=2e-3), name
         assert not torch.equal(mine, initial[name]), name
+
+
+def test_a_target_or_input_that_is_a_container_of_tensors_is_one_line():
+    """The step takes tensors (other values are constants it specialises on): a dict target
+    failed inside the capture ('forward() takes 11 positional arguments but 12 were given')
+    and the message printed its tensors' values."""
+    model = nn.Linear(8, 4)
+    step = train_step(model, lambda out, t: (out - t["y"]).pow(2).mean(), torch.optim.SGD(
+        model.parameters(), lr=0.1))  # fmt: skip
+    x = torch.randn(4, 8)
+    for target, kind in (({"y": torch.randn(4, 4)}, "dict"), ((torch.randn(4, 4),), "tuple")):
+        with pytest.raises(GraphampError) as caught:
+            step(x, target)
+        message = str(caught.value)
+        assert message.startswith(f"step(*batch): the target is a {kind} holding tensors")
+        assert "\n" not in message and "tensor(" not in message
+    with pytest.raises(GraphampError, match="model input 0 is a list holding tensors"):
+        step([x], torch.randn(4, 4))

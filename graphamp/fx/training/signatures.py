@@ -44,6 +44,22 @@ def batch_signature(batch: Sequence[Any]) -> BatchSignature:
     )
 
 
+def refuse_nested_tensors(batch: Sequence[Any]) -> None:
+    """A batch item that is a tuple, list or dict holding tensors, in one line: the step takes
+    each model input and the target as a tensor (other values are constants it specialises
+    on), and the capture failed inside ('forward() takes 11 positional arguments')."""
+    for index, item in enumerate(batch):
+        if isinstance(item, tuple | list | dict) and any(
+            isinstance(leaf, torch.Tensor) for leaf in torch.utils._pytree.tree_leaves(item)
+        ):
+            what = "the target" if index == len(batch) - 1 else f"model input {index}"
+            raise GraphampError(
+                f"step(*batch): {what} is a {type(item).__name__} holding tensors; the step "
+                "takes each model input and the target as one tensor: wrap the model (or the "
+                "loss) in a module or function that takes tensors"
+            )
+
+
 def describe(signature: BatchSignature) -> str:
     """``signature`` as a user reads it: ``float32[20, 8], int64[20]``."""
     parts = []
@@ -53,7 +69,8 @@ def describe(signature: BatchSignature) -> str:
             dtype = str(kind).removeprefix("torch.")
             parts.append(f"{dtype}[{', '.join(str(size) for size in shape)}]")
         else:  # (type name, repr) of a value that is not a tensor
-            parts.append(str(kind))
+            text = str(kind)
+            parts.append(text if len(text) <= 40 else f"{shape} {text[:37]}...")
     return ", ".join(parts)
 
 

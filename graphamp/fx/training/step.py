@@ -376,6 +376,7 @@ class TrainStep:
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
         if len(batch) < 2:
             raise GraphampError("step(*batch): pass the model inputs and then the target")
+        signatures.refuse_nested_tensors(batch)
         previous = self._signature
         first_run = self._first_run(previous) if self._specialise(batch) else nullcontext()
         self._micro += 1
