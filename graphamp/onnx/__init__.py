@@ -65,10 +65,28 @@ def save(
     Weights go to ``<name>.data`` beside it where the input kept them in external data or the
     model is over 2 GB; a path that would write over a file the model was read from is refused
     unless ``overwrite`` says so (:func:`graphamp.onnx.io.files.save`)."""
+    _check_target(Path(path))
     if isinstance(model, Conversion):
         model.save(path, overwrite=overwrite)
     else:
         files.save(model, path, overwrite=overwrite)
+
+
+def _check_target(path: Path) -> None:
+    """A path the model cannot be saved to, in one line: a folder, a missing folder (an
+    OSError naming a hidden temporary file otherwise), a name another format's suffix claims
+    (``model.pt2`` would hold ONNX bytes the CLI then refuses to read as a program)."""
+    from graphamp.dialects.registry import named_by_suffix
+
+    if path.is_dir():
+        raise GraphampError(f"{path}: is a folder; give the model file's path")
+    if not path.parent.is_dir():
+        raise GraphampError(f"{path}: folder {path.parent} does not exist")
+    claimed = named_by_suffix(path)
+    if claimed is not None and claimed[0] != "onnx":
+        raise GraphampError(
+            f"{path}: {claimed[1]} names a {claimed[0]} file, but this is an ONNX model"
+        )
 
 
 def calibrate(model: Model, data: DataSource, *, histograms: bool = False) -> Ranges:

@@ -122,3 +122,19 @@ def test_strict_makes_a_rule_that_matches_nothing_an_error(tmp_path):
     for function in (gonnx.convert, gonnx.analyse):
         with pytest.raises(GraphampError, match="Softmx"):
             function(proto, deny=["Softmx"], strict=True)
+
+
+def test_save_refuses_a_path_it_cannot_write_the_model_to_in_one_line(tmp_path):
+    """A missing folder was an OSError naming graphamp's hidden temporary file, a folder an
+    IsADirectoryError, and model.pt2 got ONNX bytes the CLI then refuses as a program."""
+    result = gonnx.convert(chain(["MatMul", "Relu"]))
+    for target, message in (
+        (tmp_path / "missing" / "m.onnx", "does not exist"),
+        (tmp_path, "is a folder"),
+        (tmp_path / "m.pt2", ".pt2 names a pt2 file, but this is an ONNX model"),
+    ):
+        with pytest.raises(GraphampError, match=message):
+            gonnx.save(result, target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    gonnx.save(result, tmp_path / "m.fp16")  # a name no format claims is the user's choice
+    assert onnx.load(str(tmp_path / "m.fp16")).graph.node
