@@ -65,6 +65,11 @@ class KeptWarning(UserWarning):
     ``kept``), as a converted model's decisions are held."""
 
 
+class ModeWarning(UserWarning):
+    """A module converted in training mode (``nn.Module``'s default) holds dropout or batch
+    norm: the converted module runs them as in training, and cannot be put in eval mode."""
+
+
 class RecaptureWarning(UserWarning):
     """A training step was captured for many batch signatures (shapes, types): each new one
     costs a capture; padding batches to a few fixed shapes avoids it."""

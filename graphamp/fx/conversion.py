@@ -15,6 +15,7 @@ from graphamp.core.vocab import Precision, Rule
 from graphamp.errors import (
     GraphampError,
     KeptWarning,
+    ModeWarning,
     SlowPrecisionWarning,
     StaticShapeWarning,
     UnlistedOpWarning,
@@ -109,6 +110,7 @@ def convert(
     strict: bool = False,
     fp8: Float8 | None = None,
     _float8_marks: str = "",
+    _for_step: bool = False,
     **policy_overrides: Any,
 ) -> tuple[fx.GraphModule, Plan]:
     """Convert ``model`` to a mixed-precision GraphModule; returns it and its Plan.
@@ -149,6 +151,8 @@ def convert(
         dynamic_shapes=dynamic_shapes,
     )
     policy = fx_policy(model, policy, device, policy_overrides)
+    if not _for_step:
+        _warn_training_mode(model)
     with collector.paused():  # one block: no full collection between capturing and applying
         captured = dialect.load(model)
         _warn_static_batches(captured.meta["graphamp"])
@@ -206,7 +210,13 @@ def converted_for_step(
     with warnings.catch_warnings():  # the step warned of a slow type once, with the policy
         warnings.simplefilter("ignore", SlowPrecisionWarning)
         return convert(
-            model, inputs, dynamic_shapes="static", policy=policy, fp8=fp8, _float8_marks=weights
+            model,
+            inputs,
+            dynamic_shapes="static",
+            policy=policy,
+            fp8=fp8,
+            _float8_marks=weights,
+            _for_step=True,
         )
 
 
@@ -240,6 +250,30 @@ def warn_unlisted_library_ops(analysis: engine.Analysis) -> None:
             f"op list names: it stays float32 (rule unlisted). If it computes in its inputs' "
             f"type, allow=[{short!r}] runs it in {low}",
             UnlistedOpWarning,
+        )
+
+
+# Modules whose forward differs in training mode, as torch.export captures it
+_MODE_DEPENDENT = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
+
+
+def _warn_training_mode(model: Model) -> None:
+    """A module left in training mode (``nn.Module``'s default) is captured as it trains: its
+    dropout drops and its batch norms update their statistics at every call of the converted
+    module, which cannot be switched to eval mode afterwards (torch.export's modules refuse
+    ``.eval()``)."""
+    if not isinstance(model, nn.Module) or not model.training:
+        return
+    moded = next(
+        (name for name, sub in model.named_modules() if isinstance(sub, _MODE_DEPENDENT)), None
+    )
+    if moded is not None:
+        warn(
+            f"the module is in training mode: {moded or type(model).__name__!r} "
+            f"({type(model.get_submodule(moded)).__name__}) and the modules like it are "
+            "captured as they train (dropout drops, batch norm updates its statistics at each "
+            "call); call model.eval() before converting for inference",
+            ModeWarning,
         )
 
 

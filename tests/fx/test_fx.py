@@ -9,7 +9,13 @@ import torch
 from torch import nn
 
 import graphamp.fx as gfx
-from graphamp.errors import GraphampError, KeptWarning, StaticShapeWarning, UnlistedOpWarning
+from graphamp.errors import (
+    GraphampError,
+    KeptWarning,
+    ModeWarning,
+    StaticShapeWarning,
+    UnlistedOpWarning,
+)
 from graphamp.models import build
 from tests.fx.recording import DtypeRecorder, matrix_dtypes
 from tests.helpers import ZOO_NAMES
@@ -426,3 +432,19 @@ def test_a_flag_that_goes_to_the_modules_kwargs_is_captured_static_and_said_so()
     with pytest.warns(StaticShapeWarning, match=r"input x \(size 4\) stays static.*\*\*kwargs"):
         converted, _ = gfx.convert(model, example_kwargs={"x": x, "double": True})
     assert torch.allclose(converted(x=x, double=True).float(), model(x, double=True), atol=0.05)
+
+
+def test_a_module_in_training_mode_with_dropout_or_batch_norm_is_warned_about():
+    """nn.Module starts in training mode; converted so, the module drops and updates batch
+    norm statistics at every call, and torch.export's modules refuse .eval() afterwards."""
+    model, x = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.1), nn.BatchNorm1d(8)), torch.randn(4, 8)
+    with pytest.warns(ModeWarning, match=r"training mode: '1' \(Dropout\)"):
+        gfx.convert(model, (x,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ModeWarning)
+        gfx.convert(model.eval(), (x,))
+        gfx.convert(nn.Sequential(nn.Linear(8, 8)), (x,))  # nothing that depends on the mode
+        model.train()
+        step = gfx.train_step(model, nn.functional.mse_loss, torch.optim.SGD(
+            model.parameters(), lr=0.1))  # fmt: skip
+        step(x, torch.randn(4, 8))  # a training step trains in training mode: no warning
