@@ -11,7 +11,9 @@ each value has after the decisions so far:
 2. Infer- and clear-class nodes (autocast's promote list and the ops it leaves alone) compute
    in the promoted type of their computation-type inputs: low when every one is low, float32
    when any is float32. A 0-d tensor does not promote a tensor with dimensions (PyTorch's
-   rule for scalars), unless all inputs are 0-d.
+   rule for scalars), nor does an empty one (a size-0 dimension: the first, lazily made
+   value of a KV cache, made in the model's float32 where eager autocast makes it low), unless
+   all inputs are such.
 3. Every other node keeps the decision classify gave it; its outputs keep their types (a Cast
    already in the model yields its target).
 4. A loop-carried value (a boundary node with a back input: what the body produced in the
@@ -172,6 +174,11 @@ def _set_outputs(node: OpNode, has: dict[str, str], dtype: str) -> None:
             has[node.outputs[slot]] = dtype
 
 
+def _holds_values(shape: tuple[int | str, ...] | None) -> bool:
+    """Whether a value of ``shape`` decides a promotion: not 0-d, not known to be empty."""
+    return shape != () and not (shape is not None and 0 in shape)
+
+
 def _promoted(
     graph: OpGraph, node: OpNode, decision: NodeDecision, has: dict[str, str], low: str
 ) -> NodeDecision:
@@ -183,7 +190,7 @@ def _promoted(
         and slot not in node.back_inputs  # not yet walked: taken to agree (rule 4)
         and has.get(node.inputs[slot]) in FLOAT_TYPES
     ]
-    with_dims = [name for name in inputs if graph.tensors[name].shape != ()]
+    with_dims = [name for name in inputs if _holds_values(graph.tensors[name].shape)]
     inputs = with_dims or inputs
     wide = next((name for name in inputs if has[name] not in LOW_TYPES), None)
     source = wide or (inputs[0] if inputs else None)

@@ -448,3 +448,25 @@ def test_a_module_in_training_mode_with_dropout_or_batch_norm_is_warned_about():
         step = gfx.train_step(model, nn.functional.mse_loss, torch.optim.SGD(
             model.parameters(), lr=0.1))  # fmt: skip
         step(x, torch.randn(4, 8))  # a training step trains in training mode: no warning
+
+
+def test_an_empty_value_does_not_promote_what_it_is_concatenated_with():
+    """A KV cache's first value is an empty tensor made in the model's float32 (eager autocast
+    makes it in the low type of the first keys): concatenated with the low values, it made the
+    whole cache float32, twice autocast's memory."""
+
+    class Cache(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            empty = torch.zeros(0, 8, device=x.device)
+            return torch.cat([empty, self.fc(x)])
+
+    model, x = Cache(), torch.randn(4, 8)
+    converted, plan = gfx.convert(model, (x,))
+    assert plan.nodes["cat"].precision == "bfloat16"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model.fc(x)
+    assert converted(x).dtype == torch.bfloat16 and torch.equal(converted(x), expected)
