@@ -109,6 +109,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
 def check_entries(config: Path) -> list[tuple[Path, Path]]:
     """The (model, baseline) pairs of a policy file's [[graphamp.check]] tables."""
     from graphamp.policy.config import read_table
+    from graphamp.policy.policy import suggestion
 
     checks = read_table(config).get("check", [])
     if not checks:
@@ -119,10 +120,15 @@ def check_entries(config: Path) -> list[tuple[Path, Path]]:
         raise GraphampError(f"{config}: 'check' must be [[graphamp.check]] tables")
     entries = []
     for index, entry in enumerate(checks):
-        if not isinstance(entry, dict) or not {"model", "baseline"} <= set(entry):
-            raise GraphampError(
-                f"{config}: [[graphamp.check]] entry {index + 1} needs 'model' and 'baseline'"
-            )
+        where = f"{config}: [[graphamp.check]] entry {index + 1}"
+        if not isinstance(entry, dict):
+            raise GraphampError(f"{where} is no table (model = ..., baseline = ...)")
+        unknown = sorted(set(entry) - {"model", "baseline"})
+        if unknown:
+            hint = suggestion(unknown[0], ("model", "baseline"))
+            raise GraphampError(f"{where}: unknown key {unknown[0]!r}{hint}")
+        if not {"model", "baseline"} <= set(entry):
+            raise GraphampError(f"{where} needs 'model' and 'baseline'")
         entries.append((config.parent / entry["model"], config.parent / entry["baseline"]))
     return entries
 

@@ -19,6 +19,7 @@ A policy file looks like::
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -59,6 +60,12 @@ POLICY_KEYS = frozenset(
 TARGETS = ("cuda", "cpu", "any")
 # Keys of the [graphamp] table that are not policy: [[graphamp.check]] entries for CI.
 OTHER_KEYS = frozenset({"check"})
+
+
+def suggestion(word: str, known: Iterable[str]) -> str:
+    """``"; did you mean 'deny'?"`` for a misspelt key, or ""."""
+    close = difflib.get_close_matches(word, [str(k) for k in known], n=2)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 def _check_lists_of_names(where: str, **options: object) -> None:
@@ -264,7 +271,10 @@ class Policy:
         table = {key: value for key, value in table.items() if key not in OTHER_KEYS}
         unknown = sorted(set(table) - POLICY_KEYS)
         if unknown:
-            raise GraphampError(f"{where}: unknown key {unknown[0]!r} in [graphamp]")
+            raise GraphampError(
+                f"{where}: unknown key {unknown[0]!r} in [graphamp]"
+                + suggestion(unknown[0], sorted(POLICY_KEYS | OTHER_KEYS))
+            )
         file_moves: dict[str, list[str]] = {}
         kwargs: dict[str, Any] = {}  # create()'s other keyword arguments
         for key, value in table.items():

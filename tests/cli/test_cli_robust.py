@@ -28,6 +28,15 @@ def test_check_update_creates_the_baseline_folder(small, tmp_path):
     assert main(["check", "--config", str(config)]) == 0
 
 
+def test_a_misspelt_key_of_a_check_entry_is_named_with_the_key_it_may_mean(cli, small, tmp_path):
+    config = tmp_path / "graphamp.toml"
+    config.write_text('[[graphamp.check]]\nmodle = "m.onnx"\nbaseline = "m.json"\n')
+    assert_user_error(
+        cli("check", "--config", str(config)),
+        "[[graphamp.check]] entry 1: unknown key 'modle'; did you mean 'model'?",
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
