@@ -174,7 +174,7 @@ def _set_outputs(node: OpNode, has: dict[str, str], dtype: str) -> None:
             has[node.outputs[slot]] = dtype
 
 
-def _holds_values(shape: tuple[int | str, ...] | None) -> bool:
+def _holds_values(shape: tuple[int | str | None, ...] | None) -> bool:
     """Whether a value of ``shape`` decides a promotion: not 0-d, not known to be empty."""
     return shape != () and not (shape is not None and 0 in shape)
 

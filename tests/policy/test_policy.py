@@ -92,7 +92,7 @@ def test_policy_from_toml_with_command_line_overrides(tmp_path):
     [
         ("[graphamp]\nallow = ['Exp']\ndeny = ['Exp']\n", "'Exp' is in both"),
         ("[graphamp]\ncolour = 'red'\n", "unknown key 'colour' in \\[graphamp\\]$"),
-        ("[graphamp]\ndny = ['Exp']\n", "unknown key 'dny' in \\[graphamp\\]; did you mean 'deny'\\?"),
+        ("[graphamp]\ndny = ['Exp']\n", r"key 'dny' in \[graphamp\]; did you mean 'deny'\?"),
         ("[graphamp]\nallow = 'Exp'\n", "'allow' must be a list"),
         # a number in the list once reached difflib's suggestions: an internal error (fuzz)
         ("[graphamp]\nkeep_io_types = [0]\n", "'keep_io_types' must be true, false or a list"),
