@@ -470,3 +470,11 @@ def test_an_empty_value_does_not_promote_what_it_is_concatenated_with():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         expected = model.fc(x)
     assert converted(x).dtype == torch.bfloat16 and torch.equal(converted(x), expected)
+
+
+def test_a_capture_that_fails_on_a_shape_prints_no_traceback(capfd):
+    """torch's fake tensors log the meta kernel's traceback at ERROR before export raises:
+    a dozen lines on stderr above graphamp's one."""
+    with pytest.raises(GraphampError, match="same reduction dim"):
+        gfx.convert(nn.Linear(16, 4), (torch.randn(2, 7),))
+    assert "Traceback" not in capfd.readouterr().err

@@ -167,9 +167,14 @@ def _replay(text: str, drop: str = "") -> None:
         sys.stderr.write(text.strip("\n") + "\n")
 
 
-# torch logs each automatic dimension it fixes and, before raising, the graph traced so far:
+# torch logs each automatic dimension it fixes and, before raising, the graph traced so far
+# (and the fake tensors' traceback of a shape error: "failed while attempting to run meta"):
 # convert warns once naming the dimensions, and a failure is one line (capture_error).
-_TORCH_LOGGERS = ("torch._export.non_strict_utils", "torch.fx.experimental.symbolic_shapes")
+_TORCH_LOGGERS = (
+    "torch._export.non_strict_utils",
+    "torch.fx.experimental.symbolic_shapes",
+    "torch._subclasses.fake_tensor",
+)
 
 
 @contextlib.contextmanager
@@ -177,7 +182,7 @@ def _quiet(names: tuple[str, ...]) -> Iterator[None]:
     loggers = [logging.getLogger(name) for name in names]
     previous = [logger.level for logger in loggers]
     for logger in loggers:
-        logger.setLevel(logging.ERROR)
+        logger.setLevel(logging.CRITICAL)  # what they log at ERROR is the error raised next
     try:
         yield
     finally:
