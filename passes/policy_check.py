@@ -51,7 +51,7 @@ def unmatched_rules(context: PassContext) -> list[str]:
         for pattern in patterns:
             if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
                 problems.append(
-                    f"{key} rule {pattern!r} matches no node"
+                    f"{key} rule ({_FLAGS[key]}) {pattern!r} matches no node"
                     + _suggest(pattern.replace("*", "").replace("?", ""), names)
                 )
     if policy.deny_tensors:
@@ -61,14 +61,16 @@ def unmatched_rules(context: PassContext) -> list[str]:
         for tensor in sorted(policy.deny_tensors):
             if tensor not in graph.tensors and tensor not in local:
                 problems.append(
-                    f"deny_tensors name {tensor!r} is no tensor" + _suggest(tensor, tensors)
+                    f"deny_tensors name (--deny-tensor) {tensor!r} is no tensor"
+                    + _suggest(tensor, tensors)
                 )
     if not isinstance(policy.keep_io_types, bool):
         io = [*graph.graph_inputs, *graph.graph_outputs]
         for name in policy.keep_io_types:
             if name not in io:
                 problems.append(
-                    f"keep_io_types name {name!r} is no graph input or output" + _suggest(name, io)
+                    f"keep_io_types name (--keep-io) {name!r} is no graph input or output"
+                    + _suggest(name, io)
                 )
     return problems
 
@@ -79,3 +81,8 @@ def _suggest(name: str, choices: list[str]) -> str:
         lowered = {choice.lower(): choice for choice in choices}
         close = [lowered[name.lower()]] if name.lower() in lowered else []
     return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+
+# The command-line flag of each policy setting a message names (the setting is the Python
+# API's and the policy file's name)
+_FLAGS = {"deny_names": "--deny-name", "allow_names": "--allow-name"}

@@ -100,10 +100,10 @@ def test_keep_io_types_no_longer_swallows_the_model_path(small, tmp_path):
             "did you mean 'Softmax'?",
         ),
         (["--deny", "softmax"], "did you mean 'Softmax'?"),
-        (["--deny-name", "/layer.11/*"], "deny_names rule '/layer.11/*' matches no node"),
-        (["--deny-tensor", "t9"], "deny_tensors name 't9' is no tensor"),
-        (["--deny-tensor", "T1"], "deny_tensors name 'T1' is no tensor; did you mean 't1'?"),
-        (["--keep-io", "z"], "keep_io_types name 'z' is no graph input or output"),
+        (["--deny-name", "/layer.11/*"], "rule (--deny-name) '/layer.11/*' matches no node"),
+        (["--deny-tensor", "t9"], "deny_tensors name (--deny-tensor) 't9' is no tensor"),
+        (["--deny-tensor", "T1"], "(--deny-tensor) 'T1' is no tensor; did you mean 't1'?"),
+        (["--keep-io", "z"], "keep_io_types name (--keep-io) 'z' is no graph input or output"),
     ],
 )
 def test_rules_that_match_nothing_are_warned_about_and_strict_refuses_them(

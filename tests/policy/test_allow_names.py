@@ -62,7 +62,7 @@ def test_the_command_line_flag_plans_converts_and_applies_a_reviewed_plan(tmp_pa
     assert again.read_bytes() == out.read_bytes()
     capsys.readouterr()
     assert main(["plan", str(source), "--allow-name", "nothing*", "--strict"]) == 2
-    assert "allow_names rule 'nothing*' matches no node" in capsys.readouterr().err
+    assert "allow_names rule (--allow-name) 'nothing*' matches no node" in capsys.readouterr().err
 
 
 def test_allow_names_in_the_policy_file(tmp_path):
