@@ -11,7 +11,11 @@ from typing import TYPE_CHECKING
 from graphamp.cli.common import DTYPES
 from graphamp.cli.files import Files
 from graphamp.cli.summary import print_summary
-from graphamp.cli.verification import add_verify_arguments, report_verification
+from graphamp.cli.verification import (
+    add_verify_arguments,
+    report_verification,
+    verification_inputs,
+)
 from graphamp.errors import GraphampError
 
 if TYPE_CHECKING:
@@ -39,7 +43,10 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
         "--dtype", default="float16", choices=DTYPES, help="target type (default float16)"
     )
     parser.add_argument(
-        "--keep", metavar="DIR", help="keep the float32 and converted models and the plan in DIR"
+        "--keep",
+        metavar="DIR",
+        help="keep the float32 and converted models and the plan in DIR (made, with its "
+        "parents, if missing)",
     )
     add_verify_arguments(parser, flag=False)
 
@@ -87,6 +94,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         )
         export_onnx(args.model, source, args.size)
         dialect = OnnxDialect()
+        if args.inputs:  # checked against the model before it is converted, as convert does
+            verification_inputs(dialect, source, args)
         start = time.perf_counter()
         policy = Policy.create(args.dtype, where="demo")
         result = engine.convert(source, policy, dialect=dialect)

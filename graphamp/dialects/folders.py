@@ -100,6 +100,11 @@ def _check_plan_names(folder: ModelFolder) -> None:
         seen[name] = model
 
 
+# Suffixes of the files graphamp writes beside models (plans, reports): a folder output named
+# plans.json is a file name given where a folder belongs
+_FILE_SUFFIXES = (".json", ".html", ".txt")
+
+
 def check_output_folder(source: Path, output: Path, what: str) -> None:
     """Refuse an output folder that is the input folder or inside it (graphamp never writes
     into what it reads), whose name is a model file's (``out.onnx``: a folder a reader would
@@ -118,6 +123,11 @@ def check_output_folder(source: Path, output: Path, what: str) -> None:
         )
     if output.exists() and not output.is_dir():
         raise GraphampError(f"{output}: is a file; {what} needs a folder (made if missing)")
+    if output.suffix.lower() in _FILE_SUFFIXES and not output.exists():
+        raise GraphampError(
+            f"{output}: {what} is a folder for a folder IN (a file per model), but its name "
+            f"ends in {output.suffix}, a file's suffix; name the folder without it"
+        )
     parent = output.absolute().parent
     if not parent.is_dir():
         raise GraphampError(f"{output}: folder {parent} does not exist")

@@ -65,6 +65,14 @@ def test_a_folder_output_named_like_a_model_file_is_refused(capsys, small, tmp_p
         ".onnx, a model file's suffix",
     )
     assert files_under(tmp_path) == before
+    # --plan is a folder too (one plan per model): plans.json made a folder of that name
+    refused(
+        capsys,
+        ["convert", str(source), "-o", str(tmp_path / "out"), "--plan", str(tmp_path / "p.json")],
+        "p.json: --plan is a folder for a folder IN",
+        "ends in .json, a file's suffix",
+    )
+    assert files_under(tmp_path) == before
 
 
 def test_a_provider_this_machine_lacks_is_refused_before_converting(
