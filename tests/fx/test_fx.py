@@ -487,3 +487,30 @@ def test_a_capture_that_fails_on_a_shape_prints_no_traceback():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.startswith("GraphampError Linear: torch.export could not capture it")
     assert "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("kind", ["einsum", "lstm", "rnn"])
+def test_ops_eager_autocast_runs_low_through_their_parts_run_low(kind):
+    """einsum, LSTM and RNN are in none of CPU autocast's lists, but eager autocast runs them
+    low as what they call (bmm, mkldnn_rnn_layer): captured whole, they stayed float32."""
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = (nn.LSTM if kind == "lstm" else nn.RNN)(8, 16, batch_first=True)
+
+        def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            if kind == "einsum":
+                return torch.einsum("bsd,de->bse", x, w)
+            return self.rnn(x)[0]
+
+    torch.manual_seed(0)
+    model, x, w = Model().eval(), torch.randn(2, 5, 8), torch.randn(8, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch.export on RNN's _flat_weights
+        converted, plan = gfx.convert(model, (x, w))
+    op = {"einsum": "einsum", "lstm": "lstm", "rnn": "rnn_tanh"}[kind]
+    assert {d.precision for d in plan.nodes.values() if d.op == op} == {"bfloat16"}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(x, w)
+    assert torch.equal(converted(x, w), expected)
