@@ -514,3 +514,23 @@ def test_ops_eager_autocast_runs_low_through_their_parts_run_low(kind):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         expected = model(x, w)
     assert torch.equal(converted(x, w), expected)
+
+
+def test_a_calibration_batch_of_a_size_the_capture_fixed_is_one_line():
+    """A sequence length the module fixes (a positional table added to the embeddings): the
+    batch failed torch's guard with a raw AssertionError and the graph's trace."""
+
+    class Positions(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.positions = nn.Embedding(100, 16), nn.Parameter(torch.randn(10, 16))
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.embed(ids) + self.positions
+
+    ids = torch.randint(0, 100, (2, 10))
+    with pytest.raises(GraphampError) as caught:
+        gfx.convert(Positions(), (ids,), calibrate=[(torch.randint(0, 100, (2, 12)),)])
+    message = str(caught.value)
+    assert message.startswith("calibrate: batch 0 (ids [2, 12]) does not fit the captured")
+    assert "ids.size()[1] == 10" in message and "\n" not in message

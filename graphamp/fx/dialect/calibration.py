@@ -118,7 +118,17 @@ def calibrate(
     with torch.no_grad():
         for index, batch in enumerate(batches):
             recorder = _Recorder(module, names, counted=counted)
-            recorder.run(*_arguments(batch, inputs, index))
+            arguments = _arguments(batch, inputs, index)
+            try:
+                recorder.run(*arguments)
+            except AssertionError as exc:  # the capture's guards: a size it fixed differs
+                pairs = zip(inputs, arguments, strict=True)
+                shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in pairs)
+                raise GraphampError(
+                    f"calibrate: batch {index} ({shapes}) does not fit the captured module: "
+                    f"{_first_line(exc)} (the capture fixed that size: give calibration "
+                    "batches of the example's shapes there, or pass dynamic_shapes)"
+                ) from None
             ranges.update(Ranges(recorder.found, batches=1))
     if not ranges.batches:
         raise GraphampError("calibrate: no batches")
@@ -150,3 +160,7 @@ def _arguments(batch: Any, inputs: list[str], index: int) -> list[torch.Tensor]:
             f"calibrate: batch {index} holds {len(batch)} values, the module takes {len(inputs)}"
         )
     return [torch.as_tensor(np.asarray(v)) if not isinstance(v, torch.Tensor) else v for v in batch]
+
+
+def _first_line(error: BaseException) -> str:
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), "")
