@@ -47,8 +47,11 @@ def add_fp8_arguments(parser: argparse.ArgumentParser) -> None:
         "--fp8-deny-names",
         metavar="GLOB",
         nargs="+",
+        action="extend",
         default=[],
-        help="with --fp8: keep these nodes (globs on node names) out of float8",
+        help="with --fp8: keep these nodes (globs on node names) out of float8 (several after "
+        "the flag, or the flag repeated; it takes every word up to the next flag, so give IN "
+        "before it)",
     )
     parser.add_argument(
         "--fp8-embeddings",

@@ -173,3 +173,12 @@ def test_a_flag_a_command_does_not_know_points_at_that_commands_help(capsys, sma
             main(argv)
         assert caught.value.code == 2
         assert capsys.readouterr().err.endswith(f" (see '{prog} --help')\n"), argv
+
+
+def test_fp8_deny_names_given_twice_keeps_both():
+    """--fp8-deny-names takes several globs; given twice, the second replaced the first."""
+    args = build_parser().parse_args(
+        ["convert", "m.onnx", "-o", "x.onnx", "--fp8", "--calibrate", "d",
+         "--fp8-deny-names", "a*", "b*", "--fp8-deny-names", "c*"]
+    )  # fmt: skip
+    assert args.fp8_deny_names == ["a*", "b*", "c*"]
