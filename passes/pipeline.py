@@ -14,7 +14,8 @@ The model pipeline (a model to convert, any dialect):
    run low), ``integer_values``, ``range``, ``tuned`` and ``kept`` (a converted model's float32
    ops) settle what classify left open, each before precisions spread, so that deny spreads
    from what they keep float32; and the decide step spreads precisions over the infer and
-   clear ops the way the policy's ``spread`` says (``DECIDE``).
+   clear ops the way the policy's ``spread`` says (``DECIDE``); ``isolated`` then keeps float32
+   an allow-list norm that every op around it leaves float32 (a Cast pair for nothing).
 3. ``fp8`` picks float8 operands among the matrix ops decided low (with ``Options.fp8``).
 4. ``casts`` turns the decisions into casts and weight conversions; ``reviewed_records``
    refuses edits that differ from the reviewed plan's; ``speculation_check`` measures the
@@ -40,6 +41,7 @@ from graphamp.passes.fp8 import Fp8Pass
 from graphamp.passes.fp8_scaling import Fp8ScaleUpdatePass, Fp8ScalingPass
 from graphamp.passes.fuse_norms import FuseNormsPass
 from graphamp.passes.integer_values import IntegerValuesPass
+from graphamp.passes.isolated import IsolatedPass
 from graphamp.passes.kept import KeptPass
 from graphamp.passes.loss_scale import FiniteCheckPass, LossScalePass, ScaleUpdatePass
 from graphamp.passes.paint import PaintPass
@@ -88,6 +90,7 @@ DECIDING: tuple[Step, ...] = (
     TunedPass,
     KeptPass,
     DECIDE,
+    IsolatedPass,
 )
 
 MODEL: tuple[Step, ...] = (

@@ -64,6 +64,7 @@ class Rule(enum.StrEnum):
     TYPE_UNKNOWN = "type_unknown"
     ALREADY_LOW = "already_low"
     KEPT = "kept"  # float32 in a model that already computes low: its own decision (kept.py)
+    ISOLATED = "isolated"  # an allow-list norm with float32 all around: no Cast pair (isolated.py)
     FLOAT64 = "float64"
     NO_FLOAT = "no_float"
     CAST = "cast"
@@ -99,7 +100,13 @@ DENY_SEEDS = frozenset({Rule.DENY, Rule.DENY_NAME, Rule.DENY_TENSOR, Rule.TUNED}
 """Rules that start a deny spread (and must never end low). ``tuned`` is one: tune prints its
 set as ``deny_names``, which must give the same precisions."""
 
-KEPT_FLOAT32 = DENY_SEEDS | {Rule.RANGE, Rule.INTEGER_RANGE, Rule.INTEGER_VALUED, Rule.KEPT}
+KEPT_FLOAT32 = DENY_SEEDS | {
+    Rule.RANGE,
+    Rule.INTEGER_RANGE,
+    Rule.INTEGER_VALUED,
+    Rule.KEPT,
+    Rule.ISOLATED,
+}
 """Rules whose nodes must never end low (checked between passes)."""
 
 FP8_RULES = frozenset(

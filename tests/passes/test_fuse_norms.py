@@ -169,7 +169,9 @@ def test_below_opset_23_a_norm_without_residual_add_is_a_skip_norm_of_x_and_x(op
     assert "SimplifiedLayerNormalization" not in ops
     assert not {"Pow", "ReduceMean", "Sqrt", "Reciprocal"} & set(ops)
     assert ops.count("SkipSimplifiedLayerNormalization") == 1
-    assert plan_precision(result, rewrite.node) == "float16"
+    # on the cpu target the MatMuls have no float16 kernel: low, the norm alone would sit
+    # between Casts (passes/isolated.py)
+    assert plan_precision(result, rewrite.node) == ("float16" if target == "cuda" else "float32")
     assert error(model, out) < 5e-3  # the faithful evaluator, against float32
     session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
     reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -313,8 +315,10 @@ def test_a_decomposed_layer_norm_becomes_layer_normalization(tmp_path, bias):
         assert rewrite.op == "LayerNormalization" and rewrite.attributes["stash_type"] == 1
         assert len(rewrite.inputs) == (3 if bias else 2)
         assert "decomposed LayerNorm" in rewrite.reason
-        # only the kept input and output are cast: the norm reads and writes float16
-        assert len(casts_in(out)) == 2
+        # only the kept input and output are cast: the norm reads and writes float16 (on the
+        # cpu target, where the Gemms have no float16 kernel, the norm would run low alone
+        # between Casts: it stays float32, passes/isolated.py)
+        assert len(casts_in(out)) == (0 if target == "cpu" else 2)
         onnx.checker.check_model(out, full_check=True)
         assert error(model, out) < 5e-3  # the +-2000 channels stay right
     # below 17 ONNX has no LayerNormalization (onnxruntime's registration there fails the
@@ -328,7 +332,7 @@ def test_a_decomposed_layer_norm_becomes_layer_normalization(tmp_path, bias):
         assert rewrite.op == "SkipLayerNormalization" and rewrite.inputs[0] == rewrite.inputs[1]
         assert len(rewrite.inputs) == (4 if bias else 3)
         assert rewrite.attributes["epsilon"] == pytest.approx(4 * 1e-5)
-        assert len(casts_in(out)) == 2
+        assert len(casts_in(out)) == (0 if target == "cpu" else 2)
         assert error(model, out) < 5e-3
         again = gonnx.convert(out, keep_io_types=True, target=target).to_proto()
         assert again.SerializeToString() == out.SerializeToString()
