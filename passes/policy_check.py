@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 
+from graphamp.core.dtypes import LOW_TYPES
 from graphamp.errors import GraphampError
 from graphamp.passes.base import Pass, PassResult
 from graphamp.passes.context import PassContext
@@ -64,6 +65,22 @@ def unmatched_rules(context: PassContext) -> list[str]:
                     f"deny_tensors name (--deny-tensor) {tensor!r} is no tensor"
                     + _suggest(tensor, tensors)
                 )
+    if policy.keep_io_types:
+        io = [*graph.graph_inputs, *graph.graph_outputs]
+        keep = policy.keep_io_types
+        named = io if isinstance(keep, bool) else [n for n in keep if n in io]
+        low = [n for n in dict.fromkeys(named) if graph.tensors[n].dtype in LOW_TYPES]
+        if low:
+            shown = ", ".join(repr(n) for n in low[:3]) + (
+                f" and {len(low) - 3} more" if low[3:] else ""
+            )
+            one = len(low) == 1
+            problems.append(
+                f"keep_io_types (--keep-io-types, --keep-io) keeps the model's own input and "
+                f"output types, and {shown} {'is' if one else 'are'} already "
+                f"{graph.tensors[low[0]].dtype} in the model: nothing widens "
+                f"{'it' if one else 'them'} to float32"
+            )
     if not isinstance(policy.keep_io_types, bool):
         io = [*graph.graph_inputs, *graph.graph_outputs]
         for name in policy.keep_io_types:

@@ -191,3 +191,20 @@ def test_an_fx_module_converted_again_keeps_its_precisions():
         n: again.nodes[n].precision for n in shared
     }
     assert {again.nodes[n].rule for n in shared if first.nodes[n].rule == "deny_name"} == {"kept"}
+
+
+def test_keep_io_types_on_inputs_already_low_says_it_widens_nothing(tmp_path, capsys):
+    """A converted model's float16 inputs and outputs are the model's types: --keep-io-types
+    keeps them, silently once, as if the flag had been applied."""
+    from graphamp.cli import main
+    from tests.helpers import chain
+
+    source, once, again = tmp_path / "m.onnx", tmp_path / "once.onnx", tmp_path / "again.onnx"
+    onnx.save(chain(["MatMul", "Relu", "MatMul"]), str(source))
+    assert main(["convert", str(source), "-o", str(once)]) == 0  # float16 inputs and outputs
+    capsys.readouterr()
+    assert main(["convert", str(once), "-o", str(again), "--keep-io-types"]) == 0
+    assert (
+        "keep_io_types (--keep-io-types, --keep-io) keeps the model's own input and output "
+        "types, and 'x', 'y' are already float16 in the model: nothing widens them to float32"
+    ) in capsys.readouterr().err
