@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -201,4 +202,11 @@ def nothing_converted(plan: Plan) -> str | None:
             f"nothing converted: {len(low)} nodes already compute in {', '.join(types)}{also};"
             f" the output is the input's graph{but}"
         )
-    return f"nothing converted: no node runs in {plan.dtype} under this policy"
+    # the model can be the cause as much as the policy (Conv below opset 22 admits no
+    # bfloat16; quantised ops between float32 quantisers): the rules say which
+    rules = Counter(str(d.rule) for d in plan.nodes.values() if d.precision == "float32")
+    # the rules that decide first (infer and clear ops follow their neighbours)
+    ranked = sorted(rules.items(), key=lambda item: (item[0] in ("infer", "clear"), -item[1]))
+    top = ", ".join(f"{rule} {count}" for rule, count in ranked[:3])
+    why = f"; its float32 ops by rule: {top} (the plan gives each reason)" if top else ""
+    return f"nothing converted: no node runs in {plan.dtype}{why}"

@@ -80,3 +80,17 @@ def test_converting_a_graphamp_output_again_changes_no_byte(tmp_path, build, fla
     assert main(["convert", str(source), "-o", str(once), *flags]) == 0
     assert main(["convert", str(once), "-o", str(twice), *flags]) == 0
     assert twice.read_bytes() == once.read_bytes()
+
+
+def test_nothing_converted_names_the_rules_that_kept_the_ops_float32(capsys, tmp_path):
+    """'no node runs in float16 under this policy' blamed the policy where the model was the
+    cause (Conv below opset 22 admits no bfloat16, deny-list ops): the deciding rules first,
+    the infer and clear ops that followed them after."""
+    proto = chain(["Exp", "Relu", "Log"])  # deny, clear, deny
+    source = tmp_path / "m.onnx"
+    onnx.save(proto, str(source))
+    assert main(["convert", str(source), "-o", str(tmp_path / "out.onnx")]) == 0
+    assert (
+        "nothing converted: no node runs in float16; its float32 ops by rule: deny 2, "
+        "deny_spread 1 (the plan gives each reason)"
+    ) in " ".join(capsys.readouterr().err.split())
