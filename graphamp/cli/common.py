@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from graphamp.core.vocab import TARGET_TYPES, ListName
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, PolicyWarning
 
 if TYPE_CHECKING:
     from graphamp.core.graph import OpGraph
@@ -188,6 +189,22 @@ def policy_from_args(args: argparse.Namespace, dialect: Dialect) -> Policy:
     from graphamp.policy.policy import Policy
 
     overrides: dict[str, object] = {"dialect": dialect.lists}
+    onnx_only = [
+        flag
+        for flag, value in (
+            ("--target", getattr(args, "target", None)),
+            ("--no-fuse", getattr(args, "no_fuse", None)),
+            ("--inline-functions", getattr(args, "inline_functions", None)),
+        )
+        if value
+    ]
+    if onnx_only and not dialect.lists.startswith("onnx"):
+        warnings.warn(
+            f"{', '.join(onnx_only)} only change{'s' if len(onnx_only) == 1 else ''} ONNX "
+            f"models: ignored for this {dialect.name} model",
+            PolicyWarning,
+            stacklevel=2,
+        )
     if args.dtype:
         overrides["dtype"] = args.dtype
     if getattr(args, "target", None):

@@ -60,6 +60,16 @@ def test_plan_of_a_pt2_program(bert_pt2, capsys):
     assert "(float16)" in capsys.readouterr().out.splitlines()[0]
 
 
+def test_onnx_only_flags_on_a_pt2_program_are_said_to_do_nothing(cli, bert_pt2):
+    path, _, _ = bert_pt2
+    result = cli("plan", str(path), "--target", "cpu", "--no-fuse")
+    assert result.returncode == 0
+    assert "--target, --no-fuse only change ONNX models: ignored for this pt2 model" in (
+        result.stderr
+    )
+    assert "only change ONNX" not in cli("plan", str(path)).stderr
+
+
 def test_pickled_payloads_are_refused(cli, bert_pt2, tmp_path):
     path, _, _ = bert_pt2
     tampered = tmp_path / "tampered.pt2"
