@@ -13,9 +13,10 @@ amplifies (converted so, three of four ``quantize_dynamic`` models failed their 
 ``isolated``, its infer and clear ops with their own rule, each reason saying why.
 
 A region is an island when none of its ops is a low op of another kind (a matrix product, an
-attention: they run faster low whatever their Casts cost), an ``allow_names`` match (the
-user's word), an op the model already computes low, and none reads a graph input or writes a
-graph output (a value that may be retyped rather than cast).
+attention: they run faster low whatever their Casts cost), an ``allow_names`` match or a norm
+the policy moved into allow (the user's word), an op the model already computes low, and
+none reads a graph input or writes a graph output that ``keep_io_types`` leaves free (a value
+that may be retyped rather than cast).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from graphamp.core.vocab import Precision, Rule
 from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
 from graphamp.plans.records import NodeDecision
+from graphamp.policy.policy import Policy
 
 
 class IsolatedPass(Pass):
@@ -45,7 +47,7 @@ class IsolatedPass(Pass):
                 continue
             region = _low_region(graph, node, decisions)
             seen |= region
-            if not _island(graph, region, decisions):
+            if not _island(graph, region, decisions, context.policy):
                 continue
             for name in sorted(region):
                 member, before = graph.nodes[name], decisions[name]
@@ -106,18 +108,22 @@ def _low_region(graph: OpGraph, start: OpNode, decisions: dict[str, NodeDecision
     return region
 
 
-def _island(graph: OpGraph, region: set[str], decisions: dict[str, NodeDecision]) -> bool:
+def _island(
+    graph: OpGraph, region: set[str], decisions: dict[str, NodeDecision], policy: Policy
+) -> bool:
     """Whether nothing in ``region`` gains from the low type (module docstring)."""
     for name in region:
         node, decision = graph.nodes[name], decisions[name]
         if not (_isolable_norm(node, decision) or decision.rule in (Rule.INFER, Rule.CLEAR)):
             return False
+        if node.op in policy.moved_ops:  # a norm the user moved into allow: the user's word
+            return False
         touched = [node.inputs[s] for s in node.follow_inputs if s < len(node.inputs)]
         touched += [node.outputs[s] for s in node.follow_outputs if s < len(node.outputs)]
         for value in touched:
             tensor = graph.tensors.get(value) if value else None
-            if tensor is not None and (
-                (tensor.is_graph_input and not tensor.is_constant) or tensor.is_graph_output
-            ):
-                return False
+            if tensor is None or policy.keeps_io(value):
+                continue  # (a kept input or output is cast, as any float32 neighbour)
+            if (tensor.is_graph_input and not tensor.is_constant) or tensor.is_graph_output:
+                return False  # may be retyped rather than cast
     return True

@@ -61,9 +61,12 @@ class Backend:
         self.overrides = policy_overrides
         self.plans: list[Plan] = []
         self._policies: dict[str, Policy] = {}
-        if policy is None:  # check the overrides now, not at the first call of the model
-            self._policy_for(device or "cpu")
-        try:  # and the inner backend: else Dynamo's BackendCompilerFailed at the first call
+        # the policy and the overrides checked now, not at the model's first call (Dynamo's
+        # BackendCompilerFailed around the error)
+        self._policy_for(device or "cpu")
+        try:  # and the inner backend
+            if not (isinstance(inner, str) or callable(inner)):
+                raise TypeError(inner)
             torch._dynamo.lookup_backend(inner)
         except Exception:
             raise GraphampError(

@@ -11,7 +11,7 @@ from torch import fx, nn
 
 from graphamp import engine
 from graphamp.core import collector
-from graphamp.core.vocab import Precision, Rule
+from graphamp.core.vocab import ListName, Precision, Rule
 from graphamp.errors import (
     GraphampError,
     KeptWarning,
@@ -167,7 +167,8 @@ def convert(
             label=dialect.label(model),
         )
         warn_unlisted_library_ops(analysis)
-        _warn_kept(analysis.plan)
+        if not _converted_by_graphamp(model):  # its float32 ops are its own decisions
+            _warn_kept(analysis.plan, policy)
         result = engine.apply(analysis)  # the plan is kept with the module (FxDialect.keep_plan)
     if fp8 is not None:
         if _float8_marks:
@@ -258,34 +259,54 @@ _MODE_DEPENDENT = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNor
 
 
 def _warn_training_mode(model: Model) -> None:
-    """A module left in training mode (``nn.Module``'s default) is captured as it trains: its
-    dropout drops and its batch norms update their statistics at every call of the converted
-    module, which cannot be switched to eval mode afterwards (torch.export's modules refuse
-    ``.eval()``)."""
-    if not isinstance(model, nn.Module) or not model.training:
+    """A dropout or batch norm in training mode (``nn.Module``'s default) is captured as it
+    trains: it drops, or updates its statistics, at every call of the converted module, which
+    cannot be switched to eval mode afterwards (torch.export's modules refuse ``.eval()``).
+    Each submodule's own mode counts (a model in eval mode with one dropout left training
+    drops)."""
+    if not isinstance(model, nn.Module):
         return
     moded = next(
-        (name for name, sub in model.named_modules() if isinstance(sub, _MODE_DEPENDENT)), None
+        (
+            (name, sub)
+            for name, sub in model.named_modules()
+            if isinstance(sub, _MODE_DEPENDENT)
+            and sub.training
+            and not (isinstance(sub, nn.modules.dropout._DropoutNd) and sub.p == 0)
+        ),
+        None,
     )
     if moded is not None:
+        name, sub = moded
         warn(
-            f"the module is in training mode: {moded or type(model).__name__!r} "
-            f"({type(model.get_submodule(moded)).__name__}) and the modules like it are "
-            "captured as they train (dropout drops, batch norm updates its statistics at each "
-            "call); call model.eval() before converting for inference",
+            f"{name or type(model).__name__!r} ({type(sub).__name__}) is in training mode, and "
+            "so captured as it trains (dropout drops, batch norm updates its statistics at "
+            "each call of the converted module); call model.eval() before converting for "
+            "inference",
             ModeWarning,
         )
 
 
-def _warn_kept(plan: Plan) -> None:
-    """Say so where ops the lists would lower stay float32 because the module already computes
-    some ops low: silent, a bfloat16 submodule or example input left most of a model float32
-    (the command line says "nothing converted"; the Python API said nothing)."""
-    kept = [d for d in plan.nodes.values() if d.rule is Rule.KEPT]
+def _converted_by_graphamp(model: Model) -> bool:
+    """Whether ``model`` is a module graphamp.fx.convert returned (it carries its plan)."""
+    captured = model.meta.get("graphamp") if isinstance(model, fx.GraphModule) else None
+    return getattr(captured, "plan", None) is not None
+
+
+def _warn_kept(plan: Plan, policy: Policy) -> None:
+    """Say so where allow-list ops stay float32 because the module already computes some ops
+    low: silent, a bfloat16 submodule or example input left a model's products float32 (the
+    command line says "nothing converted"; the Python API said nothing)."""
+    kept = [
+        d
+        for d in plan.nodes.values()
+        if d.rule is Rule.KEPT and policy.list_of(d.op)[0] == ListName.ALLOW
+    ]
     low = next((n for n, d in plan.nodes.items() if d.rule is Rule.ALREADY_LOW), None)
     if kept and low is not None:
         warn(
-            f"{len(kept)} ops stay float32 (rule kept): the module already computes ops in "
+            f"{len(kept)} allow-list ops stay float32 (rule kept): the module already computes "
+            "ops in "
             f"{plan.nodes[low].precision} (first: {low!r}), and graphamp holds the float32 ops "
             "of such a module as a converted model's decisions. To have every op decided, "
             "convert the float32 module (its parameters and example inputs float32); "

@@ -68,9 +68,12 @@ def suggestion(word: str, known: Iterable[str]) -> str:
     return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
-def _check_lists_of_names(where: str, **options: object) -> None:
-    """A string where a list of names belongs is one clear error: iterated, ``"Softmax"``
-    would be the ops S, o, f, ... and ``"/layers.1/*"`` a rule ``*`` matching every node."""
+def _lists_of_names(where: str, **options: object) -> dict[str, Any]:
+    """Each option as a tuple of names, read once (a generator would be spent by a check
+    that read it first), or ``keep_io_types``'s True/False as it is. A string where a list
+    of names belongs is one clear error: iterated, ``"Softmax"`` would be the ops S, o, f, ...
+    and ``"/layers.1/*"`` a rule ``*`` matching every node."""
+    read: dict[str, Any] = {}
     for option, value in options.items():
         if isinstance(value, str | bytes):
             raise GraphampError(
@@ -78,12 +81,16 @@ def _check_lists_of_names(where: str, **options: object) -> None:
                 f"pass {option}=[{value!r}]"
             )
         if isinstance(value, bool):  # keep_io_types=True: every input and output
+            read[option] = value
             continue
         if not isinstance(value, Iterable):
             raise GraphampError(f"{where}: {option} is a list of names, got {value!r}")
-        wrong = next((item for item in value if not isinstance(item, str)), None)
+        names = tuple(value)
+        wrong = next((item for item in names if not isinstance(item, str)), None)
         if wrong is not None:
             raise GraphampError(f"{where}: {option} holds {wrong!r}, not a name (a string)")
+        read[option] = names
+    return read
 
 
 def _canonical_list(name: str) -> str:
@@ -199,7 +206,7 @@ class Policy:
             raise GraphampError(
                 f"{where}: unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}"
             )
-        _check_lists_of_names(
+        read = _lists_of_names(
             where,
             allow=allow,
             infer=infer,
@@ -211,6 +218,10 @@ class Policy:
             keep_io_types=keep_io_types,
             **aliases,
         )
+        allow, infer, clear, deny = read["allow"], read["infer"], read["clear"], read["deny"]
+        deny_names, deny_tensors = read["deny_names"], read["deny_tensors"]
+        allow_names, keep_io_types = read["allow_names"], read["keep_io_types"]
+        aliases = {alias: read[alias] for alias in aliases}
         moves: dict[str, list[str]] = {
             "allow": list(allow),
             "infer": list(infer),

@@ -326,7 +326,8 @@ def test_a_low_example_input_beside_float32_weights_converts_to_a_module_that_ru
     assert torch.equal(converted(x), expected)
 
     relu_first = nn.Sequential(nn.ReLU(), nn.Linear(16, 4))
-    with pytest.warns(KeptWarning, match=r"^1 ops stay float32 \(rule kept\): .*'0/relu'"):
+    held = r"^1 allow-list ops stay float32 \(rule kept\): .*'0/relu'"
+    with pytest.warns(KeptWarning, match=held):
         converted, plan = gfx.convert(relu_first, (x,))
     assert plan.nodes["1/linear"].rule == "kept"
     assert converted(x).dtype == torch.float32
@@ -438,12 +439,20 @@ def test_a_module_in_training_mode_with_dropout_or_batch_norm_is_warned_about():
     """nn.Module starts in training mode; converted so, the module drops and updates batch
     norm statistics at every call, and torch.export's modules refuse .eval() afterwards."""
     model, x = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.1), nn.BatchNorm1d(8)), torch.randn(4, 8)
-    with pytest.warns(ModeWarning, match=r"training mode: '1' \(Dropout\)"):
+    with pytest.warns(ModeWarning, match=r"^'1' \(Dropout\) is in training mode"):
+        gfx.convert(model, (x,))
+    model.eval()
+    model[1].train()  # the submodule's own mode counts: it drops, the model in eval mode
+    with pytest.warns(ModeWarning, match=r"^'1' \(Dropout\) is in training mode"):
         gfx.convert(model, (x,))
     with warnings.catch_warnings():
         warnings.simplefilter("error", ModeWarning)
         gfx.convert(model.eval(), (x,))
         gfx.convert(nn.Sequential(nn.Linear(8, 8)), (x,))  # nothing that depends on the mode
+        model.train()
+        model[1].eval(), model[2].eval()  # the model trains, its dropout and norm do not
+        gfx.convert(model, (x,))
+        model.eval()
         model.train()
         step = gfx.train_step(model, nn.functional.mse_loss, torch.optim.SGD(
             model.parameters(), lr=0.1))  # fmt: skip
@@ -534,3 +543,27 @@ def test_a_calibration_batch_of_a_size_the_capture_fixed_is_one_line():
     message = str(caught.value)
     assert message.startswith("calibrate: batch 0 (ids [2, 12]) does not fit the captured")
     assert "ids.size()[1] == 10" in message and "\n" not in message
+
+
+def test_a_norm_reading_a_low_value_with_float32_parameters_keeps_the_low_type():
+    """PyTorch's CPU layer_norm and group_norm take a bfloat16 input with float32 parameters
+    and write bfloat16: they do not promote as a linear does. Read as float32, the norm's
+    input was cast up and its output, still recorded as bfloat16, reached the next op
+    uncast ('Tensor dtype mismatch')."""
+
+    class Norms(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer, self.group = nn.LayerNorm(8), nn.GroupNorm(2, 4)
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.group(self.layer(x).unflatten(-1, (4, 2))).flatten(-2)
+            return self.fc(h.float()).relu()
+
+    model, x = Norms().eval(), torch.randn(3, 8).bfloat16()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KeptWarning)
+        converted, plan = gfx.convert(model, (x,))
+    assert plan.nodes["layer/layer_norm"].precision == "bfloat16"
+    assert torch.equal(converted(x), model(x))

@@ -161,6 +161,10 @@ def test_bad_options_are_refused_when_the_backend_is_made():
         gfx.backend(policy=Policy.create(dialect="fx_cpu"), deny_names=["fc"])
     with pytest.raises(GraphampError, match=r"inner='nope' is no torch.compile backend"):
         gfx.backend(inner="nope")  # (was Dynamo's BackendCompilerFailed at the first call)
+    with pytest.raises(GraphampError, match=r"inner=None is no torch\.compile backend"):
+        gfx.backend(inner=None)  # type: ignore[arg-type]
+    with pytest.raises(GraphampError, match=r"policy is a graphamp\.Policy, got str"):
+        gfx.backend(policy="bfloat16")  # type: ignore[arg-type]
 
 
 def test_module_paths_as_named_modules_names_them():

@@ -37,7 +37,7 @@ def _norm_between(before: str, after: str, transposes: bool = False) -> onnx.Mod
 
 def test_a_norm_between_float32_ops_stays_float32_with_no_cast():
     """Low, the norm would need a Cast on each side and round what no neighbour rounds."""
-    proto = _norm_between("Cos", "Sin")  # deny-list ops on both sides
+    proto = _norm_between("Cos", "Sin")  # unlisted ops (float32) on both sides
     converted, plan = convert(proto, keep_io_types=True)
     norm = plan.nodes["norm"]
     assert (norm.precision, norm.rule) == ("float32", "isolated")
@@ -77,3 +77,22 @@ def test_allow_names_and_graph_io_keep_a_norm_low():
     proto = _norm_between("Cos", "Sin")
     proto.graph.node[1].input[0] = "x"  # the norm reads the graph input
     assert gonnx.convert(proto).plan.nodes["norm"].precision == "float16"
+
+
+def test_a_norm_the_user_moved_into_allow_stays_low():
+    """allow=["LayerNormalization"] (or an op moved from deny) is the user's word, as an
+    allow_names match is."""
+    plan = gonnx.convert(_norm_between("Cos", "Sin"), allow=["LayerNormalization"]).plan
+    assert (plan.nodes["norm"].precision, plan.nodes["norm"].rule) == ("float16", "allow")
+
+
+def test_a_graph_output_kept_float32_is_no_reason_to_stay_low():
+    """A graph output keep_io_types keeps float32 is cast like any float32 neighbour: only
+    one it leaves free may be retyped instead."""
+    proto = _norm_between("Cos", "Sin", transposes=True)
+    proto.graph.node.pop()  # the Sin: the last Transpose writes the graph output
+    proto.graph.node[-1].output[0] = "y"
+    kept = gonnx.convert(proto, keep_io_types=True).plan
+    assert kept.nodes["norm"].rule == "isolated" and kept.summary()["casts_inserted"] == 0
+    free = gonnx.convert(proto).plan
+    assert free.nodes["norm"].precision == "float16"

@@ -106,3 +106,15 @@ def test_bad_policy_files_name_the_problem(tmp_path, text, message):
     with pytest.raises(GraphampError, match=message) as info:
         Policy.from_toml(path)
     assert str(path) in str(info.value)
+
+
+def test_lists_given_as_generators_are_read_once_and_kept():
+    """The check that refuses a string read a generator to its end, and the policy then
+    found it empty: deny=(op for op in ...) denied nothing, without a word."""
+    policy = Policy.create(
+        deny=(op for op in ["Softmax"]),
+        deny_names=iter(["/a/*"]),
+        keep_io_types=map(str, ["x"]),
+    )
+    assert policy.list_of("Softmax")[0] == "deny"
+    assert policy.deny_names == ("/a/*",) and policy.keep_io_types == ("x",)

@@ -112,7 +112,10 @@ def read_op(
     op_node.follow_inputs = frozenset(follow_in)
     op_node.follow_outputs = frozenset(follow_out)
     if follow_in:
-        op_node.compute_type = _promoted([graph.tensors[inputs[slot]] for slot in follow_in])
+        written = graph.tensors[outputs[follow_out[0]]].dtype if follow_out else None
+        op_node.compute_type = _computed_in(
+            [graph.tensors[inputs[slot]] for slot in follow_in], written
+        )
     elif follow_out:
         op_node.compute_type = graph.tensors[outputs[follow_out[0]]].dtype
     op_node.allowed_types = FLOAT_TYPES
@@ -156,15 +159,20 @@ def matrix_dims(node: fx.Node, op: str) -> MatrixDims | None:
     return MatrixDims(rows, k, n, a=a_slot, b=b_slot, n_axis=n_axis)
 
 
-def _promoted(tensors: list[TensorInfo]) -> str | None:
-    """The type an op computes in from its computation-type inputs, as PyTorch promotes them:
-    a low activation beside a float32 weight (a graph after a graph break, a bfloat16 example
-    input) computes in float32, an op the model holds in float32, not one it already runs low;
-    a zero-dimensional tensor defers to the others (``x * torch.tensor(0.5)`` stays low)."""
+def _computed_in(tensors: list[TensorInfo], written: str | None) -> str | None:
+    """The type an op computes in, from its computation-type inputs and the type it writes.
+    Inputs of one type: that type (a zero-dimensional tensor defers to the others: ``x *
+    torch.tensor(0.5)`` stays low). Inputs of several, as PyTorch's kernel treats them, which
+    the traced output shows: a low activation into a float32 weight (a graph after a graph
+    break, a bfloat16 example input) promotes to float32, an op the model holds in float32,
+    not one it already runs low; layer_norm and group_norm take a low input with float32
+    parameters and write the input's type, as they run under autocast."""
     shaped = [t.dtype for t in tensors if t.shape != ()] or [t.dtype for t in tensors]
     types = set(shaped)
     if len(types) == 1:
         return shaped[0]
+    if written in types:
+        return written
     return "float64" if "float64" in types else "float32"
 
 
