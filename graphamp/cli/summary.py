@@ -56,9 +56,17 @@ def print_summary(
     for precision, count in plan.counts().items():
         label = "nodes with no float math" if precision == "none" else f"nodes in {precision}"
         table.add_row(label, str(count))
+    # matrix ops the model already computes in another low type (a float16 model converted
+    # with --dtype bfloat16) are low too, though not in the plan's dtype
+    other = Counter(
+        str(plan.nodes[name].precision)
+        for name in plan.matrix_nodes()
+        if plan.nodes[name].rule == "already_low" and plan.nodes[name].precision != plan.dtype
+    )
+    already = "".join(f", {count} already {low}" for low, count in sorted(other.items()))
     table.add_row(
         "MatMul/Gemm/Conv in low precision",
-        f"{summary['matrix_ops_low']} of {summary['matrix_ops']}",
+        f"{summary['matrix_ops_low']} of {summary['matrix_ops']}{already}",
     )
     if plan.fp8_settings is not None:
         table.add_row(

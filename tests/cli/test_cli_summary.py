@@ -94,3 +94,15 @@ def test_nothing_converted_names_the_rules_that_kept_the_ops_float32(capsys, tmp
         "nothing converted: no node runs in float16; its float32 ops by rule: deny 2, "
         "deny_spread 1 (the plan gives each reason)"
     ) in " ".join(capsys.readouterr().err.split())
+
+
+def test_matrix_ops_already_in_another_low_type_are_counted_as_low(capsys, tmp_path):
+    """A float16 model converted with --dtype bfloat16 printed 'in low precision 0 of 2'
+    while both products run float16."""
+    source, once = tmp_path / "m.onnx", tmp_path / "once.onnx"
+    onnx.save(chain(["MatMul", "Relu", "MatMul"]), str(source))
+    assert main(["convert", str(source), "-o", str(once)]) == 0
+    capsys.readouterr()
+    assert main(["convert", str(once), "-o", str(tmp_path / "b.onnx"), "--dtype", "bfloat16"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "MatMul/Gemm" in line)
+    assert "0 of 2, 2 already float16" in row
