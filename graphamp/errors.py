@@ -3,6 +3,7 @@ types, and :func:`warn`, which points a warning at the user's line."""
 
 from __future__ import annotations
 
+import difflib
 import sys
 import warnings
 from types import FrameType
@@ -105,3 +106,13 @@ def warn(message: str, category: type[Warning]) -> None:
 
 def _in_graphamp(module: str) -> bool:
     return module == "graphamp" or module.startswith("graphamp.")
+
+
+def did_you_mean(name: str, choices: list[str]) -> str:
+    """``"; did you mean 'Softmax'?"``: the choices closest to a name that matched none (a
+    misspelt op, key or node), or one that differs only in case; "" where none is close."""
+    close = difflib.get_close_matches(name, choices, n=3, cutoff=0.6)
+    if not close:
+        lowered = {choice.lower(): choice for choice in choices}
+        close = [lowered[name.lower()]] if name.lower() in lowered else []
+    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""

@@ -8,11 +8,10 @@ the model has; with the ``strict`` option the first one is an error.
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 
 from graphamp.core.dtypes import LOW_TYPES
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, did_you_mean
 from graphamp.passes.base import Pass, PassResult
 from graphamp.passes.context import PassContext
 
@@ -41,7 +40,7 @@ def unmatched_rules(context: PassContext) -> list[str]:
             list_name, _ = policy.list_of(op)
             problems.append(
                 f"op {op!r} (moved to {list_name}) is the type of no node of the model"
-                + _suggest(op, ops)
+                + did_you_mean(op, ops)
             )
     names = (
         sorted({n for node in graph for n in (node.name, node.scope) if n})
@@ -53,7 +52,7 @@ def unmatched_rules(context: PassContext) -> list[str]:
             if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
                 problems.append(
                     f"{key} rule ({_FLAGS[key]}) {pattern!r} matches no node"
-                    + _suggest(pattern.replace("*", "").replace("?", ""), names)
+                    + did_you_mean(pattern.replace("*", "").replace("?", ""), names)
                 )
     if policy.deny_tensors:
         tensors = sorted(graph.tensors)
@@ -63,7 +62,7 @@ def unmatched_rules(context: PassContext) -> list[str]:
             if tensor not in graph.tensors and tensor not in local:
                 problems.append(
                     f"deny_tensors name (--deny-tensor) {tensor!r} is no tensor"
-                    + _suggest(tensor, tensors)
+                    + did_you_mean(tensor, tensors)
                 )
     if policy.keep_io_types:
         io = [*graph.graph_inputs, *graph.graph_outputs]
@@ -87,17 +86,9 @@ def unmatched_rules(context: PassContext) -> list[str]:
             if name not in io:
                 problems.append(
                     f"keep_io_types name (--keep-io) {name!r} is no graph input or output"
-                    + _suggest(name, io)
+                    + did_you_mean(name, io)
                 )
     return problems
-
-
-def _suggest(name: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(name, choices, n=3, cutoff=0.6)
-    if not close:
-        lowered = {choice.lower(): choice for choice in choices}
-        close = [lowered[name.lower()]] if name.lower() in lowered else []
-    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 
 # The command-line flag of each policy setting a message names (the setting is the Python

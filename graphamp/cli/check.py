@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from graphamp.cli.common import add_policy_arguments, plan_of
 from graphamp.cli.files import Files
 from graphamp.cli.numerics import add_calibrate_argument, add_fp8_arguments
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, did_you_mean
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -109,7 +109,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
 def check_entries(config: Path) -> list[tuple[Path, Path]]:
     """The (model, baseline) pairs of a policy file's [[graphamp.check]] tables."""
     from graphamp.policy.config import read_table
-    from graphamp.policy.policy import suggestion
 
     checks = read_table(config).get("check", [])
     if not checks:
@@ -125,7 +124,7 @@ def check_entries(config: Path) -> list[tuple[Path, Path]]:
             raise GraphampError(f"{where} is no table (model = ..., baseline = ...)")
         unknown = sorted(set(entry) - {"model", "baseline"})
         if unknown:
-            hint = suggestion(unknown[0], ("model", "baseline"))
+            hint = did_you_mean(unknown[0], ["model", "baseline"])
             raise GraphampError(f"{where}: unknown key {unknown[0]!r}{hint}")
         if not {"model", "baseline"} <= set(entry):
             raise GraphampError(f"{where} needs 'model' and 'baseline'")

@@ -19,7 +19,6 @@ A policy file looks like::
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from typing import Any, TypeGuard
 
 from graphamp.core.dtypes import TARGET_TYPES
 from graphamp.core.vocab import ListName
-from graphamp.errors import GraphampError
+from graphamp.errors import GraphampError, did_you_mean
 from graphamp.policy.config import parse, read_table
 
 LISTS = tuple(ListName)
@@ -60,12 +59,6 @@ POLICY_KEYS = frozenset(
 TARGETS = ("cuda", "cpu", "any")
 # Keys of the [graphamp] table that are not policy: [[graphamp.check]] entries for CI.
 OTHER_KEYS = frozenset({"check"})
-
-
-def suggestion(word: str, known: Iterable[str]) -> str:
-    """``"; did you mean 'deny'?"`` for a misspelt key, or ""."""
-    close = difflib.get_close_matches(word, [str(k) for k in known], n=2)
-    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 def _lists_of_names(where: str, **options: object) -> dict[str, Any]:
@@ -284,7 +277,7 @@ class Policy:
         if unknown:
             raise GraphampError(
                 f"{where}: unknown key {unknown[0]!r} in [graphamp]"
-                + suggestion(unknown[0], sorted(POLICY_KEYS | OTHER_KEYS))
+                + did_you_mean(unknown[0], sorted(str(k) for k in POLICY_KEYS | OTHER_KEYS))
             )
         file_moves: dict[str, list[str]] = {}
         kwargs: dict[str, Any] = {}  # create()'s other keyword arguments
