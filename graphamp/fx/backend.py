@@ -32,7 +32,7 @@ from torch import fx
 
 from graphamp import engine
 from graphamp.errors import GraphampError
-from graphamp.fx.conversion import fx_policy, warn_unlisted_library_ops
+from graphamp.fx.conversion import check_arguments, fx_policy, warn_unlisted_library_ops
 from graphamp.fx.dialect.attention import drop_all_true_masks
 from graphamp.fx.dialect.plugin import FxDialect
 from graphamp.passes.options import Options
@@ -63,6 +63,7 @@ class Backend:
         self._policies: dict[str, Policy] = {}
         # the policy and the overrides checked now, not at the model's first call (Dynamo's
         # BackendCompilerFailed around the error)
+        check_arguments("graphamp.fx.backend()", policy=policy)
         self._policy_for(device or "cpu")
         try:  # and the inner backend
             if not (isinstance(inner, str) or callable(inner)):

@@ -52,8 +52,6 @@ def fx_policy(
         device = "cuda" if params and params[0].is_cuda else "cpu"
     if device not in ("cpu", "cuda"):
         raise GraphampError(f"device={device!r}: choose 'cpu' or 'cuda'")
-    if policy is not None and not isinstance(policy, Policy):
-        raise GraphampError(f"{where}: policy is a graphamp.Policy, got {type(policy).__name__}")
     if "dtype" in overrides:
         overrides["dtype"] = dtype_name(overrides["dtype"])
     if policy is None:
@@ -135,15 +133,14 @@ def convert(
     (:mod:`graphamp.fx.dialect.float8_convert`); ``_float8_marks`` marks them for a training step to
     trace instead (:func:`converted_for_step`).
     """
-    check_arguments("graphamp.fx.convert()", strict=strict, fp8=fp8, example_kwargs=example_kwargs)
-    if calibrate is not None and (
-        isinstance(calibrate, torch.Tensor | str | bytes | dict)
-        or not hasattr(calibrate, "__iter__")
-    ):
-        raise GraphampError(
-            f"graphamp.fx.convert(): calibrate is batches (a list of argument tuples, tensors "
-            f"or dicts), got {type(calibrate).__name__}: pass [batch] for one batch"
-        )
+    check_arguments(
+        "graphamp.fx.convert()",
+        policy=policy,
+        strict=strict,
+        fp8=fp8,
+        example_kwargs=example_kwargs,
+        calibrate=calibrate,
+    )
     dialect = FxDialect(
         weights=weights,
         example_inputs=example_inputs,
@@ -181,13 +178,17 @@ def convert(
 def check_arguments(
     where: str,
     *,
+    policy: Any = None,
     strict: Any = False,
     fp8: Any = None,
     example_kwargs: Any = None,
     keep_model: Any = False,
+    calibrate: Any = None,
 ) -> None:
     """Arguments of the fx entry points whose wrong type would otherwise pass silently
     (``strict="no"`` is true) or fail deep inside: one line naming the argument."""
+    if policy is not None and not isinstance(policy, Policy):
+        raise GraphampError(f"{where}: policy is a graphamp.Policy, got {type(policy).__name__}")
     for name, value in (("strict", strict), ("keep_model", keep_model)):
         if not isinstance(value, bool):
             raise GraphampError(f"{where}: {name} is True or False, got {value!r}")
@@ -199,6 +200,14 @@ def check_arguments(
         raise GraphampError(
             f"{where}: example_kwargs is a dict of keyword arguments, got "
             f"{type(example_kwargs).__name__}"
+        )
+    if calibrate is not None and (
+        isinstance(calibrate, torch.Tensor | str | bytes | dict)
+        or not hasattr(calibrate, "__iter__")
+    ):  # a tensor's rows would be taken for batches
+        raise GraphampError(
+            f"{where}: calibrate is batches (a list of argument tuples, tensors or dicts), got "
+            f"{type(calibrate).__name__}: pass [batch] for one batch"
         )
 
 

@@ -85,13 +85,11 @@ def train_step(
     where = "train_step()"
     if not isinstance(model, nn.Module):
         raise GraphampError(f"{where}: model is an nn.Module, got {type(model).__name__}")
-    if policy is not None and not isinstance(policy, Policy):
-        raise GraphampError(f"{where}: policy is a graphamp.Policy, got {type(policy).__name__}")
     if isinstance(accumulate, bool) or not isinstance(accumulate, int):
         raise GraphampError(
             f"{where}: accumulate is a whole number of micro-batches, got {accumulate!r}"
         )
-    check_arguments(where, fp8=fp8, keep_model=keep_model)
+    check_arguments(where, policy=policy, fp8=fp8, keep_model=keep_model)
     if "dtype" in policy_overrides:  # torch.float16 as "float16"
         policy_overrides["dtype"] = dtype_name(policy_overrides["dtype"])
     grad_type: str | None = dtype_name(grad_dtype)

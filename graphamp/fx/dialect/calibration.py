@@ -18,6 +18,7 @@ from torch import fx
 
 from graphamp.errors import GraphampError
 from graphamp.fx.dialect import hops
+from graphamp.fx.dialect.capture import first_line
 from graphamp.fx.dialect.ops import flat, matrix_dims, op_name
 from graphamp.fx.dialect.reader import stable_names
 from graphamp.numerics.ranges import Ranges, TensorRange, log2_counts
@@ -126,7 +127,7 @@ def calibrate(
                 shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in pairs)
                 raise GraphampError(
                     f"calibrate: batch {index} ({shapes}) does not fit the captured module: "
-                    f"{_first_line(exc)} (the capture fixed that size: give calibration "
+                    f"{first_line(exc)} (the capture fixed that size: give calibration "
                     "batches of the example's shapes there, or pass dynamic_shapes)"
                 ) from None
             ranges.update(Ranges(recorder.found, batches=1))
@@ -160,7 +161,3 @@ def _arguments(batch: Any, inputs: list[str], index: int) -> list[torch.Tensor]:
             f"calibrate: batch {index} holds {len(batch)} values, the module takes {len(inputs)}"
         )
     return [torch.as_tensor(np.asarray(v)) if not isinstance(v, torch.Tensor) else v for v in batch]
-
-
-def _first_line(error: BaseException) -> str:
-    return next((line.strip() for line in str(error).splitlines() if line.strip()), "")

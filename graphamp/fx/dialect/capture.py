@@ -72,6 +72,7 @@ def capture(
 ) -> fx.GraphModule:
     """A fresh GraphModule in torch.export's training IR; ``model`` (a module or a program; any
     other object is refused in one line) is not changed."""
+    static_cause = ""  # why the batch stayed static where torch.export's usual causes are not
     if isinstance(model, torch.export.ExportedProgram):
         if dynamic_shapes is not None:
             raise GraphampError(
@@ -89,7 +90,6 @@ def capture(
     drop_all_true_masks(module)
     args, kwargs = program.example_inputs or ((), {})
     batches: list[str] = []
-    static_cause = static_cause if isinstance(model, nn.Module) else ""
     if isinstance(model, nn.Module):
         args, kwargs = tuple(example_inputs or ()), dict(example_kwargs or {})
         batches = static_batches(program) if dynamic_shapes is None else []
@@ -202,7 +202,7 @@ def _batch_dims(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any])
     try:
         return shapes.dynamic_shapes(model, args, kwargs)
     except Exception as exc:  # the inputs do not bind to forward's signature
-        first = _first_line(exc)
+        first = first_line(exc)
         raise GraphampError(f"{type(model).__name__}: the example inputs: {first}") from None
 
 
@@ -249,9 +249,9 @@ def capture_error(name: str, exc: BaseException) -> str:
         # a violated constraint's first line only names the dimension; its first bullet says why
         why = [ln.strip()[2:] for ln in str(exc).splitlines() if ln.strip().startswith("- ")]
         reason = f": {why[0].split('. ')[0]}" if why else ""
-        return f"dynamic_shapes: {_first_line(exc).rstrip('.!')}{reason}"
+        return f"dynamic_shapes: {first_line(exc).rstrip('.!')}{reason}"
     at = f" (at {where})" if where else ""
-    return f"{name}: torch.export could not capture it{at}: {_first_line(exc)}"
+    return f"{name}: torch.export could not capture it{at}: {first_line(exc)}"
 
 
 def _is_dynamic_shapes_error(exc: BaseException) -> bool:
@@ -265,10 +265,12 @@ def _is_dynamic_shapes_error(exc: BaseException) -> bool:
         UserErrorType.CONSTRAINT_VIOLATION,
     ):
         return True
-    return "dynamic_shapes" in _first_line(exc)
+    return "dynamic_shapes" in first_line(exc)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception's first line of text (its type's name where it has none), cut at 300
+    characters and before torch's 'For more information' pointer."""
     text = str(exc).strip()
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
     return line.split(" For more information")[0][:300]
