@@ -80,9 +80,7 @@ def unmatched_rules(context: PassContext) -> list[str]:
                 f"{graph.tensors[low[0]].dtype} in the model: nothing widens "
                 f"{'it' if one else 'them'} to float32"
             )
-    if not isinstance(policy.keep_io_types, bool):
-        io = [*graph.graph_inputs, *graph.graph_outputs]
-        for name in policy.keep_io_types:
+        for name in () if isinstance(keep, bool) else keep:
             if name not in io:
                 problems.append(
                     f"keep_io_types name (--keep-io) {name!r} is no graph input or output"

@@ -111,9 +111,14 @@ def default_spread(dialect: str, dtype: str) -> str:
     return spread
 
 
-def _list_file(dialect: str, dtype: str) -> dict[str, object]:
+def _check_dtype(dtype: str, where: str = "") -> None:
     if dtype not in DTYPES:
-        raise GraphampError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+        source = f"{where}: " if where else ""
+        raise GraphampError(f"{source}unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+
+
+def _list_file(dialect: str, dtype: str) -> dict[str, object]:
+    _check_dtype(dtype)
     resource = resources.files("graphamp.lists").joinpath(f"{dialect}_{dtype}.toml")
     return parse(resource.read_text(encoding="utf-8"), f"{dialect}_{dtype}.toml")
 
@@ -195,10 +200,7 @@ class Policy:
         reasons of moved ops; ``later_moves`` are moves from a second source (command-line
         flags over a file), applied after the first and credited to ``later_where``.
         """
-        if dtype not in DTYPES:
-            raise GraphampError(
-                f"{where}: unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}"
-            )
+        _check_dtype(dtype, where)
         read = _lists_of_names(
             where,
             allow=allow,
@@ -211,20 +213,11 @@ class Policy:
             keep_io_types=keep_io_types,
             **aliases,
         )
-        allow, infer, clear, deny = read["allow"], read["infer"], read["clear"], read["deny"]
-        deny_names, deny_tensors = read["deny_names"], read["deny_tensors"]
-        allow_names, keep_io_types = read["allow_names"], read["keep_io_types"]
-        aliases = {alias: read[alias] for alias in aliases}
-        moves: dict[str, list[str]] = {
-            "allow": list(allow),
-            "infer": list(infer),
-            "clear": list(clear),
-            "deny": list(deny),
-        }
-        for alias, ops in aliases.items():
+        moves = {name: list(read[name]) for name in ("allow", "infer", "clear", "deny")}
+        for alias in aliases:
             if alias not in ALIASES:
                 raise GraphampError(f"{where}: unknown option {alias!r}")
-            moves[_canonical_list(alias)].extend(ops)
+            moves[_canonical_list(alias)].extend(read[alias])
         _check_disjoint(moves, where)
         if target not in TARGETS:
             raise GraphampError(f"{where}: target {target!r} is not one of {', '.join(TARGETS)}")
@@ -234,11 +227,9 @@ class Policy:
         _move(lists, moves, where)
         if later_moves:
             _move(lists, later_moves, later_where)
-        keep: bool | tuple[str, ...]
-        if isinstance(keep_io_types, bool):
-            keep = keep_io_types
-        else:
-            keep = tuple(sorted(set(keep_io_types)))
+        keep: bool | tuple[str, ...] = read["keep_io_types"]
+        if not isinstance(keep, bool):
+            keep = tuple(sorted(set(keep)))
         named = [op for ops in (*moves.values(), *(later_moves or {}).values()) for op in ops]
         return cls(
             dtype=dtype,
@@ -246,9 +237,9 @@ class Policy:
             spread=spread or default_spread(dialect, dtype),
             moved_ops=tuple(dict.fromkeys(named)),
             lists=lists,
-            deny_names=tuple(deny_names),
-            deny_tensors=frozenset(deny_tensors),
-            allow_names=tuple(allow_names),
+            deny_names=read["deny_names"],
+            deny_tensors=frozenset(read["deny_tensors"]),
+            allow_names=read["allow_names"],
             keep_io_types=keep,
             source=where,
             target=target,
