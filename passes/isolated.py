@@ -26,6 +26,7 @@ from graphamp.core.graph import NodeKind, OpGraph, OpNode
 from graphamp.core.vocab import Precision, Rule
 from graphamp.passes.base import Fact, Pass, PassResult
 from graphamp.passes.context import PassContext
+from graphamp.passes.kept import Regions, slot_values
 from graphamp.plans.records import NodeDecision
 from graphamp.policy.policy import Policy
 
@@ -39,25 +40,25 @@ class IsolatedPass(Pass):
 
     def run(self, context: PassContext) -> PassResult:
         graph, decisions = context.graph, context.decisions
-        seen: set[str] = set()
+        low = [node for node in graph if decisions[node.name].precision in LOW_TYPES]
+        regions = Regions(graph, low)
+        members: dict[str, list[str]] = {}
+        for node in low:
+            members.setdefault(regions.find(node.name), []).append(node.name)
         kept = 0
-        for node in graph:
-            decision = decisions[node.name]
-            if node.name in seen or not _isolable_norm(node, decision):
-                continue
-            region = _low_region(graph, node, decisions)
-            seen |= region
-            if not _island(graph, region, decisions, context.policy):
+        for region in members.values():
+            norms = [n for n in region if _isolable_norm(graph.nodes[n], decisions[n])]
+            if not norms or not _island(graph, region, decisions, context.policy):
                 continue
             for name in sorted(region):
-                member, before = graph.nodes[name], decisions[name]
-                norm = _isolable_norm(member, before)
+                before = decisions[name]
+                norm = name in norms
                 reason = (
                     f"allow list, but nothing around it runs low: in {before.precision} it "
                     "would need Casts on its low region's border, more bytes than it saves, and "
                     "round what no neighbour rounds"
                     if norm
-                    else f"{before.rule} list op between isolated norms ({node.name!r}): float32 "
+                    else f"{before.rule} list op between isolated norms ({norms[0]!r}): float32 "
                     "with them"
                 )
                 decisions[name] = NodeDecision(
@@ -87,29 +88,8 @@ def _isolable_norm(node: OpNode, decision: NodeDecision) -> bool:
     )
 
 
-def _low_region(graph: OpGraph, start: OpNode, decisions: dict[str, NodeDecision]) -> set[str]:
-    """The ops decided low joined to ``start`` through the values their computation-type
-    slots read and write."""
-    region, todo = {start.name}, [start.name]
-    while todo:
-        node = graph.nodes[todo.pop()]
-        values = [node.inputs[s] for s in node.follow_inputs if s < len(node.inputs)]
-        values += [node.outputs[s] for s in node.follow_outputs if s < len(node.outputs)]
-        for value in values:
-            tensor = graph.tensors.get(value) if value else None
-            if tensor is None:
-                continue
-            joined = [reader for reader, slot in graph.consumers(value) if slot >= 0]
-            joined += [tensor.producer] if tensor.producer else []
-            for name in joined:
-                if name not in region and decisions[name].precision in LOW_TYPES:
-                    region.add(name)
-                    todo.append(name)
-    return region
-
-
 def _island(
-    graph: OpGraph, region: set[str], decisions: dict[str, NodeDecision], policy: Policy
+    graph: OpGraph, region: list[str], decisions: dict[str, NodeDecision], policy: Policy
 ) -> bool:
     """Whether nothing in ``region`` gains from the low type (module docstring)."""
     for name in region:
@@ -118,10 +98,10 @@ def _island(
             return False
         if node.op in policy.moved_ops:  # a norm the user moved into allow: the user's word
             return False
-        touched = [node.inputs[s] for s in node.follow_inputs if s < len(node.inputs)]
-        touched += [node.outputs[s] for s in node.follow_outputs if s < len(node.outputs)]
+        touched = slot_values(node.inputs, node.follow_inputs)
+        touched += slot_values(node.outputs, node.follow_outputs)
         for value in touched:
-            tensor = graph.tensors.get(value) if value else None
+            tensor = graph.tensors.get(value)
             if tensor is None or policy.keeps_io(value):
                 continue  # (a kept input or output is cast, as any float32 neighbour)
             if (tensor.is_graph_input and not tensor.is_constant) or tensor.is_graph_output:

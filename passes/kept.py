@@ -72,7 +72,7 @@ def keep_model_decisions(
     ]
     if not candidates:
         return {}
-    regions = _Regions(graph, candidates)
+    regions = Regions(graph, candidates)
     low = "/".join(low_types)
     reasons: dict[str, str] = {}
     kept = {}
@@ -100,9 +100,10 @@ def _reason(low: str, casts: list[str]) -> str:
     return f"{where}: a decision the model holds, kept (--allow-name lowers it)"
 
 
-class _Regions:
+class Regions:
     """The candidates joined through the values their computation-type slots read or write
-    (union-find over nodes and values), and the model's Casts at each region's edge."""
+    (union-find over nodes and values), and the model's Casts at each region's edge (the
+    isolated pass groups the ops decided low by it too)."""
 
     def __init__(self, graph: OpGraph, nodes: list[OpNode]) -> None:
         self.graph = graph
@@ -110,8 +111,8 @@ class _Regions:
         self.values: dict[str, list[str]] = {}  # a node's computation-type values
         self.members: dict[str, list[str]] | None = None  # a region's values, by its root
         for node in nodes:
-            values = [*_slot_values(node.inputs, node.follow_inputs)]
-            values += _slot_values(node.outputs, node.follow_outputs)
+            values = [*slot_values(node.inputs, node.follow_inputs)]
+            values += slot_values(node.outputs, node.follow_outputs)
             self.values[node.name] = values
             for value in values:
                 self._union(node.name, "\0" + value)
@@ -160,5 +161,7 @@ def _casts_between(graph: OpGraph, node: OpNode, low_types: set[str]) -> bool:
     return node.cast_to in low_types or (source is not None and source.dtype in low_types)
 
 
-def _slot_values(names: list[str], slots: Iterable[int]) -> list[str]:
+def slot_values(names: list[str], slots: Iterable[int]) -> list[str]:
+    """The values at ``slots`` of a node's ``names`` (its inputs or outputs), absent ones left
+    out."""
     return [names[slot] for slot in sorted(slots) if slot < len(names) and names[slot]]
