@@ -98,7 +98,7 @@ def plan_casts(
     def required(node: OpNode, slot: int, tensor: str) -> str:
         if slot >= 0 and slot in node.follow_inputs:
             if node.name in lows:
-                return low
+                return _low_reads(node, slot, original[tensor], low)
             if node.compute_type == "float32" and original[tensor] in LOW_TYPES:
                 # a float32 op reading a low value beside float32 ones (fx, where PyTorch
                 # promotes; a low activation into a float32 weight after a graph break)
@@ -197,7 +197,7 @@ def plan_casts(
             if slot in any_type or (is_cast and slot == 0):  # reads_any_type
                 want = held
             elif slot >= 0 and node_low and slot in follow:  # required
-                want = low
+                want = _low_reads(node, slot, held, low) if node.float32_params else low
             elif slot >= 0 and slot in follow and node_float32 and original[name] in LOW_TYPES:
                 want = "float32"  # required: a float32 op reading a low value (fx)
             else:
@@ -278,6 +278,12 @@ def plan_casts(
         len(edits.weights),
     )
     return edits, kept
+
+
+def _low_reads(node: OpNode, slot: int, dtype: str, low: str) -> str:
+    """The type a computation-type slot of a node running low reads a value of ``dtype`` in:
+    the low type, but a float32 parameter of a mixed-type norm as it is."""
+    return dtype if slot in node.float32_params and dtype == "float32" else low
 
 
 def reads_any_type(node: OpNode, slot: int) -> bool:

@@ -118,6 +118,8 @@ def cost_terms(graph: OpGraph, decisions: dict[str, NodeDecision], policy: Polic
             return None
         if slot < 0 or slot not in node.follow_inputs:
             return F32
+        if slot in node.float32_params:
+            return None  # a norm's float32 weight: read as it is on either side (casts.py)
         return side_of[node_name]
 
     def producer_side(tensor: TensorInfo) -> int:

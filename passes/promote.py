@@ -13,7 +13,9 @@ each value has after the decisions so far:
    when any is float32. A 0-d tensor does not promote a tensor with dimensions (PyTorch's
    rule for scalars), nor does an empty one (a size-0 dimension: the first, lazily made
    value of a KV cache, made in the model's float32 where eager autocast makes it low), unless
-   all inputs are such.
+   all inputs are such. A norm's weight and bias do not promote either: PyTorch's
+   layer_norm, group_norm and rms_norm take a low input with float32 parameters and write
+   the input's type (the casts pass leaves those parameters float32, as autocast does).
 3. Every other node keeps the decision classify gave it; its outputs keep their types (a Cast
    already in the model yields its target).
 4. A loop-carried value (a boundary node with a back input: what the body produced in the
@@ -188,6 +190,7 @@ def _promoted(
         for slot in sorted(node.follow_inputs)
         if slot < len(node.inputs)
         and slot not in node.back_inputs  # not yet walked: taken to agree (rule 4)
+        and slot not in node.float32_params  # a norm's weight and bias (rule 2)
         and has.get(node.inputs[slot]) in FLOAT_TYPES
     ]
     with_dims = [name for name in inputs if _holds_values(graph.tensors[name].shape)]
@@ -199,11 +202,22 @@ def _promoted(
     what = node.params.get("boundary") if node.kind is NodeKind.BOUNDARY else None
     subject = f"{what}," if what else f"{decision.rule} list op"
     if inputs and wide is None and all(has[name] == low for name in inputs):
+        wide_params = [
+            name
+            for slot in sorted(node.float32_params)
+            if has.get(name := node.inputs[slot]) not in LOW_TYPES
+        ]
+        inputs_text = (
+            f"whose input is {low} (its float32 parameters {', '.join(map(repr, wide_params))}"
+            " do not promote: a mixed-type norm)"
+            if wide_params
+            else f"whose inputs are all {low}"
+        )
         return NodeDecision(
             op=node.op,
             precision=Precision(low),
             rule=decision.rule,
-            reason=f"{subject} whose inputs are all {low}: "
+            reason=f"{subject} {inputs_text}: "
             + (f"{low} on both sides" if what else f"computes in {low}, as under autocast"),
             via=via,
         )

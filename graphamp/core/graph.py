@@ -161,6 +161,12 @@ class OpNode:
     # Input slots whose type variable binds nothing else and admits every float type (Shape's
     # input, say): they read a tensor in whatever type it has, so they never need a cast.
     any_type_inputs: frozenset[int] = frozenset()
+    # Computation-type slots that may stay float32 while the node runs low: its kernel takes a
+    # low input with float32 parameters (PyTorch's layer_norm, group_norm and rms_norm, as
+    # they run under autocast). They do not decide the node's type by promotion, and a float32
+    # value there is read as it is when the node runs low (a low one widens when it runs
+    # float32).
+    float32_params: frozenset[int] = frozenset()
     # Float types the computation type may take, from the op's schema.
     allowed_types: frozenset[str] = frozenset()
     # Which schema the slots came from, for reasons ("opset 22", "aten").

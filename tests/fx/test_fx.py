@@ -567,3 +567,43 @@ def test_a_norm_reading_a_low_value_with_float32_parameters_keeps_the_low_type()
         converted, plan = gfx.convert(model, (x,))
     assert plan.nodes["layer/layer_norm"].precision == "bfloat16"
     assert torch.equal(converted(x), model(x))
+
+
+class NormsAfterConv(nn.Module):
+    """Norms reading a convolution's low output (ConvNeXt's channels-last LayerNorm, a UNet's
+    GroupNorm, an RMSNorm), each with float32 weights, and elementwise ops after them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(8, 16, 3, padding=1)
+        self.group = nn.GroupNorm(4, 16)
+        self.layer = nn.LayerNorm(16)
+        self.rms = nn.RMSNorm(16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.group(self.conv(x)).permute(0, 2, 3, 1)
+        y = nn.functional.silu(self.layer(y)) + self.rms(y)
+        return self.head(y).mean(dim=(1, 2)) + y.mean(dim=(1, 2))[:, :4]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_norm_reading_a_low_value_keeps_float32_weights_and_runs_low_as_under_autocast(dtype):
+    """PyTorch's layer_norm, group_norm and rms_norm take a low input with float32 weight and
+    bias and write the input's type; the weights promoted them to float32, so every op after
+    them ran float32 where autocast runs them low."""
+    torch.manual_seed(0)
+    model, x = NormsAfterConv().eval(), torch.randn(2, 8, 6, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # rms_norm's mixed types: no fused kernel
+        converted, plan = gfx.convert(model, (x,), dtype=dtype)
+        with torch.autocast("cpu", dtype=getattr(torch, dtype)):
+            expected = model(x)
+        got = converted(x)
+    norms = [d for d in plan.nodes.values() if d.op in ("group_norm", "layer_norm", "rms_norm")]
+    assert len(norms) == 3 and {d.precision for d in norms} == {dtype}
+    assert all("float32 parameters" in d.reason for d in norms)
+    assert {d.precision for d in plan.nodes.values() if d.op in ("silu", "add")} == {dtype}
+    norm_params = ("group.", "layer.", "rms.")
+    assert not [c for c in plan.casts if c.tensor.startswith(norm_params)]  # read as they are
+    assert torch.equal(got, expected)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import operator
+import warnings
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from graphamp.fx import DynamicLossScaling, StaticLossScaling, train_step
 from graphamp.fx.dialect.lowering import select_on_host, unscale_and_check
 from graphamp.fx.training import bindings, eager, in_place
 from graphamp.fx.training.foreach import each_in_place, updates_unless
+from tests.fx.test_fx import NormsAfterConv
 
 
 def paddle_state(scale: float, good: int, bad: int) -> dict[str, torch.Tensor]:
@@ -745,3 +747,34 @@ def test_a_target_or_input_that_is_a_container_of_tensors_is_one_line():
         assert "\n" not in message and "tensor(" not in message
     with pytest.raises(GraphampError, match="model input 0 is a list holding tensors"):
         step([x], torch.randn(4, 4))
+
+
+def test_norms_reading_low_values_train_as_under_autocast():
+    """A norm reading a convolution's low output runs low with its float32 weights (PyTorch's
+    mixed-type norms) in the step's forward, as eager autocast runs it: the same losses, and
+    the weights move as eager autocast's do."""
+    torch.manual_seed(0)
+    reference = NormsAfterConv()
+    model = copy.deepcopy(reference)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.05)
+    step = train_step(
+        model,
+        nn.functional.mse_loss,
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        dtype="bfloat16",
+    )
+    for _ in range(3):
+        x, target = torch.randn(2, 8, 6, 6), torch.randn(2, 4)
+        optimizer.zero_grad()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # rms_norm's mixed types
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                expected = nn.functional.mse_loss(reference(x).float(), target)
+            expected.backward()
+            optimizer.step()
+            loss = step(x, target)
+        assert abs(float(loss) - float(expected)) <= 1e-2 * float(expected)
+    norms = [d for d in step.plan.nodes.values() if "norm" in d.op]
+    assert len(norms) == 3 and {d.precision for d in norms} == {"bfloat16"}
+    for name, param in reference.named_parameters():
+        assert (step.params[name] - param.detach()).abs().max() <= 2e-2 * param.abs().max(), name

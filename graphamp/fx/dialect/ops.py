@@ -18,6 +18,13 @@ from graphamp.errors import InternalError
 from graphamp.fx.dialect.types import dtype_name
 
 CAST_OPS = frozenset({"_to_copy", "to", "_convert_element_type"})
+# Norms whose kernels take a low input with float32 weight and bias and write the input's type
+# (PyTorch's mixed-type norms: how they run under autocast, which casts neither): their
+# parameter slots are ``float32_params``.
+MIXED_TYPE_NORMS = frozenset(
+    {"layer_norm", "native_layer_norm", "group_norm", "native_group_norm", "rms_norm"}
+    | {"_fused_rms_norm"}
+)
 RUNNING_STATS = frozenset({"running_mean", "running_var"})
 SCHEMA_SOURCE = "aten"
 
@@ -110,6 +117,8 @@ def read_op(
     follow_in = _follow_inputs(node, args, inputs, graph)
     follow_out = [i for i, out in enumerate(outputs) if graph.tensors[out].dtype in FLOAT_TYPES]
     op_node.follow_inputs = frozenset(follow_in)
+    if op in MIXED_TYPE_NORMS and not op_node.domain:
+        op_node.float32_params = frozenset(follow_in) - {0}  # all but the input normalised
     op_node.follow_outputs = frozenset(follow_out)
     if follow_in:
         written = graph.tensors[outputs[follow_out[0]]].dtype if follow_out else None
