@@ -32,9 +32,14 @@ def check_plan_data(data: dict[str, object], where: str) -> None:
         _vias_name_nodes(cast(dict[str, dict[str, object]], data["nodes"]))  # checked just above
         _fp8_sections_together(data)
     except _Refused as refused:
-        path, expected, value = refused.args
+        path, expected, value, *unknown_word = refused.args
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        raise GraphampError(f"{where}: {path} must be {expected}, not {shown}") from None
+        newer = ""
+        if unknown_word:  # a word of the vocabulary a later graphamp may have added
+            from graphamp import __version__
+
+            newer = f" (a word graphamp {__version__} does not know: a plan from a newer one?)"
+        raise GraphampError(f"{where}: {path} must be {expected}, not {shown}{newer}") from None
 
 
 def _vias_name_nodes(nodes: dict[str, dict[str, object]]) -> None:
@@ -85,6 +90,8 @@ def _flag(value: object, path: str) -> None:
 
 def _one_of(kind: str, allowed: frozenset[str]) -> Check:
     def check(value: object, path: str) -> None:
+        if isinstance(value, str) and value.isidentifier() and value not in allowed:
+            raise _Refused(path, f"{kind} ({', '.join(sorted(allowed))})", value, "unknown word")
         if not isinstance(value, str) or value not in allowed:
             _fail(path, f"{kind} ({', '.join(sorted(allowed))})", value)
 

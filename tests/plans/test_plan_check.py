@@ -85,6 +85,10 @@ CASES = {
         setter("nodes", "matmul0", "via", value="float8"),
         "nodes['matmul0'].via must be the name of a node of the plan, not 'float8'",
     ),
+    "a rule a later graphamp may have added": (
+        setter("nodes", "matmul0", "rule", value="tomorrows_rule"),
+        "not 'tomorrows_rule' (a word graphamp ",
+    ),
     "casts_retargeted to a number": (
         setter("casts_retargeted", value={"c": 3}),
         "casts_retargeted['c'] must be a string, not 3",
