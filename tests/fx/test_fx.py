@@ -607,3 +607,25 @@ def test_a_norm_reading_a_low_value_keeps_float32_weights_and_runs_low_as_under_
     norm_params = ("group.", "layer.", "rms.")
     assert not [c for c in plan.casts if c.tensor.startswith(norm_params)]  # read as they are
     assert torch.equal(got, expected)
+
+
+def test_an_input_named_like_an_op_keeps_its_own_name():
+    """A forward argument called ``index`` read by the aten.index op: both were named 'index'
+    in the OpGraph, and writing the casts failed (IndexError) or read the op for the input."""
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor, index: torch.Tensor, add: torch.Tensor) -> torch.Tensor:
+            return self.linear(x)[:, index] + add
+
+    torch.manual_seed(0)
+    model, x = Model().eval(), torch.randn(2, 6, 8)
+    index, add = torch.tensor([0, 2]), torch.randn(2, 2, 8)
+    converted, plan = gfx.convert(model, (x, index, add))
+    assert {"index_1", "add_1"} <= set(plan.nodes) and not {"index", "add"} & set(plan.nodes)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(x, index, add)
+    assert torch.equal(converted(x, index, add), expected)

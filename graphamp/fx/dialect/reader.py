@@ -298,6 +298,9 @@ def stable_names(module: fx.GraphModule, prefix: str = "") -> dict[str, str]:
     ``prefix`` (its call and attribute)."""
     names: dict[str, str] = {}
     seen: dict[str, int] = {}
+    # An op's name never takes an input's (a forward argument called ``index`` and the
+    # aten.index op after it): an fx node and its value share a name in the OpGraph.
+    taken = {node.name for node in module.graph.nodes if node.op == "placeholder"}
     for node in module.graph.nodes:
         if node.op == "get_attr":
             names[node.name] = f"{prefix}/{node.target}" if prefix else str(node.target)
@@ -311,6 +314,11 @@ def stable_names(module: fx.GraphModule, prefix: str = "") -> dict[str, str]:
             base = f"{where}/{op_name(node)}" if where else op_name(node)
             base = f"{prefix}/{base}" if prefix else base
             count = seen.get(base, 0)
+            name = base if count == 0 else f"{base}_{count}"
+            while name in taken:
+                count += 1
+                name = f"{base}_{count}"
             seen[base] = count + 1
-            names[node.name] = base if count == 0 else f"{base}_{count}"
+            names[node.name] = name
+            taken.add(name)
     return names
