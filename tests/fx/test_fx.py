@@ -609,6 +609,34 @@ def test_a_norm_reading_a_low_value_keeps_float32_weights_and_runs_low_as_under_
     assert torch.equal(got, expected)
 
 
+class MovesAndCompares(nn.Module):
+    """Swin's shifted windows (roll), a gather by index, top-k, a comparison and a 1-d pool
+    after a linear: none in CPU autocast's lists, so eager autocast runs them low."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        y = torch.roll(self.linear(x), shifts=1, dims=1)[:, index]
+        top = y.topk(4, dim=-1).values
+        pooled = nn.functional.adaptive_avg_pool1d(y.transpose(1, 2), 2).flatten(1)
+        return torch.where(top > top.mean(), top, -top).sum(-1) + pooled.sum(-1, keepdim=True)
+
+
+def test_ops_that_move_or_compare_values_run_low_as_under_autocast():
+    """They stayed float32 as unlisted: a Cast up before each, float32 after (more memory, no
+    value changed); now they follow their input as autocast runs them, with its bits."""
+    torch.manual_seed(0)
+    model, x, index = MovesAndCompares().eval(), torch.randn(2, 6, 8), torch.tensor([0, 2, 3])
+    converted, plan = gfx.convert(model, (x, index))
+    ops = ("roll", "index", "topk", "gt", "adaptive_avg_pool1d")
+    assert {d.precision for d in plan.nodes.values() if d.op in ops} == {"bfloat16"}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(x, index)
+    assert torch.equal(converted(x, index), expected)
+
+
 def test_an_input_named_like_an_op_keeps_its_own_name():
     """A forward argument called ``index`` read by the aten.index op: both were named 'index'
     in the OpGraph, and writing the casts failed (IndexError) or read the op for the input."""
