@@ -73,7 +73,9 @@ E4M3_FLUSH = 2.0**-10
 # What a chosen decision's rule stores, as an error names it.
 _CHOSEN = {Rule.FP8: "float8", Rule.FP8_TABLE: "an 8-bit table"}
 # Ops between a router's product and its TopK that keep the order of values.
-_ORDER_KEEPING = frozenset({"softmax", "sigmoid", "cast", "reshape", "view", "_to_copy", "add"})
+_ORDER_KEEPING = frozenset(
+    {"softmax", "sigmoid", "cast", "reshape", "view", "_to_copy", "to", "add"}
+)
 
 
 class Fp8Pass(Pass):
@@ -268,6 +270,18 @@ class _Decider:
         topk = self._router_of(node)
         if topk is not None:
             return kept(Rule.FP8_DENY, f"a MoE router: its output picks experts in {topk!r}")
+        if node.body:  # as for a lookup: the scales and quantisers are written in the main graph
+            return kept(
+                Rule.FP8_SHAPE,
+                f"it lies inside the body {node.body!r} (a branch or loop body: float8 operands"
+                " are written in the main graph only)",
+            )
+        if dims is None and "attention" in node.op.lower():
+            return kept(
+                Rule.FP8_OPERANDS,
+                f"an attention op ({node.op}): its products' operands are activations (float8"
+                " attention is a fused kernel, not a cast plan)",
+            )
         if dims is None or len(operands) < 2:
             return kept(Rule.FP8_SHAPE, "its matrix dimensions are unknown")
         if not any(self._is_stored(value) for value in operands):

@@ -1,9 +1,10 @@
 """policy_check: say so when a rule of the policy matches nothing in the model.
 
 ``--deny Softmx`` (a typo), ``--deny softmax`` (the wrong case), a ``deny_names`` glob that
-names no node, a ``deny_tensors`` or ``keep_io_types`` name that is no tensor of the graph:
-each would otherwise be accepted and do nothing. Each becomes a warning with the closest names
-the model has; with the ``strict`` option the first one is an error.
+names no node (or a float8 one, ``--fp8-deny-names``), a ``deny_tensors`` or ``keep_io_types``
+name that is no tensor of the graph: each would otherwise be accepted and do nothing. Each
+becomes a warning with the closest names the model has; with the ``strict`` option the first
+one is an error.
 """
 
 from __future__ import annotations
@@ -42,12 +43,19 @@ def unmatched_rules(context: PassContext) -> list[str]:
                 f"op {op!r} (moved to {list_name}) is the type of no node of the model"
                 + did_you_mean(op, ops)
             )
+    fp8 = context.options.fp8
+    fp8_deny = tuple(fp8.deny_names) if fp8 is not None else ()
     names = (
         sorted({n for node in graph for n in (node.name, node.scope) if n})
-        if policy.deny_names or policy.allow_names
+        if policy.deny_names or policy.allow_names or fp8_deny
         else []
     )
-    for key, patterns in (("deny_names", policy.deny_names), ("allow_names", policy.allow_names)):
+    name_rules = (
+        ("deny_names", policy.deny_names),
+        ("allow_names", policy.allow_names),
+        ("float8 deny_names", fp8_deny),
+    )
+    for key, patterns in name_rules:
         for pattern in patterns:
             if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
                 problems.append(
@@ -91,4 +99,8 @@ def unmatched_rules(context: PassContext) -> list[str]:
 
 # The command-line flag of each policy setting a message names (the setting is the Python
 # API's and the policy file's name)
-_FLAGS = {"deny_names": "--deny-name", "allow_names": "--allow-name"}
+_FLAGS = {
+    "deny_names": "--deny-name",
+    "allow_names": "--allow-name",
+    "float8 deny_names": "--fp8-deny-names",
+}

@@ -92,6 +92,8 @@ class Float8:
             raise GraphampError(
                 f"Float8: max_underflow must be a share between 0 and 1, not {self.max_underflow!r}"
             )
+        if not isinstance(self.keep_last, bool):  # 'no' is true: it would keep the last layer
+            raise GraphampError(f"Float8: keep_last must be True or False, not {self.keep_last!r}")
         if isinstance(self.deny_names, str) or not all(isinstance(n, str) for n in self.deny_names):
             raise GraphampError("Float8: deny_names must be a sequence of glob strings")
         object.__setattr__(self, "deny_names", tuple(self.deny_names))

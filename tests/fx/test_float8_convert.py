@@ -210,3 +210,27 @@ def test_static_scaling_takes_x_at_w_t_whose_weight_is_a_traced_parameter():
     with torch.no_grad():
         expected = (torch.relu(as_layer(x)) @ Products().v.bfloat16()).bfloat16()
         assert torch.equal(module(x), expected)
+
+
+def test_attention_is_kept_for_its_activation_operands_not_for_unknown_shapes():
+    """scaled_dot_product_attention (and ONNX's Attention) multiply activations by
+    activations: rule fp8_operands, as float8.md says; the plans filed them as fp8_shape,
+    "its matrix dimensions are unknown"."""
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(64, 192)
+            self.out = nn.Linear(64, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).view(2, 8, 3, 4, 16).permute(2, 0, 3, 1, 4)
+            mixed = nn.functional.scaled_dot_product_attention(q, k, v)
+            return self.out(mixed.transpose(1, 2).reshape(2, 8, 64))
+
+    x = torch.randn(2, 8, 64)
+    settings = graphamp.Float8.current(sizes="none", keep_last=False)
+    _, plan = gfx.convert(Attention().eval(), (x,), fp8=settings)
+    attention = plan.fp8["scaled_dot_product_attention"]
+    assert attention.rule == "fp8_operands" and "activations" in attention.reason
+    assert plan.fp8["qkv/linear"].rule == plan.fp8["out/linear"].rule == "fp8"

@@ -132,6 +132,16 @@ def test_deny_names_and_routers_are_kept_by_policy():
     context = run(b.output("expert"), Float8.current(sizes="none", keep_last=False))
     assert rules(context) == {"router": Rule.FP8_DENY, "expert": Rule.FP8}
     assert "MoE router" in context.fp8_decisions["router"].reason
+    # Mixtral's router widens its logits first (aten `to`, its `.float()`): still a router
+    b = Builder()
+    b.input("x", (M, 64))
+    b.matmul("router", "x", b.weight("wr", (64, 16)))
+    b.op("wide", "to", ["router"], (M, 16))
+    b.op("probs", "softmax", ["wide"], (M, 16))
+    b.op("topk", "topk", ["probs"], (M, 2))
+    b.matmul("expert", "x", b.weight("we", (64, 64)))
+    context = run(b.output("expert"), Float8.current(sizes="none", keep_last=False))
+    assert rules(context) == {"router": Rule.FP8_DENY, "expert": Rule.FP8}
 
 
 def test_a_node_kept_float32_gets_no_float8_decision():

@@ -40,6 +40,7 @@ def test_recipes_and_their_defaults():
         (lambda: Float8.current(max_underflow=2.0), "max_underflow must be a share"),
         (lambda: Float8.current(deny_names="lm_head"), "deny_names must be a sequence"),
         (lambda: Float8.current(sizes="big"), "sizes must be one of"),
+        (lambda: Float8.current(keep_last="no"), "keep_last must be True or False, not 'no'"),
         (lambda: Float8.static(granularity="row"), "activations take one scale per tensor"),
     ],
 )

@@ -52,6 +52,7 @@ from graphamp.dialects.base import ReadGraph
 from graphamp.errors import GraphampError, InternalError
 from graphamp.onnx.io import stream
 from graphamp.onnx.io.infile import InFileTensor, StreamedModel
+from graphamp.onnx.io.subgraphs import graphs
 from graphamp.onnx.numerics.statgraph import node_names
 from graphamp.plans.records import ScaleRecord
 from graphamp.training.float8 import E4M3_MAX, scale_of
@@ -159,7 +160,7 @@ class _Emitter:
         for consumer in record.consumers:
             node = self.by_name.get(consumer)
             if node is None:
-                raise GraphampError(f"float8: node {consumer!r} is not in the written model")
+                raise InternalError(f"float8: node {consumer!r} is not in the written model")
             slots = [
                 s for s, v in enumerate(self.graph.nodes[consumer].inputs) if v == record.tensor
             ]
@@ -338,7 +339,9 @@ class _Emitter:
         """Initializers no node reads any more (a weight's low copy all of whose readers now
         read its float8 one), with a StreamedModel's data positions moved to match."""
         graph = self.proto.graph
-        read = {name for node in graph.node for name in node.input}
+        # a branch or loop body reads the main graph's initializers too (a weight only a
+        # branch's product reads is no less read)
+        read = {name for body in graphs(graph) for node in body.node for name in node.input}
         read |= {value.name for value in graph.output}
         keep = [i for i, init in enumerate(graph.initializer) if init.name in read]
         if len(keep) == len(graph.initializer):
