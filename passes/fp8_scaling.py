@@ -255,7 +255,10 @@ class Fp8ScaleUpdatePass(Pass):
 
     def applies(self, context: PassContext) -> bool:
         settings = context.options.fp8
-        return settings is not None and settings.recipe == "delayed"
+        # no scaled GEMM (every layer kept in the low type: the size table, no linear layer)
+        # leaves no history to keep and no scale to update
+        scaled = Fact.FP8_SCALED in context.facts
+        return settings is not None and settings.recipe == "delayed" and scaled
 
     def run(self, context: PassContext) -> PassResult:
         settings = context.options.fp8

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -13,6 +14,7 @@ from graphamp import engine
 from graphamp.core import collector
 from graphamp.core.vocab import ListName, Precision, Rule
 from graphamp.errors import (
+    Float8Warning,
     GraphampError,
     KeptWarning,
     ModeWarning,
@@ -172,6 +174,7 @@ def convert(
             float8_step.mark(result.model, result.plan, weights=_float8_marks)
         else:
             float8_convert.lower(result.model, result.plan, fp8)
+        _warn_no_float8(result.plan, "train_step" if _float8_marks else "convert")
     return result.model, result.plan
 
 
@@ -322,6 +325,22 @@ def _warn_kept(plan: Plan, policy: Policy) -> None:
             "allow_names lowers chosen nodes",
             KeptWarning,
         )
+
+
+def _warn_no_float8(plan: Plan, where: str) -> None:
+    """Say so where float8 was asked for and no product got it (every layer under torchao's
+    size table, a model without linear layers): the run was a plain low-precision one."""
+    decided = plan.fp8.values()
+    if any(d.rule is Rule.FP8 for d in decided):
+        return
+    counts = Counter(str(d.rule) for d in decided)
+    why = ", ".join(f"{n} by {rule}" for rule, n in sorted(counts.items())) or "none decided low"
+    first = next(iter(sorted(plan.fp8.items())), None)
+    example = f"; {first[0]!r}: {first[1].reason}" if first else ""
+    warn(
+        f"{where}(fp8=...): no matrix product runs in float8 ({why}){example}",
+        Float8Warning,
+    )
 
 
 def _warn_static_batches(captured: Captured) -> None:

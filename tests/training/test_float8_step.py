@@ -349,3 +349,27 @@ def test_compiled_step_is_within_float8_tolerance_of_the_eager_step():
         compiled_vs_eager,
         float8_vs_bfloat16,
     )
+
+
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+def test_a_step_with_no_float8_product_trains_low_and_says_so(recipe):
+    """Every layer under torchao's size table (the recipes' default sizes): delayed scaling
+    failed its first step (InternalError: no scaled GEMM for its scale update to follow);
+    both recipes now run the plain bfloat16 step, with one Float8Warning counting why."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 16))
+    reference_model = copy.deepcopy(model)
+    fp8 = getattr(graphamp.Float8, recipe)()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    step = train_step(model, nn.functional.mse_loss, optimizer, dtype="bfloat16", fp8=fp8)
+    plain = train_step(
+        reference_model,
+        nn.functional.mse_loss,
+        torch.optim.SGD(reference_model.parameters(), lr=LR),
+        dtype="bfloat16",
+    )
+    x, y = torch.randn(8, 64), torch.randn(8, 16)
+    with pytest.warns(graphamp.Float8Warning, match=r"no matrix product runs in float8 \("):
+        loss = step(x, y)
+    assert torch.equal(loss, plain(x, y))
+    assert {str(d.rule) for d in step.plan.fp8.values()} == {"fp8_shape", "fp8_deny"}

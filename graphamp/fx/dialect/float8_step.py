@@ -46,7 +46,11 @@ def keep_unbuilt(plan: Plan, names: Iterable[str], where: str) -> None:
     records lose them as consumers."""
     for name in sorted(names):
         decision = plan.fp8[name]
-        kept = f"{decision.reason}; but {where} puts in float8 only {STEP_LAYERS}"
+        kept = (
+            f"{where} puts in float8 only {STEP_LAYERS}, which this product is not (an x @ W"
+            f" of a stored [K, N] weight, say); the float8 rules would have chosen it:"
+            f" {decision.reason.removesuffix(f', output {plan.dtype}')}"
+        )
         plan.fp8[name] = dataclasses.replace(
             decision, precision=Precision(plan.dtype), rule=Rule.FP8_DENY, reason=kept
         )
