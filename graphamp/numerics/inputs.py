@@ -32,7 +32,9 @@ class InputSpec:
 
     name: str
     dtype: str  # an engine dtype name
-    shape: tuple[int | None, ...]  # None: a symbolic dimension
+    # None: a symbolic dimension; no tuple at all: the model declares no shape (any rank, as
+    # ONNX allows and onnxruntime runs)
+    shape: tuple[int | None, ...] | None
     index_bound: int | None = None  # integer ids index a table of this many rows
 
 
@@ -43,6 +45,11 @@ def random_inputs(
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
+        if spec.shape is None:
+            raise GraphampError(
+                f"model input {spec.name!r} declares no shape, so no random array can be made "
+                "for it: give arrays (--inputs FILE.npz, or the inputs= of the call)"
+            )
         shape = [dim_size if d is None else d for d in spec.shape]
         array: np.ndarray
         if spec.dtype in dtypes.FLOAT_TYPES:
@@ -104,7 +111,10 @@ def refuse_unknown_arrays(specs: list[InputSpec], names: Iterable[str], where: s
 
 def check_shape(where: str, spec: InputSpec, shape: tuple[int, ...]) -> None:
     """Refuse an array of ``shape`` for ``spec``: another number of dimensions, or a fixed
-    dimension of another size (a symbolic one takes any)."""
+    dimension of another size (a symbolic one takes any; an input of no declared shape any
+    array)."""
+    if spec.shape is None:
+        return
     if len(shape) != len(spec.shape) or any(
         want is not None and got != want for got, want in zip(shape, spec.shape, strict=True)
     ):

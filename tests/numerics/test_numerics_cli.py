@@ -8,9 +8,12 @@ import json
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import graphamp.onnx as gonnx
 from graphamp.cli import main
+from graphamp.errors import GraphampError
+from graphamp.numerics.inputs import InputSpec, check_feeds, random_inputs
 from graphamp.plans.plan import Plan
 from tests.numerics import numerics_models as planted
 
@@ -241,3 +244,29 @@ def test_calibration_and_debug_data_a_model_cannot_run_on_is_one_line(vad, tmp_p
         (line,) = captured.err.strip().splitlines()
         assert "onnxruntime cannot run" in line and "Reshape node 'frames': " in line, line
         assert "onnxruntime_src" not in line and not out.exists()
+
+
+def test_an_input_of_no_declared_shape_is_not_taken_for_a_scalar(tmp_path, capsys):
+    """A graph input with no shape at all (legal ONNX; onnxruntime runs it) was read as 0-d:
+    "input 'x' has shape (16, 64), the model declares ()". It takes any array; the one line
+    is now about what graphamp cannot do without a shape."""
+    spec = InputSpec("x", "float32", None)
+    check_feeds([spec], {"x": np.ones((16, 64), np.float32)}, "data.npz")  # no error
+    with pytest.raises(GraphampError, match="input 'x' declares no shape"):
+        random_inputs([spec])
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w],
+    )  # fmt: skip
+    path = tmp_path / "m.onnx"
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path
+    )
+    np.savez(tmp_path / "cal.npz", x=np.ones((16, 64), np.float32))
+    code = main(["convert", str(path), "-o", str(tmp_path / "o.onnx"), "--calibrate",
+                 str(tmp_path / "cal.npz")])  # fmt: skip
+    error = capsys.readouterr().err
+    assert code == 2 and "the model declares ()" not in error and "declares no shape" in error
+    assert not (tmp_path / "o.onnx").exists()

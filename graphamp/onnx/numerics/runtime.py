@@ -41,8 +41,10 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
         if value.name in initializers:
             continue
         tensor_type = value.type.tensor_type
-        shape = tuple(
-            d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim
+        shape = (
+            tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim)
+            if tensor_type.HasField("shape")
+            else None  # no shape declared: any rank
         )
         dtype = dtypes.from_onnx(tensor_type.elem_type) or onnx.TensorProto.DataType.Name(
             tensor_type.elem_type
