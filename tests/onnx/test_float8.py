@@ -495,3 +495,25 @@ def test_a_float8_deny_glob_that_matches_no_node_is_warned_about_and_strict_refu
         gonnx.convert(proto, fp8=fp8, ranges=ranges)
     with pytest.raises(GraphampError, match=r"'fc9\*' matches no node.*\(--strict\)"):
         gonnx.convert(proto, fp8=fp8, ranges=ranges, strict=True)
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
+def test_k_comes_from_the_stored_weight_where_the_activation_leaves_it_symbolic(op):
+    """An attention output reshaped with -1 before its projection (every TorchScript export of
+    a Hugging Face attention block) leaves A's last dimension symbolic: K was 'unknown' and the
+    product kept out of float8 though its stored weight fixes K."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((32, 48)).astype(np.float32), "w")
+    attributes = {"transB": 1} if op == "Gemm" else {}
+    weight = numpy_helper.from_array(
+        numpy_helper.to_array(w).T.copy() if op == "Gemm" else numpy_helper.to_array(w), "w"
+    )
+    nodes = [helper.make_node(op, ["x", "w"], ["h"], name="proj", **attributes),
+             helper.make_node("Relu", ["h"], ["y"], name="relu")]  # fmt: skip
+    proto = model(nodes, initializers=[weight], shape=(8, "hidden"))
+    feeds = [{"x": rng.standard_normal((8, 32)).astype(np.float32)} for _ in range(2)]
+    ranges = gonnx.calibrate(proto, feeds, histograms=True)
+    result = gonnx.convert(proto, fp8=graphamp.Float8.static(keep_last=False), ranges=ranges)
+    decision = result.plan.fp8["proj"]
+    assert decision.rule == "fp8" and decision.reason.startswith("K = 32, N = 48")
+    onnx.checker.check_model(result.to_proto(), full_check=True)

@@ -268,11 +268,14 @@ def _matrix_dims(
     if len(inputs) < 2 or not inputs[1] or op_node.op == "ConvTranspose":
         return None
     a, b = tensors[inputs[0]].shape, tensors[inputs[1]].shape
+    # K from A, else from B (a stored weight fixes it where A's last dimension is left
+    # symbolic: an attention output reshaped with -1 before its projection)
     if op_node.op == "Gemm":
         trans_a, trans_b = bool(attribute("transA")), bool(attribute("transB"))
+        k = _known(_dim(a, 0 if trans_a else 1), _dim(b, 1 if trans_b else 0))
         return MatrixDims(
-            _dim(a, 1 if trans_a else 0), _dim(a, 0 if trans_a else 1),
-            _dim(b, 0 if trans_b else 1), n_axis=0 if trans_b else 1,
+            _dim(a, 1 if trans_a else 0), k, _dim(b, 0 if trans_b else 1),
+            n_axis=0 if trans_b else 1,
         )  # fmt: skip
     if op_node.op == "Conv":
         out = tensors[op_node.outputs[0]].shape
@@ -283,7 +286,13 @@ def _matrix_dims(
     rows = a[:-1] if a and len(a) > 1 else None
     m = _product(rows) if rows else None
     n_axis = len(b) - 1 if b else -1
-    return MatrixDims(m, _dim(a, -1), _dim(b, -1) if b and len(b) > 1 else 1, n_axis=n_axis)
+    k = _known(_dim(a, -1), _dim(b, -2) if b and len(b) > 1 else None)
+    return MatrixDims(m, k, _dim(b, -1) if b and len(b) > 1 else 1, n_axis=n_axis)
+
+
+def _known(first: int | None, second: int | None) -> int | None:
+    """``first`` where known, else ``second``: one dimension two shapes declare."""
+    return first if first is not None else second
 
 
 def _product(dims: tuple[int | str | None, ...]) -> int | None:
