@@ -45,7 +45,11 @@ def print_summary(
     summary = plan.summary()
     weights = plan.weights
     before = sum(w.bytes_before for w in weights if w.in_place)
-    after = sum(w.bytes_after for w in weights)
+    # weights the float8 writer stores in 8 bits (float8 operands, --fp8-kept-int8 weights,
+    # --fp8-embeddings tables) after their conversion: one byte an element, not the low type's
+    eight_bit = {record.tensor for record in plan.scales if record.source == "weight"}
+    in_8_bits = {w.name for w in weights if w.name in eight_bit or w.stored_as in eight_bit}
+    after = sum(w.elements if w.name in in_8_bits else w.bytes_after for w in weights)
     table = Table(
         title=f"{source.name} -> {target.name} ({plan.dtype})",
         title_justify="left",
@@ -85,8 +89,9 @@ def print_summary(
             "casts removed / retargeted",
             f"{summary['casts_removed']} / {summary['casts_retargeted']}",
         )
+    eight = f", {len(in_8_bits)} in 8 bits" if in_8_bits else ""
     table.add_row(
-        "weights converted", f"{len(weights)} ({size_text(before)} -> {size_text(after)})"
+        "weights converted", f"{len(weights)} ({size_text(before)} -> {size_text(after)}{eight})"
     )
     if summary["values_flushed_to_zero"]:
         table.add_row("weight values flushed to zero", str(summary["values_flushed_to_zero"]))

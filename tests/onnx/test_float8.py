@@ -517,3 +517,25 @@ def test_k_comes_from_the_stored_weight_where_the_activation_leaves_it_symbolic(
     decision = result.plan.fp8["proj"]
     assert decision.rule == "fp8" and decision.reason.startswith("K = 32, N = 48")
     onnx.checker.check_model(result.to_proto(), full_check=True)
+
+
+def test_the_summary_counts_float8_weights_at_one_byte(tmp_path, capsys):
+    """'weights converted 2 (512.0 KiB -> 256.0 KiB)' where the file holds one float16 and
+    one float8 weight (192 KiB): the line counted every weight at the low type's size."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((256, 256)).astype(np.float32) * 0.1, name)
+        for name in ("w1", "w2")
+    ]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")]  # fmt: skip
+    path, data = tmp_path / "m.onnx", tmp_path / "cal.npz"
+    onnx.save(model(nodes, initializers=weights, shape=(8, 256)), str(path))
+    np.savez(data, x=rng.standard_normal((16, 256)).astype(np.float32))
+    out = tmp_path / "o.onnx"
+    assert main(["convert", str(path), "-o", str(out), "--fp8", "--calibrate", str(data)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "512.0 KiB -> 192.0 KiB" in printed and "1 in 8" in printed  # fc2 is kept: the last
+    stored = sum(numpy_helper.to_array(i).nbytes for i in onnx.load(str(out)).graph.initializer)
+    assert abs(stored - 192 * 1024) < 1024
