@@ -22,6 +22,7 @@ from graphamp.errors import GraphampError
 from graphamp.models import export_onnx
 from graphamp.onnx.dialect import float8
 from graphamp.onnx.io.files import inferred_types
+from graphamp.onnx.numerics import runtime
 from graphamp.onnx.numerics.emulate import emulated
 from graphamp.onnx.numerics.runtime import check_loads, run
 from tests.helpers import chain, model
@@ -270,7 +271,7 @@ def test_an_older_opset_is_raised_to_21(tmp_path):
     assert ops.count("DequantizeLinear") == 2 and "ReduceSum" in ops
 
 
-def test_the_runtime_check_says_when_a_default_session_refuses_float8(tmp_path):
+def test_the_runtime_check_says_when_a_default_session_refuses_float8(tmp_path, monkeypatch):
     """A float8 QDQ MatMul with float32 activations and no bias Add after it: onnxruntime's
     default session fuses it into MatMulIntegerToFloat, which refuses float8; the check loads it
     with the QDQ fusion off and says in one line how to."""
@@ -290,6 +291,18 @@ def test_the_runtime_check_says_when_a_default_session_refuses_float8(tmp_path):
     notes = check_loads(original, path)
     assert len(notes) == 1 and "default session refuses this float8 model" in notes[0]
     assert "session.disable_quant_qdq=1" in notes[0]
+    # where QDQ fusion off is not enough (onnxruntime's MatMulAddFusion failing on a graph its
+    # own optimizer fused, seen on BART), the line says what loads it instead
+    real = runtime._load_error
+
+    def also_without_qdq_fusion(path, *, optimised=False, qdq_fusion=True):
+        error = real(path, optimised=optimised)
+        return error if optimised else real(path, optimised=False, qdq_fusion=qdq_fusion)
+
+    monkeypatch.setattr(runtime, "_load_error", also_without_qdq_fusion)
+    (note,) = check_loads(original, path)
+    assert "also with session.disable_quant_qdq=1" in note and "ORT_DISABLE_ALL" in note
+    monkeypatch.undo()
     # and verification runs it (op by op, QDQ fusion off)
     outputs, _ = run(onnx.load(str(path)), {"x": np.ones((4, 4), np.float32)})
     assert np.allclose(outputs["y"], 4 * 0.5 * 0.1 * 0.1 * (1 / 0.1) * 0.1 * 10, rtol=0.1)

@@ -303,7 +303,9 @@ def check_loads(original: Path, converted: Path) -> list[str]:
 def _default_session_note(path: Path) -> list[str]:
     """For a float8 model: one line when onnxruntime's default session refuses it (its QDQ
     fusion makes MatMulIntegerToFloat of a float8 MatMul whose float32 output no bias Add
-    follows, which that op's schema refuses), saying how to load it; else nothing."""
+    follows, which that op's schema refuses), saying how to load it, which is found by
+    loading it so (QDQ fusion off, or where that is not enough all optimisations off); else
+    nothing."""
     mapped = infile.read(path)
     proto = mapped.proto if mapped is not None else onnx.load(str(path), load_external_data=False)
     if not holds_float8(proto):
@@ -311,15 +313,28 @@ def _default_session_note(path: Path) -> list[str]:
     error = _load_error(path, optimised=True)
     if error is None:
         return []
+    refused = f"onnxruntime's default session refuses this float8 model ({_first_line(error)})"
+    if _load_error(path, optimised=True, qdq_fusion=False) is None:
+        return [
+            f"{refused}: load it with the session option {QDQ_SWITCH}=1 (SessionOptions()."
+            f"add_session_config_entry('{QDQ_SWITCH}', '1')), as graphamp's checks do"
+        ]
+    # another of its graph optimisations fails on it (MatMulAddFusion on a graph its own
+    # optimizer already fused): only a session without them loads it
     return [
-        f"onnxruntime's default session refuses this float8 model ({_first_line(error)}): "
-        f"load it with the session option {QDQ_SWITCH}=1 (SessionOptions()."
-        f"add_session_config_entry('{QDQ_SWITCH}', '1')), as graphamp's checks do"
+        f"{refused}, also with {QDQ_SWITCH}=1: load it with graph optimisations off "
+        "(SessionOptions().graph_optimization_level = GraphOptimizationLevel.ORT_DISABLE_ALL),"
+        " as graphamp's checks do, or keep the products involved out of float8"
+        " (--fp8-deny-names)"
     ]
 
 
-def _load_error(path: Path, *, optimised: bool = False) -> BaseException | None:
-    """Why onnxruntime's CPU provider refuses the model at ``path`` (None when it loads it).
+def _load_error(
+    path: Path, *, optimised: bool = False, qdq_fusion: bool = True
+) -> BaseException | None:
+    """Why onnxruntime's CPU provider refuses the model at ``path`` (None when it loads it);
+    ``optimised``: with the default graph optimisations, ``qdq_fusion`` off: without their
+    QDQ fusion.
 
     A session built only to be thrown away: no graph optimisations and no pre-packing (which
     copy and rewrite weights a check never runs), one thread. The graph onnxruntime loads is
@@ -332,6 +347,8 @@ def _load_error(path: Path, *, optimised: bool = False) -> BaseException | None:
     if not optimised:  # (optimised: the default level, whose QDQ fusion a float8 model meets)
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.add_session_config_entry("session.disable_prepacking", "1")
+    if not qdq_fusion:
+        options.add_session_config_entry(QDQ_SWITCH, "1")
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     ort.set_default_logger_severity(4)
     with _weights_by_reference(path) as model:
