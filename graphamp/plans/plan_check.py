@@ -34,11 +34,9 @@ def check_plan_data(data: dict[str, object], where: str) -> None:
     except _Refused as refused:
         path, expected, value, *unknown_word = refused.args
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        newer = ""
-        if unknown_word:  # a word of the vocabulary a later graphamp may have added
-            from graphamp import __version__
-
-            newer = f" (a word graphamp {__version__} does not know: a plan from a newer one?)"
+        # a word of the vocabulary a later graphamp may have added
+        newer = " (a word this graphamp does not know: a plan from a newer one?)"
+        newer = newer if unknown_word else ""
         raise GraphampError(f"{where}: {path} must be {expected}, not {shown}{newer}") from None
 
 

@@ -87,7 +87,7 @@ CASES = {
     ),
     "a rule a later graphamp may have added": (
         setter("nodes", "matmul0", "rule", value="tomorrows_rule"),
-        "not 'tomorrows_rule' (a word graphamp ",
+        "not 'tomorrows_rule' (a word this graphamp does not know",
     ),
     "casts_retargeted to a number": (
         setter("casts_retargeted", value={"c": 3}),
