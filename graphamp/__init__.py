@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from graphamp.errors import (
     BodyWarning,
+    DataWarning,
     Float8Warning,
     GraphampError,
     InternalError,
@@ -49,6 +50,7 @@ _LAZY = {
 }
 __all__ = [
     "BodyWarning",
+    "DataWarning",
     "DynamicLossScaling",
     "Float8",
     "Float8Warning",

@@ -87,6 +87,12 @@ class StaticShapeWarning(UserWarning):
     size there."""
 
 
+class DataWarning(UserWarning):
+    """Data given to calibrate or check on (``--calibrate``, ``--inputs``) holds values that
+    defeat the work: NaN in an input makes every range computed from it NaN, so the range rules
+    (and float8's) keep what it reaches, however the model behaves on real data."""
+
+
 class RepairWarning(UserWarning):
     """A model's own declaration (a value's type or shape) contradicted type inference or was
     incomplete, and was repaired from what inference settles; the converted model says so."""

@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, TextIO
 from graphamp import __version__
 from graphamp.cli import check, convert, debug, demo, diff, explain, lists, plan, tune
 from graphamp.cli.parser import Parser, resolve_format
-from graphamp.errors import GraphampError, PolicyWarning, RepairWarning, SlowPrecisionWarning
+from graphamp.errors import (
+    DataWarning,
+    GraphampError,
+    PolicyWarning,
+    RepairWarning,
+    SlowPrecisionWarning,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -167,7 +173,7 @@ def _one_line_warning(
     line: str | None = None,
 ) -> None:
     """graphamp's own warnings as one line on stderr; others as Python prints them."""
-    if issubclass(category, PolicyWarning | SlowPrecisionWarning | RepairWarning):
+    if issubclass(category, PolicyWarning | SlowPrecisionWarning | RepairWarning | DataWarning):
         print(f"graphamp: warning: {message}", file=sys.stderr)
     else:
         _show_python_warning(message, category, filename, lineno, file, line)

@@ -4,6 +4,7 @@ graphamp debug and graphamp tune; bad DATA refused in one line with nothing writ
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import onnx
@@ -12,9 +13,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphamp.onnx as gonnx
 from graphamp.cli import main
-from graphamp.errors import GraphampError
+from graphamp.errors import DataWarning, GraphampError
 from graphamp.numerics.inputs import InputSpec, check_feeds, random_inputs
 from graphamp.plans.plan import Plan
+from tests.helpers import chain
 from tests.numerics import numerics_models as planted
 
 
@@ -270,3 +272,19 @@ def test_an_input_of_no_declared_shape_is_not_taken_for_a_scalar(tmp_path, capsy
     error = capsys.readouterr().err
     assert code == 2 and "the model declares ()" not in error and "declares no shape" in error
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_nan_in_calibration_data_is_said_once_per_input():
+    """One NaN pixel turned float8 and the range rule off for every product it reached
+    (fp8_range: 'held 1 inf/NaN values'), exit 0, nothing said about the data."""
+    x = np.ones((4, 4), np.float32)
+    bad = x.copy()
+    bad[0, 0] = np.nan
+    with pytest.warns(DataWarning, match=r"input 'x' holds 1 NaN values \(batch 2\)") as caught:
+        ranges = gonnx.calibrate(chain(["MatMul", "Relu"]), [{"x": x}, {"x": bad}, {"x": bad}])
+    assert len([w for w in caught if w.category is DataWarning]) == 1
+    assert ranges.tensors["x"].nonfinite == 2
+    mask = np.where(np.eye(4) > 0, 0.0, -np.inf).astype(np.float32)  # an additive mask: fine
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataWarning)
+        gonnx.calibrate(chain(["Add"]), [{"x": mask}])

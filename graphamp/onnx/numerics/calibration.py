@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import numpy as np
 import onnx
 
+from graphamp.errors import DataWarning, warn
 from graphamp.lists import matrix_ops
 from graphamp.numerics.batches import DataSource, Feeds, as_batches
 from graphamp.numerics.ranges import Ranges, TensorRange, log2_counts
@@ -65,7 +66,9 @@ def calibrate_proto(
             stats_model.graph.output.append(onnx.ValueInfoProto(name=name))
     session = Session(stats_model, what="the calibration model")
     ranges = Ranges(model=label)
-    for feeds in batches:
+    warned: set[str] = set()
+    for number, feeds in enumerate(batches, 1):
+        _warn_nan(feeds, number, warned)
         values = session.run(feeds)
         found = {t: _range(values, t) for t in tensors}
         for name in counted:
@@ -73,6 +76,22 @@ def calibrate_proto(
             found[name] = dataclasses.replace(found[name], log2_counts=log2_counts(value))
         ranges.update(Ranges(found, batches=1))
     return ranges
+
+
+def _warn_nan(feeds: Feeds, number: int, warned: set[str]) -> None:
+    """One DataWarning per input whose calibration arrays hold NaN (an infinity is a mask's
+    value, taken as it is)."""
+    for name, array in feeds.items():
+        values = np.asarray(array)
+        if name in warned or values.dtype.kind != "f" or not np.isnan(values).any():
+            continue
+        warned.add(name)
+        warn(
+            f"calibration data: input {name!r} holds {int(np.isnan(values).sum())} NaN values "
+            f"(batch {number}): every range computed from it is NaN, so the range rules and "
+            "float8's keep what it reaches; calibrate on finite data",
+            DataWarning,
+        )
 
 
 def _matrix_activations(proto: onnx.ModelProto, measured: set[str]) -> list[str]:
