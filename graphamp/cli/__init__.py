@@ -123,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     console = Console(highlight=False)
     try:
+        _refuse_empty_values(list(sys.argv[1:] if argv is None else argv))
         resolve_format(args)
         return _run(COMMANDS[args.command], args, console)
     except GraphampError as exc:
@@ -147,6 +148,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 3
+
+
+def _refuse_empty_values(argv: list[str]) -> None:
+    """An empty value is a mistake, most often an unset variable in a CI script: taken as it
+    came, ``--from-plan ''`` decided afresh without a word and ``-o ''`` wrote a folder's
+    models into the current folder."""
+    for index, token in enumerate(argv):
+        if token.startswith("--") and token.endswith("="):
+            what = token[:-1]
+        elif token == "":
+            before = argv[index - 1] if index else ""
+            what = before if before.startswith("-") else "an argument"
+        else:
+            continue
+        raise GraphampError(f"{what}: an empty value (an unset variable?); nothing was done")
 
 
 def _run(module: ModuleType, args: argparse.Namespace, console: Console) -> int:

@@ -10,8 +10,12 @@ runs, :func:`graphamp.cli.main` refuses, in one line with exit status 2:
 * a path written that is a path read, or that another write of the same command names,
   compared by identity: the resolved path (symlinks followed), and for files that exist,
   device and inode (a hard link is the same file);
-* a file read that cannot be read (permission denied);
-* a path written that is a folder, or in a folder that does not exist or cannot be written.
+* a file read that cannot be read (permission denied), or is no regular file (a pipe or a
+  device: opening one waits for a writer, reading one never ends);
+* a path written that is a folder, or in a folder that does not exist or cannot be written,
+  or that exists and is no regular file or a symbolic link (the rename into place below would
+  replace ``/dev/null`` or the link itself);
+* an empty path (an unset variable in a CI script), never taken for "not given".
 
 Then every write goes through one :class:`graphamp.core.io.Outputs` (``args.outputs``): staged
 beside its target and moved into place, all together, when the command returns; on an error
@@ -25,6 +29,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeGuard
 
 from graphamp.core.io import same_file
 from graphamp.errors import GraphampError
@@ -44,7 +49,7 @@ class Files:
 
     def read(self, what: str, path: str | os.PathLike[str] | None) -> Files:
         """A file or folder read as it is (data, a policy or plan file)."""
-        if path:
+        if _given(path, what):
             self.reads.append((what, Path(path)))
         return self
 
@@ -52,7 +57,7 @@ class Files:
         """A model file (or plan file) with every file it consists of (external data). A
         folder is refused here: the commands that take one (convert, plan, check) list its
         model files themselves."""
-        if path and Path(path).is_dir():
+        if _given(path, what) and Path(path).is_dir():
             raise GraphampError(
                 f"{path}: {what} is a folder; this command takes one model file there "
                 "(graphamp convert, plan and check take a folder of models)"
@@ -63,7 +68,7 @@ class Files:
         return self
 
     def write(self, what: str, path: str | os.PathLike[str] | None) -> Files:
-        if path:
+        if _given(path, what):
             self.writes.append((what, Path(path)))
         return self
 
@@ -73,7 +78,7 @@ class Files:
         """A model written by the dialect of ``model``, with the files it may write beside it
         (an ONNX model's external data file). A name whose suffix is another dialect's is
         refused: the suffix names the format (``-o out.pt2`` for an ONNX model)."""
-        if path:
+        if _given(path, what):
             _check_suffix(what, Path(path), Path(model))
             self.writes.append((what, Path(path)))
             for part in _written_files(Path(path), Path(model))[1:]:
@@ -107,6 +112,38 @@ class Files:
                         f"{path}: {other_what} and {what} name the same file{link}; "
                         "give each its own; nothing was written"
                     )
+        for what, path in writes:  # (after: writing over a file read says so first)
+            _check_replaceable(what, path)
+
+
+def _given(path: str | os.PathLike[str] | None, what: str) -> TypeGuard[str | os.PathLike[str]]:
+    """Whether a path argument was given; an empty one (an unset variable in a CI script) is
+    refused: taken for "not given", ``--from-plan ''`` decided afresh without a word."""
+    if path is None:
+        return False
+    if not os.fspath(path):
+        raise GraphampError(f"{what}: an empty path (an unset variable?); give a file name")
+    return True
+
+
+def _check_replaceable(what: str, path: Path) -> None:
+    """Refuse an output that exists and is no regular file: graphamp stages each output and
+    renames it into place, which would replace a device (``/dev/null``), a pipe or a symbolic
+    link itself, not write through it."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # nothing there yet (a missing folder is refused below)
+    if stat.S_ISLNK(mode):
+        raise GraphampError(
+            f"{path}: is a symbolic link (to {os.readlink(path)}); graphamp writes each output "
+            f"whole and would replace the link: give {what} the file's own path"
+        )
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise GraphampError(
+            f"{path}: is not a regular file (a device or a pipe); graphamp writes {what} as a "
+            "file and would replace it: give a file name"
+        )
 
 
 def _folder(path: Path) -> Path:
@@ -183,10 +220,15 @@ def _expanded(path: Path) -> list[Path]:
             return [path]
     except OSError:
         return [path]
+    from graphamp.dialects.folders import is_folder_member  # (numpy: not for --help)
+
     found = [path]
     try:
         for root, _, names in os.walk(path):
-            found.extend(Path(root) / name for name in sorted(names))
+            # (what a model folder leaves out is not read: a pipe, a device, a dangling link)
+            found.extend(
+                Path(root) / name for name in sorted(names) if is_folder_member(Path(root) / name)
+            )
             if len(found) > MAX_FOLDER_FILES:
                 break
     except OSError:
@@ -196,6 +238,10 @@ def _expanded(path: Path) -> list[Path]:
 
 def _check_readable(what: str, path: Path) -> None:
     kind = _kind(path, what)
+    if kind == "other":  # opening a pipe blocks until a writer comes; a device never ends
+        raise GraphampError(
+            f"{path}: {what} is not a regular file (a pipe or a device); give a file"
+        )
     try:
         if kind == "folder":
             os.listdir(path)

@@ -300,4 +300,5 @@ def _print_table(
         console.print(f"copied {len(folder.others)} other files: {copied}{more}")
     if folder.skipped:
         left = ", ".join(str(path) for path in folder.skipped)
-        console.print(f"left out (hidden, or a link to a folder): {left}")
+        why = "hidden, a link to a folder or to nothing, or no regular file"
+        console.print(f"left out ({why}): {left}")

@@ -10,12 +10,14 @@ Which files are models is the dialects' answer (a registered suffix: ``.onnx``, 
 which files a model reads beside itself (an ONNX model's external data) is its dialect's
 :meth:`~graphamp.dialects.base.Dialect.files`. Those are not copied: the converted model writes
 its own. Hidden entries (``.git``, ``.cache``, a name starting with a dot) are left out, and
-so is a link to a folder (a link to a file is read as the file).
+so are a link to a folder, a dangling link and what is no regular file (a pipe, a device); a
+link to a file is read as the file.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +35,7 @@ class ModelFolder:
     models: tuple[Path, ...]
     companions: tuple[Path, ...]  # read with a model (external data): not copied
     others: tuple[Path, ...]  # copied as they are
-    skipped: tuple[Path, ...]  # hidden entries and links to folders
+    skipped: tuple[Path, ...]  # hidden entries, links to folders or nowhere, pipes, devices
 
     def plan_name(self, model: Path) -> Path:
         """Where the plan of ``model`` goes in a folder of plans: the model's relative path
@@ -66,7 +68,8 @@ def read_folder(root: str | os.PathLike[str]) -> ModelFolder:
         names[:] = sorted(n for n in names if not n.startswith(".") and not (here / n).is_symlink())
         for name in sorted(file_names):
             relative = (here / name).relative_to(root)
-            (skipped if name.startswith(".") else files).append(relative)
+            member = not name.startswith(".") and is_folder_member(here / name)
+            (files if member else skipped).append(relative)
     models = [path for path in files if is_model_name(path)]
     if not models:
         raise GraphampError(
@@ -86,6 +89,17 @@ def read_folder(root: str | os.PathLike[str]) -> ModelFolder:
     )
     _check_plan_names(found)
     return found
+
+
+def is_folder_member(path: Path) -> bool:
+    """Whether the file entry ``path`` of a model folder is one the folder holds: a regular
+    file, or a link to one (Hugging Face's cache keeps a snapshot's files as links into its
+    blobs folder, outside the snapshot). A dangling link is left out, and so is a pipe or a
+    device (reading one can block, or never end)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, RuntimeError):  # a dangling link, a loop of links
+        return False
 
 
 def _check_plan_names(folder: ModelFolder) -> None:

@@ -4,6 +4,8 @@ file or a silent no-op. One line, exit status 2, nothing written."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import numpy as np
 import onnx
@@ -190,3 +192,72 @@ def test_a_model_onnxruntime_cannot_load_is_a_user_error_under_verify(cli, tmp_p
     # one line naming the model file first, as every other exit-2 line does
     assert f"graphamp: error: {path}: onnxruntime cannot load the model" in result.stderr
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_an_output_that_is_a_pipe_or_a_link_is_refused_not_replaced(cli, small, tmp_path):
+    """Outputs are staged and renamed into place: '-o /dev/null' as root replaced the
+    container's /dev/null with a regular file, a FIFO's reader never got the data, and a link
+    was replaced by a file instead of written through."""
+    fifo, target, link = tmp_path / "fifo", tmp_path / "v3.json", tmp_path / "current.json"
+    os.mkfifo(fifo)
+    target.write_text("{}")
+    link.symlink_to(target.name)
+    result = cli("plan", str(small), "-o", str(fifo))
+    assert_user_error(result, "fifo: is not a regular file")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    result = cli("plan", str(small), "-o", str(link), "--format", "json")
+    assert_user_error(result, "current.json: is a symbolic link (to v3.json)")
+    assert link.is_symlink() and target.read_text() == "{}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["convert", "{m}", "-o", "{out}", "--from-plan", ""],
+        ["convert", "{m}", "-o", ""],
+        ["plan", "{m}", "--config", ""],
+        ["plan", ""],
+        ["plan", "{m}", "--config="],
+    ],
+    ids=["from-plan", "output", "config", "input", "equals"],
+)
+def test_an_empty_value_is_refused_not_taken_for_none(cli, small, tmp_path, args):
+    """An unset variable in a CI script: --from-plan '' decided afresh without a word (a node
+    the reviewed plan kept float32 came out float16), -o '' was an internal error."""
+    out = tmp_path / "out.onnx"
+    filled = [a.format(m=small, out=out) for a in args]
+    assert_user_error(cli(*filled), "an empty value (an unset variable?)")
+    assert not out.exists()
+
+
+def test_a_folder_leaves_out_pipes_and_dangling_links(cli, tmp_path):
+    """A FIFO among a folder's files hung the copy (open waits for a writer), and a dangling
+    link was an internal error after every model had been converted. A link to a file is
+    still read as the file, wherever it points (Hugging Face's cache layout)."""
+    folder, elsewhere = tmp_path / "in", tmp_path / "blobs"
+    folder.mkdir()
+    elsewhere.mkdir()
+    onnx.save(chain(["MatMul"]), str(folder / "m.onnx"))
+    (elsewhere / "abc123").write_text("{}")
+    (folder / "config.json").symlink_to(elsewhere / "abc123")
+    (folder / "README.md").symlink_to(folder / "nowhere")
+    os.mkfifo(folder / "pipe")
+    result = cli("convert", str(folder), "-o", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "m.onnx"]
+    assert not (tmp_path / "out" / "config.json").is_symlink()
+    left = result.stdout[result.stdout.index("left out") :]
+    assert "README.md" in left and "pipe" in left
+
+
+def test_external_data_that_is_a_pipe_is_refused_not_waited_on(cli, tmp_path):
+    """A model whose external data 'location' is a FIFO: plan and convert blocked forever in
+    the readability check (open on a pipe waits for a writer)."""
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    proto = chain(["MatMul"])
+    convert_model_to_external_data(proto, location="data.bin", size_threshold=0)
+    onnx.save(proto, str(tmp_path / "m.onnx"))
+    (tmp_path / "data.bin").unlink(missing_ok=True)
+    os.mkfifo(tmp_path / "data.bin")
+    assert_user_error(cli("plan", str(tmp_path / "m.onnx")), "is not a regular file")
