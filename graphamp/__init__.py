@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from graphamp.errors import (
+    BackwardWarning,
     BodyWarning,
     DataWarning,
     Float8Warning,
@@ -49,6 +50,7 @@ _LAZY = {
     "StaticLossScaling": "graphamp.training.scaling",
 }
 __all__ = [
+    "BackwardWarning",
     "BodyWarning",
     "DataWarning",
     "DynamicLossScaling",

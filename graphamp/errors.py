@@ -87,6 +87,12 @@ class StaticShapeWarning(UserWarning):
     size there."""
 
 
+class BackwardWarning(UserWarning):
+    """The model's forward applies a custom ``torch.autograd.Function`` or has hooks on its
+    backward: a graphamp training step differentiates the forward in its own graph, so their
+    backward code is never called."""
+
+
 class DataWarning(UserWarning):
     """Data given to calibrate or check on (``--calibrate``, ``--inputs``) holds values that
     defeat the work: NaN in an input makes every range computed from it NaN, so the range rules

@@ -14,6 +14,7 @@ from graphamp import engine
 from graphamp.core import collector
 from graphamp.core.vocab import ListName, Precision, Rule
 from graphamp.errors import (
+    BackwardWarning,
     Float8Warning,
     GraphampError,
     KeptWarning,
@@ -155,6 +156,8 @@ def convert(
     with collector.paused():  # one block: no full collection between capturing and applying
         captured = dialect.load(model)
         _warn_static_batches(captured.meta["graphamp"])
+        if _for_step:
+            _warn_autograd_functions(captured.meta["graphamp"])
         ranges = None  # float8's range rule reads the matrix operands' histograms too
         if calibrate is not None:
             ranges = dialect.calibrate(captured, calibrate, histograms=fp8 is not None)
@@ -324,6 +327,24 @@ def _warn_kept(plan: Plan, policy: Policy) -> None:
             "convert the float32 module (its parameters and example inputs float32); "
             "allow_names lowers chosen nodes",
             KeptWarning,
+        )
+
+
+def _warn_autograd_functions(captured: Captured) -> None:
+    """A step differentiates the captured forward in its own graph, through a custom
+    autograd.Function's forward: its backward is never called. Where that backward is the
+    forward's derivative (BLOOM's GeLUFunction, a fused kernel's) nothing changes; where it is
+    not (a gradient reversal, a straight-through estimator) the step trains with other
+    gradients than eager code: one BackwardWarning naming the classes."""
+    functions = captured.autograd_functions
+    if functions:
+        warn(
+            f"train_step(): the model applies the custom torch.autograd.Function "
+            f"{', '.join(functions)}; the step differentiates its forward and never calls its "
+            "backward: the gradients are those of eager code only where that backward is the "
+            "forward's derivative (a gradient reversal would keep its sign, a straight-through "
+            "estimator would pass no gradient)",
+            BackwardWarning,
         )
 
 

@@ -135,6 +135,7 @@ def train_step(
             fp8=fp8,
             recompute_casts=recompute_casts,
         )
+    _refuse_backward_hooks(model, where)
     reduce = data_parallel.gradient_reduce(process_group, grad_type, bucket_bytes, agree_found_inf)
     return TrainStep(
         model,
@@ -150,3 +151,28 @@ def train_step(
         keep_model=keep_model,
         recompute_casts=recompute_casts,
     )
+
+
+def _refuse_backward_hooks(model: nn.Module, where: str) -> None:
+    """A step computes every gradient in its own graph, so hooks autograd would call on the
+    way back (a pruning mask on a weight's gradient, a module's full backward hook) are never
+    called: refused, naming the first, rather than training as if they were not there."""
+    for name, parameter in model.named_parameters():
+        hooks = getattr(parameter, "_backward_hooks", None) or getattr(
+            parameter, "_post_accumulate_grad_hooks", None
+        )
+        if hooks:
+            raise GraphampError(
+                f"{where}: parameter {name!r} has a gradient hook (Tensor.register_hook or "
+                "register_post_accumulate_grad_hook), which the step's own backward would never "
+                "call; apply what it does in the model's forward (a mask on the weight, say) "
+                "or train this model without graphamp's step"
+            )
+    for name, module in model.named_modules():
+        if module._backward_hooks or module._backward_pre_hooks:
+            raise GraphampError(
+                f"{where}: module {name or type(module).__name__!r} has a backward hook "
+                "(register_full_backward_hook or register_full_backward_pre_hook), which the "
+                "step's own backward would never call; remove it, or train this model without "
+                "graphamp's step"
+            )

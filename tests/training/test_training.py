@@ -6,11 +6,13 @@ from __future__ import annotations
 import copy
 import operator
 import warnings
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+import graphamp
 from graphamp.errors import GraphampError
 from graphamp.fx import DynamicLossScaling, StaticLossScaling, train_step
 from graphamp.fx.dialect.lowering import select_on_host, unscale_and_check
@@ -778,3 +780,48 @@ def test_norms_reading_low_values_train_as_under_autocast():
     assert len(norms) == 3 and {d.precision for d in norms} == {"bfloat16"}
     for name, param in reference.named_parameters():
         assert (step.params[name] - param.detach()).abs().max() <= 2e-2 * param.abs().max(), name
+
+
+def test_gradient_hooks_are_refused_not_skipped():
+    """A pruning mask on a weight's gradient (Tensor.register_hook) or a module's full backward
+    hook: the step's own backward never called them and trained as if they were not there."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    model[0].weight.register_hook(lambda grad: grad * 0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(GraphampError, match=r"parameter '0\.weight' has a gradient hook"):
+        train_step(model, nn.functional.mse_loss, optimizer, dtype="bfloat16")
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    model[2].register_full_backward_hook(lambda module, grad_in, grad_out: None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(GraphampError, match="module '2' has a backward hook"):
+        train_step(model, nn.functional.mse_loss, optimizer, dtype="bfloat16")
+
+
+class GradientReversal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return -grad
+
+
+def test_a_custom_autograd_function_is_named_in_a_backward_warning():
+    """A gradient-reversal layer: the step differentiates its forward (the identity), so the
+    reversal kept its sign, without a word."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(GradientReversal.apply(self.a(x)))
+
+    model = Net()
+    step = train_step(
+        model, nn.functional.mse_loss, torch.optim.SGD(model.parameters(), lr=0.1), dtype="bfloat16"
+    )
+    with pytest.warns(graphamp.BackwardWarning, match=r"Function .*GradientReversal; the step"):
+        step(torch.randn(8, 4), torch.randn(8, 1))

@@ -47,6 +47,9 @@ class Captured:
     plan: Any = None
     static_batches: list[str] = field(default_factory=list)
     static_cause: str = ""  # why they are static, where torch.export's usual causes are not
+    # custom torch.autograd.Function classes the forward applied (traced through their
+    # forward: a graph differentiated later never calls their backward)
+    autograd_functions: list[str] = field(default_factory=list)
 
 
 def example_args(value: object) -> tuple[Any, ...] | None:
@@ -81,7 +84,8 @@ def capture(
         program = model
     elif isinstance(model, nn.Module):
         example_inputs = example_args(example_inputs)
-        program, static_cause = _export(model, example_inputs, example_kwargs, dynamic_shapes)
+        with _functions_applied() as functions:
+            program, static_cause = _export(model, example_inputs, example_kwargs, dynamic_shapes)
     else:
         raise GraphampError(
             f"expected an nn.Module, GraphModule or ExportedProgram, got {type(model).__name__}"
@@ -94,9 +98,36 @@ def capture(
         args, kwargs = tuple(example_inputs or ()), dict(example_kwargs or {})
         batches = static_batches(program) if dynamic_shapes is None else []
     module.meta["graphamp"] = Captured(
-        args, kwargs, ranges(program), static_batches=batches, static_cause=static_cause
+        args,
+        kwargs,
+        ranges(program),
+        static_batches=batches,
+        static_cause=static_cause,
+        autograd_functions=functions if isinstance(model, nn.Module) else [],
     )
     return module
+
+
+@contextlib.contextmanager
+def _functions_applied() -> Iterator[list[str]]:
+    """The custom ``torch.autograd.Function`` classes applied while the block runs (in call
+    order, once each), by their qualified names."""
+    applied: list[str] = []
+    base = torch.autograd.Function
+    original = base.__dict__["apply"]
+
+    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        # (torch.library's ops apply the backward they register: the graph keeps the op whole)
+        if name not in applied and not cls.__module__.startswith("torch._library"):
+            applied.append(name)
+        return original.__func__(cls, *args, **kwargs)
+
+    base.apply = classmethod(apply)  # type: ignore[method-assign, assignment]
+    try:
+        yield applied
+    finally:
+        base.apply = original  # type: ignore[method-assign]
 
 
 def _export(
