@@ -85,6 +85,12 @@ def train_step(
     where = "train_step()"
     if not isinstance(model, nn.Module):
         raise GraphampError(f"{where}: model is an nn.Module, got {type(model).__name__}")
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        raise GraphampError(
+            f"{where}: model is wrapped in DistributedDataParallel; give the module inside "
+            "(model.module) and process_group=: the step reduces the gradients itself "
+            "(docs/distributed.md)"
+        )
     if isinstance(accumulate, bool) or not isinstance(accumulate, int):
         raise GraphampError(
             f"{where}: accumulate is a whole number of micro-batches, got {accumulate!r}"

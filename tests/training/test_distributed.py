@@ -395,3 +395,24 @@ def test_buckets_close_as_ddp_closes_them_with_a_smaller_first_one():
     assert buckets([], 600, first=100) == []
     with pytest.raises(GraphampError, match="first_bucket_bytes must be positive"):
         GradientReduce("7", world_size=2, first_bucket_bytes=0)
+
+
+@pytest.mark.dist
+def test_a_ddp_wrapped_module_is_refused_with_what_to_pass_instead():
+    """DistributedDataParallel(model) given to train_step failed inside torch.export with a
+    message pointing at contextlib.py."""
+    code = """
+import torch, torch.distributed as dist, graphamp.fx
+from torch import nn
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
+try:
+    graphamp.fx.train_step(model, nn.functional.mse_loss, torch.optim.SGD(model.parameters()))
+except graphamp.GraphampError as error:
+    print(error)
+dist.destroy_process_group()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True
+    )
+    assert "wrapped in DistributedDataParallel; give the module inside" in done.stdout

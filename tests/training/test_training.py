@@ -825,3 +825,15 @@ def test_a_custom_autograd_function_is_named_in_a_backward_warning():
     )
     with pytest.warns(graphamp.BackwardWarning, match=r"Function .*GradientReversal; the step"):
         step(torch.randn(8, 4), torch.randn(8, 1))
+
+
+def test_a_param_group_added_after_capture_is_one_line_saying_how_to_go_on():
+    """add_param_group after the first call was a bare zip() ValueError."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    optimizer = torch.optim.AdamW(model[0].parameters(), lr=1e-3)
+    step = train_step(model, nn.functional.mse_loss, optimizer, dtype="bfloat16")
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    step(x, y)
+    optimizer.add_param_group({"params": model[2].parameters()})
+    with pytest.raises(GraphampError, match=r"2 parameter groups, 1 when .* step\.copy_to\(\)"):
+        step(x, y)

@@ -351,13 +351,23 @@ class TrainStep:
         """Each group's current ``lr``, read from the optimizer (schedulers change it); every
         other hyper-parameter is fixed into the graph, so a change to one is refused."""
         rates = []
-        for group, captured in zip(self.optimizer.param_groups, self.groups, strict=True):
+        rebuild = (
+            "call step.copy_to() first (it writes the step's optimizer state into the optimizer,"
+            " which a new train_step then continues) and build a new train_step"
+        )
+        groups = self.optimizer.param_groups
+        if len(groups) != len(self.groups):
+            raise GraphampError(
+                f"the optimizer has {len(groups)} parameter groups, {len(self.groups)} when the "
+                f"step was captured (add_param_group after its first call); {rebuild}"
+            )
+        for group, captured in zip(groups, self.groups, strict=True):
             fixed = optim.fixed_hyper(group)
             if fixed != captured.hyper:
                 changed = sorted(k for k in fixed if fixed[k] != captured.hyper.get(k))
                 raise GraphampError(
                     f"optimizer hyper-parameter {', '.join(changed)} changed after the step was "
-                    "captured; only lr may change (build a new train_step)"
+                    f"captured; only lr may change: {rebuild}"
                 )
             rates.append(float(group["lr"]))
         # A new tensor only when a scheduler changed a rate: on a GPU, making one is a copy
