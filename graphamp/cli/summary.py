@@ -89,10 +89,11 @@ def print_summary(
             "casts removed / retargeted",
             f"{summary['casts_removed']} / {summary['casts_retargeted']}",
         )
-    eight = f", {len(in_8_bits)} in 8 bits" if in_8_bits else ""
     table.add_row(
-        "weights converted", f"{len(weights)} ({size_text(before)} -> {size_text(after)}{eight})"
+        "weights converted", f"{len(weights)} ({size_text(before)} -> {size_text(after)})"
     )
+    if in_8_bits:
+        table.add_row("of them stored in 8 bits", str(len(in_8_bits)))
     if summary["values_flushed_to_zero"]:
         table.add_row("weight values flushed to zero", str(summary["values_flushed_to_zero"]))
     at_limit = sum(w.at_limit for w in weights)
