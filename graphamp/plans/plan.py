@@ -261,6 +261,8 @@ class Plan:
             raise GraphampError(f"{path}: is a folder, not a plan file") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise GraphampError(f"{path}: not a JSON plan: {exc}") from None
+        except RecursionError:  # a hostile file: [[[[...]]]] past Python's stack
+            raise GraphampError(f"{path}: not a JSON plan: nested too deeply") from None
         return cls.from_dict(data, where=str(path))
 
     def diff(self, other: Plan) -> PlanDiff:

@@ -14,6 +14,8 @@ def parse(text: str, where: str) -> dict[str, object]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise GraphampError(f"{where}: not a valid TOML file: {exc}") from None
+    except RecursionError:  # a hostile file: a = [[[[...]]]] past Python's stack
+        raise GraphampError(f"{where}: not a valid TOML file: nested too deeply") from None
 
 
 def read_table(path: str | Path) -> dict[str, object]:

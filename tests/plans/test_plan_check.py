@@ -14,6 +14,7 @@ import graphamp.onnx as gonnx
 from graphamp.cli import main
 from graphamp.errors import GraphampError
 from graphamp.plans.plan import Plan
+from graphamp.policy.config import parse
 from tests.helpers import chain
 
 
@@ -151,3 +152,13 @@ def test_explain_refuses_a_via_that_names_no_node_in_one_line(tmp_path, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"graphamp: error: {plan}: "), lines
     assert "nodes['matmul0'].via must be the name of a node of the plan" in lines[0]
+
+
+def test_a_plan_or_policy_nested_past_pythons_stack_is_one_line(tmp_path):
+    """[[[[...]]]] 100,000 deep as a plan, or as a policy's list: RecursionError, exit 3."""
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(GraphampError, match=r"deep\.json: not a JSON plan: nested too deeply"):
+        Plan.load(deep)
+    with pytest.raises(GraphampError, match=r"p\.toml: not a valid TOML file: nested too deeply"):
+        parse("[graphamp]\ndeny = " + "[" * 5000 + "]" * 5000, "p.toml")
