@@ -137,7 +137,7 @@ def check_one(model: Path, baseline: Path, args: argparse.Namespace) -> int:
     ``--update``: every baseline is moved into place when all are planned), 1 when it
     drifted."""
     from graphamp.plans.plan import Plan
-    from graphamp.plans.plandiff import same_record
+    from graphamp.plans.plandiff import record_changes, same_record
 
     _, plan = plan_of(model, args)
     plan.model = model.name
@@ -152,8 +152,8 @@ def check_one(model: Path, baseline: Path, args: argparse.Namespace) -> int:
     if difference.empty and same_record(reviewed, plan):
         print(f"{model}: plan matches {baseline}")
         return 0
-    if difference.empty:  # only reasons, policy or counts moved: still a drift to review
-        difference.summary = difference.summary or {"plan": ("baseline", "changed reasons/policy")}
+    if difference.empty:  # only reasons, ops, the policy or the file name moved: name them
+        difference.summary = difference.summary or record_changes(reviewed, plan)
     print(f"{model}: plan drifted from {baseline}; review and run with --update to accept")
     sys.stdout.write(difference.to_text())
     return 1

@@ -250,6 +250,27 @@ def same_record(old: PlanRecords, new: PlanRecords) -> bool:
     return _comparable(old) == _comparable(new)
 
 
+def record_changes(
+    old: PlanRecords, new: PlanRecords, limit: int = 8
+) -> dict[str, tuple[object, object]]:
+    """What two plans record differently beyond their decisions (the model's file name, an
+    op, a reason, the policy): up to ``limit`` fields, each path -> (old, new), for a drift
+    ``graphamp check`` reports that the decision diff does not show."""
+    changes: dict[str, tuple[object, object]] = {}
+
+    def walk(path: str, a: object, b: object) -> None:
+        if len(changes) >= limit or a == b:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(a.keys() | b.keys(), key=str):
+                walk(f"{path}[{key!r}]" if path else str(key), a.get(key), b.get(key))
+        else:
+            changes[path] = (a, b)
+
+    walk("", json.loads(_comparable(old)), json.loads(_comparable(new)))
+    return changes
+
+
 def _comparable(plan: PlanRecords) -> str:
     if not plan.scales:
         return plan.to_json()

@@ -171,3 +171,17 @@ def test_shipped_ci_hook_and_workflow_run_the_check(tmp_path):
     assert run_both() == (0, 0)
     onnx.save(layer_norm_model(gain=1.0), str(repo / "encoder.onnx"))
     assert run_both() == (1, 1)
+
+
+def test_a_drift_outside_the_decisions_names_the_fields_that_moved(tmp_path, capsys):
+    """A node's op changed (same precision) or the model renamed: check drifted with the one
+    line 'plan: baseline -> changed reasons/policy', naming nothing."""
+    first, second = tmp_path / "a.onnx", tmp_path / "renamed.onnx"
+    onnx.save(chain(["MatMul", "Softmax"]), str(first))
+    onnx.save(chain(["MatMul", "Softmax"]), str(second))
+    baseline = tmp_path / "base.json"
+    assert main(["check", str(first), "--baseline", str(baseline), "--update"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(second), "--baseline", str(baseline)]) == 1
+    out = capsys.readouterr().out
+    assert "model: a.onnx -> renamed.onnx" in out and "changed reasons/policy" not in out
