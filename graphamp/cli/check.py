@@ -90,6 +90,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from graphamp.cli.folder import FolderRules, orphan_plans, plan_pairs
 
     drifted = 0
+    orphans: list[Path] = []
     for model, baseline in given_entries(args):
         rules = FolderRules(model, args) if model.is_dir() else None
         for file, plan in plan_pairs(model, baseline):
@@ -99,10 +100,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
             rules.report()
         for orphan in orphan_plans(model, baseline):
             print(f"{orphan}: a baseline plan whose model is not in {model} (gone or renamed)")
+            orphans.append(orphan)
             drifted += 0 if args.update else 1
     if args.update:  # every plan made: the baselines are moved into place together
         for model, baseline in entries_of(args):
             print(f"{model}: baseline {baseline} written")
+        for orphan in orphans:  # accepted as gone: left, the next check would fail on it
+            orphan.unlink()
+            print(f"{orphan}: removed (its model is gone)")
     return 1 if drifted else 0
 
 

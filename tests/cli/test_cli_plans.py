@@ -185,3 +185,18 @@ def test_a_drift_outside_the_decisions_names_the_fields_that_moved(tmp_path, cap
     assert main(["check", str(second), "--baseline", str(baseline)]) == 1
     out = capsys.readouterr().out
     assert "model: a.onnx -> renamed.onnx" in out and "changed reasons/policy" not in out
+
+
+def test_check_update_removes_the_baseline_of_a_model_gone_from_the_folder(tmp_path, capsys):
+    """--update said the orphan was there, left it, and exited 0; the next check failed on it."""
+    models, plans = tmp_path / "models", tmp_path / "plans"
+    models.mkdir()
+    for name in ("a", "b"):
+        onnx.save(chain(["MatMul", "Softmax"]), str(models / f"{name}.onnx"))
+    assert main(["check", str(models), "--baseline", str(plans), "--update"]) == 0
+    (models / "b.onnx").unlink()
+    assert main(["check", str(models), "--baseline", str(plans)]) == 1
+    assert main(["check", str(models), "--baseline", str(plans), "--update"]) == 0
+    assert "b.plan.json: removed (its model is gone)" in capsys.readouterr().out
+    assert main(["check", str(models), "--baseline", str(plans)]) == 0
+    assert sorted(p.name for p in plans.iterdir()) == ["a.plan.json"]
