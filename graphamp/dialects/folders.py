@@ -157,8 +157,9 @@ def check_not_inside(path: Path, folder: Path, what: str) -> None:
 
 
 def stale_models(output: Path, written: set[Path]) -> list[Path]:
-    """Model files already in ``output`` that this conversion does not write: left from
-    something else, and a loader that lists the folder may pick them up."""
+    """Model files already in ``output`` that this conversion does not write (``written``:
+    absolute paths): left from something else, and a loader that lists the folder may pick
+    them up."""
     if not output.is_dir():
         return []
     found = []
@@ -166,7 +167,8 @@ def stale_models(output: Path, written: set[Path]) -> list[Path]:
         names[:] = sorted(n for n in names if not n.startswith("."))
         for name in sorted(file_names):
             path = Path(folder) / name
-            if is_model_name(path) and not name.startswith(".") and path not in written:
+            # (compared absolute: ``written`` is, and -o may be given relative)
+            if is_model_name(path) and not name.startswith(".") and path.absolute() not in written:
                 found.append(path)
     return found
 

@@ -236,6 +236,17 @@ def test_a_stale_model_in_the_output_folder_is_a_warning(folder, tmp_path, capsy
     )
 
 
+def test_a_rerun_into_a_relative_output_folder_warns_of_nothing_stale(
+    folder, tmp_path, capsys, monkeypatch
+):
+    """The models a conversion writes were compared absolute with the folder walked as given:
+    every re-run with a relative -o warned that each model it writes was 'left from before'."""
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        assert main(["convert", str(folder), "-o", "out"]) == 0
+    assert "does not write" not in capsys.readouterr().err
+
+
 def test_verify_runs_every_model_of_the_folder(folder, tmp_path, capsys):
     assert main(["convert", str(folder), "-o", str(tmp_path / "out"), "--verify"]) == 0
     printed = capsys.readouterr().out
