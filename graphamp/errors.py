@@ -88,9 +88,9 @@ class StaticShapeWarning(UserWarning):
 
 
 class BackwardWarning(UserWarning):
-    """The model's forward applies a custom ``torch.autograd.Function`` or has hooks on its
-    backward: a graphamp training step differentiates the forward in its own graph, so their
-    backward code is never called."""
+    """The model's forward applies a custom ``torch.autograd.Function``: a graphamp training
+    step differentiates the forward in its own graph, so the Function's backward is never
+    called. (Gradient hooks, which it would skip too, are refused outright.)"""
 
 
 class DataWarning(UserWarning):

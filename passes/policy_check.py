@@ -44,7 +44,7 @@ def unmatched_rules(context: PassContext) -> list[str]:
                 + did_you_mean(op, ops)
             )
     fp8 = context.options.fp8
-    fp8_deny = tuple(fp8.deny_names) if fp8 is not None else ()
+    fp8_deny = fp8.deny_names if fp8 is not None else ()
     names = (
         sorted({n for node in graph for n in (node.name, node.scope) if n})
         if policy.deny_names or policy.allow_names or fp8_deny

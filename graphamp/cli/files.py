@@ -14,8 +14,10 @@ runs, :func:`graphamp.cli.main` refuses, in one line with exit status 2:
   device: opening one waits for a writer, reading one never ends);
 * a path written that is a folder, or in a folder that does not exist or cannot be written,
   or that exists and is no regular file or a symbolic link (the rename into place below would
-  replace ``/dev/null`` or the link itself);
-* an empty path (an unset variable in a CI script), never taken for "not given".
+  replace ``/dev/null`` or the link itself).
+
+An empty value, which ``if path`` here would take for "not given", never gets this far:
+:func:`graphamp.cli.main` refuses any empty value on the command line first.
 
 Then every write goes through one :class:`graphamp.core.io.Outputs` (``args.outputs``): staged
 beside its target and moved into place, all together, when the command returns; on an error
@@ -29,7 +31,6 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeGuard
 
 from graphamp.core.io import same_file
 from graphamp.errors import GraphampError
@@ -49,7 +50,7 @@ class Files:
 
     def read(self, what: str, path: str | os.PathLike[str] | None) -> Files:
         """A file or folder read as it is (data, a policy or plan file)."""
-        if _given(path, what):
+        if path:
             self.reads.append((what, Path(path)))
         return self
 
@@ -57,7 +58,7 @@ class Files:
         """A model file (or plan file) with every file it consists of (external data). A
         folder is refused here: the commands that take one (convert, plan, check) list its
         model files themselves."""
-        if _given(path, what) and Path(path).is_dir():
+        if path and Path(path).is_dir():
             raise GraphampError(
                 f"{path}: {what} is a folder; this command takes one model file there "
                 "(graphamp convert, plan and check take a folder of models)"
@@ -68,7 +69,7 @@ class Files:
         return self
 
     def write(self, what: str, path: str | os.PathLike[str] | None) -> Files:
-        if _given(path, what):
+        if path:
             self.writes.append((what, Path(path)))
         return self
 
@@ -78,7 +79,7 @@ class Files:
         """A model written by the dialect of ``model``, with the files it may write beside it
         (an ONNX model's external data file). A name whose suffix is another dialect's is
         refused: the suffix names the format (``-o out.pt2`` for an ONNX model)."""
-        if _given(path, what):
+        if path:
             _check_suffix(what, Path(path), Path(model))
             self.writes.append((what, Path(path)))
             for part in _written_files(Path(path), Path(model))[1:]:
@@ -114,16 +115,6 @@ class Files:
                     )
         for what, path in writes:  # (after: writing over a file read says so first)
             _check_replaceable(what, path)
-
-
-def _given(path: str | os.PathLike[str] | None, what: str) -> TypeGuard[str | os.PathLike[str]]:
-    """Whether a path argument was given; an empty one (an unset variable in a CI script) is
-    refused: taken for "not given", ``--from-plan ''`` decided afresh without a word."""
-    if path is None:
-        return False
-    if not os.fspath(path):
-        raise GraphampError(f"{what}: an empty path (an unset variable?); give a file name")
-    return True
 
 
 def _check_replaceable(what: str, path: Path) -> None:

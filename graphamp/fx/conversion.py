@@ -356,7 +356,7 @@ def _warn_no_float8(plan: Plan, where: str) -> None:
         return
     counts = Counter(str(d.rule) for d in decided)
     why = ", ".join(f"{n} by {rule}" for rule, n in sorted(counts.items())) or "none decided low"
-    first = next(iter(sorted(plan.fp8.items())), None)
+    first = min(plan.fp8.items(), default=None)
     example = f"; {first[0]!r}: {first[1].reason}" if first else ""
     warn(
         f"{where}(fp8=...): no matrix product runs in float8 ({why}){example}",

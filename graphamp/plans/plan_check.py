@@ -21,7 +21,8 @@ Check = Callable[[object, str], None]
 
 
 class _Refused(Exception):
-    """A field that is not what the plan format says: (path, what it must be, the value)."""
+    """A field that is not what the plan format says: (path, what it must be, the value,
+    whether the value is a word a later graphamp may have added to the vocabulary)."""
 
 
 def check_plan_data(data: dict[str, object], where: str) -> None:
@@ -32,12 +33,10 @@ def check_plan_data(data: dict[str, object], where: str) -> None:
         _vias_name_nodes(cast(dict[str, dict[str, object]], data["nodes"]))  # checked just above
         _fp8_sections_together(data)
     except _Refused as refused:
-        path, expected, value, *unknown_word = refused.args
+        path, expected, value, newer = refused.args
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        # a word of the vocabulary a later graphamp may have added
-        newer = " (a word this graphamp does not know: a plan from a newer one?)"
-        newer = newer if unknown_word else ""
-        raise GraphampError(f"{where}: {path} must be {expected}, not {shown}{newer}") from None
+        hint = " (a word this graphamp does not know: a plan from a newer one?)" if newer else ""
+        raise GraphampError(f"{where}: {path} must be {expected}, not {shown}{hint}") from None
 
 
 def _vias_name_nodes(nodes: dict[str, dict[str, object]]) -> None:
@@ -62,8 +61,8 @@ def _fp8_sections_together(data: dict[str, object]) -> None:
             _fail(f"fp8[{name!r}]", "a node of the plan", name)
 
 
-def _fail(path: str, expected: str, value: object) -> NoReturn:
-    raise _Refused(path, expected, value)
+def _fail(path: str, expected: str, value: object, newer: bool = False) -> NoReturn:
+    raise _Refused(path, expected, value, newer)
 
 
 def _string(value: object, path: str) -> None:
@@ -88,10 +87,9 @@ def _flag(value: object, path: str) -> None:
 
 def _one_of(kind: str, allowed: frozenset[str]) -> Check:
     def check(value: object, path: str) -> None:
-        if isinstance(value, str) and value.isidentifier() and value not in allowed:
-            raise _Refused(path, f"{kind} ({', '.join(sorted(allowed))})", value, "unknown word")
         if not isinstance(value, str) or value not in allowed:
-            _fail(path, f"{kind} ({', '.join(sorted(allowed))})", value)
+            newer = isinstance(value, str) and value.isidentifier()
+            _fail(path, f"{kind} ({', '.join(sorted(allowed))})", value, newer)
 
     return check
 

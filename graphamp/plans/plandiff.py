@@ -267,17 +267,22 @@ def record_changes(
         else:
             changes[path] = (a, b)
 
-    walk("", json.loads(_comparable(old)), json.loads(_comparable(new)))
+    walk("", _comparable_data(old), _comparable_data(new))
     return changes
 
 
 def _comparable(plan: PlanRecords) -> str:
     if not plan.scales:
         return plan.to_json()
+    return json.dumps(_comparable_data(plan), sort_keys=True)
+
+
+def _comparable_data(plan: PlanRecords) -> JsonObject:
+    """``plan`` as its JSON object, float8 scales' measured values left out."""
     data = plan.to_dict()
-    for record in cast(list[JsonObject], data["scales"]):  # ScaleRecord.to_dict's
+    for record in cast(list[JsonObject], data.get("scales", [])):  # ScaleRecord.to_dict's
         record["detail"] = {k: v for k, v in record["detail"].items() if k not in MEASURED}
-    return json.dumps(data, sort_keys=True)
+    return data
 
 
 def _scale_kind(record: ScaleRecord) -> tuple[object, ...]:

@@ -22,8 +22,14 @@ CAST_OPS = frozenset({"_to_copy", "to", "_convert_element_type"})
 # (PyTorch's mixed-type norms: how they run under autocast, which casts neither): their
 # parameter slots are ``float32_params``.
 MIXED_TYPE_NORMS = frozenset(
-    {"layer_norm", "native_layer_norm", "group_norm", "native_group_norm", "rms_norm"}
-    | {"_fused_rms_norm"}
+    {
+        "layer_norm",
+        "native_layer_norm",
+        "group_norm",
+        "native_group_norm",
+        "rms_norm",
+        "_fused_rms_norm",
+    }
 )
 RUNNING_STATS = frozenset({"running_mean", "running_var"})
 SCHEMA_SOURCE = "aten"

@@ -83,11 +83,14 @@ def _warn_nan(feeds: Feeds, number: int, warned: set[str]) -> None:
     value, taken as it is)."""
     for name, array in feeds.items():
         values = np.asarray(array)
-        if name in warned or values.dtype.kind != "f" or not np.isnan(values).any():
+        if name in warned or values.dtype.kind != "f":
+            continue
+        count = int(np.isnan(values).sum())
+        if not count:
             continue
         warned.add(name)
         warn(
-            f"calibration data: input {name!r} holds {int(np.isnan(values).sum())} NaN values "
+            f"calibration data: input {name!r} holds {count} NaN values "
             f"(batch {number}): every range computed from it is NaN, so the range rules and "
             "float8's keep what it reaches; calibrate on finite data",
             DataWarning,
