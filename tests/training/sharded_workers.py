@@ -31,11 +31,24 @@ def spawn(worker: Any, out: Path, world: int, *args: Any) -> list[dict[str, Any]
     return [torch.load(out / f"rank{rank}.pt") for rank in range(world)]
 
 
-def net() -> nn.Module:
+def net(idle: bool = False) -> nn.Module:
     # 32 rows shard evenly; the last layer's 3 rows do not (2 + 1 on two ranks, 1 + 1 + 1 + 0
     # on four). Tanh, not ReLU: no kink to turn a rounding difference into a gradient.
     torch.manual_seed(0)
+    if idle:
+        return WithIdle(nn.Linear(5, 32), nn.Tanh(), nn.Linear(32, 3))
     return nn.Sequential(nn.Linear(5, 32), nn.Tanh(), nn.Linear(32, 3))
+
+
+class WithIdle(nn.Sequential):
+    """A net with a layer the loss has no gradient path from (AdamW skips it: no decay)."""
+
+    def __init__(self, *layers: nn.Module) -> None:
+        super().__init__(*layers)
+        self.idle = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self[2](self[1](self[0](x)))
 
 
 def batches(poison: tuple[int, int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -58,10 +71,10 @@ def mine(batch: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
     return [t[start : start + rows] for t in batch]
 
 
-def sharded_net(mesh: DeviceMesh, reduce: str) -> nn.Module:
+def sharded_net(mesh: DeviceMesh, reduce: str, idle: bool = False) -> nn.Module:
     """``net()`` sharded as FSDP2 users shard it: the first layer, then the root."""
     policy = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=getattr(torch, reduce))
-    model = net()
+    model = net(idle)
     fully_shard(model[0], mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
@@ -101,7 +114,7 @@ def run_graphamp(settings: dict[str, Any], mesh: DeviceMesh) -> dict[str, Any]:
         model = net()
         step = graphamp_step(model, settings, mesh=mesh)
     else:
-        model = sharded_net(mesh, settings.get("reduce", "float32"))
+        model = sharded_net(mesh, settings.get("reduce", "float32"), settings.get("idle", False))
         step = graphamp_step(model, settings)
     scales, skipped = [], []
     data = batches(settings.get("poison"))
@@ -127,7 +140,7 @@ def run_graphamp(settings: dict[str, Any], mesh: DeviceMesh) -> dict[str, Any]:
 
 def run_fsdp(settings: dict[str, Any], mesh: DeviceMesh) -> dict[str, Any]:
     """FSDP2 + MixedPrecisionPolicy + autocast + ShardedGradScaler (GradScaler's defaults)."""
-    model = sharded_net(mesh, settings.get("reduce", "float32"))
+    model = sharded_net(mesh, settings.get("reduce", "float32"), settings.get("idle", False))
     opt = optimizer(model, settings.get("optim", "sgd"))
     scaler = ShardedGradScaler("cpu")
     scales, skipped = [], []

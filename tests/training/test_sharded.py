@@ -33,6 +33,7 @@ TWO = {
     "float16": {"reduce": "float16"},
     "overflow": {"poison": (5, 1)},  # an inf in rank 1's rows at step 5
     "adamw": {"optim": "adamw"},
+    "idle": {"optim": "adamw", "idle": True},  # a layer no gradient reaches
     "clip": {"clip": 0.05},
     "mesh": {"mesh_argument": True, "reference": False},  # train_step shards the model
     "compiled": {"compile": True, "reference": False},  # step.compile(): under inductor
@@ -148,6 +149,19 @@ def test_adamw_and_clipping_match_fsdp2(two):
     assert relative(two[0]["clip"]["params"], two[0]["float32"]["params"]) > 1e-3
     clip = two[0]["clip"]["collectives"]["clip_grad_norm"][1]
     assert "each rank's part of it summed over the 2 ranks" in clip
+
+
+@pytest.mark.dist
+def test_a_layer_no_gradient_reaches_is_left_as_adamw_under_fsdp2_leaves_it(two):
+    ours, fsdp = two[0]["idle"], two[0]["idle fsdp"]
+    assert same_on_every_rank(two, "idle")
+    start = workers.net(idle=True).state_dict()
+    for name in ("idle.weight", "idle.bias"):  # AdamW skips it: no weight decay
+        assert torch.equal(ours["params"][name], start[name])
+        assert torch.equal(fsdp["params"][name], start[name])
+    assert relative(ours["params"], fsdp["params"]) <= 1e-5
+    # the other layers train as in the net without the idle one
+    assert relative(ours["params"], two[0]["adamw"]["params"]) <= 1e-6
 
 
 @pytest.mark.dist

@@ -837,3 +837,65 @@ def test_a_param_group_added_after_capture_is_one_line_saying_how_to_go_on():
     optimizer.add_param_group({"params": model[2].parameters()})
     with pytest.raises(GraphampError, match=r"2 parameter groups, 1 when .* step\.copy_to\(\)"):
         step(x, y)
+
+
+class WithUnreachedParameters(nn.Module):
+    """A layer computed but unused (a pooler no loss reads), a gate read through ``detach``,
+    and the layers the loss trains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.pooler, self.last = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+        self.gate = nn.Parameter(torch.randn(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.tanh(self.first(x))
+        self.pooler(hidden)
+        return self.last(hidden * (self.gate.detach() > 0))
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.parametrize("kind", ["SGD", "Adam", "AdamW"])
+def test_parameters_no_gradient_reaches_are_left_as_torch_optim_leaves_them(kind, accumulate):
+    """torch.optim skips a parameter whose .grad is None: no weight decay, no momentum, no
+    state. The step gave it a zero gradient, which decay and momentum then moved."""
+    make = {
+        "SGD": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.1),
+        "Adam": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.1),
+        "AdamW": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
+    }[kind]
+    model, reference = WithUnreachedParameters(), WithUnreachedParameters()
+    optimizer, reference_optimizer = make(model.parameters()), make(reference.parameters())
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    step = train_step(
+        model, nn.functional.mse_loss, optimizer, dtype="bfloat16", accumulate=accumulate
+    )
+    generator = torch.Generator().manual_seed(1)
+    for micro in range(1, 3 * accumulate + 1):
+        x, y = torch.randn(4, 8, generator=generator), torch.randn(4, 4, generator=generator)
+        step(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.mse_loss(reference(x).float(), y) / accumulate
+        loss.backward()
+        if micro % accumulate == 0:
+            reference_optimizer.step()
+            reference_optimizer.zero_grad()
+    step.copy_to()
+    for name in ("pooler.weight", "pooler.bias", "gate"):
+        assert torch.equal(model.get_parameter(name), start[name]), name
+        assert model.get_parameter(name) not in optimizer.state, name
+    trained = {name for name, p in model.named_parameters() if p in optimizer.state}
+    assert trained == {"first.weight", "first.bias", "last.weight", "last.bias"}
+    for name in trained:
+        ours, theirs = model.get_parameter(name), reference.get_parameter(name)
+        assert not torch.equal(ours, start[name]), name
+        assert (ours - theirs).abs().max() <= 1e-3 * theirs.abs().max(), name
+
+
+def test_a_loss_no_parameter_reaches_is_one_line():
+    model = WithUnreachedParameters()
+    optimizer = torch.optim.SGD([model.pooler.weight, model.gate], lr=0.1)
+    step = train_step(model, nn.functional.mse_loss, optimizer, dtype="bfloat16")
+    with pytest.raises(GraphampError, match="no gradient path to any parameter the optimizer"):
+        step(torch.randn(4, 8), torch.randn(4, 4))

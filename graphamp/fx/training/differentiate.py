@@ -86,6 +86,37 @@ def grad(module: fx.GraphModule, f: Callable[..., tuple[torch.Tensor, Any]]) -> 
     return gradients
 
 
+def unreached(
+    module: fx.GraphModule,
+    loss: Callable[[dict[str, torch.Tensor], list[Any]], torch.Tensor],
+    tensors: dict[str, torch.Tensor],
+    names: list[str],
+    batch: list[Any],
+    faked: bool = False,
+) -> frozenset[str]:
+    """The ``names`` among ``tensors`` that ``loss(tensors, batch)`` (a forward through
+    ``module``) has no gradient path from: those whose gradient autograd leaves None, where
+    ``torch.func.grad`` and the step's gradients make it zeros, which an optimizer applies.
+    Found by tracing autograd as a step is traced, so nothing is computed; ``faked``: the
+    arguments are fake tensors of one mode already."""
+    found: list[str] = []
+
+    def probe(*args: Any) -> list[torch.Tensor]:
+        given = dict(zip(tensors, args[: len(tensors)], strict=True))
+        leaves = {name: given[name].detach().requires_grad_() for name in names}
+        with torch.enable_grad():
+            value = loss({**given, **leaves}, list(args[len(tensors) :]))
+            if not value.requires_grad:
+                found.extend(names)
+                return [value]
+            grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
+        found.extend(name for name, g in zip(leaves, grads, strict=True) if g is None)
+        return [value.detach()]
+
+    _traced(module, probe, [*tensors.values(), *batch], faked)
+    return frozenset(found)
+
+
 def functionalize(module: fx.GraphModule, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``torch.func.functionalize(fn, remove="mutations")`` for a step through ``module``:
     ``fn`` traced with functional ops only, the arguments it wrote copied back at the end."""
@@ -135,11 +166,18 @@ def compiled(module: fx.GraphModule, options: dict[str, Any]) -> Callable[..., A
 def trace(module: fx.GraphModule, fn: Callable[..., Any], args: list[Any]) -> fx.GraphModule:
     """``fn`` (a step through ``module``) traced functionally on ``args``; an error raised in
     a higher-order op's backward is one line naming the op."""
+    return without_leaf_detaches(_traced(module, functionalize(module, fn), args))
+
+
+def _traced(
+    module: fx.GraphModule, fn: Callable[..., Any], args: list[Any], faked: bool = False
+) -> fx.GraphModule:
+    """``fn`` (through ``module``) traced with ``make_fx`` in the step's tracing mode."""
     try:
         mode = tracing_mode(module)
-        if mode == "fake":
+        if mode == "fake" and not faked:
             args = _fakes(args)
-        traced = make_fx(functionalize(module, fn), tracing_mode=mode)(*args)
+        return make_fx(fn, tracing_mode=mode)(*args)
     except GraphampError:
         raise
     except Exception as error:
@@ -151,7 +189,6 @@ def trace(module: fx.GraphModule, fn: Callable[..., Any], args: list[Any]) -> fx
             f"train_step: torch could not trace the step through the forward's {ops}: "
             f"{type(error).__name__}: {lines[0][:300]}"
         ) from error
-    return without_leaf_detaches(traced)
 
 
 def _fakes(args: list[Any]) -> list[Any]:

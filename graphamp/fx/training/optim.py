@@ -70,6 +70,13 @@ def optimizer_groups(optimizer: torch.optim.Optimizer, model: nn.Module) -> list
     return groups
 
 
+def without(groups: Sequence[ParamGroup], names: frozenset[str]) -> list[ParamGroup]:
+    """``groups`` without the parameters ``names``."""
+    return [
+        ParamGroup(tuple(n for n in group.names if n not in names), group.hyper) for group in groups
+    ]
+
+
 def state_keys(kind: str, hyper: dict[str, Any]) -> tuple[str, ...]:
     if kind == "SGD":
         return ("momentum",) if hyper["momentum"] else ()

@@ -123,17 +123,32 @@ class ShardedTrainStep(TrainStep):
         parameters (after the shards) with their whole shapes, which no rank allocates."""
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         state = [mode.from_tensor(t) for t in self._flatten()]
-        with mode:
-            wholes = [
-                torch.empty(tuple(self.sharded.params[n].shape), dtype=p.dtype, device=p.device)
-                for n, p in self.params.items()
-            ]
+        wholes = list(self._fake_wholes(mode).values())
         rest = [mode.from_tensor(t) for t in self._learning_rates()]
         fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in batch]
         count = len(self.params)
         args = [*state[:count], *wholes, *state[count:], *rest, *fakes]
         traced = make_fx(differentiate.functionalize(self.forward, fn), tracing_mode="fake")(*args)
         return differentiate.without_leaf_detaches(traced)
+
+    def _without_gradient(self, batch: Sequence[torch.Tensor]) -> frozenset[str]:
+        # the whole parameters, as fake tensors: no rank allocates them
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        tensors = {
+            **self._fake_wholes(mode),
+            **{n: mode.from_tensor(b) for n, b in self.buffers.items()},
+        }
+        names = [name for group in self.groups for name in group.names]
+        fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in batch]
+        return differentiate.unreached(self.forward, self._loss, tensors, names, fakes, faked=True)
+
+    def _fake_wholes(self, mode: FakeTensorMode) -> dict[str, torch.Tensor]:
+        """The whole parameters as fake tensors of ``mode``: no rank allocates them."""
+        with mode:
+            return {
+                n: torch.empty(tuple(self.sharded.params[n].shape), dtype=p.dtype, device=p.device)
+                for n, p in self.params.items()
+            }
 
     def _options(self, traced: fx.GraphModule) -> Options:
         shards, wholes = self._placeholders(traced)

@@ -96,19 +96,25 @@ class TrainStep:
         self._policy = fx_policy(self._source(), self.policy, None, overrides, "train_step()")
         self.forward, forward_plan = self._converted(batch)
         self.params = self._own_params()
-        # Trainable: in an optimizer group and requiring grad. The others (frozen) are read
-        # by the forward pass but get no gradient and no update.
-        self.trainable = [name for group in self.groups for name in group.names]
-        if not self.trainable:
-            raise GraphampError("the optimizer holds no parameter that requires grad")
-        missing = [name for name in self.trainable if name not in self.params]
-        if missing:
-            raise GraphampError(f"parameter {missing[0]!r} is not in the captured module")
         # Buffers (batch-norm running statistics) are updated by the forward pass as in eager
         # PyTorch, on skipped steps too; in place, in the model's own unless keep_model.
         self.buffers = self._model_tensors(
             self.forward.named_buffers(), dict(self.model.named_buffers())
         )
+        # Trainable: in an optimizer group, requiring grad and reached by the loss's gradient.
+        # The others (frozen) are read by the forward pass but get no gradient and no update.
+        if not any(group.names for group in self.groups):
+            raise GraphampError("the optimizer holds no parameter that requires grad")
+        missing = [n for group in self.groups for n in group.names if n not in self.params]
+        if missing:
+            raise GraphampError(f"parameter {missing[0]!r} is not in the captured module")
+        self.groups = optim.without(self.groups, self._without_gradient(batch))
+        self.trainable = [name for group in self.groups for name in group.names]
+        if not self.trainable:
+            raise GraphampError(
+                "the loss has no gradient path to any parameter the optimizer holds (each is "
+                "read through a detach or a comparison, or not at all)"
+            )
         initial = optim.initial_state(self.kind, self.groups, self.params)
         resumed = optim.resume_state(
             self.kind, self.groups, initial, self.optimizer, self.model, not self.keep_model
@@ -130,6 +136,16 @@ class TrainStep:
         scales = step_scales(forward_plan, self.captured["update"].scales)
         nodes = {**forward_plan.nodes, **decisions}
         self.plan = dataclasses.replace(forward_plan, nodes=nodes, scales=scales)
+
+    def _without_gradient(self, batch: Sequence[torch.Tensor]) -> frozenset[str]:
+        """The optimizer's parameters the loss has no gradient path from (read through a
+        ``detach`` or a comparison only, or not at all: an unused pooler, a frozen backbone
+        left in the optimizer). torch.optim skips a parameter whose ``.grad`` is None, so
+        these get no update, no weight decay and no state, here as there. Found once, by
+        tracing autograd: nothing is computed."""
+        names = [name for group in self.groups for name in group.names]
+        tensors = {**self.params, **self.buffers}
+        return differentiate.unreached(self.forward, self._loss, tensors, names, list(batch))
 
     def _capture_graphs(self, batch: Sequence[torch.Tensor]) -> StepGraphs:
         """The step graphs for ``batch``'s signature, traced through ``self.forward``."""
@@ -300,27 +316,32 @@ class TrainStep:
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The trainable parameters' gradients and the loss, with the loss multiplied by a
         marked seed of one before differentiation: the loss-scale pass scales that seed."""
-        inputs, target = tuple(batch[:-1]), batch[-1]
         trainable = {name: params[name] for name in self.trainable}
         frozen = {n: p for n, p in params.items() if n not in trainable}
 
         def seeded_loss(
             p: dict[str, torch.Tensor], rest: dict[str, torch.Tensor]
         ) -> tuple[torch.Tensor, torch.Tensor]:
-            output = torch.func.functional_call(self.forward, {**p, **rest}, inputs)
-            # The loss runs in float32, as every AMP list has it: low-precision outputs are
-            # widened first (a bfloat16/float32 mix also trips inductor's loss lowerings).
-            output = torch.utils._pytree.tree_map(
-                lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
-                output,
-            )
-            loss = self.loss_fn(output, target).float()
+            loss = self._loss({**p, **rest}, batch)
             return loss * marks.mark(torch.ones_like(loss), "grad_seed"), loss
 
         # Buffers are an argument, not captured: torch.func refuses to mutate captured tensors.
         rest = {**frozen, **self._traced_buffers}
         grads, loss = differentiate.grad(self.forward, seeded_loss)(trainable, rest)
         return grads, marks.mark(loss, "loss")
+
+    def _loss(
+        self, tensors: dict[str, torch.Tensor], batch: Sequence[torch.Tensor]
+    ) -> torch.Tensor:
+        """The loss of the forward pass run with ``tensors`` (its parameters and buffers)."""
+        output = torch.func.functional_call(self.forward, tensors, tuple(batch[:-1]))
+        # The loss runs in float32, as every AMP list has it: low-precision outputs are
+        # widened first (a bfloat16/float32 mix also trips inductor's loss lowerings).
+        output = torch.utils._pytree.tree_map(
+            lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+            output,
+        )
+        return self.loss_fn(output, batch[-1]).float()
 
     def _accumulate_fn(self, *args: torch.Tensor) -> list[torch.Tensor]:
         params, opt_state, grad_acc, _, batch = self._split(args)
