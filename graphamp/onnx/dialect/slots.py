@@ -148,6 +148,7 @@ def _op_slots(
                 f"node {node.name!r}: unknown op {node.op_type!r} at opset {default_opset}"
             )
         return Slots(NodeKind.OPAQUE)
+    found = schemas.runtime_bound(found, node.op_type, node.domain, input_types, output_types)
 
     _check_input_types(node, found, inputs, input_types)
     any_type_inputs = schemas.any_type_inputs(found, inputs, len(outputs), target)
