@@ -227,3 +227,83 @@ def test_the_torch_dialects_refuse_a_source_of_another_kind_in_one_line():
         pt2.Pt2Dialect().load({"not": "a program"})
     with pytest.raises(GraphampError, match=r"^expected an nn\.Module, .*, got list$"):
         FxDialect().load([torch.zeros(2)])
+
+
+# damaged archives ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_pt2(tmp_path_factory):
+    """A two-layer program's archive (its members stored, as torch.export.save writes them)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    path = tmp_path_factory.mktemp("tiny") / "tiny.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(2, 4),)), str(path))
+    return path
+
+
+def _rewritten(source, target, member, change):
+    """``source`` written again to ``target`` with ``member``'s bytes changed (its CRC made
+    to match, so only the content is damaged)."""
+    with zipfile.ZipFile(source) as archive, zipfile.ZipFile(target, "w") as out:
+        for item in archive.infolist():
+            data = archive.read(item)
+            out.writestr(item, change(data) if item.filename.endswith(member) else data)
+    return target
+
+
+def _edit_json(edit):
+    def change(data):
+        value = json.loads(data)
+        edit(value)
+        return json.dumps(value).encode()
+
+    return change
+
+
+def _first_weight(config):
+    return config["config"][next(iter(config["config"]))]
+
+
+def test_a_damaged_pt2_archive_is_one_line_naming_the_file_and_member(cli, tiny_pt2, tmp_path):
+    """Whatever the damage (cut short, a flipped byte the CRC catches, JSON that does not parse
+    or has values of the wrong type), exit 2 and one line naming the file and what is wrong,
+    never zipfile's, json's or torch's exception as an internal error (exit 3)."""
+    data = tiny_pt2.read_bytes()
+    weights, program = "_weights_config.json", "models/model.json"
+    cut = tmp_path / "cut.pt2"
+    cut.write_bytes(data[: len(data) // 2])
+    crc = tmp_path / "crc.pt2"
+    flipped = bytearray(data)
+    flipped[data.index(b'"graph_module"') + 3] ^= 1  # inside the stored program's JSON
+    crc.write_bytes(bytes(flipped))
+
+    def sizes_int(config):
+        _first_weight(config)["tensor_meta"]["sizes"] = 5
+
+    def no_path(config):
+        del _first_weight(config)["path_name"]
+
+    def strides_short(config):
+        _first_weight(config)["tensor_meta"]["strides"] = []
+
+    def graph_int(program):
+        program["graph_module"] = 5
+
+    def damaged(name, member, change):
+        return _rewritten(tiny_pt2, tmp_path / name, member, change)
+
+    cases = [
+        (cut, "not a zip file"),
+        (crc, f"member 'tiny/{program}' is damaged (CRC)"),
+        (damaged("flip.pt2", program, lambda d: d[:-1] + b"]"), "not valid JSON"),
+        (damaged("deep.pt2", program, lambda d: b"[" * 5000 + b"]" * 5000), "nested too deeply"),
+        (damaged("list.pt2", weights, lambda d: b"[]"), 'schema: no "config" object'),
+        (damaged("sizes.pt2", weights, _edit_json(sizes_int)), "'0.weight': the archive's JSON"),
+        (damaged("path.pt2", weights, _edit_json(no_path)), "'0.weight' has no \"path_name\""),
+        (damaged("strides.pt2", weights, _edit_json(strides_short)), "strides and shape"),
+        (damaged("graph.pt2", program, _edit_json(graph_int)), f"{program}: the archive's JSON"),
+    ]
+    for path, fragment in cases:
+        target = tmp_path / "out.pt2"
+        assert_user_error(cli("convert", str(path), "-o", str(target)), str(path), fragment)
+        assert not target.exists()

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +48,14 @@ def load(
         raise GraphampError(f"{path}: no such file")
     try:
         archive = zipfile.ZipFile(path)
-    except zipfile.BadZipFile:
+    except (zipfile.BadZipFile, EOFError, ValueError):  # ValueError: a negative offset
         raise GraphampError(f"{path}: not a .pt2 archive (not a zip file)") from None
     with archive:
         names = archive.namelist()
         prefix = next(
             (n[: -len("archive_format")] for n in names if n.endswith("archive_format")), None
         )
-        if prefix is None or archive.read(f"{prefix}archive_format").strip() != b"pt2":
+        if prefix is None or _read(archive, f"{prefix}archive_format", path).strip() != b"pt2":
             raise GraphampError(f"{path}: not a torch.export .pt2 archive")
         models = sorted(
             n for n in names if n.startswith(f"{prefix}models/") and n.endswith(".json")
@@ -67,9 +68,8 @@ def load(
             config_path = f"{prefix}data/{kind}/{config_name}"
             if config_path not in names:
                 return {}
-            config = json.loads(archive.read(config_path))["config"]
             result = {}
-            for fqn, entry in config.items():
+            for fqn, entry in _tensor_config(archive, config_path, path).items():
                 if entry.get("use_pickle"):
                     raise GraphampError(
                         f"{path}: {kind[:-1]} {fqn!r} is stored as a pickle; "
@@ -78,19 +78,23 @@ def load(
                 meta = entry.get("tensor_meta")
                 if meta is None:
                     raise GraphampError(f"{path}: {kind[:-1]} {fqn!r} is not a tensor")
-                raw = archive.read(f"{prefix}data/{kind}/{entry['path_name']}")
-                result[fqn] = _tensor(raw, meta, serde, schema)
-                if entry.get("is_param"):
-                    result[fqn] = torch.nn.Parameter(
-                        result[fqn], requires_grad=meta.get("requires_grad", True)
-                    )
+                raw = _read(archive, f"{prefix}data/{kind}/{entry['path_name']}", path)
+                where = f"{path}: {config_path}: {fqn!r}"
+                result[fqn] = _tensor(raw, meta, bool(entry.get("is_param")), serde, schema, where)
             return result
 
         wanted = extra_files if extra_files is not None else {}
         for name in wanted:
             if f"{prefix}extra/{name}" in names:
-                wanted[name] = archive.read(f"{prefix}extra/{name}").decode("utf-8")
-        program_json = archive.read(f"{prefix}models/{model}.json")
+                member = f"{prefix}extra/{name}"
+                try:
+                    wanted[name] = _read(archive, member, path).decode("utf-8")
+                except UnicodeDecodeError:
+                    raise GraphampError(f"{path}: {member}: not UTF-8 text") from None
+        program_path = f"{prefix}models/{model}.json"
+        program_json = _read(archive, program_path, path)
+        if not isinstance(_parse_json(program_json, program_path, path), dict):
+            raise GraphampError(f"{path}: {program_path}: {_SCHEMA}: not a JSON object")
         if b"transformers.cache_utils." in program_json:  # its inputs or outputs hold caches
             from graphamp.fx.dialect.hf import register_caches
 
@@ -107,21 +111,100 @@ def load(
         )
     try:
         program = serde.deserialize(artifact)
-    except Exception as exc:
-        raise GraphampError(f"{path}: could not read the exported program ({exc})") from None
+    # torch's reader meets JSON that parses but is not its program: a field missing or of
+    # another type (its dataclasses' own errors, its asserts, its SerializeError)
+    except (*_MALFORMED, serde.SerializeError) as exc:
+        reason = f"no {exc}" if isinstance(exc, KeyError) else _first_line(exc)
+        raise GraphampError(f"{path}: {program_path}: {_SCHEMA}: {reason}") from None
+    except Exception as exc:  # the rest is still about what it read, which is all the file's
+        raise GraphampError(
+            f"{path}: could not read the exported program ({_first_line(exc)})"
+        ) from None
     # The archive's own sample inputs are a pickle: make inputs of the traced shapes instead
     # (ExportedProgram.module() binds them to its signature).
     program.example_inputs = example_inputs(program)
     return program
 
 
-def _tensor(raw: bytes, meta: dict[str, Any], serde: Any, schema: Any) -> torch.Tensor:
-    dtype = serde._SERIALIZE_TO_TORCH_DTYPE[schema.ScalarType(meta["dtype"])]
-    sizes = [int(s["as_int"]) for s in meta["sizes"]]
-    strides = [int(s["as_int"]) for s in meta["strides"]]
-    offset = int(meta.get("storage_offset", {}).get("as_int", 0))
-    flat = torch.frombuffer(bytearray(raw), dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-    return flat.as_strided(sizes, strides, offset).clone()
+_SCHEMA = "the archive's JSON does not match torch.export's schema"
+# what reading JSON of the wrong shape raises, in graphamp's reading of the weights' configs
+# and in torch's of the program
+_MALFORMED = (KeyError, TypeError, AttributeError, ValueError, IndexError, AssertionError)
+
+
+def _read(archive: zipfile.ZipFile, member: str, path: Path) -> bytes:
+    """A member's bytes, checked against the archive's CRC as zipfile reads them: a damaged
+    or missing member is the file's fault, one line naming it, never zipfile's exception."""
+    try:
+        return archive.read(member)
+    except KeyError:
+        raise GraphampError(f"{path}: damaged .pt2 archive: no member {member!r}") from None
+    except zipfile.BadZipFile as exc:
+        what = "CRC" if "CRC" in str(exc) else _first_line(exc)
+        raise GraphampError(f"{path}: member {member!r} is damaged ({what})") from None
+    # zlib.error and EOFError: deflated bytes cut short or garbled; NotImplementedError and
+    # RuntimeError: a compression method or encryption flag that the damage made up
+    except (zlib.error, EOFError, NotImplementedError, RuntimeError) as exc:
+        raise GraphampError(f"{path}: member {member!r} is damaged ({_first_line(exc)})") from None
+
+
+def _parse_json(raw: bytes, member: str, path: Path) -> Any:
+    """A JSON member parsed, or one line naming it."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise GraphampError(f"{path}: {member}: not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise GraphampError(f"{path}: {member}: not valid JSON ({_first_line(exc)})") from None
+
+
+def _tensor_config(archive: zipfile.ZipFile, member: str, path: Path) -> dict[str, Any]:
+    """A weights or constants config (``{"config": {fqn: {"path_name": ..., "tensor_meta":
+    ...}}}``), its shape checked here: graphamp reads it itself, so a value of the wrong type
+    would otherwise be a TypeError deep in the reading."""
+    config = _parse_json(_read(archive, member, path), member, path)
+    entries = config.get("config") if isinstance(config, dict) else None
+    if not isinstance(entries, dict):
+        raise GraphampError(f'{path}: {member}: {_SCHEMA}: no "config" object')
+    for fqn, entry in entries.items():
+        if not isinstance(entry, dict):
+            raise GraphampError(f"{path}: {member}: {_SCHEMA}: {fqn!r} is not an object")
+        if not isinstance(entry.get("path_name"), str):
+            raise GraphampError(f'{path}: {member}: {_SCHEMA}: {fqn!r} has no "path_name"')
+        meta = entry.get("tensor_meta")
+        if meta is not None and not isinstance(meta, dict):
+            raise GraphampError(f'{path}: {member}: {_SCHEMA}: {fqn!r}: bad "tensor_meta"')
+    return entries
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's message cut to one short line (torch's can span a dozen)."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 200 else f"{text[:200]}..."
+
+
+def _tensor(
+    raw: bytes, meta: dict[str, Any], is_param: bool, serde: Any, schema: Any, where: str
+) -> torch.Tensor:
+    """One weight or constant from its raw bytes and ``tensor_meta`` (a Parameter where
+    ``is_param``); ``where`` names it in the one line a description that does not fit the
+    bytes gets."""
+    try:
+        dtype = serde._SERIALIZE_TO_TORCH_DTYPE[schema.ScalarType(meta["dtype"])]
+        sizes = [int(s["as_int"]) for s in meta["sizes"]]
+        strides = [int(s["as_int"]) for s in meta["strides"]]
+        offset = int(meta.get("storage_offset", {}).get("as_int", 0))
+        flat = torch.frombuffer(bytearray(raw), dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        tensor = flat.as_strided(sizes, strides, offset).clone()
+        if is_param:
+            tensor = torch.nn.Parameter(tensor, requires_grad=meta.get("requires_grad", True))
+    # KeyError, TypeError, AttributeError: a field missing or of another type; ValueError,
+    # RuntimeError: a dtype, size or stride the bytes cannot hold (torch's own checks)
+    except (*_MALFORMED, RuntimeError) as exc:
+        reason = f"no {exc}" if isinstance(exc, KeyError) else _first_line(exc)
+        raise GraphampError(f"{where}: {_SCHEMA}: {reason}") from None
+    return tensor
 
 
 def user_inputs(program: torch.export.ExportedProgram) -> list[str]:
