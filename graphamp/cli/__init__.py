@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, TextIO
 from graphamp import __version__
 from graphamp.cli import check, convert, debug, demo, diff, explain, lists, plan, tune
 from graphamp.cli.parser import Parser, resolve_format
+from graphamp.core.text import printable
 from graphamp.errors import (
     DataWarning,
     GraphampError,
@@ -113,10 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     args.verbose += args.verbose_after
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_PrintableFormatter("graphamp: %(message)s"))
     logging.basicConfig(
         level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
-        format="graphamp: %(message)s",
-        stream=sys.stderr,
+        handlers=[handler],
     )
     warnings.showwarning = _one_line_warning
     from rich.console import Console
@@ -127,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         resolve_format(args)
         return _run(COMMANDS[args.command], args, console)
     except GraphampError as exc:
-        print(f"graphamp: error: {exc}", file=sys.stderr)
+        print(f"graphamp: error: {printable(str(exc))}", file=sys.stderr)
         return 2
     except PermissionError as exc:  # the user's file or folder: theirs to grant, not a bug
         where = exc.filename or "a file"
@@ -144,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         print(
-            f"graphamp: internal error: {type(exc).__name__}: {first[:300]}; {REPORT}",
+            f"graphamp: internal error: {type(exc).__name__}: {printable(first[:300])}; {REPORT}",
             file=sys.stderr,
         )
         return 3
@@ -188,14 +190,26 @@ def _one_line_warning(
     file: TextIO | None = None,
     line: str | None = None,
 ) -> None:
-    """graphamp's own warnings as one line on stderr; others as Python prints them."""
+    """graphamp's own warnings as one line on stderr; others as Python prints them. A
+    graphamp warning's message is :func:`printable`: it names nodes of the model."""
+    ours = category.__module__ == "graphamp.errors"
+    text = printable(str(message)) if ours else message
     if issubclass(category, PolicyWarning | SlowPrecisionWarning | RepairWarning | DataWarning):
-        print(f"graphamp: warning: {message}", file=sys.stderr)
+        print(f"graphamp: warning: {text}", file=sys.stderr)
     else:
-        _show_python_warning(message, category, filename, lineno, file, line)
+        _show_python_warning(text, category, filename, lineno, file, line)
 
 
 _show_python_warning = warnings.showwarning
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Log lines :func:`printable`: the names in them come from the model (a traceback under
+    -v, added after, keeps its lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from graphamp.cli.common import add_policy_arguments, plan_of
 from graphamp.cli.files import Files
 from graphamp.cli.numerics import add_calibrate_argument, add_fp8_arguments
+from graphamp.core.text import printable
 from graphamp.errors import GraphampError, did_you_mean
 
 if TYPE_CHECKING:
@@ -99,15 +100,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
         if rules:
             rules.report()
         for orphan in orphan_plans(model, baseline):
-            print(f"{orphan}: a baseline plan whose model is not in {model} (gone or renamed)")
+            gone = f"{orphan}: a baseline plan whose model is not in {model} (gone or renamed)"
+            print(printable(gone))
             orphans.append(orphan)
             drifted += 0 if args.update else 1
     if args.update:  # every plan made: the baselines are moved into place together
         for model, baseline in entries_of(args):
-            print(f"{model}: baseline {baseline} written")
+            print(printable(f"{model}: baseline {baseline} written"))
         for orphan in orphans:  # accepted as gone: left, the next check would fail on it
             orphan.unlink()
-            print(f"{orphan}: removed (its model is gone)")
+            print(printable(f"{orphan}: removed (its model is gone)"))
     return 1 if drifted else 0
 
 
@@ -155,10 +157,11 @@ def check_one(model: Path, baseline: Path, args: argparse.Namespace) -> int:
     difference = reviewed.diff(plan)
     difference.old_label, difference.new_label = f"{baseline} (baseline)", f"{model} (now)"
     if difference.empty and same_record(reviewed, plan):
-        print(f"{model}: plan matches {baseline}")
+        print(printable(f"{model}: plan matches {baseline}"))
         return 0
     if difference.empty:  # only reasons, ops, the policy or the file name moved: name them
         difference.summary = difference.summary or record_changes(reviewed, plan)
-    print(f"{model}: plan drifted from {baseline}; review and run with --update to accept")
+    drift = f"{model}: plan drifted from {baseline}; review and run with --update to accept"
+    print(printable(drift))
     sys.stdout.write(difference.to_text())
     return 1

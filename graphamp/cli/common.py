@@ -283,6 +283,17 @@ def policy_options(args: argparse.Namespace) -> Options:
     return Options(strict=bool(getattr(args, "strict", False)))
 
 
+def shown(text: object) -> str:
+    """``text`` (a name, a path, a list of them: what comes from the files) for a rich
+    console or table: :func:`printable`, and its ``[...]`` escaped, which rich would
+    otherwise take for markup (``[/]`` in a tensor name was an internal error)."""
+    from rich.markup import escape
+
+    from graphamp.core.text import printable
+
+    return escape(printable(str(text)))
+
+
 def emit(text: str, args: argparse.Namespace) -> None:
     """``text`` to ``-o FILE`` (staged with the command's other outputs), or to stdout."""
     if getattr(args, "output", None):

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from graphamp.cli.common import policy_flags_given, policy_from_args, policy_options
+from graphamp.cli.common import policy_flags_given, policy_from_args, policy_options, shown
 from graphamp.cli.numerics import calibrated, float8_option
 from graphamp.cli.summary import nothing_converted, print_summary
 from graphamp.cli.verification import float32_outputs, report_verification, verification_inputs
@@ -141,7 +141,7 @@ def _convert_and_write(
     feeds, reference = verification
     if feeds is not None:
         if label:
-            console.print(f"{source}:")
+            console.print(f"{shown(source)}:")
         status = report_verification(
             console,
             dialect,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from graphamp.cli.common import add_policy_arguments, emit, plan_of, policy_flags_given
 from graphamp.cli.files import Files
 from graphamp.cli.parser import add_format_argument
+from graphamp.core.text import printable_lines
 from graphamp.errors import GraphampError
 
 if TYPE_CHECKING:
@@ -139,7 +140,7 @@ def _run_folders(args: argparse.Namespace) -> int:
         if key not in new or key not in old:
             side, path = ("A", old[key]) if key in old else ("B", new[key])
             found[str(key)] = f"only in {side}: {path}"
-            text.append(f"== {key}\nonly in {side}: {path}\n")
+            text.append(printable_lines([f"== {key}", f"only in {side}: {path}"]))
             differs = True
             continue
         with rules.model():
@@ -150,7 +151,7 @@ def _run_folders(args: argparse.Namespace) -> int:
         found[str(key)] = difference.to_dict()
         if not difference.empty:
             differs = True
-            text.append(f"== {key}\n{difference.to_text()}")
+            text.append(printable_lines([f"== {key}"]) + difference.to_text())
     rules.report()
     if args.format == "json":
         emit(json.dumps(found, indent=1) + "\n", args)

@@ -23,7 +23,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from graphamp.cli.common import shown
 from graphamp.cli.files import Files
+from graphamp.core.text import printable_lines
 from graphamp.errors import GraphampError, PolicyWarning
 
 if TYPE_CHECKING:
@@ -167,7 +169,7 @@ def plan_folder(args: argparse.Namespace, console: Console) -> int:
                 _plan_file(Path(args.output), model, args.format), text.encode("utf-8")
             )
         else:
-            sys.stdout.write(f"== {source / model}\n{text}")
+            sys.stdout.write(printable_lines([f"== {source / model}"]) + text)
     rules.report()
     return 0
 
@@ -284,7 +286,7 @@ def _print_table(
         model_after = sum(w.bytes_after for w in plan.weights)
         before, after = before + model_before, after + model_after
         table.add_row(
-            str(model),
+            shown(model),
             f"{summary['matrix_ops_low']}/{summary['matrix_ops']}",
             f"{low}/{low + nodes.get('float32', 0)}",
             str(summary["casts_inserted"]),
@@ -292,13 +294,13 @@ def _print_table(
             f"{seconds:.1f} s",
         )
     converted = f"{size_text(before)} -> {size_text(after)}"
-    table.title = f"{folder.root} -> {output} ({dtype}; weights converted {converted})"
+    table.title = shown(f"{folder.root} -> {output} ({dtype}; weights converted {converted})")
     console.print(table)
-    copied = ", ".join(str(path) for path in folder.others[:6])
+    copied = ", ".join(shown(path) for path in folder.others[:6])
     more = f" and {len(folder.others) - 6} more" if len(folder.others) > 6 else ""
     if folder.others:
         console.print(f"copied {len(folder.others)} other files: {copied}{more}")
     if folder.skipped:
-        left = ", ".join(str(path) for path in folder.skipped)
+        left = ", ".join(shown(path) for path in folder.skipped)
         why = "hidden, a link to a folder or to nothing, or no regular file"
         console.print(f"left out ({why}): {left}")

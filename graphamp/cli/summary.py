@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from graphamp.cli.common import shown
 from graphamp.core.io import size_text
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def print_summary(
     in_8_bits = {w.name for w in weights if w.name in eight_bit or w.stored_as in eight_bit}
     after = sum(w.elements if w.name in in_8_bits else w.bytes_after for w in weights)
     table = Table(
-        title=f"{source.name} -> {target.name} ({plan.dtype})",
+        title=shown(f"{source.name} -> {target.name} ({plan.dtype})"),
         title_justify="left",
         show_header=False,
     )
@@ -109,12 +110,12 @@ def print_summary(
         table.add_row(f"kept float32: {NOTABLE_RULES[rule]} ({rule})", str(count))
     if conversion is not None:
         for label, value in kept_weights(conversion):
-            table.add_row(label, value)
+            table.add_row(shown(label), value)  # the largest's name is the model's
     table.add_row("time", f"{seconds:.2f} s")
     console.print(table)
     changed = io_changes(conversion) if conversion is not None else []
     if changed:
-        listed = ", ".join(f"{name} {old} -> {new}" for name, old, new in changed)
+        listed = ", ".join(shown(f"{name} {old} -> {new}") for name, old, new in changed)
         console.print(
             f"[yellow]graph inputs/outputs whose type changed[/]: {listed}: feed and read them "
             "in the new type, or convert with --keep-io-types (or --keep-io NAMES) to keep "

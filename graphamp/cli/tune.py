@@ -20,6 +20,7 @@ from graphamp.cli.numerics import (
     require_onnx,
 )
 from graphamp.cli.parser import non_negative
+from graphamp.core.text import printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         f"{result.real_evaluations} real conversion(s) checked in {seconds:.2f} s; "
         f"max rel error {errors}"
     )
-    print(result.snippet(), flush=True)
+    print(printable(result.snippet()), flush=True)
     _warn_tf32(result.kept, result.conversion.plan, policy.target, console)
     dialect.save(result.conversion.model, args.outputs.path(target))
     if args.plan:
@@ -182,7 +183,7 @@ def _tune_fp8(
         f"model and the result converted in {result.seconds:.2f} s; max rel error {errors}"
     )
     if result.kept:
-        print(result.snippet(), flush=True)
+        print(printable(result.snippet()), flush=True)
     for_file(source).save(result.conversion.model, args.outputs.path(target))
     if args.plan:
         result.conversion.plan.save(args.outputs.path(args.plan))

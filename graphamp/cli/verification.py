@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from graphamp.cli.common import shown
 from graphamp.cli.numerics import DATA_HELP
 from graphamp.cli.parser import non_negative
 from graphamp.errors import GraphampError, InternalError
@@ -166,7 +167,7 @@ def report_verification(
         table.add_column(column, justify="left" if column == "output" else "right")
     for output in report.outputs:
         table.add_row(
-            output.name,
+            shown(output.name),
             f"{output.max_abs_error:.3g}",
             f"{output.max_rel_error:.3g}",
             str(output.nan_inf),
@@ -175,7 +176,7 @@ def report_verification(
     console.print(table)
     wide = [(o.name, o.reference_nan_inf) for o in report.outputs if o.reference_nan_inf]
     if wide:  # those values compare nothing: an input the float32 model cannot take?
-        named = ", ".join(f"{name} ({count})" for name, count in wide)
+        named = ", ".join(f"{shown(name)} ({count})" for name, count in wide)
         console.print(
             f"[yellow]warning[/]: the float32 model itself gives NaN/Inf on these inputs in "
             f"{named}: those values are left out of the errors (NaN/Inf counts only new ones)"

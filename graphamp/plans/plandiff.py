@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import cast
 
+from graphamp.core.text import printable_lines
 from graphamp.plans.records import (
     CastRecord,
     Fp8Decision,
@@ -166,7 +167,7 @@ class PlanDiff:
         if self.summary:
             lines.append("@@ summary @@")
             lines += [f" {key}: {_shown(a)} -> {_shown(b)}" for key, (a, b) in self.summary.items()]
-        return "\n".join(lines) + "\n"
+        return printable_lines(lines)  # names and reasons come from the models
 
     def to_dict(self) -> dict[str, object]:
         return {

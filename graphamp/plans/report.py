@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from graphamp.core.graph import OpGraph
+from graphamp.core.text import printable_lines
 from graphamp.errors import GraphampError
 from graphamp.plans.plan import Plan
 from graphamp.plans.records import BOUNDARY, CastRecord, NodeDecision
@@ -14,7 +15,8 @@ PRECISION_ORDER = ("float16", "bfloat16", "float32", "float64", "none")
 
 
 def text_table(plan: Plan) -> str:
-    """Nodes grouped by precision, one line each: name, op, rule, reason (via neighbour)."""
+    """Nodes grouped by precision, one line each: name, op, rule, reason (via neighbour).
+    Every text here ends in :func:`printable_lines`: names and reasons come from the model."""
     groups: dict[str, list[tuple[str, NodeDecision]]] = defaultdict(list)
     for name, decision in sorted(plan.nodes.items()):
         groups[decision.precision].append((name, decision))
@@ -68,7 +70,7 @@ def text_table(plan: Plan) -> str:
             lines.append(
                 f"  {cast.tensor}: {cast.src} -> {cast.dst}{_bytes(cast)}  (for {readers})"
             )
-    return "\n".join(lines) + "\n"
+    return printable_lines(lines)
 
 
 def explain(plan: Plan, node: str, graph: OpGraph | None = None) -> str:
@@ -79,10 +81,11 @@ def explain(plan: Plan, node: str, graph: OpGraph | None = None) -> str:
     replaced_by = {old: r for r in plan.rewrites for old in r.replaces}
     if node not in plan.nodes and node in replaced_by:
         rewrite = replaced_by[node]
-        return (
+        replaced = (
             f"{node}: replaced by {rewrite.node} ({rewrite.op}), rule {rewrite.rule}: "
-            f"{rewrite.reason}\n" + explain(plan, rewrite.node, graph)
+            f"{rewrite.reason}"
         )
+        return printable_lines([replaced]) + explain(plan, rewrite.node, graph)
     cast = next((c for c in plan.all_casts() if node in (c.output, c.tensor)), None)
     if node not in plan.nodes and cast is not None:
         return explain_cast(plan, cast, graph)
@@ -145,7 +148,7 @@ def explain(plan: Plan, node: str, graph: OpGraph | None = None) -> str:
                 else "keeps its type"
             )
             lines.append(f"  input {slot} {tensor!r} {source}, {follows}{how}")
-    return "\n".join(lines) + "\n"
+    return printable_lines(lines)
 
 
 def fp8_lines(plan: Plan, node: str) -> list[str]:
@@ -183,7 +186,7 @@ def explain_cast(plan: Plan, cast: CastRecord, graph: OpGraph | None = None) -> 
     ]
     if graph is None or cast.tensor not in graph.tensors:
         readers = ", ".join(cast.consumers) or "the graph output"
-        return "\n".join([*lines, f"  read by {readers}"]) + "\n"
+        return printable_lines([*lines, f"  read by {readers}"])
     producer = graph.tensors[cast.tensor].producer
     if producer in plan.nodes:
         lines.append(f"  {cast.tensor!r} comes from {_side(plan, producer)}")
@@ -215,7 +218,7 @@ def explain_cast(plan: Plan, cast: CastRecord, graph: OpGraph | None = None) -> 
             "  neither side can move: both are fixed by their rules (an infer or clear op "
             "beside it would show what moving the Cast past it costs)"
         )
-    return "\n".join(lines) + "\n"
+    return printable_lines(lines)
 
 
 _MOVABLE = ("infer", "clear")

@@ -261,3 +261,43 @@ def test_external_data_that_is_a_pipe_is_refused_not_waited_on(cli, tmp_path):
     (tmp_path / "data.bin").unlink(missing_ok=True)
     os.mkfifo(tmp_path / "data.bin")
     assert_user_error(cli("plan", str(tmp_path / "m.onnx")), "is not a regular file")
+
+
+def test_control_characters_from_a_model_are_escaped_in_every_text_output(cli, tmp_path):
+    """Names come from files graphamp did not make: an escape sequence in one never reaches
+    the terminal raw, a newline never forges a line ("plan matches" inside a drift, a second
+    line under a one-line error), and rich never reads ``[/]`` as its markup (that was an
+    internal error). JSON plans keep the names as they are."""
+    node = "\x1b]0;PWNED\x07\x1b[31mred\nm.onnx: plan matches base.json"
+    value = "a\x1b[2J\n[/]"
+    output = "y\x9b31m[/]"
+    nodes = [
+        onnx.helper.make_node("MatMul", ["x", "w"], [value], name="mm1"),
+        onnx.helper.make_node("Softmax", [value], ["b"], name=node),
+        onnx.helper.make_node("MatMul", ["b", "w"], [output], name="mm2"),
+    ]
+    path = tmp_path / "m.onnx"
+    weight = onnx.numpy_helper.from_array(np.full((4, 4), 0.1, np.float32), "w")
+    onnx.save(model(nodes, outputs=(output,), initializers=[weight]), str(path))
+    base = tmp_path / "base.json"
+    runs = [
+        (0, ("plan", str(path))),
+        (0, ("plan", str(path), "--format", "json", "-o", str(base))),
+        (1, ("check", str(path), "--baseline", str(base), "--deny", "Softmax")),
+        (1, ("diff", str(base), str(path), "--deny", "Softmax", "--exit-code")),
+        (0, ("explain", str(path), node)),
+        (2, ("explain", str(path), value)),  # no node: an error naming it
+        (0, ("convert", str(path), "-o", str(tmp_path / "out.onnx"))),
+        (0, ("plan", str(path), "--deny-name", "x\x1b[31m\nplan matches")),  # a warning
+        (2, ("plan", str(tmp_path / "no\x1b[31m\nplan matches.onnx"))),  # an error
+    ]
+    for status, args in runs:
+        result = cli(*args)
+        assert result.returncode == status, (args, result.stderr)
+        for text in (result.stdout, result.stderr):
+            assert not {"\x1b", "\x07", "\x9b"} & set(text), (args, text)
+            assert not any(line.startswith("m.onnx: plan matches") for line in text.splitlines())
+            assert not any(line.startswith("plan matches") for line in text.splitlines())
+        assert len(result.stderr.strip().splitlines()) <= 1, (args, result.stderr)
+    assert "\\x1b]0;PWNED\\x07\\x1b[31mred\\nm.onnx: plan matches" in cli("plan", str(path)).stdout
+    assert json.loads(base.read_text())["nodes"][node]["op"] == "Softmax"  # JSON: as it is

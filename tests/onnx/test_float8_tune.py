@@ -175,3 +175,19 @@ def test_a_real_conversion_that_misses_keeps_the_next_products_by_rank(setup, mo
     reason = result.conversion.plan.fp8[second].reason
     assert result.conversion.plan.fp8[second].rule == "fp8_tuned"
     assert "the real conversion missed the tolerance the switchable model met" in reason
+
+
+def test_the_snippets_tune_prints_quote_a_hostile_node_name():
+    """A node name is the model's: in the TOML snippet a quote or control character is
+    escaped and reads back as the same name; in the shell snippet a quote cannot end the
+    word (and run what follows when pasted)."""
+    import tomllib
+
+    from graphamp.onnx.numerics.fp8_tuning import _quoted
+    from graphamp.onnx.numerics.tuning import _toml_string
+
+    name = 'a"b\\c\nd\x1b[31m\u2028'
+    text = f"deny_names = [{_toml_string(name)}]"
+    assert text.isprintable()
+    assert tomllib.loads(text)["deny_names"] == [name]
+    assert _quoted("x'; rm -rf ~; echo '") == "'x'\"'\"'; rm -rf ~; echo '\"'\"''"

@@ -72,7 +72,13 @@ class Fp8TuneResult:
     alone: dict[str, float]  # each candidate's error alone (the ranking)
 
     def snippet(self) -> str:
-        return "--fp8-deny-names " + " ".join(f"'{glob_escape(name)}'" for name in self.kept)
+        return "--fp8-deny-names " + " ".join(_quoted(glob_escape(name)) for name in self.kept)
+
+
+def _quoted(word: str) -> str:
+    """``word`` in single quotes for a shell: a quote in a node name (from the model) must not
+    end the word and run what follows it when the snippet is pasted."""
+    return "'" + word.replace("'", "'\"'\"'") + "'"
 
 
 def tune_fp8(

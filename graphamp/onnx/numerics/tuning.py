@@ -365,5 +365,15 @@ def glob_escape(name: str) -> str:
 
 
 def _toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: a node name from the model, so a quote, a newline
+    or an escape sequence in it is escaped, never printed raw into the snippet (TOML's
+    ``\\uXXXX`` keeps the name the same when the snippet is read back)."""
     escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    if not escaped.isprintable():
+        escaped = "".join(c if c.isprintable() else _toml_escape(c) for c in escaped)
     return f'"{escaped}"'
+
+
+def _toml_escape(char: str) -> str:
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
