@@ -16,6 +16,8 @@ from graphamp.errors import GraphampError, did_you_mean
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from graphamp.cli.folder import FolderRules
+
 HELP = "fail when a model's plan drifted from its reviewed baseline"
 
 
@@ -92,18 +94,24 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     drifted = 0
     orphans: list[Path] = []
-    for model, baseline in given_entries(args):
-        rules = FolderRules(model, args) if model.is_dir() else None
+    # A config's entries are one set of models, as a folder's are: a rule is unmatched (a
+    # warning, an error with --strict) only if no model of any entry matches it.
+    entries = given_entries(args)
+    every = None if args.model else _config_rules(Path(args.config), args)
+    for model, baseline in entries:
+        rules = every or (FolderRules(model, args) if model.is_dir() else None)
         for file, plan in plan_pairs(model, baseline):
             with rules.model() if rules else nullcontext():
                 drifted += check_one(file, plan, rules.args if rules else args)
-        if rules:
+        if rules and rules is not every:
             rules.report()
         for orphan in orphan_plans(model, baseline):
             gone = f"{orphan}: a baseline plan whose model is not in {model} (gone or renamed)"
             print(printable(gone))
             orphans.append(orphan)
             drifted += 0 if args.update else 1
+    if every:
+        every.report()
     if args.update:  # every plan made: the baselines are moved into place together
         for model, baseline in entries_of(args):
             print(printable(f"{model}: baseline {baseline} written"))
@@ -111,6 +119,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
             orphan.unlink()
             print(printable(f"{orphan}: removed (its model is gone)"))
     return 1 if drifted else 0
+
+
+def _config_rules(config: Path, args: argparse.Namespace) -> FolderRules:
+    """The policy's rules over every model a config's ``[[graphamp.check]]`` entries name."""
+    from graphamp.cli.folder import FolderRules
+
+    return FolderRules(config, args, f"any model of {config}'s [[graphamp.check]] entries")
 
 
 def check_entries(config: Path) -> list[tuple[Path, Path]]:

@@ -228,10 +228,13 @@ class FolderRules:
     (a ``--deny-name`` for the decoder, in the encoder) is no mistake, so the warning (or the
     ``--strict`` error) is for a rule that matches nothing in every model. ``args`` are the
     command's flags with ``--strict`` left to :meth:`report`; each model runs in
-    :meth:`model`, which keeps its policy warnings back and shows the others as they come."""
+    :meth:`model`, which keeps its policy warnings back and shows the others as they come.
+    ``models`` says which models they are in that warning (default: the folder's); the
+    models of a policy file's ``[[graphamp.check]]`` entries are such a set too."""
 
-    def __init__(self, source: Path, args: argparse.Namespace) -> None:
+    def __init__(self, source: Path, args: argparse.Namespace, models: str = "") -> None:
         self.source = source
+        self.models = models or f"any model of {source}"
         self.strict = bool(getattr(args, "strict", False))
         self.args = argparse.Namespace(**{**vars(args), "strict": False})
         self._unmatched: dict[str, str] | None = None  # unmatched in every model so far
@@ -258,7 +261,7 @@ class FolderRules:
     def report(self) -> None:
         """Warn (or, with ``--strict``, raise) for each rule no model matched."""
         for message in (self._unmatched or {}).values():
-            text = f"{message.replace(' of the model', '')} in any model of {self.source}"
+            text = f"{message.replace(' of the model', '')} in {self.models}"
             if self.strict:
                 raise GraphampError(f"{text} (--strict)")
             warnings.warn(text, PolicyWarning, stacklevel=2)

@@ -200,3 +200,28 @@ def test_check_update_removes_the_baseline_of_a_model_gone_from_the_folder(tmp_p
     assert "b.plan.json: removed (its model is gone)" in capsys.readouterr().out
     assert main(["check", str(models), "--baseline", str(plans)]) == 0
     assert sorted(p.name for p in plans.iterdir()) == ["a.plan.json"]
+
+
+def test_a_configs_check_entries_are_one_set_of_models_for_unmatched_rules(cli, tmp_path):
+    """As in a folder, a rule that matches in one entry's model (Softmax in a.onnx) is no
+    mistake in another's (b.onnx has none): only a rule no model of any entry matches is
+    warned about once, or refused under --strict, in one line naming the config."""
+    onnx.save(chain(["MatMul", "Softmax", "MatMul"]), str(tmp_path / "a.onnx"))
+    onnx.save(chain(["MatMul", "Relu", "MatMul"]), str(tmp_path / "b.onnx"))
+    config = tmp_path / "g.toml"
+    config.write_text(
+        '[[graphamp.check]]\nmodel = "a.onnx"\nbaseline = "plans/a.json"\n'
+        '[[graphamp.check]]\nmodel = "b.onnx"\nbaseline = "plans/b.json"\n'
+    )
+    checks = ("check", "--config", str(config))
+    assert cli(*checks, "--deny", "Softmax", "--strict", "--update").returncode == 0
+    assert cli(*checks, "--deny", "Softmax", "--strict").returncode == 0
+    result = cli(*checks, "--deny", "Softmax", "--deny", "Exp")
+    assert result.returncode == 0  # Exp is in neither: no decision moved
+    warned = [line for line in result.stderr.splitlines() if "'Exp'" in line]
+    assert len(warned) == 1 and "Softmax" not in result.stderr, result.stderr
+    assert f"any model of {config}'s [[graphamp.check]] entries" in warned[0]
+    before = (tmp_path / "plans" / "a.json").read_bytes()
+    result = cli(*checks, "--deny", "Exp", "--strict", "--update")
+    assert_user_error(result, "'Exp'", str(config), "(--strict)")
+    assert (tmp_path / "plans" / "a.json").read_bytes() == before  # nothing written
