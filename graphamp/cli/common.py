@@ -243,14 +243,16 @@ def plan_of(path: str | Path, args: argparse.Namespace) -> tuple[OpGraph | None,
     from graphamp import engine
     from graphamp.dialects.registry import for_file, named_by_suffix
     from graphamp.numerics.batches import load_input_batches
-    from graphamp.plans.plan import PLAN_FORMAT, Plan, is_json_object, is_plan_file
+    from graphamp.plans.plan import PLAN_FORMAT, Plan, is_json_object, is_plan_file, looks_like_json
 
     path = Path(path)
     if is_plan_file(path):
         if getattr(args, "calibrate", None):
             raise GraphampError(f"{path}: --calibrate needs a model, not a plan file")
         return None, Plan.load(path)
-    if is_json_object(path) and named_by_suffix(path) is None:  # read as ONNX: a parse error
+    if looks_like_json(path) and named_by_suffix(path) is None:  # read as ONNX: a parse error
+        if not is_json_object(path):  # what is wrong with it as JSON, as --from-plan says it:
+            Plan.load(path)  # a BOM, nested too deeply, an array, a syntax error
         raise GraphampError(  # listing every field of ModelProto
             f'{path}: a JSON file but not a graphamp plan (no "format": "{PLAN_FORMAT}" at its '
             "start): give a model, or a plan that plan --format json or convert --plan wrote"

@@ -254,7 +254,13 @@ class Plan:
     def load(cls, path: str | Path) -> Plan:
         path = Path(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
+            if text.startswith("\ufeff"):  # JSON has none; json's own words name a codec
+                raise GraphampError(
+                    f"{path}: not a JSON plan: it starts with a UTF-8 byte order mark (BOM); "
+                    "save it without one"
+                )
+            data = json.loads(text)
         except FileNotFoundError:
             raise GraphampError(f"{path}: plan file not found") from None
         except IsADirectoryError:
@@ -277,6 +283,17 @@ def is_json_object(path: str | Path) -> bool:
             return handle.read(256).lstrip().startswith(b"{")
     except OSError:
         return False
+
+
+def looks_like_json(path: str | Path) -> bool:
+    """Whether ``path``'s first bytes open JSON (an object or an array, after a UTF-8 BOM if
+    one leads): a plan, or a damaged one, never a model (ONNX's protobuf cannot start so)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(256)
+    except OSError:
+        return False
+    return head.removeprefix(b"\xef\xbb\xbf").lstrip().startswith((b"{", b"["))
 
 
 def is_plan_file(path: str | Path) -> bool:

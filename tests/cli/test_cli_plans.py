@@ -225,3 +225,31 @@ def test_a_configs_check_entries_are_one_set_of_models_for_unmatched_rules(cli, 
     result = cli(*checks, "--deny", "Exp", "--strict", "--update")
     assert_user_error(result, "'Exp'", str(config), "(--strict)")
     assert (tmp_path / "plans" / "a.json").read_bytes() == before  # nothing written
+
+
+def test_a_damaged_json_plan_is_named_a_plan_by_every_command(cli, tmp_path):
+    """A JSON file that is no plan (nested past Python's stack, led by a BOM, an array) is
+    a plan file at fault for diff, explain and plan as for --from-plan and --baseline: one
+    line saying what is wrong with its JSON, never "not an ONNX model"."""
+    model = tmp_path / "m.onnx"
+    onnx.save(chain(["MatMul", "Softmax", "MatMul"]), str(model))
+    good = tmp_path / "good.json"
+    assert cli("plan", str(model), "--format", "json", "-o", str(good)).returncode == 0
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + good.read_bytes())
+    array = tmp_path / "array.json"
+    array.write_text("[1, 2]")
+    cases = [(deep, "nested too deeply"), (bom, "byte order mark"), (array, "not a graphamp plan")]
+    for path, fragment in cases:
+        for args in (
+            ("diff", str(path), str(good)),
+            ("explain", str(path), "x"),
+            ("plan", str(path)),
+            ("check", str(model), "--baseline", str(path)),
+            ("convert", str(model), "-o", str(tmp_path / "o.onnx"), "--from-plan", str(path)),
+        ):
+            result = cli(*args)
+            assert_user_error(result, str(path), fragment)
+            assert "ONNX" not in result.stderr
