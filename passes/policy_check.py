@@ -60,7 +60,7 @@ def unmatched_rules(context: PassContext) -> list[str]:
             if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
                 problems.append(
                     f"{key} rule ({_FLAGS[key]}) {pattern!r} matches no node"
-                    + did_you_mean(pattern.replace("*", "").replace("?", ""), names)
+                    + _hint(pattern, names)
                 )
     if policy.deny_tensors:
         tensors = sorted(graph.tensors)
@@ -104,3 +104,13 @@ _FLAGS = {
     "allow_names": "--allow-name",
     "float8 deny_names": "--fp8-deny-names",
 }
+
+
+def _hint(pattern: str, names: list[str]) -> str:
+    """What a name rule that matched nothing may mean: a node's own name that holds glob
+    characters (``blk[0]/act``: ``[0]`` is a set of one character, so it matches ``blk0/act``)
+    is matched as itself with them escaped; else the names closest to it."""
+    if pattern in names:
+        literal = "".join(f"[{c}]" if c in "*?[" else c for c in pattern)
+        return f"; it is a glob, where [ ] * ? are special: {literal!r} matches that node"
+    return did_you_mean(pattern.replace("*", "").replace("?", ""), names)

@@ -205,10 +205,13 @@ _show_python_warning = warnings.showwarning
 
 class _PrintableFormatter(logging.Formatter):
     """Log lines :func:`printable`: the names in them come from the model (a traceback under
-    -v, added after, keeps its lines)."""
+    -v, added after, keeps its lines). A warning says so, as graphamp's warnings do."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return printable(super().formatMessage(record))
+        line = printable(super().formatMessage(record))
+        if record.levelno >= logging.WARNING:
+            line = line.replace("graphamp: ", "graphamp: warning: ", 1)
+        return line
 
 
 if __name__ == "__main__":

@@ -86,7 +86,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     given = policy_flags_given(args) + (["--strict"] if args.strict else [])
     if old_graph is None and new_graph is None and given:
         print(
-            f"graphamp: warning: {', '.join(given)} change nothing here: A and B are plan files, "
+            f"graphamp: warning: {', '.join(given)} change{'s' if len(given) == 1 else ''} "
+            "nothing here: A and B are plan files, "
             "whose decisions are made; the policy flags apply to models",
             file=sys.stderr,
         )

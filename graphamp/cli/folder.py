@@ -302,7 +302,8 @@ def _print_table(
     copied = ", ".join(shown(path) for path in folder.others[:6])
     more = f" and {len(folder.others) - 6} more" if len(folder.others) > 6 else ""
     if folder.others:
-        console.print(f"copied {len(folder.others)} other files: {copied}{more}")
+        files = "file" if len(folder.others) == 1 else "files"
+        console.print(f"copied {len(folder.others)} other {files}: {copied}{more}")
     if folder.skipped:
         left = ", ".join(shown(path) for path in folder.skipped)
         why = "hidden, a link to a folder or to nothing, or no regular file"

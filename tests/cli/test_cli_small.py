@@ -83,7 +83,7 @@ def test_policy_flags_on_a_diff_of_two_plan_files_are_warned_about(cli, small, t
     for plan in plans:
         assert main(["plan", str(small), "--format", "json", "-o", str(plan)]) == 0
     status, _, err = cli("diff", *map(str, plans), "--deny", "Relu")
-    assert status == 0 and "--deny change nothing here: A and B are plan files" in err
+    assert status == 0 and "--deny changes nothing here: A and B are plan files" in err
     _, _, err = cli("diff", str(small), str(plans[0]), "--deny", "Relu")
     assert "change nothing" not in err  # a model is planned under them
 
@@ -160,3 +160,50 @@ def test_a_json_file_that_is_no_plan_is_named_so_in_one_line(cli, small, tmp_pat
     status, _, err = cli("diff", str(small), str(other))
     assert status == 2 and len(err.strip().splitlines()) == 1, err
     assert f"{other}: a JSON file but not a graphamp plan" in err
+
+
+def test_small_messages_say_what_is_meant(cli, tmp_path):
+    """A logged warning says "warning:"; a name rule that is a node's own name holding glob
+    characters says how to match it; a Git LFS pointer is named as one; one file copied is
+    "1 other file"."""
+    from onnx import TensorProto, helper
+
+    rec = helper.make_function(
+        "local",
+        "Rec",
+        ["x"],
+        ["y"],
+        [helper.make_node("Rec", ["x"], ["y"], domain="local")],
+        [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Rec", ["x"], ["y"], name="call", domain="local")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    proto = helper.make_model(graph, opset_imports=opsets, functions=[rec])
+    proto.ir_version = 10
+    onnx.save(proto, str(tmp_path / "rec.onnx"))
+    logged = cli("plan", str(tmp_path / "rec.onnx")).stderr.splitlines()
+    assert all(line.startswith(("graphamp: warning: ", "graphamp: error: ")) for line in logged)
+
+    bracket = chain(["MatMul", "Softmax", "MatMul"])
+    bracket.graph.node[1].name = "blk[0]/act"
+    onnx.save(bracket, str(tmp_path / "br.onnx"))
+    result = cli("plan", str(tmp_path / "br.onnx"), "--deny-name", "blk[0]/act", "--strict")
+    assert result.returncode == 2 and "'blk[[]0]/act' matches that node" in result.stderr
+    assert cli("plan", str(tmp_path / "br.onnx"), "--deny-name", "blk[[]0]/act").stderr == ""
+
+    lfs = tmp_path / "lfs.onnx"
+    lfs.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 12345\n")
+    result = cli("plan", str(lfs))
+    assert result.returncode == 2 and "Git LFS pointer" in result.stderr, result.stderr
+
+    folder = tmp_path / "D"
+    folder.mkdir()
+    onnx.save(chain(["MatMul"]), str(folder / "m.onnx"))
+    (folder / "README.md").write_text("hello")
+    result = cli("convert", str(folder), "-o", str(tmp_path / "DO"))
+    assert "copied 1 other file: README.md" in result.stdout

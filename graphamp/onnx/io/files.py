@@ -133,11 +133,26 @@ def _parse(path: Path) -> onnx.ModelProto:
     try:
         return onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises several unrelated types for bad bytes
+        if _is_lfs_pointer(path):
+            raise GraphampError(
+                f"{path}: a Git LFS pointer, not the model it stands for: fetch the model "
+                "(git lfs pull; in CI, check out with LFS files)"
+            ) from None
         first = (str(exc).strip().splitlines() or [""])[0]  # protobuf lists every field next
         raise GraphampError(
             f"{path}: not an ONNX model, or a truncated or damaged one "
             f"({type(exc).__name__}: {first})"
         ) from None
+
+
+def _is_lfs_pointer(path: Path) -> bool:
+    """Whether ``path`` holds a Git LFS pointer (a small text file that a clone without LFS
+    checks out in place of the model)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(64).startswith(b"version https://git-lfs.github.com/spec/")
+    except OSError:
+        return False
 
 
 def read_proto(
