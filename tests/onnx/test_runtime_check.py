@@ -3,10 +3,13 @@ provider without a kernel for the low type is a warning, not a refusal."""
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 import graphamp.onnx.dialect.writer as writer
 from graphamp.cli import main
+from graphamp.onnx.dialect import schemas
 from tests.helpers import chain
 
 
@@ -37,3 +40,43 @@ def test_bfloat16_without_a_cpu_kernel_is_a_warning(tmp_path, capsys):
     assert main(["convert", str(source), "-o", str(out), "--dtype", "bfloat16"]) == 0
     assert "CPU provider has no kernel" in capsys.readouterr().err
     assert out.exists()
+
+
+def _quantised_between_matmuls(opset: int) -> onnx.ModelProto:
+    """MatMul -> QuantizeLinear -> DequantizeLinear -> MatMul, int8, at ``opset``."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32) * 0.2, name)
+        for name in ("w1", "w2")
+    ]
+    scale = numpy_helper.from_array(np.array(0.05, np.float32), "scale")
+    zero = helper.make_tensor("zero", TensorProto.INT8, [], [0])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+        helper.make_node("QuantizeLinear", ["a", "scale", "zero"], ["aq"], name="q"),
+        helper.make_node("DequantizeLinear", ["aq", "scale", "zero"], ["adq"], name="dq"),
+        helper.make_node("MatMul", ["adq", "w2"], ["y"], name="mm2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16])],
+        [*weights, scale, zero],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def test_verify_runs_the_model_as_written_not_only_its_emulation(tmp_path, monkeypatch, capsys):
+    """--verify on a CPU compares the converted model's float32 emulation; a kernel that
+    refuses the written types at run time (after the model loaded) must still fail it. The
+    fixture is a real past bug: opset-23 QuantizeLinear fed float16 beside a float32 scale."""
+    source, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(_quantised_between_matmuls(23), str(source))
+    assert main(["convert", str(source), "-o", str(out), "--verify"]) == 0
+    monkeypatch.setattr(schemas, "runtime_bound", lambda found, *rest: found)  # the old reading
+    schemas.schema.cache_clear()
+    capsys.readouterr()
+    assert main(["convert", str(source), "-o", str(out), "--verify"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fails to run it" in err[0] and "QuantizeLinear" in err[0], err

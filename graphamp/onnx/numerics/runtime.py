@@ -160,9 +160,11 @@ def runner(model: onnx.ModelProto, provider: str = "cpu") -> tuple[Evaluate, str
     onnxruntime cannot run, if it is small enough.
     """
     emulation = ""
+    as_written: onnx.ModelProto | None = None
     if provider == "cpu":
         types, untyped = emulation_types(model)
         if has_low_values(model, types):
+            as_written = model
             names = sorted({LOW_CODES[c] for c in types.values() if c in LOW_CODES})
             emulation = f", {'/'.join(names)} rounding emulated"
             if untyped:
@@ -218,16 +220,47 @@ def runner(model: onnx.ModelProto, provider: str = "cpu") -> tuple[Evaluate, str
     if provider == "cuda" and used != "cuda":
         raise GraphampError(_no_cuda(f"no GPU, or no CUDA libraries; it would run on {used}"))
 
+    unchecked = [as_written] if as_written is not None else []
+
     def evaluate(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         typed = _typed_feeds(model, feeds)
         try:
             outputs = session.run(names, typed)
         except Exception as exc:  # onnxruntime's own error types: the inputs do not suit it
             raise RunFailure(f"onnxruntime: {run_message(exc)}") from None
+        if unchecked:  # once: the kernels of the model as written, on the first feeds
+            _run_as_written(unchecked.pop(), feeds)
         return dict(zip(names, outputs, strict=True))
 
     tf32 = ", use_tf32=0" if used == "cuda" else ""
     return evaluate, f"onnxruntime {used}{emulation}{tf32}"
+
+
+def _run_as_written(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> None:
+    """Run ``model`` once as it is written, on the CPU provider: its emulation (what the
+    verification compares) runs every op in float32, so a node whose kernel refuses its
+    low-precision types at run time, which no checker and no load sees (a float16 value
+    beside a float32 scale), would pass unseen. RunFailure where it fails; nothing where the
+    provider has no kernel for part of it (the runtime check says so) or the model is over
+    the runtime check's size."""
+    if model.ByteSize() > RUNTIME_CHECK_MAX_BYTES:
+        return
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    if holds_float8(model):
+        options.add_session_config_entry(QDQ_SWITCH, "1")
+    try:
+        session = ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+    except Exception:  # a kernel missing on the CPU, or what the emulation's session met
+        return
+    try:
+        session.run(None, _typed_feeds(model, feeds))
+    except Exception as exc:  # onnxruntime's own error types
+        raise RunFailure(
+            f"onnxruntime loads the model as written but fails to run it: {run_message(exc)}"
+        ) from None
 
 
 def check_provider(provider: str) -> None:
