@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from graphamp import __version__
 from graphamp.cli import check, convert, debug, demo, diff, explain, lists, plan, tune
-from graphamp.cli.parser import Parser, resolve_format
+from graphamp.cli.parser import Parser, refuse_a_report_named_as_a_model, resolve_format
 from graphamp.core.text import printable
 from graphamp.errors import (
     DataWarning,
@@ -175,6 +175,7 @@ def _run(module: ModuleType, args: argparse.Namespace, console: Console) -> int:
 
     files = module.files(args) if hasattr(module, "files") else Files()
     files.check()
+    refuse_a_report_named_as_a_model(args)  # (after: a clobbered input's error is the better)
     with Outputs(files.writes) as outputs:
         args.outputs = outputs
         status = module.run(args, console)

@@ -93,13 +93,31 @@ def resolve_format(args: argparse.Namespace) -> None:
     """Set a left-out ``--format`` from ``-o``'s suffix; a suffix naming a format the command
     does not write is one error, not a file of another format under that name."""
     choices = getattr(args, "format_choices", None)
-    if choices is None or args.format is not None:
+    if choices is None:
         return
     output = getattr(args, "output", None)
     named = report_format(output) if output else "text"
+    if args.format is not None:
+        return
     if named not in choices:
         raise GraphampError(
             f"-o {output}: {args.command} writes {', '.join(choices)}, not {named}: pass "
             "--format or name the file otherwise"
         )
     args.format = named
+
+
+def refuse_a_report_named_as_a_model(args: argparse.Namespace) -> None:
+    """A report (a command with ``--format``) is never written under a model file's name:
+    ``plan m.onnx -o m.fp16.onnx`` meant convert, and would replace a model by a table."""
+    output = getattr(args, "output", None)
+    if getattr(args, "format_choices", None) is None or not output:
+        return
+    from graphamp.dialects.registry import named_by_suffix
+
+    model = named_by_suffix(output)
+    if model is not None:
+        raise GraphampError(
+            f"-o {output}: {args.command} writes a report, and {model[1]} names a model file: "
+            "name it .txt, .json or .html (to write a converted model: graphamp convert)"
+        )

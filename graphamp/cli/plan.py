@@ -36,7 +36,9 @@ def add_parser(commands: argparse._SubParsersAction, epilog: str) -> None:
         "-o",
         "--output",
         metavar="FILE",
-        help="write to FILE instead of stdout (for a folder MODEL, a folder, made if missing)",
+        help="write to FILE instead of stdout: its name's suffix chooses the format (.json, "
+        ".html, else text; a model's suffix such as .onnx is refused); for a folder MODEL, a "
+        "folder, made if missing",
     )
     add_policy_arguments(parser)
     add_calibrate_argument(parser)

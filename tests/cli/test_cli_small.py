@@ -207,3 +207,17 @@ def test_small_messages_say_what_is_meant(cli, tmp_path):
     (folder / "README.md").write_text("hello")
     result = cli("convert", str(folder), "-o", str(tmp_path / "DO"))
     assert "copied 1 other file: README.md" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("arguments", "says"),
+    [
+        (["-o", "out.fp16.onnx"], ".onnx names a model file"),  # meant convert
+        (["-o", "out.pt2"], ".pt2 names a model file"),
+    ],
+)
+def test_plan_never_writes_a_report_under_another_files_name(cli, small, tmp_path, arguments, says):
+    arguments = [str(tmp_path / a) if a.startswith("out.") else a for a in arguments]
+    status, _, err = cli("plan", str(small), *arguments)
+    assert status == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert not any(p.name.startswith("out.") for p in tmp_path.iterdir())
