@@ -899,3 +899,39 @@ def test_a_loss_no_parameter_reaches_is_one_line():
     step = train_step(model, nn.functional.mse_loss, optimizer, dtype="bfloat16")
     with pytest.raises(GraphampError, match="no gradient path to any parameter the optimizer"):
         step(torch.randn(4, 8), torch.randn(4, 4))
+
+
+class ReachedBySize(nn.Module):
+    """A layer applied only to sequences longer than 4: which parameters the loss reaches
+    depends on the batch's shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.long_only = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(x)
+        return hidden + self.long_only(hidden) if x.shape[1] > 4 else hidden
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "message"),
+    [
+        (4, 8, r"reaches 'long_only\.weight', 'long_only\.bias', which the first batch's loss"),
+        (8, 4, r"does not reach 'long_only\.weight', 'long_only\.bias', which the first"),
+    ],
+)
+def test_a_batch_reaching_other_parameters_than_the_first_is_refused(first, then, message):
+    """The step trains the parameters the first batch signature's loss reaches; a later
+    signature reaching others would leave one untrained (or step one with a zero gradient)
+    where torch.optim steps those each batch reaches: refused in one line, the step unchanged."""
+    model = ReachedBySize()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    step = train_step(model, nn.functional.mse_loss, optimizer, dtype="bfloat16")
+    step(torch.randn(2, first, 8), torch.randn(2, first, 8))
+    with pytest.raises(GraphampError, match=message):
+        step(torch.randn(2, then, 8), torch.randn(2, then, 8))
+    step(torch.randn(2, first, 8), torch.randn(2, first, 8))  # the first signature still runs
+    step(torch.randn(3, first, 8), torch.randn(3, first, 8))  # another reaching the same
+

@@ -138,8 +138,8 @@ class ShardedTrainStep(TrainStep):
             **self._fake_wholes(mode),
             **{n: mode.from_tensor(b) for n, b in self.buffers.items()},
         }
-        names = [name for group in self.groups for name in group.names]
         fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in batch]
+        names = self._candidates
         return differentiate.unreached(self.forward, self._loss, tensors, names, fakes, faked=True)
 
     def _fake_wholes(self, mode: FakeTensorMode) -> dict[str, torch.Tensor]:

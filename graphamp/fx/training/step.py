@@ -108,6 +108,9 @@ class TrainStep:
         missing = [n for group in self.groups for n in group.names if n not in self.params]
         if missing:
             raise GraphampError(f"parameter {missing[0]!r} is not in the captured module")
+        # The candidates: every parameter the optimizer would step; each batch signature is
+        # probed for the ones its loss reaches, which must be the first signature's.
+        self._candidates = [name for group in self.groups for name in group.names]
         self.groups = optim.without(self.groups, self._without_gradient(batch))
         self.trainable = [name for group in self.groups for name in group.names]
         if not self.trainable:
@@ -141,11 +144,33 @@ class TrainStep:
         """The optimizer's parameters the loss has no gradient path from (read through a
         ``detach`` or a comparison only, or not at all: an unused pooler, a frozen backbone
         left in the optimizer). torch.optim skips a parameter whose ``.grad`` is None, so
-        these get no update, no weight decay and no state, here as there. Found once, by
-        tracing autograd: nothing is computed."""
-        names = [name for group in self.groups for name in group.names]
+        these get no update, no weight decay and no state, here as there. Found for each
+        batch signature, by tracing autograd: nothing is computed."""
         tensors = {**self.params, **self.buffers}
+        names = self._candidates
         return differentiate.unreached(self.forward, self._loss, tensors, names, list(batch))
+
+    def _check_reached(self, batch: Sequence[torch.Tensor]) -> None:
+        """Refuse a batch signature whose loss reaches other parameters than the first
+        signature's (a branch on a size): the step trains the first one's, and would leave a
+        parameter this batch reaches untrained, or step one it does not reach with a zero
+        gradient, where torch.optim steps exactly the parameters each batch reaches."""
+        unreached = self._without_gradient(batch)
+        reached = [name for name in self._candidates if name not in unreached]
+        if reached == self.trainable:
+            return
+        gained = [name for name in reached if name not in self.trainable]
+        lost = [name for name in self.trainable if name in unreached]
+        parts = []
+        if gained:
+            parts.append(f"reaches {_names(gained)}, which the first batch's loss did not")
+        if lost:
+            parts.append(f"does not reach {_names(lost)}, which the first batch's loss did")
+        raise GraphampError(
+            f"the loss on this batch {' and '.join(parts)}; the step trains the parameters the "
+            "first batch reached, where torch.optim steps those each batch reaches: pad "
+            "batches to the first batch's shape, or build a train_step per kind of batch"
+        )
 
     def _capture_graphs(self, batch: Sequence[torch.Tensor]) -> StepGraphs:
         """The step graphs for ``batch``'s signature, traced through ``self.forward``."""
@@ -214,6 +239,7 @@ class TrainStep:
                     self._build(batch)
                     return True
                 self.forward = self._converted(batch)[0]  # only captures read it
+                self._check_reached(batch)
                 graphs = self._capture_graphs(batch)
             if self._compile_options is not None:
                 graphs = signatures.compiled(graphs, self._compile_options, self.write_back)
@@ -511,6 +537,12 @@ class TrainStep:
                     raise GraphampError(f"parameter {name!r} has no counterpart in the model")
                 if not _same_memory(own[name], value):  # the model's own already: trained
                     own[name].copy_(value)
+
+
+def _names(names: Sequence[str], shown: int = 3) -> str:
+    """A few parameter names, and how many more."""
+    listed = ", ".join(repr(name) for name in names[:shown])
+    return listed + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
