@@ -935,3 +935,48 @@ def test_a_batch_reaching_other_parameters_than_the_first_is_refused(first, then
     step(torch.randn(2, first, 8), torch.randn(2, first, 8))  # the first signature still runs
     step(torch.randn(3, first, 8), torch.randn(3, first, 8))  # another reaching the same
 
+
+class WithNoGradTeacher(nn.Module):
+    """A teacher computed under ``torch.no_grad()`` (its parameters left in the optimizer)
+    and a student the loss trains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.student, self.teacher = nn.Linear(16, 8), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            target = self.teacher(x)
+        return self.student(x) - target
+
+
+@pytest.mark.filterwarnings("ignore::graphamp.BodyWarning", "ignore::graphamp.PolicyWarning")
+@pytest.mark.parametrize("kind", ["SGD", "AdamW"])
+def test_a_forward_with_a_no_grad_block_trains_as_torch_optim(kind):
+    """A ``no_grad`` block is a higher-order op in the captured forward; it needs no symbolic
+    shapes, whose trace Adam's eager passes could not read (``unhashable type: non-nested
+    SymInt``). The teacher gets no gradient, so it is left as torch.optim leaves it."""
+    make = {
+        "SGD": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.1),
+        "AdamW": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
+    }[kind]
+    model, reference = WithNoGradTeacher(), WithNoGradTeacher()
+    optimizer, reference_optimizer = make(model.parameters()), make(reference.parameters())
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    step = train_step(model, lambda out, y: (out.float() ** 2).mean(), optimizer, dtype="bfloat16")
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        step(x, torch.zeros(4, 8))
+        reference_optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            (reference(x).float() ** 2).mean().backward()
+        reference_optimizer.step()
+    step.copy_to()
+    for name in ("teacher.weight", "teacher.bias"):
+        assert torch.equal(model.get_parameter(name), start[name]), name
+        assert model.get_parameter(name) not in optimizer.state, name
+    for name in ("student.weight", "student.bias"):
+        ours, theirs = model.get_parameter(name), reference.get_parameter(name)
+        moved = (theirs - start[name]).abs().max()
+        assert (ours - theirs).abs().max() <= 0.1 * moved, name

@@ -28,6 +28,8 @@ from graphamp.fx.dialect import hops
 from graphamp.fx.dialect.ops import library_of
 
 Gradients = Callable[..., tuple[dict[str, torch.Tensor], Any]]
+# ``with torch.no_grad():`` in a forward torch.export captured: its body runs without grad
+_GRAD_MODE = torch.ops.higher_order.wrap_with_set_grad_enabled
 
 
 def higher_order_ops(module: fx.GraphModule) -> list[str]:
@@ -55,12 +57,14 @@ def through_autograd(module: fx.GraphModule) -> bool:
 
 def tracing_mode(module: fx.GraphModule) -> Literal["fake", "symbolic"]:
     """``make_fx``'s tracing mode for a step through ``module``: on fake tensors, as for any
-    step, unless it calls a higher-order op other than cond and map (see the module
-    docstring; a scan, kept whole, also needs symbolic shapes to be traced). Neither runs a
-    kernel: a trace on real tensors would compute a whole step of its own, holding its
-    forward's values until its backward beside copies of the state, so the first call would
-    need more memory than every later one."""
-    plain = {str(hops.COND), str(hops.MAP)}
+    step, unless it calls a higher-order op other than cond, map and a ``no_grad`` block
+    (``wrap_with_set_grad_enabled``: a teacher or target computed without gradient; see the
+    module docstring; a scan, kept whole, also needs symbolic shapes to be traced, and an
+    eager step's passes read shapes as numbers). Neither runs a kernel: a trace on real
+    tensors would compute a whole step of its own, holding its forward's values until its
+    backward beside copies of the state, so the first call would need more memory than
+    every later one."""
+    plain = {str(hops.COND), str(hops.MAP), str(_GRAD_MODE)}
     return "symbolic" if set(higher_order_ops(module)) - plain else "fake"
 
 
