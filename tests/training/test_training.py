@@ -980,3 +980,49 @@ def test_a_forward_with_a_no_grad_block_trains_as_torch_optim(kind):
         ours, theirs = model.get_parameter(name), reference.get_parameter(name)
         moved = (theirs - start[name]).abs().max()
         assert (ours - theirs).abs().max() <= 0.1 * moved, name
+
+
+def test_a_parameter_the_loss_fn_reads_itself_is_one_line_not_left_untrained():
+    """A learnable temperature kept on the model and read by loss_fn, not forward: eager
+    autograd trains it; the step differentiates through forward only, so it is refused."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Linear(8, 4)
+            self.log_temperature = nn.Parameter(torch.zeros(()))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x)
+
+    model = Net()
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(output / model.log_temperature.exp(), target)
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    step = train_step(model, loss_fn, optimizer, dtype="bfloat16")
+    with pytest.raises(GraphampError, match="loss_fn reads the model's parameter 'log_temp"):
+        step(torch.randn(4, 8), torch.randn(4, 4))
+    # read without gradient (a detached value) it is only an input: nothing to train
+    model.log_temperature.requires_grad_(False)
+    optimizer = torch.optim.AdamW([model.body.weight, model.body.bias], lr=1e-2)
+    train_step(model, loss_fn, optimizer, dtype="bfloat16")(torch.randn(4, 8), torch.randn(4, 4))
+
+
+def test_a_forward_with_value_dependent_shapes_says_what_to_write_instead():
+    class Routed(nn.Module):  # tokens routed by a value test: the selection's size is the data's
+        def __init__(self) -> None:
+            super().__init__()
+            self.expert = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            picked = torch.where(x[:, 0] > 0)[0]
+            return x.index_add(0, picked, self.expert(x[picked]))
+
+    model = Routed()
+    step = train_step(
+        model, nn.functional.mse_loss, torch.optim.SGD(model.parameters(), lr=0.1), dtype="bfloat16"
+    )
+    with pytest.raises(GraphampError, match=r"depends on the values.*fixed shapes"):
+        step(torch.randn(6, 8), torch.randn(6, 8))

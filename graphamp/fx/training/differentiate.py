@@ -97,13 +97,17 @@ def unreached(
     names: list[str],
     batch: list[Any],
     faked: bool = False,
+    outside: dict[int, str] | None = None,
 ) -> frozenset[str]:
     """The ``names`` among ``tensors`` that ``loss(tensors, batch)`` (a forward through
     ``module``) has no gradient path from: those whose gradient autograd leaves None, where
     ``torch.func.grad`` and the step's gradients make it zeros, which an optimizer applies.
     Found by tracing autograd as a step is traced, so nothing is computed; ``faked``: the
-    arguments are fake tensors of one mode already."""
+    arguments are fake tensors of one mode already. ``outside``: the model's own trainable
+    parameters by ``id``, which the loss must not read itself (one GraphampError naming them:
+    the step differentiates through ``tensors`` only, so it would never train them)."""
     found: list[str] = []
+    read: list[str] = []
 
     def probe(*args: Any) -> list[torch.Tensor]:
         given = dict(zip(tensors, args[: len(tensors)], strict=True))
@@ -113,12 +117,37 @@ def unreached(
             if not value.requires_grad:
                 found.extend(names)
                 return [value]
+            read.extend(_leaves_read(value, outside or {}))
             grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
         found.extend(name for name, g in zip(leaves, grads, strict=True) if g is None)
         return [value.detach()]
 
     _traced(module, probe, [*tensors.values(), *batch], faked)
+    if read:
+        raise GraphampError(
+            f"loss_fn reads the model's parameter {', '.join(map(repr, read[:3]))} itself, not "
+            "through the model's forward: the step differentiates the loss through forward's "
+            "parameters only and would never train it (eager autograd does): compute it in "
+            "forward, or leave it out of the optimizer"
+        )
     return frozenset(found)
+
+
+def _leaves_read(value: torch.Tensor, known: dict[int, str]) -> list[str]:
+    """The names of the ``known`` leaf tensors ``value``'s autograd graph accumulates into."""
+    names: list[str] = []
+    seen: set[int] = set()
+    stack = [value.grad_fn]
+    while stack:
+        function = stack.pop()
+        if function is None or id(function) in seen:
+            continue
+        seen.add(id(function))
+        variable = getattr(function, "variable", None)  # an AccumulateGrad: a leaf
+        if variable is not None and id(variable) in known:
+            names.append(known[id(variable)])
+        stack.extend(following for following, _ in function.next_functions)
+    return sorted(names)
 
 
 def functionalize(module: fx.GraphModule, fn: Callable[..., Any]) -> Callable[..., Any]:

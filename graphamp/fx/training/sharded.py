@@ -140,7 +140,9 @@ class ShardedTrainStep(TrainStep):
         }
         fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in batch]
         names = self._candidates
-        return differentiate.unreached(self.forward, self._loss, tensors, names, fakes, faked=True)
+        return differentiate.unreached(
+            self.forward, self._loss, tensors, names, fakes, faked=True, outside=self._outside()
+        )
 
     def _fake_wholes(self, mode: FakeTensorMode) -> dict[str, torch.Tensor]:
         """The whole parameters as fake tensors of ``mode``: no rank allocates them."""

@@ -168,6 +168,12 @@ def capturing(signature: BatchSignature, first: bool) -> Iterator[None]:
         lines = str(error).strip().splitlines() or [""]
         own = isinstance(error, GraphampError)
         cause = lines[0] if own else f"{type(error).__name__}: {lines[0]}"
+        if type(error).__name__ == "DynamicOutputShapeException":
+            cause += (
+                " (an op whose output's shape depends on the values, such as boolean indexing"
+                " or one-argument torch.where routing tokens to experts: the step is one static"
+                " graph, so write it with fixed shapes, a mask multiplied in or a fixed capacity)"
+            )
         raise GraphampError(
             f"step(*batch): capturing the step on a batch of {describe(signature)} failed: {cause}"
         ) from error

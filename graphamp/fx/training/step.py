@@ -148,7 +148,16 @@ class TrainStep:
         batch signature, by tracing autograd: nothing is computed."""
         tensors = {**self.params, **self.buffers}
         names = self._candidates
-        return differentiate.unreached(self.forward, self._loss, tensors, names, list(batch))
+        outside = self._outside()
+        return differentiate.unreached(
+            self.forward, self._loss, tensors, names, list(batch), outside=outside
+        )
+
+    def _outside(self) -> dict[int, str]:
+        """The model's own parameters the optimizer steps, by ``id``: the loss must reach them
+        through the forward pass, not read them itself (:func:`differentiate.unreached`)."""
+        candidates = set(self._candidates)
+        return {id(p): n for n, p in self.model.named_parameters() if n in candidates}
 
     def _check_reached(self, batch: Sequence[torch.Tensor]) -> None:
         """Refuse a batch signature whose loss reaches other parameters than the first
