@@ -21,6 +21,7 @@ back (:func:`without_addcdiv`): inductor fuses them itself.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeGuard
 
 import torch
@@ -125,7 +126,8 @@ def _adam_descent(
 
 def _float32_cpu_layout(node: fx.Node) -> tuple | None:
     """The shape and strides of ``node``'s value when it is a float32 CPU tensor with a
-    dimension, else ``None``."""
+    dimension, else ``None``. A symbolic size (a step traced with symbolic shapes: a
+    while_loop's) is compared by its expression: a SymInt is not hashable."""
     value = node.meta.get("val")
     if not (
         isinstance(value, torch.Tensor)
@@ -134,7 +136,12 @@ def _float32_cpu_layout(node: fx.Node) -> tuple | None:
         and value.ndim > 0
     ):
         return None
-    return tuple(value.shape), value.stride()
+    return _dims(value.shape), _dims(value.stride())
+
+
+def _dims(sizes: Sequence[object]) -> tuple[object, ...]:
+    """``sizes`` hashable: a number as it is, a symbolic size as its expression."""
+    return tuple(size if isinstance(size, int) else str(size) for size in sizes)
 
 
 def _only_reader(value: object, reader: fx.Node, target: object) -> TypeGuard[fx.Node]:
