@@ -66,38 +66,49 @@ def float32_attribute_note(op_type: str, domain: str, attribute: Callable[[str],
 
 
 # Slots a runtime binds to another slot's type though the schema gives each its own type
-# variable, from opset 23: QuantizeLinear's y_scale (T2) and x (T1), whose onnxruntime kernels
+# variable. From opset 23: QuantizeLinear's y_scale (T2) and x (T1), whose onnxruntime kernels
 # read a float scale in x's type (a float16 x beside a float32 scale loads, then fails on its
 # first run); DequantizeLinear's y (T3) and x_scale (T2), "the same as x_scale's" type when no
-# output_dtype is set. op -> ((kind, slot) bound, (kind, slot) it is bound to).
-RUNTIME_BOUND: dict[str, tuple[tuple[str, int], tuple[str, int]]] = {
-    "QuantizeLinear": (("input", 1), ("input", 0)),
-    "DequantizeLinear": (("output", 0), ("input", 1)),
+# output_dtype is set. And onnxruntime's GroupQueryAttention, whose present_key/present_value
+# (T_CACHE, a type of their own for a quantised cache) it types after past_key/past_value, and
+# after the query when no past is given (a prompt-only model): a float16 query beside float32
+# present outputs is refused on load. (domain, op) -> rules ((kind, slot) bound, (kind, slot)
+# it is bound to, an input slot that must be absent for the rule to hold, or None).
+Slot = tuple[str, int]
+RUNTIME_BOUND: dict[tuple[str, str], tuple[tuple[Slot, Slot, int | None], ...]] = {
+    ("", "QuantizeLinear"): ((("input", 1), ("input", 0), None),),
+    ("", "DequantizeLinear"): ((("output", 0), ("input", 1), None),),
+    ("com.microsoft", "GroupQueryAttention"): (
+        (("output", 1), ("input", 0), 3),
+        (("output", 2), ("input", 0), 4),
+    ),
 }
 
 
 def runtime_bound(
     found: Schema, op: str, domain: str, input_types: tuple[str, ...], output_types: tuple[str, ...]
 ) -> Schema:
-    """``found`` with a slot of :data:`RUNTIME_BOUND` given its partner's type variable, where
-    the node holds one float type in both (a float8e8m0 scale, or an ``output_dtype`` that
-    fixes another type, keeps the schema's own reading)."""
-    rule = RUNTIME_BOUND.get(op) if domain in ("", "ai.onnx") else None
-    if rule is None:
-        return found
-    (kind, slot), (to_kind, to_slot) = rule
+    """``found`` with each slot of :data:`RUNTIME_BOUND` given its partner's type variable,
+    where the node holds one float type in both (a float8e8m0 scale, an ``output_dtype`` that
+    fixes another type, or a given past cache keeps the schema's own reading)."""
+    rules = RUNTIME_BOUND.get(("" if domain == "ai.onnx" else domain, op), ())
     types = {"input": input_types, "output": output_types}
-    params = {"input": found.input_param, "output": found.output_param}
-    dtype = types[kind][slot] if slot < len(types[kind]) else ""
-    partner = types[to_kind][to_slot] if to_slot < len(types[to_kind]) else ""
-    own, to = params[kind](slot), params[to_kind](to_slot)
-    if own == to or to is None or dtype not in FLOAT_TYPES or dtype != partner:
-        return found
-    formal = found.inputs if kind == "input" else found.outputs
-    rebound = tuple((to, f[1]) if i == slot else f for i, f in enumerate(formal))
-    if kind == "input":
-        return dataclasses.replace(found, inputs=rebound)
-    return dataclasses.replace(found, outputs=rebound)
+    for (kind, slot), (to_kind, to_slot), absent in rules:
+        if absent is not None and absent < len(input_types) and input_types[absent]:
+            continue
+        params = {"input": found.input_param, "output": found.output_param}
+        dtype = types[kind][slot] if slot < len(types[kind]) else ""
+        partner = types[to_kind][to_slot] if to_slot < len(types[to_kind]) else ""
+        own, to = params[kind](slot), params[to_kind](to_slot)
+        if own == to or to is None or dtype not in FLOAT_TYPES or dtype != partner:
+            continue
+        formal = found.inputs if kind == "input" else found.outputs
+        rebound = tuple((to, f[1]) if i == slot else f for i, f in enumerate(formal))
+        if kind == "input":
+            found = dataclasses.replace(found, inputs=rebound)
+        else:
+            found = dataclasses.replace(found, outputs=rebound)
+    return found
 
 
 # Low types an op's schema admits before onnxruntime can load the op in them: with no kernel
