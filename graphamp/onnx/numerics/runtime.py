@@ -53,16 +53,31 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
     return specs
 
 
+# Ops between a stored table and the Gather reading it that keep its shape: a quantised model's
+# DequantizeLinear (onnxruntime's quantize_static stores the embeddings as int8/uint16 there).
+_SHAPE_KEEPING = ("DequantizeLinear", "Cast", "Identity")
+
+
 def _gather_bounds(model: onnx.ModelProto) -> dict[str, int]:
-    """For inputs used as Gather indices into a stored table: the table's size on that axis,
-    so random token ids stay inside the embedding."""
+    """For inputs used as Gather indices into a stored table (or a stored table through a
+    DequantizeLinear, Cast or Identity): the table's size on that axis, so random token ids
+    stay inside the embedding."""
     shapes = {init.name: list(init.dims) for init in model.graph.initializer}
+    producers = {out: node for node in model.graph.node for out in node.output if out}
     bounds: dict[str, int] = {}
     for node in model.graph.node:
-        if node.op_type != "Gather" or len(node.input) < 2 or node.input[0] not in shapes:
+        if node.op_type != "Gather" or len(node.input) < 2:
+            continue
+        table, seen = node.input[0], 0
+        while table not in shapes and table in producers and seen < 4:
+            producer = producers[table]
+            if producer.op_type not in _SHAPE_KEEPING or producer.domain not in ("", "ai.onnx"):
+                break
+            table, seen = producer.input[0], seen + 1
+        if table not in shapes:
             continue
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        size = shapes[node.input[0]][axis]
+        size = shapes[table][axis]
         bounds[node.input[1]] = min(size, bounds.get(node.input[1], size))
     return bounds
 
