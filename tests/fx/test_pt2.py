@@ -289,6 +289,11 @@ def test_a_damaged_pt2_archive_is_one_line_naming_the_file_and_member(cli, tiny_
     def graph_int(program):
         program["graph_module"] = 5
 
+    def inflated(config):  # a few stored bytes described as 2**40 elements, strides 0
+        meta = _first_weight(config)["tensor_meta"]
+        meta["sizes"] = [{"as_int": 1 << 20}, {"as_int": 1 << 20}]
+        meta["strides"] = [{"as_int": 0}, {"as_int": 0}]
+
     def damaged(name, member, change):
         return _rewritten(tiny_pt2, tmp_path / name, member, change)
 
@@ -302,6 +307,7 @@ def test_a_damaged_pt2_archive_is_one_line_naming_the_file_and_member(cli, tiny_
         (damaged("path.pt2", weights, _edit_json(no_path)), "'0.weight' has no \"path_name\""),
         (damaged("strides.pt2", weights, _edit_json(strides_short)), "strides and shape"),
         (damaged("graph.pt2", program, _edit_json(graph_int)), f"{program}: the archive's JSON"),
+        (damaged("big.pt2", weights, _edit_json(inflated)), "1,099,511,627,776 elements"),
     ]
     for path, fragment in cases:
         target = tmp_path / "out.pt2"

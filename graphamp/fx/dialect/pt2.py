@@ -13,6 +13,7 @@ again, exported on inputs of the traced shapes.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import zipfile
@@ -196,6 +197,7 @@ def _tensor(
         strides = [int(s["as_int"]) for s in meta["strides"]]
         offset = int(meta.get("storage_offset", {}).get("as_int", 0))
         flat = torch.frombuffer(bytearray(raw), dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        _refuse_inflated(sizes, flat.numel(), where)
         tensor = flat.as_strided(sizes, strides, offset).clone()
         if is_param:
             tensor = torch.nn.Parameter(tensor, requires_grad=meta.get("requires_grad", True))
@@ -205,6 +207,23 @@ def _tensor(
         reason = f"no {exc}" if isinstance(exc, KeyError) else _first_line(exc)
         raise GraphampError(f"{where}: {_SCHEMA}: {reason}") from None
     return tensor
+
+
+# Elements a weight may describe beyond those it stores (zero or overlapping strides: an
+# expanded tensor saved as its storage): up to 1 GiB of float32 when materialised.
+_INFLATED_ELEMENTS = 1 << 28
+
+
+def _refuse_inflated(sizes: list[int], stored: int, where: str) -> None:
+    """Refuse a weight whose sizes describe far more elements than its bytes store: a
+    damaged or hostile archive could make graphamp allocate without bound (a clone, a cast
+    to the low type) from a few stored bytes."""
+    elements = math.prod(sizes)
+    if elements > stored and elements > _INFLATED_ELEMENTS:
+        raise GraphampError(
+            f"{where}: describes {elements:,} elements over {stored:,} stored (zero or "
+            "overlapping strides): refused, it would be materialised whole"
+        )
 
 
 def user_inputs(program: torch.export.ExportedProgram) -> list[str]:
