@@ -254,13 +254,16 @@ def test_a_graph_input_without_a_shape_is_refused_naming_it(tmp_path, capsys):
     model.graph.input[0].type.tensor_type.ClearField("shape")
     with pytest.raises(onnx.checker.ValidationError, match="'shape' of 'type' is required"):
         onnx.checker.check_model(model, full_check=True)
-    path, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    path, out, plan = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "o.txt"
     onnx.save(model, str(path))
-    for argv in (["convert", str(path), "-o", str(out)], ["plan", str(path), "-o", str(out)]):
+    for argv, written in (
+        (["convert", str(path), "-o", str(out)], out),
+        (["plan", str(path), "-o", str(plan)], plan),
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "graph input 'x' declares no shape" in err[0], err
-        assert str(path) in err[0] and not out.exists()
+        assert str(path) in err[0] and not written.exists()
 
 
 def ir3_slice() -> onnx.ModelProto:
