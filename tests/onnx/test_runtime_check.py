@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 import graphamp.onnx.dialect.writer as writer
 from graphamp.cli import main
+from graphamp.numerics.verify import random_inputs
 from graphamp.onnx.dialect import schemas
+from graphamp.onnx.numerics import runtime
+from graphamp.onnx.numerics.session import Session
 from tests.helpers import chain
 
 
@@ -80,3 +85,25 @@ def test_verify_runs_the_model_as_written_not_only_its_emulation(tmp_path, monke
     assert main(["convert", str(source), "-o", str(out), "--verify"]) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "fails to run it" in err[0] and "QuantizeLinear" in err[0], err
+
+
+def test_a_model_an_onnxruntime_optimisation_fails_on_is_run_unoptimised(monkeypatch):
+    """onnxruntime 1.31's default session refuses the BERT its own transformer optimizer
+    writes ("Attempt to replace the existing tensor", in a graph optimisation) and loads it
+    unoptimised: --verify, --calibrate and --fp8 then run it op by op, not exit 2. Here any
+    optimised session fails, as that one does."""
+    real = ort.InferenceSession
+
+    def optimiser_fails(model, options=None, **kwargs):  # type: ignore[no-untyped-def]
+        if options.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
+            raise RuntimeError("Exception during initialization: Attempt to replace the tensor")
+        return real(model, options, **kwargs)
+
+    model = chain(["MatMul", "Relu", "MatMul"])
+    feeds = random_inputs(model, seed=0)
+    expected = ReferenceEvaluator(model).run(None, feeds)[0]
+    monkeypatch.setattr(ort, "InferenceSession", optimiser_fails)
+    outputs, _ = runtime.run(model, feeds)
+    assert np.allclose(next(iter(outputs.values())), expected, rtol=1e-5, atol=1e-6)
+    session = Session(model)  # calibration's and the tools' sessions
+    assert np.allclose(next(iter(session.run(feeds).values())), expected, rtol=1e-5, atol=1e-6)

@@ -23,7 +23,7 @@ from graphamp.onnx.io.files import (
     without_large_initializers,
 )
 from graphamp.onnx.numerics.emulate import LOW_CODES, emulated, has_low_values, mentions_low
-from graphamp.onnx.numerics.session import QDQ_SWITCH, holds_float8, run_message
+from graphamp.onnx.numerics.session import QDQ_SWITCH, holds_float8, loaded, run_message
 
 NotImplementedByOrt = ort.capi.onnxruntime_pybind11_state.NotImplemented
 
@@ -209,7 +209,7 @@ def runner(model: onnx.ModelProto, provider: str = "cpu") -> tuple[Evaluate, str
     # graphamp in one line below, not in onnxruntime's multi-line log.
     ort.set_default_logger_severity(4)
     try:
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+        session = loaded(model.SerializeToString(), options, providers=providers)
     except NotImplementedByOrt as exc:
         if model.ByteSize() > REFERENCE_MAX_BYTES:
             raise GraphampError(

@@ -15,6 +15,7 @@ import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -24,6 +25,8 @@ from onnx import helper, numpy_helper
 from graphamp.core import dtypes
 from graphamp.errors import GraphampError, RunFailure
 from graphamp.onnx.io.files import with_stubs
+
+_NoKernel = ort.capi.onnxruntime_pybind11_state.NotImplemented
 
 SERIALIZE_LIMIT = 1_900_000_000
 _INLINE_ELEMENTS = 256  # initializers up to this size stay in the model onnxruntime parses
@@ -143,12 +146,12 @@ class Session:
             kwargs["disabled_optimizers"] = ["ConstantFolding"]
         try:
             if light.ByteSize() < SERIALIZE_LIMIT:
-                self._session = ort.InferenceSession(light.SerializeToString(), options, **kwargs)
+                self._session = loaded(light.SerializeToString(), options, **kwargs)
             else:
                 with tempfile.TemporaryDirectory(prefix="graphamp-") as folder:
                     path = Path(folder) / "model.onnx"
                     onnx.save(light, str(path), save_as_external_data=True, location="model.data")
-                    self._session = ort.InferenceSession(str(path), options, **kwargs)
+                    self._session = loaded(str(path), options, **kwargs)
         except Exception as exc:  # onnxruntime's own error types
             raise GraphampError(f"onnxruntime cannot load {what}: {_first_line(exc)}") from None
         self.outputs = [o.name for o in self._session.get_outputs()]
@@ -170,6 +173,28 @@ class Session:
         except Exception as exc:  # onnxruntime's own error types
             raise RunFailure(f"onnxruntime cannot run {self.what}: {run_message(exc)}") from None
         return dict(zip(names, values, strict=True))
+
+
+def loaded(model: bytes | str, options: ort.SessionOptions, **kwargs: Any) -> ort.InferenceSession:
+    """An onnxruntime session of ``model``; where one of onnxruntime's graph optimisations
+    fails on a model it loads unoptimised (1.31 refuses the BERT its own transformer optimizer
+    writes: "Attempt to replace the existing tensor"), the unoptimised session: op by op, the
+    model's own arithmetic. A missing kernel, or a model refused either way, raises the
+    first error."""
+    unoptimised = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        return ort.InferenceSession(model, options, **kwargs)
+    except _NoKernel:
+        raise
+    except Exception as exc:  # onnxruntime's own error types
+        if options.graph_optimization_level == unoptimised:
+            raise
+        first = exc
+    options.graph_optimization_level = unoptimised
+    try:
+        return ort.InferenceSession(model, options, **kwargs)
+    except Exception:  # onnxruntime's own error types: the first one says more
+        raise first from None
 
 
 def _without_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, None]]:
