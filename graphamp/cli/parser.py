@@ -93,12 +93,10 @@ def resolve_format(args: argparse.Namespace) -> None:
     """Set a left-out ``--format`` from ``-o``'s suffix; a suffix naming a format the command
     does not write is one error, not a file of another format under that name."""
     choices = getattr(args, "format_choices", None)
-    if choices is None:
+    if choices is None or args.format is not None:
         return
     output = getattr(args, "output", None)
     named = report_format(output) if output else "text"
-    if args.format is not None:
-        return
     if named not in choices:
         raise GraphampError(
             f"-o {output}: {args.command} writes {', '.join(choices)}, not {named}: pass "

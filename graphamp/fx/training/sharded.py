@@ -131,7 +131,9 @@ class ShardedTrainStep(TrainStep):
         traced = make_fx(differentiate.functionalize(self.forward, fn), tracing_mode="fake")(*args)
         return differentiate.without_leaf_detaches(traced)
 
-    def _without_gradient(self, batch: Sequence[torch.Tensor]) -> frozenset[str]:
+    def _probe_arguments(
+        self, batch: Sequence[torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], list[Any], bool]:
         # the whole parameters, as fake tensors: no rank allocates them
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         tensors = {
@@ -139,10 +141,7 @@ class ShardedTrainStep(TrainStep):
             **{n: mode.from_tensor(b) for n, b in self.buffers.items()},
         }
         fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in batch]
-        names = self._candidates
-        return differentiate.unreached(
-            self.forward, self._loss, tensors, names, fakes, faked=True, outside=self._outside()
-        )
+        return tensors, fakes, True
 
     def _fake_wholes(self, mode: FakeTensorMode) -> dict[str, torch.Tensor]:
         """The whole parameters as fake tensors of ``mode``: no rank allocates them."""

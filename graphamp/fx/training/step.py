@@ -103,14 +103,14 @@ class TrainStep:
         )
         # Trainable: in an optimizer group, requiring grad and reached by the loss's gradient.
         # The others (frozen) are read by the forward pass but get no gradient and no update.
-        if not any(group.names for group in self.groups):
-            raise GraphampError("the optimizer holds no parameter that requires grad")
-        missing = [n for group in self.groups for n in group.names if n not in self.params]
-        if missing:
-            raise GraphampError(f"parameter {missing[0]!r} is not in the captured module")
         # The candidates: every parameter the optimizer would step; each batch signature is
         # probed for the ones its loss reaches, which must be the first signature's.
         self._candidates = [name for group in self.groups for name in group.names]
+        if not self._candidates:
+            raise GraphampError("the optimizer holds no parameter that requires grad")
+        missing = [name for name in self._candidates if name not in self.params]
+        if missing:
+            raise GraphampError(f"parameter {missing[0]!r} is not in the captured module")
         self.groups = optim.without(self.groups, self._without_gradient(batch))
         self.trainable = [name for group in self.groups for name in group.names]
         if not self.trainable:
@@ -146,12 +146,23 @@ class TrainStep:
         left in the optimizer). torch.optim skips a parameter whose ``.grad`` is None, so
         these get no update, no weight decay and no state, here as there. Found for each
         batch signature, by tracing autograd: nothing is computed."""
-        tensors = {**self.params, **self.buffers}
-        names = self._candidates
-        outside = self._outside()
+        tensors, traced_batch, faked = self._probe_arguments(batch)
         return differentiate.unreached(
-            self.forward, self._loss, tensors, names, list(batch), outside=outside
+            self.forward,
+            self._loss,
+            tensors,
+            self._candidates,
+            traced_batch,
+            faked=faked,
+            outside=self._outside(),
         )
+
+    def _probe_arguments(
+        self, batch: Sequence[torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], list[Any], bool]:
+        """What :meth:`_without_gradient` traces the loss on: the parameters and buffers, the
+        batch, and whether they are fake tensors already (the trace fakes them otherwise)."""
+        return {**self.params, **self.buffers}, list(batch), False
 
     def _outside(self) -> dict[int, str]:
         """The model's own parameters the optimizer steps, by ``id``: the loss must reach them

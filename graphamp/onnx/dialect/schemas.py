@@ -96,7 +96,7 @@ def runtime_bound(
     for (kind, slot), (to_kind, to_slot), absent in rules:
         if absent is not None and absent < len(input_types) and input_types[absent]:
             continue
-        params = {"input": found.input_param, "output": found.output_param}
+        params = {"input": found.input_param, "output": found.output_param}  # as rebound so far
         dtype = types[kind][slot] if slot < len(types[kind]) else ""
         partner = types[to_kind][to_slot] if to_slot < len(types[to_kind]) else ""
         own, to = params[kind](slot), params[to_kind](to_slot)
